@@ -1,0 +1,82 @@
+"""Config loading: defaults <- YAML <- KEY=VALUE, strict keys and types, clear errors."""
+
+import pytest
+
+from dapo_train.config import Config, load_config, save_config, config_from_dict, read_yaml, describe_keys
+from dapo_train.errors import ConfigError, UserError
+
+
+def test_defaults_are_valid_and_name_the_run():
+    cfg = load_config(None, [])
+    assert isinstance(cfg, Config)
+    assert cfg.run_name == "tiny-cpu"
+    assert cfg.output_dir == "outputs/tiny-cpu"
+
+
+def test_yaml_then_override(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("dapo:\n  eps_high: 0.3\nrollout:\n  group_size: 4\n")
+    cfg = load_config(str(path), ["dapo.eps_high=0.4", "train.max_steps=7"])
+    assert cfg.dapo.eps_high == 0.4  # override wins over the file
+    assert cfg.rollout.group_size == 4  # file wins over the default
+    assert cfg.dapo.eps_low == 0.2  # untouched default
+    assert cfg.train.max_steps == 7
+    assert cfg.run_name == "exp_eps_high=0.4_max_steps=7"
+
+
+def test_int_is_accepted_for_float_but_not_the_reverse():
+    assert load_config(None, ["train.learning_rate=1"]).train.learning_rate == 1.0
+    with pytest.raises(ConfigError, match="train.max_steps.*expected int"):
+        load_config(None, ["train.max_steps=1.5"])
+
+
+def test_unknown_key_names_the_closest_valid_key():
+    with pytest.raises(ConfigError, match="did you mean 'dapo.eps_high'"):
+        load_config(None, ["dapo.eps_hihg=0.3"])
+    with pytest.raises(ConfigError, match="did you mean 'rollout'"):
+        load_config(None, ["rollot.group_size=2"])
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("dapo.eps_low=1.0", "dapo.eps_low"),
+        ("dapo.eps_low=-0.1", "dapo.eps_low"),
+        ("dapo.eps_high=-0.01", "dapo.eps_high"),
+        ("rollout.group_size=1", "rollout.group_size"),
+        ("train.micro_batch_size=1000", "train.micro_batch_size"),
+        ("dapo.loss_reduction=mean", "dapo.loss_reduction"),
+        ("rewards.1.args.cache_length=96", "rewards.1.args.cache_length"),
+        ("dapo.dynamic_sampling=maybe", "dapo.dynamic_sampling"),
+    ],
+)
+def test_impossible_values_name_their_key(override, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert info.value.key == key
+
+
+def test_invalid_yaml_reports_line_and_column(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("dapo:\n  eps_low: 0.2\n   eps_high: [0.3\n")
+    with pytest.raises(UserError, match=r"bad.yaml:\d+:\d+"):
+        read_yaml(path)
+
+
+def test_override_without_equals_is_rejected():
+    with pytest.raises(UserError, match="KEY=VALUE"):
+        load_config(None, ["dapo.eps_high"])
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["dapo.eps_high=0.5", "rewards=[{name: accuracy, weight: 2.0}]"])
+    save_config(cfg, tmp_path / "config.yaml")
+    again = config_from_dict(read_yaml(tmp_path / "config.yaml"))
+    assert again == cfg
+    assert again.rewards[0].weight == 2.0 and len(again.rewards) == 1
+
+
+def test_every_key_is_documented():
+    rows = describe_keys()
+    assert len(rows) > 40
+    assert all(text for _, _, text in rows), [k for k, _, t in rows if not t]

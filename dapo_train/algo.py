@@ -1,0 +1,317 @@
+"""The DAPO maths (arXiv 2503.14476, Eq. 9-13) as pure functions: tensors in, tensors out.
+
+No model, tokenizer, config object or I/O lives here, so every equation is testable on a CPU with
+hand-made tensors. Shapes: B groups (prompts), G completions per group, N = B * G completions,
+T completion tokens, V vocabulary.
+
+Choices this module makes on purpose:
+- Loss maths runs in float32 whatever the input dtype; gradients flow back in the input dtype.
+- Positions where the mask is 0 never reach the result: their log-ratio is replaced by 0 before
+  exp(), so garbage (even inf/NaN) in padded old/ref log-probs cannot make the loss or gradient NaN.
+- A group with equal rewards gets advantage exactly 0 (Eq. 9 would give 0/eps ~ rounding noise).
+- Clip fractions are fractions of all valid tokens, so clip_frac = clip_frac_high + clip_frac_low.
+"""
+
+from typing import Callable, Sequence
+
+import torch
+
+Tensor = torch.Tensor
+Number = int | float
+
+
+# ---------------------------------------------------------------- rewards and groups (Eq. 9, 11, 13)
+
+
+def overlong_penalty(lengths: int | Tensor, max_length: int, cache_length: int) -> float | Tensor:
+    """Soft overlong punishment, Eq. 13: a length-aware reward added to the rule reward.
+
+    0 for |y| <= L_max - L_cache; ((L_max - L_cache) - |y|) / L_cache inside the buffer, falling
+    linearly to -1 at |y| = L_max; -1 beyond L_max. The three pieces meet, so this is the linear
+    ramp clamped to [-1, 0].
+
+    lengths: an int, or an integer tensor of any shape (e.g. (N,)). Returns a float, or a float32
+    tensor of the same shape. Raises ValueError unless 0 < cache_length <= max_length.
+    """
+    if not 0 < cache_length <= max_length:
+        raise ValueError(f"overlong_penalty: need 0 < cache_length <= max_length, got {cache_length} and {max_length}")
+    threshold = max_length - cache_length
+    if isinstance(lengths, Tensor):
+        ramp = (threshold - lengths.to(torch.float32)) / cache_length
+        return ramp.clamp(min=-1.0, max=0.0)
+    return min(0.0, max(-1.0, (threshold - lengths) / cache_length))
+
+
+def _population_std(rewards: Tensor) -> Tensor:
+    return rewards.std(dim=-1, correction=0, keepdim=True)
+
+
+def _sample_std(rewards: Tensor) -> Tensor:
+    # Bessel-corrected; a group of one has no spread (torch would give NaN), so call it 0.
+    if rewards.shape[-1] < 2:
+        return torch.zeros_like(rewards[..., :1])
+    return rewards.std(dim=-1, correction=1, keepdim=True)
+
+
+# Name -> denominator of Eq. 9 given (..., G) rewards and eps. Names match config dapo.advantage_std.
+ADVANTAGE_STDS: dict[str, Callable[[Tensor, float], Tensor]] = {
+    "population": lambda rewards, eps: _population_std(rewards) + eps,
+    "sample": lambda rewards, eps: _sample_std(rewards) + eps,
+    "none": lambda rewards, eps: torch.ones_like(rewards[..., :1]),
+}
+
+
+def group_advantages(rewards: Tensor, eps: float = 1e-6, std: str = "population") -> Tensor:
+    """Group-relative advantage, Eq. 9: A_i = (R_i - mean(R)) / (std(R) + eps) within each group.
+
+    rewards: (B, G) or (G,), any numeric dtype. Returns a floating tensor of the same shape (float32
+    for integer or bool input). One scalar per completion; the trainer broadcasts it over tokens.
+    std: "population" (divide by G), "sample" (Bessel, G - 1) or "none" (mean-centred only, no
+    division). A group whose rewards are all equal gets exactly 0, never NaN.
+    """
+    if std not in ADVANTAGE_STDS:
+        raise ValueError(f"group_advantages: unknown std {std!r}; allowed: {', '.join(ADVANTAGE_STDS)}")
+    if rewards.dim() not in (1, 2):
+        raise ValueError(f"group_advantages: rewards must be (B, G) or (G,), got shape {tuple(rewards.shape)}")
+    if not rewards.is_floating_point():
+        rewards = rewards.to(torch.float32)
+    centred = rewards - rewards.mean(dim=-1, keepdim=True)  # (..., G)
+    advantages = centred / ADVANTAGE_STDS[std](rewards, eps)  # (..., G)
+    flat = torch.logical_not(informative_groups(rewards.reshape(-1, rewards.shape[-1])))  # (B,)
+    return torch.where(flat.reshape(*rewards.shape[:-1], 1), torch.zeros_like(advantages), advantages)
+
+
+def informative_groups(values: Tensor | Sequence[Sequence[Number]]) -> Tensor:
+    """Dynamic-sampling filter, Eq. 11, for a batch of groups.
+
+    values: (B, G) correctness bits (bool) or rewards (float), tensor or nested list. Returns (B,)
+    bool: True where the group's values are not all equal, i.e. 0 < #correct < G for bits. Such a
+    group has a non-zero advantage somewhere; the others give no gradient and are dropped.
+    """
+    values = torch.as_tensor(values)
+    if values.dim() != 2:
+        raise ValueError(f"informative_groups: values must be (B, G), got shape {tuple(values.shape)}")
+    return (values != values[:, :1]).any(dim=-1)
+
+
+def is_informative_group(values: Tensor | Sequence[Number]) -> bool:
+    """Dynamic-sampling filter, Eq. 11, for one group: True iff its (G,) values are not all equal.
+
+    values: (G,) bools or floats, tensor or list. For correctness bits this is 0 < #correct < G.
+    An empty group is not informative. For (B, G) use informative_groups.
+    """
+    values = torch.as_tensor(values)
+    if values.dim() != 1:
+        raise ValueError(f"is_informative_group: values must be (G,), got shape {tuple(values.shape)}; "
+                         "use informative_groups for (B, G)")
+    return bool(informative_groups(values[None]).item()) if values.numel() else False
+
+
+# ---------------------------------------------------------------- policy loss (Eq. 10, 12)
+
+
+def _token_reduction(token_loss: Tensor, valid: Tensor, normalizer: float) -> Tensor:
+    # Eq. 12: every valid token of the optimizer step weighs the same.
+    return token_loss.sum() / normalizer
+
+
+def _sample_reduction(token_loss: Tensor, valid: Tensor, normalizer: float) -> Tensor:
+    # GRPO: mean over each sequence's valid tokens, then sum / sequences; an empty sequence adds 0.
+    per_sequence = token_loss.sum(dim=-1) / valid.sum(dim=-1).clamp(min=1)  # (N,)
+    return per_sequence.sum() / normalizer
+
+
+# Name -> (reduce(token_loss (N, T), valid (N, T), normalizer), default normalizer(valid)).
+# Names match config dapo.loss_reduction.
+LOSS_REDUCTIONS: dict[str, tuple[Callable[[Tensor, Tensor, float], Tensor], Callable[[Tensor], float]]] = {
+    "token": (_token_reduction, lambda valid: float(valid.sum().item())),
+    "sample": (_sample_reduction, lambda valid: float(valid.shape[0])),
+}
+
+
+def _check_loss_args(logprobs, old_logprobs, advantages, mask, reduction, clip_ratio_c, ref_logprobs, beta) -> None:
+    if reduction not in LOSS_REDUCTIONS:
+        raise ValueError(f"policy_loss: unknown reduction {reduction!r}; allowed: {', '.join(LOSS_REDUCTIONS)}")
+    if logprobs.dim() != 2:
+        raise ValueError(f"policy_loss: logprobs must be (N, T), got shape {tuple(logprobs.shape)}")
+    for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
+        if tensor is not None and tensor.shape != logprobs.shape:
+            raise ValueError(f"policy_loss: {name} shape {tuple(tensor.shape)} != logprobs {tuple(logprobs.shape)}")
+    if advantages.shape not in (logprobs.shape, logprobs.shape[:1]):
+        raise ValueError(f"policy_loss: advantages must be (N,) or (N, T), got shape {tuple(advantages.shape)}")
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"policy_loss: clip_ratio_c must be > 1 (or None), got {clip_ratio_c}")
+    if beta < 0.0 or (beta > 0.0 and ref_logprobs is None):
+        raise ValueError(f"policy_loss: beta must be >= 0 and needs ref_logprobs when > 0, got beta={beta}")
+
+
+def _clipped_token_loss(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
+                        clip_ratio_c: float | None) -> Tensor:
+    """Eq. 10 per token, (N, T) -> (N, T): -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), dual-clipped."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    token_loss = torch.maximum(unclipped, clipped)  # = -min(r A, clip(r) A)
+    if clip_ratio_c is None:
+        return token_loss
+    return torch.where(advantages < 0, torch.minimum(token_loss, -advantages * clip_ratio_c), token_loss)
+
+
+def _masked_mean(values: Tensor, valid: Tensor) -> Tensor:
+    return torch.where(valid, values, 0.0).sum() / valid.sum().clamp(min=1)
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+    *,
+    reduction: str = "token",
+    normalizer: float | Tensor | None = None,
+    clip_ratio_c: float | None = None,
+    ref_logprobs: Tensor | None = None,
+    beta: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """DAPO policy loss: decoupled clip (Eq. 10) with token-level reduction (Eq. 12).
+
+    Per valid token, with r = exp(logprobs - old_logprobs):
+        loss_t = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)   (+ beta * k3 KL)
+    Shapes: logprobs, old_logprobs, mask, ref_logprobs (N, T); advantages (N,) (broadcast over
+    tokens) or (N, T). mask may be bool, int or float; non-zero = valid token.
+
+    reduction (registry LOSS_REDUCTIONS, config dapo.loss_reduction):
+      "token":  sum of token losses / normalizer; normalizer defaults to this call's valid-token
+                count. Pass the whole optimizer step's count so k micro-batches add up to exactly
+                the gradient of one batch (Eq. 12).
+      "sample": GRPO's per-sequence mean, summed and divided by normalizer (default N; pass the
+                step's number of sequences when accumulating). For ablations.
+    clip_ratio_c: dual clip (Ye et al. 2020, as in verl); for A < 0 the token loss is at most
+        -A * clip_ratio_c, so a huge ratio on a bad token cannot dominate. Must be > 1.
+    beta > 0: adds beta * (exp(ref - logp) - (ref - logp) - 1) per token (k3 estimator of KL to
+        the reference). DAPO itself uses beta = 0.
+
+    Returns (loss: float32 scalar, metrics: plain floats over valid tokens, 0.0 when there are
+    none): num_tokens, clip_frac_high (r > 1 + eps_high and A > 0), clip_frac_low (r < 1 - eps_low
+    and A < 0), clip_frac (their sum), approx_kl (mean old - new), ratio_mean, and kl when
+    ref_logprobs is given. An all-masked call gives loss 0 and zero gradient.
+    """
+    _check_loss_args(logprobs, old_logprobs, advantages, mask, reduction, clip_ratio_c, ref_logprobs, beta)
+    valid = mask != 0  # (N, T) bool
+    logprobs = logprobs.to(torch.float32)
+    advantages = advantages.to(torch.float32)
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(logprobs)  # (N, T)
+    advantages = torch.where(valid, advantages, 0.0)  # (N, T); padding values never reach a gradient
+    log_ratio = torch.where(valid, logprobs - old_logprobs.to(torch.float32), 0.0)  # (N, T)
+    token_loss = _clipped_token_loss(torch.exp(log_ratio), advantages, eps_low, eps_high, clip_ratio_c)  # (N, T)
+    kl = None
+    if ref_logprobs is not None:
+        ref_delta = torch.where(valid, ref_logprobs.to(torch.float32) - logprobs, 0.0)  # (N, T)
+        kl = torch.exp(ref_delta) - ref_delta - 1.0  # (N, T), k3 >= 0
+        if beta > 0.0:
+            token_loss = token_loss + beta * kl
+    token_loss = torch.where(valid, token_loss, 0.0)  # (N, T)
+
+    reduce, default_normalizer = LOSS_REDUCTIONS[reduction]
+    normalizer = default_normalizer(valid) if normalizer is None else float(normalizer)
+    if normalizer < 0 or (normalizer == 0 and bool(valid.any())):
+        raise ValueError(f"policy_loss: normalizer must be > 0 (0 only for an all-masked call), got {normalizer}")
+    loss = reduce(token_loss, valid, normalizer if normalizer > 0 else 1.0)  # all-masked: 0 / 1 = 0
+    return loss, _loss_metrics(log_ratio, advantages, valid, eps_low, eps_high, kl)
+
+
+@torch.no_grad()
+def _loss_metrics(log_ratio, advantages, valid, eps_low, eps_high, kl) -> dict[str, float]:
+    """Diagnostics over valid tokens, as plain floats fetched with one device sync."""
+    ratio = torch.exp(log_ratio)
+    high = (ratio > 1.0 + eps_high) & (advantages > 0)
+    low = (ratio < 1.0 - eps_low) & (advantages < 0)
+    values = {
+        "num_tokens": valid.sum().to(torch.float32),
+        "clip_frac_high": _masked_mean(high.to(torch.float32), valid),
+        "clip_frac_low": _masked_mean(low.to(torch.float32), valid),
+        "clip_frac": _masked_mean((high | low).to(torch.float32), valid),
+        "approx_kl": _masked_mean(-log_ratio, valid),
+        "ratio_mean": _masked_mean(ratio, valid),
+    }
+    if kl is not None:
+        values["kl"] = _masked_mean(kl, valid)
+    fetched = torch.stack([v.detach().to(torch.float32) for v in values.values()]).tolist()
+    return dict(zip(values, fetched))
+
+
+# ---------------------------------------------------------------- memory-bounded vocabulary maths
+
+
+def _rows(logits: Tensor, chunk_size: int) -> tuple[Tensor, list[slice]]:
+    """Flatten (..., V) to (M, V) and cut M rows into slices of at most chunk_size."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    flat = logits.reshape(-1, logits.shape[-1])  # (M, V); a view when logits is contiguous
+    return flat, [slice(start, start + chunk_size) for start in range(0, flat.shape[0], chunk_size)]
+
+
+def entropy_from_logits(logits: Tensor, chunk_size: int) -> Tensor:
+    """Per-token entropy H = logsumexp(x) - sum softmax(x) * x of the policy at each position.
+
+    logits (..., V) any float dtype -> (...) float32. Rows (flattened leading dims) are processed
+    chunk_size at a time in float32, so the extra memory is O(chunk_size * V) rather than a float32
+    copy of all logits. A diagnostic (DAPO's entropy-collapse curve, the reason for clip-higher);
+    call it under torch.no_grad(). A non-contiguous input is copied once by the flatten.
+    """
+    flat, chunks = _rows(logits, chunk_size)
+    entropy = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # (M,)
+    for rows in chunks:
+        block = flat[rows].to(torch.float32)  # (c, V)
+        log_norm = torch.logsumexp(block, dim=-1)  # (c,)
+        probs = torch.exp(block - log_norm[:, None])  # (c, V)
+        entropy[rows] = log_norm - (probs * block).sum(dim=-1)
+    return entropy.reshape(logits.shape[:-1])
+
+
+class _SelectedLogprobs(torch.autograd.Function):
+    """log softmax(x)[id] on (M, V) rows with a chunked forward AND backward.
+
+    Plain autograd would save each chunk's float32 copy for backward, i.e. a float32 copy of all
+    logits after all. Here only the (M,) logsumexp is saved and softmax is recomputed per chunk.
+    """
+
+    @staticmethod
+    def forward(ctx, flat: Tensor, ids: Tensor, chunk_size: int) -> Tensor:  # (M, V), (M,) -> (M,)
+        log_norm = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)  # (M,)
+        for start in range(0, flat.shape[0], chunk_size):
+            log_norm[start:start + chunk_size] = torch.logsumexp(flat[start:start + chunk_size].to(torch.float32), -1)
+        ctx.save_for_backward(flat, ids, log_norm)
+        ctx.chunk_size = chunk_size
+        return flat.gather(-1, ids[:, None]).squeeze(-1).to(torch.float32) - log_norm
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # (M,) -> (M, V)
+        flat, ids, log_norm = ctx.saved_tensors
+        grad = torch.empty_like(flat)  # (M, V), the logits' dtype
+        for start in range(0, flat.shape[0], ctx.chunk_size):
+            rows = slice(start, start + ctx.chunk_size)
+            upstream = grad_out[rows].to(torch.float32)[:, None]  # (c, 1)
+            block = -torch.exp(flat[rows].to(torch.float32) - log_norm[rows, None]) * upstream  # (c, V)
+            block.scatter_add_(-1, ids[rows, None], upstream)  # d/dx_id log p_id has the extra +1
+            grad[rows] = block.to(grad.dtype)
+        return grad, None, None
+
+
+def selected_logprobs(logits: Tensor, token_ids: Tensor, chunk_size: int) -> Tensor:
+    """log pi(token | context) for the chosen tokens: the log-probs in the ratio of Eq. 10.
+
+    logits (N, T, V) any float dtype (already divided by the sampling temperature), token_ids
+    (N, T) integer -> (N, T) float32. Equals log_softmax(logits).gather(token_ids) but never
+    materialises a float32 (N, T, V): logsumexp and its backward run chunk_size rows at a time.
+    Differentiable with respect to logits. A non-contiguous input (e.g. logits[:, :-1]) is copied
+    once, in its own dtype, by the flatten.
+    """
+    if token_ids.shape != logits.shape[:-1]:
+        raise ValueError(f"selected_logprobs: token_ids shape {tuple(token_ids.shape)} "
+                         f"!= logits {tuple(logits.shape[:-1])}")
+    flat, _ = _rows(logits, chunk_size)
+    picked = _SelectedLogprobs.apply(flat, token_ids.reshape(-1).to(torch.long), chunk_size)  # (M,)
+    return picked.reshape(token_ids.shape)

@@ -1,0 +1,50 @@
+"""Shared fixtures: a random-init tiny Qwen2 model and a minimal tokenizer for component tests
+that do not need the shipped, warm-started model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+class IdTokenizer:
+    """The few tokenizer members rollout code uses; decodes ids as space-separated numbers."""
+
+    def __init__(self, eos_token_id: int, pad_token_id: int):
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+
+    def batch_decode(self, sequences, skip_special_tokens: bool = True):
+        special = {self.eos_token_id, self.pad_token_id}
+        return [" ".join(str(int(t)) for t in seq if not (skip_special_tokens and int(t) in special)) for seq in sequences]
+
+
+EOS_ID, EOS2_ID = 1, 2  # like Qwen: two EOS ids, and the pad id (2) is one of them
+
+
+def make_random_model(seed: int = 0, vocab_size: int = 64):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=EOS_ID,
+    )
+    model = Qwen2ForCausalLM(config).float().eval()
+    # Like Qwen2.5-Instruct's generation_config: sampling defaults that rollouts must override.
+    model.generation_config.eos_token_id = [EOS_ID, EOS2_ID]
+    model.generation_config.pad_token_id = EOS2_ID
+    model.generation_config.repetition_penalty = 1.3
+    model.generation_config.top_k = 5
+    model.generation_config.top_p = 0.5
+    return model
+
+
+@pytest.fixture
+def random_model():
+    return make_random_model()
+
+
+@pytest.fixture
+def id_tokenizer():
+    return IdTokenizer(eos_token_id=EOS_ID, pad_token_id=EOS2_ID)

@@ -1,0 +1,149 @@
+"""Step 1 of every optimizer step: fill the batch with informative groups (Eq. 9, 11).
+
+A generation round samples `prompts_per_step` prompts, generates G completions for each in
+batched calls (rollout.py), scores them (rewards.py) and computes group advantages (Eq. 9).
+With dynamic sampling, groups whose filter metric does not vary are dropped and rounds repeat
+until the buffer holds `prompts_per_step` groups or `max_gen_rounds` is reached; then the step
+trains on what it has (possibly fewer groups, or none: the step is skipped) and says so in its
+metrics. It never loops forever and never crashes on a dry spell (unlike verl's recipe).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from dapo_train.algo import group_advantages, is_informative_group
+from dapo_train.buffer import Group, GroupBuffer
+from dapo_train.config import Config
+from dapo_train.data import Prompt, PromptSampler
+from dapo_train.rewards import score
+from dapo_train.rollout import SamplingSettings, generate_completions
+
+
+@dataclass
+class CollectStats:
+    """What the step's generation rounds saw, over ALL generated groups (kept or not)."""
+
+    rounds: int = 0
+    kept: int = 0
+    dropped_all_correct: int = 0
+    dropped_all_wrong: int = 0
+    dropped_no_variance: int = 0  # filter_metric=reward: equal rewards that are not all right/wrong
+    seconds_generate: float = 0.0
+    seconds_score: float = 0.0
+    rewards: list[float] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+    per_reward: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    def metrics(self, wanted: int, got: int) -> dict:
+        n = max(1, len(self.rewards))
+        rewards = torch.tensor(self.rewards or [0.0])
+        out = {
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std(unbiased=False)),
+            "train_accuracy": sum(self.correct) / n,
+            "completion_length_mean": sum(self.lengths) / n,
+            "completion_length_max": max(self.lengths, default=0),
+            "truncated_ratio": sum(self.truncated) / n,
+            "groups_kept": got,
+            "groups_dropped_all_correct": self.dropped_all_correct,
+            "groups_dropped_all_wrong": self.dropped_all_wrong,
+            "groups_dropped_no_variance": self.dropped_no_variance,
+            "gen_rounds": self.rounds,
+            "batch_short": wanted - got,
+            "seconds_generate": self.seconds_generate,
+            "seconds_score": self.seconds_score,
+            "generated_tokens": sum(self.lengths),
+        }
+        out.update({f"rewards/{name}/mean": sum(v) / max(1, len(v)) for name, v in self.per_reward.items()})
+        return out
+
+
+def rollout_groups(model, tokenizer, reward_set, prompts: list[Prompt], cfg: Config, stats: CollectStats) -> list[Group]:
+    """Generate, score and compute advantages for B prompts x G completions."""
+    group_size = cfg.rollout.group_size
+    settings = SamplingSettings(
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+    )
+    start = time.perf_counter()
+    completions = generate_completions(
+        model, tokenizer, [p.input_ids for p in prompts for _ in range(group_size)], settings,
+        batch_size=cfg.rollout.generation_batch_size,
+    )
+    stats.seconds_generate += time.perf_counter() - start
+    start = time.perf_counter()
+    scores = score(
+        reward_set,
+        [c.text for c in completions],
+        [p.gold for p in prompts for _ in range(group_size)],
+        lengths=[c.length for c in completions],
+        prompts=[p.text for p in prompts for _ in range(group_size)],
+    )
+    stats.seconds_score += time.perf_counter() - start
+    rewards = torch.tensor(scores.total, dtype=torch.float32).view(len(prompts), group_size)  # (B, G)
+    correct = torch.tensor(scores.correct, dtype=torch.bool).view(len(prompts), group_size)  # (B, G)
+    advantages = group_advantages(rewards, std=cfg.dapo.advantage_std)  # (B, G)
+    stats.rewards += scores.total
+    stats.correct += scores.correct
+    stats.lengths += [c.length for c in completions]
+    stats.truncated += [c.truncated for c in completions]
+    for name, values in scores.per_reward.items():
+        stats.per_reward[name] += values
+    groups = []
+    for b, prompt in enumerate(prompts):
+        rows = slice(b * group_size, (b + 1) * group_size)
+        groups.append(
+            Group(
+                prompt=prompt,
+                completions=completions[rows],
+                rewards=rewards[b],
+                correct=correct[b],
+                advantages=advantages[b],
+                per_reward={name: values[rows] for name, values in scores.per_reward.items()},
+            )
+        )
+    return groups
+
+
+def _keep(group: Group, cfg: Config, stats: CollectStats) -> bool:
+    """Eq. 11 on the configured filter metric; counts why a group was dropped."""
+    if not cfg.dapo.dynamic_sampling:
+        return True
+    values = group.correct if cfg.dapo.filter_metric == "correct" else group.rewards
+    if is_informative_group(values):
+        return True
+    if bool(group.correct.all()):
+        stats.dropped_all_correct += 1
+    elif not bool(group.correct.any()):
+        stats.dropped_all_wrong += 1
+    else:
+        stats.dropped_no_variance += 1
+    return False
+
+
+def collect_groups(model, tokenizer, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config) -> tuple[list[Group], dict]:
+    """Rounds of generation until `prompts_per_step` informative groups are buffered (or rounds run out).
+
+    -> (groups for this step, metrics). Without dynamic sampling there is exactly one round and
+    every group is kept (zero-variance groups then have A = 0 and only add to the token count).
+    """
+    wanted = cfg.train.prompts_per_step
+    stats = CollectStats()
+    max_rounds = cfg.dapo.max_gen_rounds if cfg.dapo.dynamic_sampling else 1
+    while len(buffer) < wanted and stats.rounds < max_rounds:
+        stats.rounds += 1
+        groups = rollout_groups(model, tokenizer, reward_set, sampler.next_batch(wanted), cfg, stats)
+        kept = [g for g in groups if _keep(g, cfg, stats)]
+        buffer.add(kept)
+    taken = buffer.take(wanted)
+    stats.kept = len(taken)
+    return taken, stats.metrics(wanted, len(taken))

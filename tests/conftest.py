@@ -34,6 +34,7 @@ def make_random_model(seed: int = 0, vocab_size: int = 64):
     # Like Qwen2.5-Instruct's generation_config: sampling defaults that rollouts must override.
     model.generation_config.eos_token_id = [EOS_ID, EOS2_ID]
     model.generation_config.pad_token_id = EOS2_ID
+    model.generation_config.do_sample = True
     model.generation_config.repetition_penalty = 1.3
     model.generation_config.top_k = 5
     model.generation_config.top_p = 0.5

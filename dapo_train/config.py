@@ -45,8 +45,8 @@ class ModelConfig:
     name_or_path: str = _opt(BUILTIN_MODEL, "HF model id, local folder, or builtin:tiny (shipped).")
     dtype: str = _opt(
         "auto",
-        "Weights dtype. auto: float32 on CPU, bfloat16 weights kept in float32 master copy on CUDA "
-        "(mixed precision does the bf16 part).",
+        "Weights dtype. auto = float32 master weights everywhere; on CUDA bf16 autocast "
+        "(train.mixed_precision) does the fast part.",
         ("auto", "float32", "bfloat16", "float16"),
     )
     trust_remote_code: bool = _opt(False, "Allow model code from the hub. Off for safety.")
@@ -137,6 +137,9 @@ class TrainConfig:
     mixed_precision: str = _opt("auto", "auto = bf16 autocast on CUDA, none on CPU.", ("auto", "no", "bf16", "fp16"))
     logprob_chunk_size: int = _opt(1024, "Tokens per chunk when computing logsumexp over the vocabulary.")
     deterministic: bool = _opt(False, "Use deterministic torch algorithms (slower; for exact resume tests).")
+    num_threads: int = _opt(
+        0, "CPU threads for torch (0 = torch's default). Tiny models run fastest on 1: thread start-up costs more than the maths."
+    )
     max_bad_steps: int = _opt(5, "Abort after this many NaN/inf steps in a row (each is skipped).")
 
 
@@ -229,6 +232,7 @@ def validate(cfg: Config) -> None:
     _require(t.max_grad_norm >= 0.0, "train.max_grad_norm", "must be >= 0 (0 = off)")
     _require(t.logprob_chunk_size >= 1, "train.logprob_chunk_size", "must be >= 1")
     _require(t.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
+    _require(t.num_threads >= 0, "train.num_threads", "must be >= 0 (0 = torch default)")
     _require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0 = off)")
     _require(cfg.eval.num_items >= 0, "eval.num_items", "must be >= 0 (0 = whole split)")
     _require(cfg.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
@@ -283,6 +287,18 @@ def _unknown_key(key: str, valid: list[str]) -> ConfigError:
     return ConfigError(key, f"unknown key{hint} (valid: {', '.join(v.rsplit('.', 1)[-1] for v in valid)})")
 
 
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _as_float(value: Any) -> Any:
+    """Ints, and exponent forms like 1e-6 that YAML 1.1 reads as strings, become floats."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+        return float(value)
+    return value
+
+
 def _build(cls: type, data: Any, prefix: str) -> Any:
     """Instantiate dataclass `cls` from a dict, checking every key and type."""
     if not isinstance(data, dict):
@@ -303,8 +319,8 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
                 raise ConfigError(full, f"expected a list, got {type(value).__name__}")
             kwargs[key] = [_build(item_cls, item, f"{full}.{i}") for i, item in enumerate(value)]
         else:
-            if isinstance(value, int) and not isinstance(value, bool) and annotation in (float, float | None):
-                value = float(value)
+            if annotation in (float, float | None):
+                value = _as_float(value)
             if not _type_ok(value, annotation):
                 raise ConfigError(full, f"expected {_type_name(annotation)}, got {value!r} ({type(value).__name__})")
             kwargs[key] = value
@@ -432,6 +448,17 @@ def config_from_dict(data: dict) -> Config:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), allow_unicode=True, sort_keys=False), encoding="utf-8")
+
+
+def reference_table() -> str:
+    """Markdown table of every key (the README embeds it; a test keeps the two in step)."""
+    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for key, default, text in describe_keys():
+        default = default.replace("\n", "\\n").replace("|", "\\|")
+        if len(default) > 40:
+            default = default[:37] + "..."
+        lines.append(f"| `{key}` | `{default}` | {text.replace('|', '/')} |")
+    return "\n".join(lines)
 
 
 def describe_keys() -> list[tuple[str, str, str]]:

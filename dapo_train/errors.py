@@ -16,3 +16,7 @@ class ConfigError(UserError):
     def __init__(self, key: str, message: str):
         self.key = key
         super().__init__(f"config key '{key}': {message}" if key else message)
+
+
+class TrainingAborted(Exception):
+    """The run cannot go on (e.g. too many non-finite steps): one line, exit code 1."""

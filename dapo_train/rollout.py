@@ -34,8 +34,9 @@ class SamplingSettings:
         if self.do_sample:
             kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
         else:
-            # Override the checkpoint's sampling fields so greedy decoding does not warn or filter.
-            kwargs.update(temperature=1.0, top_p=1.0, top_k=0)
+            # Greedy ignores these, but the checkpoint's values would make generate warn: set the
+            # neutral values its validation expects (top_k 50 is its "unset").
+            kwargs.update(temperature=1.0, top_p=1.0, top_k=50)
         return kwargs
 
 

@@ -80,3 +80,13 @@ def test_every_key_is_documented():
     rows = describe_keys()
     assert len(rows) > 40
     assert all(text for _, _, text in rows), [k for k, _, t in rows if not t]
+
+
+def test_exponent_floats_are_read_as_numbers(tmp_path):
+    """YAML 1.1 reads 1e-6 (no dot) as a string; the config takes it as the float the user meant."""
+    path = tmp_path / "lr.yaml"
+    path.write_text("train:\n  learning_rate: 3e-5\n")
+    assert load_config(str(path), []).train.learning_rate == 3e-5
+    assert load_config(None, ["train.learning_rate=1e-6"]).train.learning_rate == 1e-6
+    with pytest.raises(ConfigError, match="train.learning_rate"):
+        load_config(None, ["train.learning_rate=fast"])

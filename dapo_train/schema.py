@@ -1,0 +1,252 @@
+"""The settings schema: one dataclass field per option with its help text, and the invariants
+across fields. The defaults describe the embedded tiny CPU demo and are the single source of
+truth; dapo_train.config reads YAML files and KEY=VALUE overrides into these classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from dapo_train.errors import ConfigError
+
+BUILTIN_MODEL = "builtin:tiny"
+BUILTIN_DATA = "builtin:tiny-zh-math"
+
+DEFAULT_SYSTEM_PROMPT = (
+    "你是一个擅长数学的助手。请先在 <think> 和 </think> 之间逐步推理，"
+    "再在 <answer> 和 </answer> 之间只写出最终的数字答案。格式如下：\n"
+    "<think>\n...\n</think>\n<answer>\n...\n</answer>"
+)
+
+
+def _opt(default: Any, help: str, choices: tuple | None = None, **kwargs: Any) -> Any:
+    """A dataclass field carrying its help text (and allowed values) in metadata."""
+    metadata = {"help": help, "choices": choices}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata, **kwargs)
+    return field(default=default, metadata=metadata, **kwargs)
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = _opt(BUILTIN_MODEL, "HF model id, local folder, or builtin:tiny (shipped).")
+    dtype: str = _opt(
+        "auto",
+        "Weights dtype. auto = float32 master weights everywhere; on CUDA bf16 autocast "
+        "(train.mixed_precision) does the fast part.",
+        ("auto", "float32", "bfloat16", "float16"),
+    )
+    trust_remote_code: bool = _opt(False, "Allow model code from the hub. Off for safety.")
+    attn_implementation: str | None = _opt(
+        None, "Attention kernel passed to from_pretrained (sdpa, eager, flash_attention_2); None = HF default."
+    )
+    gradient_checkpointing: str = _opt(
+        "auto", "Recompute activations in backward to save memory. auto = on for CUDA.", ("auto", "on", "off")
+    )
+
+
+@dataclass
+class DataConfig:
+    path: str = _opt(
+        BUILTIN_DATA,
+        "HF dataset id, local folder (save_to_disk or parquet/json/jsonl per split), a single "
+        "jsonl/parquet/csv file, or builtin:tiny-zh-math (shipped generated task).",
+    )
+    prompt_field: str = _opt("question_zh-cn", "Column holding the question.")
+    answer_field: str = _opt(
+        "answer_only", "Column holding the gold answer (a number, or a solution ending '#### N')."
+    )
+    train_split: str = _opt("train", "Split used for training rollouts.")
+    eval_split: str = _opt("test", "Split used for the periodic evaluation.")
+    system_prompt: str = _opt(DEFAULT_SYSTEM_PROMPT, "System message placed before each question.")
+    max_prompt_length: int = _opt(256, "Prompts longer than this (tokens, template included) are dropped and counted.")
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = _opt(8, "G: completions sampled per prompt.")
+    max_new_tokens: int = _opt(96, "L_max: completion budget; no EOS within it = truncated.")
+    temperature: float = _opt(1.0, "Sampling temperature; log-probs use logits / temperature too.")
+    top_p: float = _opt(1.0, "Nucleus sampling threshold (1.0 = off).")
+    top_k: int = _opt(0, "Top-k sampling (0 = off).")
+    generation_batch_size: int = _opt(
+        256, "Most sequences per generate call (bounds rollout memory); prompts x G are batched up to it."
+    )
+
+
+@dataclass
+class DapoConfig:
+    eps_low: float = _opt(0.2, "Lower clip range (Eq. 10): ratio floored at 1 - eps_low for A < 0.")
+    eps_high: float = _opt(0.28, "Upper clip range (Eq. 10, clip-higher): ratio capped at 1 + eps_high for A > 0.")
+    clip_ratio_c: float | None = _opt(None, "Dual-clip bound (> 1) on the loss of A < 0 tokens; None = off.")
+    beta: float = _opt(0.0, "KL coefficient to a frozen reference (k3). 0 = no reference model (DAPO).")
+    loss_reduction: str = _opt(
+        "token", "token: Eq. 12 (sum over the step's tokens / their count); sample: GRPO mean of means.",
+        ("token", "sample"),
+    )
+    advantage_std: str = _opt(
+        "population", "Std in the group advantage (Eq. 9): population, sample (Bessel) or none.",
+        ("population", "sample", "none"),
+    )
+    dynamic_sampling: bool = _opt(True, "Eq. 11: keep only groups whose filter metric varies.")
+    filter_metric: str = _opt("correct", "What must vary within a kept group: correct bits or total reward.", ("correct", "reward"))
+    max_gen_rounds: int = _opt(
+        4, "Most generation rounds per step while filling the batch; then train on what was kept."
+    )
+    overlong_filtering: bool = _opt(False, "Mask truncated completions out of the loss (overlong filtering).")
+    num_iterations: int = _opt(1, "Optimizer passes over each rollout batch (PPO epochs). 1 = on-policy.")
+
+
+@dataclass
+class RewardSpec:
+    name: str = _opt("accuracy", "Registered reward name or import path 'pkg.mod:function'.")
+    weight: float = _opt(1.0, "Weight of this reward in the total.")
+    args: dict = _opt({}, "Keyword arguments bound to the reward function (e.g. cache_length for overlong).")
+
+
+def _default_rewards() -> list[RewardSpec]:
+    return [RewardSpec(name="accuracy", weight=1.0), RewardSpec(name="overlong", weight=1.0, args={"cache_length": 32})]
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = _opt(40, "Optimizer steps.")
+    prompts_per_step: int = _opt(8, "Informative groups (prompts) per optimizer step.")
+    micro_batch_size: int = _opt(16, "Sequences per forward/backward; the step's groups are accumulated.")
+    micro_batch_tokens: int = _opt(0, "If > 0, cap micro-batches by padded tokens instead (count still bounded).")
+    learning_rate: float = _opt(2e-4, "AdamW learning rate.")
+    lr_scheduler: str = _opt("constant", "Schedule after warmup.", ("constant", "cosine"))
+    warmup_steps: int = _opt(0, "Linear warmup steps.")
+    weight_decay: float = _opt(0.0, "AdamW weight decay.")
+    adam_beta1: float = _opt(0.9, "AdamW beta1.")
+    adam_beta2: float = _opt(0.99, "AdamW beta2.")
+    max_grad_norm: float = _opt(1.0, "Gradient-norm clipping (0 = off).")
+    mixed_precision: str = _opt("auto", "auto = bf16 autocast on CUDA, none on CPU.", ("auto", "no", "bf16", "fp16"))
+    logprob_chunk_size: int = _opt(1024, "Tokens per chunk when computing logsumexp over the vocabulary.")
+    deterministic: bool = _opt(False, "Use deterministic torch algorithms (slower; for exact resume tests).")
+    num_threads: int = _opt(
+        1, "CPU threads for torch (0 = torch's default). The tiny model runs fastest on 1: thread start-up costs more than its maths."
+    )
+    max_bad_steps: int = _opt(5, "Abort after this many NaN/inf steps in a row (each is skipped).")
+
+
+@dataclass
+class EvalConfig:
+    every_steps: int = _opt(10, "Evaluate every N steps (0 = off); step 0 is evaluated first.")
+    num_items: int = _opt(100, "Items of the eval split (a fixed subset: the same items every time; 0 = all).")
+    batch_size: int = _opt(128, "Prompts per greedy generate call.")
+    max_new_tokens: int = _opt(0, "Completion budget for eval (0 = rollout.max_new_tokens).")
+    print_samples: int = _opt(2, "Sample completions printed at each eval.")
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = _opt(0, "Save checkpoint_<step>/ every N steps (0 = only at the end).")
+    keep_last: int = _opt(0, "Keep only the newest N checkpoints (0 = keep all).")
+    save_optimizer: bool = _opt(True, "Save optimizer/scheduler state for exact resume.")
+
+
+@dataclass
+class LoggingConfig:
+    tracker: str = _opt("none", "Extra metrics sink besides metrics.jsonl.", ("none", "tensorboard"))
+    progress_bar: bool = _opt(True, "Show a tqdm bar over steps.")
+
+
+@dataclass
+class Config:
+    output_dir: str = _opt("", "Run directory; empty = outputs/<run_name>.")
+    run_name: str = _opt("", "Run name; empty = config file name plus overrides.")
+    seed: int = _opt(0, "Seed for data order, sampling and initialisation.")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    dapo: DapoConfig = field(default_factory=DapoConfig)
+    rewards: list[RewardSpec] = field(
+        default_factory=_default_rewards, metadata={"help": "Rewards summed with weights.", "choices": None}
+    )
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation: every impossible value names its key and the allowed range.
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(key, message)
+
+
+def validate(cfg: Config) -> None:
+    """Invariants across fields; called from Config.__post_init__."""
+    for section_cls, prefix in _SECTION_NAMES.items():
+        section = getattr(cfg, prefix)
+        for f in dataclasses.fields(section_cls):
+            choices = f.metadata.get("choices")
+            value = getattr(section, f.name)
+            if choices and value not in choices:
+                raise ConfigError(f"{prefix}.{f.name}", f"got {value!r}; allowed: {', '.join(map(str, choices))}")
+    d, r, t = cfg.dapo, cfg.rollout, cfg.train
+    _require(0.0 <= d.eps_low < 1.0, "dapo.eps_low", f"got {d.eps_low}; must be in [0, 1)")
+    _require(d.eps_high >= 0.0, "dapo.eps_high", f"got {d.eps_high}; must be >= 0")
+    _require(d.clip_ratio_c is None or d.clip_ratio_c > 1.0, "dapo.clip_ratio_c", f"got {d.clip_ratio_c}; must be > 1 or null")
+    _require(d.beta >= 0.0, "dapo.beta", f"got {d.beta}; must be >= 0")
+    _require(d.max_gen_rounds >= 1, "dapo.max_gen_rounds", f"got {d.max_gen_rounds}; must be >= 1")
+    _require(d.num_iterations >= 1, "dapo.num_iterations", f"got {d.num_iterations}; must be >= 1")
+    _require(r.group_size >= 2, "rollout.group_size", f"got {r.group_size}; must be >= 2 (advantages need a group)")
+    _require(r.max_new_tokens >= 1, "rollout.max_new_tokens", f"got {r.max_new_tokens}; must be >= 1")
+    _require(r.temperature > 0.0, "rollout.temperature", f"got {r.temperature}; must be > 0")
+    _require(0.0 < r.top_p <= 1.0, "rollout.top_p", f"got {r.top_p}; must be in (0, 1]")
+    _require(r.top_k >= 0, "rollout.top_k", f"got {r.top_k}; must be >= 0 (0 = off)")
+    _require(r.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1")
+    _require(cfg.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1")
+    _require(t.max_steps >= 1, "train.max_steps", f"got {t.max_steps}; must be >= 1")
+    _require(t.prompts_per_step >= 1, "train.prompts_per_step", f"got {t.prompts_per_step}; must be >= 1")
+    step_sequences = t.prompts_per_step * r.group_size
+    _require(
+        1 <= t.micro_batch_size <= step_sequences,
+        "train.micro_batch_size",
+        f"got {t.micro_batch_size}; must be in [1, {step_sequences}] (prompts_per_step x group_size sequences per step)",
+    )
+    _require(t.micro_batch_tokens >= 0, "train.micro_batch_tokens", "must be >= 0 (0 = off)")
+    _require(t.learning_rate > 0.0, "train.learning_rate", f"got {t.learning_rate}; must be > 0")
+    _require(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+    _require(t.max_grad_norm >= 0.0, "train.max_grad_norm", "must be >= 0 (0 = off)")
+    _require(t.logprob_chunk_size >= 1, "train.logprob_chunk_size", "must be >= 1")
+    _require(t.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
+    _require(t.num_threads >= 0, "train.num_threads", "must be >= 0 (0 = torch default)")
+    _require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0 = off)")
+    _require(cfg.eval.num_items >= 0, "eval.num_items", "must be >= 0 (0 = whole split)")
+    _require(cfg.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
+    _require(cfg.eval.max_new_tokens >= 0, "eval.max_new_tokens", "must be >= 0")
+    _require(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
+    _require(cfg.checkpoint.keep_last >= 0, "checkpoint.keep_last", "must be >= 0 (0 = keep all)")
+    _require(len(cfg.rewards) >= 1, "rewards", "at least one reward is needed")
+    for i, spec in enumerate(cfg.rewards):
+        cache = spec.args.get("cache_length")
+        if spec.name == "overlong" and cache is not None:
+            max_length = spec.args.get("max_length", r.max_new_tokens)
+            _require(
+                isinstance(cache, int) and 0 < cache < max_length,
+                f"rewards.{i}.args.cache_length",
+                f"got {cache}; must be an int in [1, {max_length - 1}] (below rollout.max_new_tokens = L_max)",
+            )
+
+
+_SECTION_NAMES = {
+    ModelConfig: "model",
+    DataConfig: "data",
+    RolloutConfig: "rollout",
+    DapoConfig: "dapo",
+    TrainConfig: "train",
+    EvalConfig: "eval",
+    CheckpointConfig: "checkpoint",
+    LoggingConfig: "logging",
+}

@@ -7,13 +7,11 @@ code 2, with the traceback only under `--debug`.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
 import typer
 import yaml
 
 from dapo_train.config import config_to_dict, describe_keys, load_config
-from dapo_train.errors import UserError
+from dapo_train.errors import TrainingAborted, UserError
 
 app = typer.Typer(
     add_completion=False,
@@ -52,18 +50,114 @@ def config_cmd(
     typer.echo(yaml.safe_dump(config_to_dict(cfg), allow_unicode=True, sort_keys=False).rstrip())
 
 
+@app.command("run")
+def run_cmd(
+    args: list[str] = typer.Argument(
+        None, metavar="[CONFIG] [KEY=VALUE]...",
+        help="YAML config (default: the embedded tiny CPU demo) and dotted overrides, e.g. dapo.eps_high=0.4.",
+    ),
+    resume: str = typer.Option(
+        None, "--resume", help="Resume from PATH, or from the latest checkpoint in output_dir with --resume latest.",
+        show_default=False,
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in output_dir."),
+) -> None:
+    """Train with DAPO. Writes config.yaml, metrics.jsonl, training_losses.txt, accuracy_losses.txt
+    and checkpoint_<step>/ folders to output_dir (default outputs/<run_name>).
+
+    Sections: model, data, rollout, dapo, rewards, train, eval, checkpoint, logging; list every key
+    with `dapo-train config --keys`.
+    """
+    from dapo_train.signals import StopRequested
+    from dapo_train.trainer import train
+
+    config_path, overrides = split_config_args(args or [])
+    cfg = load_config(config_path, overrides)
+    _setup_logging()
+    stop = StopRequested().install()
+    run_dir = train(cfg, resume=_resume_arg(resume), overwrite=overwrite, stop=stop)
+    if stop.requested:
+        raise typer.Exit(stop.exit_code)
+    typer.echo(f"done: {run_dir}")
+
+
+@app.command("eval")
+def eval_cmd(
+    args: list[str] = typer.Argument(
+        None, metavar="[CHECKPOINT]... [KEY=VALUE]...",
+        help="Checkpoint folders (or a bare checkpoint_N of --run-dir / the latest run), model folders or hub ids; "
+        "KEY=VALUE overrides the evaluated config.",
+    ),
+    config: str = typer.Option(None, "--config", help="Config to use; alone, evaluates that config's own model."),
+    split: str = typer.Option(None, "--split", help="Split to evaluate (default: data.eval_split)."),
+    limit: int = typer.Option(None, "--limit", help="Evaluate only the first N items of the fixed subset order."),
+    batch_size: int = typer.Option(None, "--batch-size", help="Sequences per generate call."),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="Completion budget."),
+    samples: int = typer.Option(1, "--samples", help="K samples per item: adds pass@1, pass@K and maj@K."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature with --samples > 1."),
+    run_dir: str = typer.Option(None, "--run-dir", help="Run folder for bare checkpoint_N names."),
+) -> None:
+    """Evaluate checkpoints: greedy accuracy with its standard error and 95% interval, format rate,
+    lengths, truncation; writes eval_<split>.json and completions_<split>.jsonl next to each."""
+    from dapo_train.eval_command import run_eval
+
+    args = args or []
+    _setup_logging()
+    run_eval(
+        [a for a in args if "=" not in a], config_path=config, split=split, limit=limit, batch_size=batch_size,
+        max_new_tokens=max_new_tokens, samples=samples, temperature=temperature,
+        overrides=[a for a in args if "=" in a], run_dir=run_dir,
+    )
+
+
+def _resume_arg(value: str | None) -> str | bool | None:
+    if value is None:
+        return None
+    return True if value in ("", "latest") else value
+
+
+def _setup_logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Library progress bars (dataset generation, weight loading) would bury our own bar and errors.
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def bare_resume_to_latest(argv: list[str]) -> list[str]:
+    """`--resume` without a PATH means the latest checkpoint: give it the explicit value `latest`."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg == "--resume":
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is None or nxt.startswith("-") or "=" in nxt or nxt.endswith((".yaml", ".yml")):
+                out.append("latest")
+    return out
+
+
 def main() -> None:
     """Console-script entry point: turns UserError into one line and exit code 2."""
     try:
-        app()
+        app(args=bare_resume_to_latest(sys.argv[1:]))
     except UserError as exc:
         if _state["debug"]:
             raise
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    except TrainingAborted as exc:
+        if _state["debug"]:
+            raise
+        typer.echo(f"aborted: {exc}", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
 
 
-__all__ = ["app", "main", "split_config_args", "Path"]

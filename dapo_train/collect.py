@@ -138,6 +138,7 @@ def collect_groups(model, tokenizer, reward_set, sampler: PromptSampler, buffer:
     """
     wanted = cfg.train.prompts_per_step
     stats = CollectStats()
+    model.eval()  # generation with the KV cache; training mode would force use_cache off under checkpointing
     max_rounds = cfg.dapo.max_gen_rounds if cfg.dapo.dynamic_sampling else 1
     while len(buffer) < wanted and stats.rounds < max_rounds:
         stats.rounds += 1

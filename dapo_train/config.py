@@ -191,7 +191,7 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
     overrides = list(overrides or [])
     data = config_to_dict(Config())
     if config_path is not None:
-        _deep_merge(data, read_yaml(config_path), prefix="")
+        deep_merge(data, read_yaml(config_path), prefix="")
     for item in overrides:
         apply_override(data, item)
     if not data.get("run_name"):
@@ -201,14 +201,14 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
     return _build(Config, data, prefix="")
 
 
-def _deep_merge(base: dict, update: dict, prefix: str) -> None:
+def deep_merge(base: dict, update: dict, prefix: str) -> None:
     """Merge `update` into `base`; sections merge key by key, lists and values replace."""
     for key, value in update.items():
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in base:
             raise _unknown_key(full, [f"{prefix}.{k}" if prefix else k for k in base])
         if isinstance(base[key], dict) and isinstance(value, dict) and key != "args":
-            _deep_merge(base[key], value, full)
+            deep_merge(base[key], value, full)
         else:
             base[key] = value
 

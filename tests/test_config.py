@@ -90,3 +90,12 @@ def test_exponent_floats_are_read_as_numbers(tmp_path):
     assert load_config(None, ["train.learning_rate=1e-6"]).train.learning_rate == 1e-6
     with pytest.raises(ConfigError, match="train.learning_rate"):
         load_config(None, ["train.learning_rate=fast"])
+
+
+def test_shipped_configs_load_and_the_tiny_one_is_the_default():
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent / "configs"
+    assert load_config(str(root / "tiny-cpu.yaml"), []) == load_config(None, [])
+    qwen = load_config(str(root / "qwen1.5b.yaml"), [])
+    assert qwen.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert (qwen.rollout.group_size, qwen.dapo.eps_low, qwen.dapo.eps_high, qwen.train.learning_rate) == (4, 0.2, 0.28, 1e-6)
+    assert qwen.train.prompts_per_step * qwen.rollout.group_size // qwen.train.micro_batch_size == 2  # accumulation 2

@@ -1,0 +1,328 @@
+"""`dapo-train eval CHECKPOINT...`: resolve targets, check everything, evaluate, write, compare.
+
+Order matters: every target is resolved and its config, data split and tokenizer are checked
+before any model loads, so a typo in the third checkpoint fails in a second, not after the first
+two evaluations. Then one model at a time is loaded, evaluated with evaluate.evaluate_prompts and
+its results written next to it, and one comparison table is printed at the end.
+
+Where results go: eval_<split>.json (metrics, resolved config, checkpoint, time) and
+completions_<split>.jsonl (one line per completion) inside the checkpoint or local model folder;
+for a hub id, a builtin model, a --config-only run or a read-only folder, under
+<output_dir>/eval/<model name>/. With --samples K > 1 the names end in _k<K> so a sampled run
+never overwrites the greedy one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from dapo_train.checkpoint import checkpoint_dirs
+from dapo_train.config import (
+    Config,
+    deep_merge,
+    apply_override,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    read_yaml,
+)
+from dapo_train.data import Prompt, fixed_eval_subset, load_prompts
+from dapo_train.errors import ConfigError, UserError
+from dapo_train.eval_report import format_table, write_json_atomic, write_jsonl_atomic
+from dapo_train.evaluate import evaluate_prompts
+from dapo_train.modeling import check_model_path, load_model, load_tokenizer
+
+CHECKPOINT_NAME = re.compile(r"^checkpoint_\d+$")
+SAVED_CONFIG = "config.yaml"
+RUNS_ROOT = Path("outputs")
+MODEL_FILES = ("config.json",)  # what makes a folder loadable by from_pretrained
+_LISTING_MAX = 20
+
+# train.mixed_precision -> autocast dtype on CUDA, so eval numerics match the trainer's.
+AUTOCAST_DTYPES = {"auto": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16, "no": None}
+
+
+@dataclass(frozen=True)
+class EvalTarget:
+    """One thing to evaluate. model: model.name_or_path to load (None: the config's own model);
+    saved_config: a checkpoint's config.yaml; folder: a local folder results may be written into."""
+
+    label: str
+    model: str | None
+    saved_config: Path | None = None
+    folder: Path | None = None
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """A target with everything resolved and checked; only the model is left to load."""
+
+    target: EvalTarget
+    cfg: Config
+    split: str
+    prompts: list[Prompt]
+    tokenizer: object
+    batch_size: int
+    max_new_tokens: int
+    out_dir: Path
+
+
+# --------------------------------------------------------------------------------------------
+# Targets: a checkpoint path, a bare checkpoint_N, a model folder or hub id, or the config's model.
+
+
+def folder_listing(path: Path) -> str:
+    """'<nearest existing folder> holds: a/, b.json, ...' for error messages."""
+    folder = path
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()) if folder.is_dir() else []
+    shown = ", ".join(entries[:_LISTING_MAX]) or "nothing"
+    more = f" and {len(entries) - _LISTING_MAX} more" if len(entries) > _LISTING_MAX else ""
+    return f"{folder if str(folder) != '.' else 'the current folder'} holds: {shown}{more}"
+
+
+def latest_run(root: Path = RUNS_ROOT) -> Path:
+    """The run folder under `root` whose newest checkpoint was written last."""
+    runs = [d for d in root.iterdir() if d.is_dir() and checkpoint_dirs(d)] if root.is_dir() else []
+    if not runs:
+        raise UserError(f"no run with checkpoints under {root}/; give the checkpoint's path or --run-dir RUN")
+    return max(runs, key=lambda run: max(p.stat().st_mtime for p in checkpoint_dirs(run)))
+
+
+def _bare_checkpoint(name: str, run_dir: str | None) -> Path:
+    run = Path(run_dir) if run_dir else latest_run()
+    if not run.is_dir():
+        raise UserError(f"--run-dir {run}: no such folder; {folder_listing(run)}")
+    path = run / name
+    if not path.is_dir():
+        found = ", ".join(p.name for p in checkpoint_dirs(run)) or "none"
+        raise UserError(f"{name} not found in run {run}; its checkpoints: {found}")
+    return path
+
+
+def _looks_local(target: str) -> bool:
+    """A name the user meant as a path even though it does not exist (not a hub id)."""
+    first = Path(target).parts[0] if Path(target).parts else target
+    return (
+        target.startswith((".", "/", "~"))
+        or target.count("/") > 1
+        or bool(CHECKPOINT_NAME.match(Path(target).name))
+        or Path(first).is_dir()
+    )
+
+
+def _folder_target(label: str, folder: Path) -> EvalTarget:
+    saved = folder / SAVED_CONFIG
+    if not any((folder / name).is_file() for name in MODEL_FILES):
+        found = ", ".join(p.name for p in checkpoint_dirs(folder))
+        hint = f"; it looks like a run folder, its checkpoints: {found}" if found else f"; {folder_listing(folder)}"
+        raise UserError(f"{label} is not a checkpoint or model folder (no config.json){hint}")
+    return EvalTarget(label, str(folder), saved if saved.is_file() else None, folder)
+
+
+def resolve_target(target: str | None, run_dir: str | None) -> EvalTarget:
+    """What `target` names; raises UserError for a path that does not exist."""
+    if target is None:
+        return EvalTarget("--config", None)  # relabelled with the config's model once it is read
+    target = target.rstrip("/") or target
+    path = Path(target).expanduser()
+    if CHECKPOINT_NAME.match(target) and not path.exists():
+        found = _bare_checkpoint(target, run_dir)
+        return _folder_target(str(found), found)
+    if path.is_dir():
+        return _folder_target(target, path)
+    if target.startswith("builtin:"):
+        check_model_path(target)  # a shipped model whose folder is missing fails here
+        return EvalTarget(target, target)
+    if _looks_local(target):
+        raise UserError(f"checkpoint or model folder not found: {target}; {folder_listing(path)}")
+    return EvalTarget(target, target)  # a hub id; load_tokenizer reports it if unreachable
+
+
+# --------------------------------------------------------------------------------------------
+# Config: the checkpoint's saved config <- --config <- KEY=VALUE; the target's model on top.
+
+
+def target_config(target: EvalTarget, config_path: str | None, overrides: list[str]) -> Config:
+    """The config that says how to evaluate `target` (data, split, prompt, budgets), with
+    model.name_or_path set to the target itself: a checkpoint is evaluated, not its base model."""
+    if target.saved_config is None and config_path is None:
+        kind = "checkpoint" if target.folder and CHECKPOINT_NAME.match(target.folder.name) else "model"
+        raise UserError(
+            f"{target.label}: this {kind} has no saved {SAVED_CONFIG}; pass --config CONFIG to say which "
+            "data, split and prompt to evaluate it on"
+        )
+    if target.saved_config is None:
+        cfg = load_config(config_path, overrides)
+        return cfg if target.model is None else _with_model(cfg, target.model)
+    data = read_yaml(target.saved_config)
+    try:
+        if config_path is not None:
+            deep_merge(data, read_yaml(config_path), prefix="")
+        for item in overrides:
+            apply_override(data, item)
+        cfg = config_from_dict(data)
+    except ConfigError as exc:
+        raise UserError(f"{exc} (config: {target.saved_config}{' + ' + config_path if config_path else ''})") from None
+    return _with_model(cfg, target.model)
+
+
+def _with_model(cfg: Config, model: str) -> Config:
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=model))
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"
+
+
+def output_folder(target: EvalTarget, cfg: Config) -> Path:
+    """The target's own folder when writable; else <output_dir>/eval/<model name>/."""
+    if target.folder is not None and os.access(target.folder, os.W_OK):
+        return target.folder
+    return Path(cfg.output_dir) / "eval" / _safe_name(target.model or cfg.model.name_or_path)
+
+
+# --------------------------------------------------------------------------------------------
+# The command.
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """The command-line settings of one `dapo-train eval` call (None = from the config)."""
+
+    config_path: str | None = None
+    split: str | None = None
+    limit: int | None = None
+    batch_size: int | None = None
+    max_new_tokens: int | None = None
+    samples: int = 1
+    temperature: float = 1.0
+    overrides: tuple[str, ...] = ()
+    run_dir: str | None = None
+
+    def check(self) -> None:
+        checks = (
+            (self.samples >= 1, f"--samples must be >= 1, got {self.samples}"),
+            (self.samples == 1 or self.temperature > 0, f"--temperature must be > 0 to sample, got {self.temperature}"),
+            (self.limit is None or self.limit >= 0, f"--limit must be >= 0 (0 = whole split), got {self.limit}"),
+            (self.batch_size is None or self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (self.max_new_tokens is None or self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+
+
+def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
+    """Resolve one target and load its tokenizer and prompts; no model is loaded."""
+    resolved = resolve_target(target, options.run_dir)
+    cfg = target_config(resolved, options.config_path, list(options.overrides))
+    if resolved.model is None:
+        resolved = dataclasses.replace(resolved, label=f"{cfg.model.name_or_path} (--config)")
+    split = options.split or cfg.data.eval_split
+    tokenizer = load_tokenizer(cfg.model)
+    prompts, _ = load_prompts(cfg.data, tokenizer, split)
+    return EvalPlan(
+        target=resolved,
+        cfg=cfg,
+        split=split,
+        prompts=fixed_eval_subset(prompts, options.limit or 0),
+        tokenizer=tokenizer,
+        batch_size=options.batch_size or cfg.eval.batch_size,
+        max_new_tokens=options.max_new_tokens or cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        out_dir=output_folder(resolved, cfg),
+    )
+
+
+def _autocast(cfg: Config, device: torch.device):
+    dtype = AUTOCAST_DTYPES[cfg.train.mixed_precision] if device.type == "cuda" else None
+    return torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) -> tuple[dict, list[Path]]:
+    """Load the plan's model, evaluate, write both files; returns (metrics, paths written)."""
+    started = time.monotonic()
+    if plan.cfg.train.num_threads > 0:
+        torch.set_num_threads(plan.cfg.train.num_threads)  # as the trainer does; tiny models run fastest on 1
+    model = load_model(plan.cfg.model, device)
+    with _autocast(plan.cfg, device):
+        result = evaluate_prompts(
+            model, plan.tokenizer, plan.prompts,
+            max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size,
+            samples=options.samples, temperature=options.temperature, seed=plan.cfg.seed,
+        )
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    suffix = f"_k{options.samples}" if options.samples > 1 else ""
+    json_path = plan.out_dir / f"eval_{plan.split}{suffix}.json"
+    completions_path = plan.out_dir / f"completions_{plan.split}{suffix}.jsonl"
+    summary = {
+        "checkpoint": plan.cfg.model.name_or_path,
+        "target": plan.target.label,
+        "split": plan.split,
+        "metrics": result.metrics,
+        "settings": {
+            "limit": options.limit or 0, "batch_size": plan.batch_size, "max_new_tokens": plan.max_new_tokens,
+            "samples": options.samples, "temperature": options.temperature if options.samples > 1 else 0.0,
+            "decoding": "sampling" if options.samples > 1 else "greedy", "device": device.type,
+        },
+        "completions_file": completions_path.name,
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "elapsed_s": round(time.monotonic() - started, 2),
+        "config": config_to_dict(plan.cfg),
+    }
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    write_jsonl_atomic(completions_path, result.records)
+    write_json_atomic(json_path, summary)
+    return result.metrics, [json_path, completions_path]
+
+
+def run_eval(
+    targets: list[str],
+    *,
+    config_path: str | None,
+    split: str | None,
+    limit: int | None,
+    batch_size: int | None,
+    max_new_tokens: int | None,
+    samples: int,
+    temperature: float,
+    overrides: list[str],
+    run_dir: str | None,
+) -> list[dict]:
+    """The whole `dapo-train eval` command; returns one metrics dict per target, in order."""
+    options = EvalOptions(
+        config_path, split, limit, batch_size, max_new_tokens, samples, temperature, tuple(overrides), run_dir
+    )
+    options.check()
+    if not targets and config_path is None:
+        raise UserError("nothing to evaluate: give CHECKPOINT (or a model folder / hub id), or --config CONFIG")
+    plans = [plan_target(target, options) for target in (targets or [None])]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows, written = [], []
+    for index, plan in enumerate(plans, start=1):
+        print(
+            f"[{index}/{len(plans)}] {plan.target.label}: {len(plan.prompts)} items of "
+            f"{plan.cfg.data.path} [{plan.split}], {'greedy' if samples == 1 else f'{samples} samples at T={temperature}'}, "
+            f"max_new_tokens={plan.max_new_tokens}, on {device.type}",
+            flush=True,
+        )
+        metrics, paths = evaluate_plan(plan, options, device)
+        rows.append((plan.target.label, metrics))
+        written.append(paths)
+    print(format_table(rows, samples))
+    for json_path, completions_path in written:
+        print(f"wrote {json_path} and {completions_path.name}")
+    return [metrics for _, metrics in rows]

@@ -1,0 +1,106 @@
+"""Run logs: metrics.jsonl (one JSON object per step), the seed trainer's text logs, and an
+optional tracker chosen by name.
+
+- metrics.jsonl: every metric of a step in one object with a `step` key; stable key names.
+- training_losses.txt: `step,loss`; accuracy_losses.txt: `step,accuracy` (first row = step 0,
+  before any update) -- the files the seed trainer wrote, so old plotting scripts keep working.
+A resumed run truncates all three to the checkpoint's step, so they never hold duplicate steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+
+class NullTracker:
+    def log(self, step: int, metrics: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardTracker:
+    def __init__(self, run_dir: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            from dapo_train.errors import UserError
+
+            raise UserError("logging.tracker=tensorboard needs the tensorboard package (pip install tensorboard)") from None
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def log(self, step: int, metrics: dict) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+TRACKERS: dict[str, Callable[[Path], object]] = {
+    "none": lambda run_dir: NullTracker(),
+    "tensorboard": TensorBoardTracker,
+}
+
+
+def _clean(value):
+    """JSON has no NaN/inf: write them as strings so a bad step is visible, not a parse error."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsLogger:
+    """One `log(step, metrics)` call per step writes every sink."""
+
+    def __init__(self, run_dir: str | Path, tracker: str = "none", resume_step: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.paths = {
+            "jsonl": self.run_dir / "metrics.jsonl",
+            "loss": self.run_dir / "training_losses.txt",
+            "accuracy": self.run_dir / "accuracy_losses.txt",
+        }
+        if resume_step is None:
+            for path in self.paths.values():
+                path.write_text("")
+        else:
+            self._truncate_after(resume_step)
+        self.tracker = TRACKERS[tracker](self.run_dir)
+
+    def _truncate_after(self, step: int) -> None:
+        """Drop rows of steps > `step` (written after the checkpoint we resume from)."""
+        for kind, path in self.paths.items():
+            if not path.exists():
+                path.write_text("")
+                continue
+            kept = []
+            for line in path.read_text().splitlines():
+                row_step = json.loads(line)["step"] if kind == "jsonl" else int(line.split(",")[0])
+                if row_step <= step:
+                    kept.append(line + "\n")
+            path.write_text("".join(kept))
+
+    def log(self, step: int, metrics: dict) -> None:
+        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        with self.paths["jsonl"].open("a") as f:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        if "loss" in metrics:
+            with self.paths["loss"].open("a") as f:
+                f.write(f"{step},{metrics['loss']}\n")
+        if "accuracy" in metrics:
+            with self.paths["accuracy"].open("a") as f:
+                f.write(f"{step},{metrics['accuracy']}\n")
+        self.tracker.log(step, metrics)
+
+    def close(self) -> None:
+        self.tracker.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

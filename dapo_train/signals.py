@@ -1,0 +1,42 @@
+"""Graceful stop on SIGINT/SIGTERM: the first signal lets the current step finish, then the
+trainer writes a checkpoint and exits non-zero with the command that resumes; a second SIGINT
+stops at once (KeyboardInterrupt)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+
+class StopRequested:
+    """Set by a signal handler; polled by the training loop between steps."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def request(self, signum: int) -> None:
+        self.signum = signum
+
+    def install(self) -> "StopRequested":
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.request(signum)
+        name = signal.Signals(signum).name
+        print(f"\n{name} received: finishing this step and saving a checkpoint (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or 0)
+
+    def report(self, run_dir: Path) -> None:
+        print(f"stopped early; resume with: dapo-train run <config> output_dir={run_dir} --resume", file=sys.stderr, flush=True)

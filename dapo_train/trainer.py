@@ -1,0 +1,279 @@
+"""The DAPO training loop (arXiv 2503.14476); the only module that knows the order of the stages.
+
+Each optimizer step:
+  1. collect  -- sample prompts, generate G completions each, score, advantages (Eq. 9), keep
+                 informative groups (Eq. 11) until the batch is full or rounds run out (collect.py)
+  2. update   -- token-level clipped loss (Eq. 10, 12), exact over micro-batches; AdamW (update.py)
+  3. log      -- metrics.jsonl + the seed trainer's text logs (metrics.py)
+  4. evaluate -- greedy on a fixed eval subset every eval.every_steps, step 0 first (evaluate.py)
+  5. save     -- checkpoint_<step>/ atomically every checkpoint.every_steps and at the end
+
+Departures from the seed trainer: EOS is in the loss, prompts are never right-truncated, eval is
+greedy on fixed items, answers are read numerically, overlong shaping exists (Eq. 13) and the loss
+is normalised over the step's tokens, not per group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from dapo_train import checkpoint as ckpt
+from dapo_train.buffer import GroupBuffer
+from dapo_train.collect import collect_groups
+from dapo_train.config import Config, config_to_dict, read_yaml, save_config
+from dapo_train.data import PromptSampler, fixed_eval_subset, load_prompts
+from dapo_train.errors import TrainingAborted, UserError
+from dapo_train.evaluate import evaluate_prompts
+from dapo_train.metrics import MetricsLogger
+from dapo_train.modeling import load_model, load_tokenizer
+from dapo_train.rewards import build_rewards
+from dapo_train.rollout import pad_token_id
+from dapo_train.signals import StopRequested
+from dapo_train.update import UpdateContext, policy_update
+
+logger = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _constant(progress: float) -> float:
+    return 1.0
+
+
+def _cosine(progress: float) -> float:
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+LR_SCHEDULES = {"constant": _constant, "cosine": _cosine}
+
+
+def learning_rate(cfg: Config, step: int) -> float:
+    """LR for optimizer step `step` (0-based): linear warmup, then constant or cosine to 0.
+
+    A pure function of the step, so resuming needs no scheduler state."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.learning_rate * (step + 1) / t.warmup_steps
+    progress = (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps)
+    return t.learning_rate * LR_SCHEDULES[t.lr_scheduler](progress)
+
+
+def prepare_run_dir(cfg: Config, resume: str | bool | None, overwrite: bool) -> tuple[Path, Path | None]:
+    """-> (run dir, checkpoint to resume from). Refuses to clobber an existing run by accident."""
+    run_dir = Path(cfg.output_dir)
+    if resume:
+        source = ckpt.latest_checkpoint(run_dir) if resume is True else Path(resume)
+        if source is None:
+            raise UserError(f"--resume: no checkpoint_<step>/ in {run_dir}; start without --resume")
+        if not source.is_dir():
+            raise UserError(f"--resume: checkpoint not found: {source}")
+        return run_dir, source
+    if (run_dir / "config.yaml").exists() or (run_dir / "metrics.jsonl").exists():
+        if not overwrite:
+            raise UserError(
+                f"output_dir {run_dir} already holds a run; pass --resume to continue it, --overwrite to "
+                "replace it, or set output_dir=... / run_name=..."
+            )
+        shutil.rmtree(run_dir)
+    return run_dir, None
+
+
+@dataclass
+class Run:
+    """Everything the loop touches, built once by `setup`."""
+
+    cfg: Config
+    run_dir: Path
+    accelerator: object
+    model: torch.nn.Module
+    tokenizer: object
+    reward_set: object
+    optimizer: torch.optim.Optimizer
+    sampler: PromptSampler
+    eval_prompts: list
+    buffer: GroupBuffer
+    update_ctx: UpdateContext
+    prompts_by_uid: dict
+    step: int = 0
+    bad_steps: int = 0
+
+
+def _mixed_precision(cfg: Config, cuda: bool) -> str:
+    if cfg.train.mixed_precision == "auto":
+        return "bf16" if cuda else "no"
+    return cfg.train.mixed_precision
+
+
+def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
+    """Validate cheap things first (rewards, data), then load the model."""
+    from accelerate import Accelerator
+
+    seed_everything(cfg.seed)
+    if cfg.train.num_threads > 0:
+        torch.set_num_threads(cfg.train.num_threads)
+    if cfg.train.deterministic:
+        torch.use_deterministic_algorithms(True)
+    reward_set = build_rewards(cfg.rewards, max_new_tokens=cfg.rollout.max_new_tokens)
+    tokenizer = load_tokenizer(cfg.model)
+    train_prompts, train_stats = load_prompts(cfg.data, tokenizer, cfg.data.train_split)
+    logger.info("train prompts: %s", train_stats.summary())
+    eval_prompts = []
+    if cfg.eval.every_steps > 0:
+        all_eval, eval_stats = load_prompts(cfg.data, tokenizer, cfg.data.eval_split)
+        logger.info("eval prompts: %s", eval_stats.summary())
+        eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items)
+    cuda = torch.cuda.is_available()
+    accelerator = Accelerator(mixed_precision=_mixed_precision(cfg, cuda), cpu=not cuda)
+    model_cfg = cfg.model if resume_from is None else dataclasses.replace(cfg.model, name_or_path=str(resume_from))
+    model = load_model(model_cfg, accelerator.device)
+    if cfg.model.gradient_checkpointing == "on" or (cfg.model.gradient_checkpointing == "auto" and cuda):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ref_model = None
+    if cfg.dapo.beta > 0:
+        ref_model = load_model(cfg.model, accelerator.device).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.train.learning_rate,
+        betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
+        weight_decay=cfg.train.weight_decay,
+    )
+    model, optimizer = accelerator.prepare(model, optimizer)
+    pad_id = pad_token_id(accelerator.unwrap_model(model), tokenizer)
+    return Run(
+        cfg=cfg, run_dir=run_dir, accelerator=accelerator, model=model, tokenizer=tokenizer, reward_set=reward_set,
+        optimizer=optimizer, sampler=PromptSampler(train_prompts, cfg.seed),
+        eval_prompts=eval_prompts, buffer=GroupBuffer(),
+        update_ctx=UpdateContext(model, optimizer, accelerator, cfg, pad_id, ref_model),
+        prompts_by_uid={p.uid: p for p in train_prompts},
+    )
+
+
+def trainer_state(run: Run) -> dict:
+    return {
+        "step": run.step,
+        "bad_steps": run.bad_steps,
+        "sampler": run.sampler.state_dict(),
+        "buffer": run.buffer.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "rng": ckpt.rng_state(),
+    }
+
+
+def restore(run: Run, state: dict) -> None:
+    run.step, run.bad_steps = int(state["step"]), int(state["bad_steps"])
+    run.sampler.load_state_dict(state["sampler"])
+    run.buffer.load_state_dict(state["buffer"], run.prompts_by_uid)
+    run.optimizer.load_state_dict(state["optimizer"])
+    ckpt.set_rng_state(state["rng"])
+
+
+def save(run: Run) -> Path:
+    path = ckpt.save_checkpoint(
+        run.run_dir, run.step, model=run.accelerator.unwrap_model(run.model), tokenizer=run.tokenizer, cfg=run.cfg,
+        state=trainer_state(run), keep_last=run.cfg.checkpoint.keep_last,
+    )
+    logger.info("saved %s", path)
+    return path
+
+
+def evaluate(run: Run) -> dict:
+    """Greedy accuracy on the fixed eval subset; prints a few sample completions."""
+    cfg = run.cfg
+    result = evaluate_prompts(
+        run.accelerator.unwrap_model(run.model), run.tokenizer, run.eval_prompts,
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
+    )
+    for record in result.records[: cfg.eval.print_samples]:
+        tqdm.write(f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}\n    {record['completion']!r}")
+    return {key if key == "accuracy" else f"eval/{key}": value for key, value in result.metrics.items() if key != "samples"}
+
+
+def train_step(run: Run) -> dict:
+    """Steps 1-2 of the module docstring for one optimizer step. -> the step's metrics."""
+    start = time.perf_counter()
+    groups, metrics = collect_groups(run.model, run.tokenizer, run.reward_set, run.sampler, run.buffer, run.cfg)
+    metrics["lr"] = learning_rate(run.cfg, run.step)
+    for param_group in run.optimizer.param_groups:
+        param_group["lr"] = metrics["lr"]
+    if groups:
+        update_start = time.perf_counter()
+        metrics.update(policy_update(run.update_ctx, groups))
+        metrics["seconds_update"] = time.perf_counter() - update_start
+    else:
+        metrics["skipped_no_groups"] = 1
+        logger.warning("step %d: no informative group after %d rounds; update skipped", run.step + 1, metrics["gen_rounds"])
+    run.step += 1
+    if metrics.get("skipped_nonfinite"):
+        run.bad_steps += 1
+        logger.warning("step %d: non-finite loss or grad norm; update skipped (%d in a row)", run.step, run.bad_steps)
+    else:
+        run.bad_steps = 0
+    metrics["seconds_step"] = time.perf_counter() - start
+    metrics["tokens_per_second"] = metrics["generated_tokens"] / max(metrics["seconds_step"], 1e-9)
+    return metrics
+
+
+def _due(step: int, every: int) -> bool:
+    return every > 0 and step % every == 0
+
+
+def train(cfg: Config, *, resume: str | bool | None = None, overwrite: bool = False, stop: StopRequested | None = None) -> Path:
+    """Run (or resume) training; returns the run directory."""
+    stop = stop or StopRequested()
+    run_dir, resume_from = prepare_run_dir(cfg, resume, overwrite)
+    run = setup(cfg, run_dir, resume_from)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume_from is not None:
+        restore(run, ckpt.load_state(resume_from))
+        _warn_config_changes(cfg, resume_from)
+        logger.info("resumed from %s at step %d", resume_from, run.step)
+    save_config(cfg, run_dir / "config.yaml")
+    metrics_log = MetricsLogger(run_dir, cfg.logging.tracker, resume_step=run.step if resume_from else None)
+    if resume_from is None and cfg.eval.every_steps > 0:
+        metrics_log.log(0, evaluate(run))
+    bar = tqdm(total=cfg.train.max_steps, initial=run.step, disable=not cfg.logging.progress_bar, desc="dapo")
+    try:
+        while run.step < cfg.train.max_steps and not stop.requested:
+            metrics = train_step(run)
+            if _due(run.step, cfg.eval.every_steps) or (cfg.eval.every_steps > 0 and run.step == cfg.train.max_steps):
+                metrics.update(evaluate(run))
+            metrics_log.log(run.step, metrics)
+            if run.bad_steps >= cfg.train.max_bad_steps:
+                raise TrainingAborted(
+                    f"{run.bad_steps} non-finite steps in a row (train.max_bad_steps); the last good checkpoint is "
+                    "intact; lower train.learning_rate or check the data, then --resume"
+                )
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics.get('accuracy', metrics['train_accuracy']):.3f}", ent=f"{metrics.get('entropy', 0.0):.3f}")
+            if _due(run.step, cfg.checkpoint.every_steps) and run.step < cfg.train.max_steps:
+                save(run)
+        save(run)
+    finally:
+        bar.close()
+        metrics_log.close()
+    if stop.requested:
+        stop.report(run_dir)
+    return run_dir
+
+
+def _warn_config_changes(cfg: Config, checkpoint: Path) -> None:
+    saved = read_yaml(checkpoint / "config.yaml")
+    current = config_to_dict(cfg)
+    changed = sorted(k for k in current if current[k] != saved.get(k))
+    if changed:
+        logger.warning("resuming with a config that differs from the checkpoint's in: %s", ", ".join(changed))

@@ -1,0 +1,92 @@
+"""Benchmark trainer steps on a random-init model of Qwen2.5-1.5B-Instruct's dimensions.
+
+    python scripts/bench_step.py                    # CUDA: Qwen2.5-1.5B shape, 3 steps
+    python scripts/bench_step.py --shape small      # a scaled-down shape that runs on a CPU
+
+A random model never emits EOS, so every completion runs to max_new_tokens: the worst case for
+time and memory. Prints per-step seconds (generate / update), tokens per second and peak CUDA
+memory. Needs no download: the shipped tiny tokenizer supplies ids (the model's vocabulary is
+Qwen's 151,936 rows regardless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    # Qwen2.5-1.5B-Instruct's config.json dimensions.
+    "qwen1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                     num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                     rope_theta=1000000.0, tie_word_embeddings=True),
+    "small": dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True),
+}
+
+
+def build_model(shape: str, folder: Path) -> None:
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from dapo_train.builtin import TINY_MODEL_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+    config = Qwen2Config(**SHAPES[shape], eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen1.5b")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args()
+
+    from dapo_train.config import load_config
+    from dapo_train.metrics import read_metrics
+    from dapo_train.trainer import train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "model"
+        start = time.perf_counter()
+        build_model(args.shape, folder)
+        print(f"built random {args.shape} model in {time.perf_counter() - start:.1f}s")
+        cfg = load_config(None, [
+            f"model.name_or_path={folder}", f"output_dir={Path(tmp) / 'run'}", f"train.max_steps={args.steps}",
+            f"train.prompts_per_step={args.prompts_per_step}", f"rollout.group_size={args.group_size}",
+            f"train.micro_batch_size={args.micro_batch_size}", f"rollout.max_new_tokens={args.max_new_tokens}",
+            "rollout.temperature=0.9", "rollout.top_k=50", "dapo.dynamic_sampling=false", "eval.every_steps=0",
+            "rewards=[{name: accuracy}]", "train.learning_rate=1e-6", "logging.progress_bar=false",
+        ])
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        train(cfg)
+        rows = read_metrics(cfg.output_dir)
+    keys = ("seconds_step", "seconds_generate", "seconds_update", "generated_tokens", "tokens_per_second", "completion_length_mean", "micro_batches")
+    for row in rows:
+        print(json.dumps({"step": row["step"], **{k: round(row[k], 3) for k in keys if k in row}}))
+    steady = rows[1:] or rows
+    summary = {
+        "shape": args.shape,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "mean_step_s": sum(r["seconds_step"] for r in steady) / len(steady),
+        "mean_tokens_per_s": sum(r["tokens_per_second"] for r in steady) / len(steady),
+        "peak_cuda_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

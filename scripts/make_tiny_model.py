@@ -1,0 +1,353 @@
+"""Build the embedded tiny world: the word-problem splits, a character tokenizer, a warm-started
+tiny Qwen2 model. Everything lands in dapo_train/assets/tiny/ and ships inside the package.
+
+Rebuild (deterministic; a few minutes on 2 CPU cores, longer if the cores are busy):
+
+    python scripts/make_tiny_model.py                       # data + tokenizer + model, then eval
+    python scripts/make_tiny_model.py --out /tmp/tiny       # same build written elsewhere
+    python scripts/make_tiny_model.py --steps 600 --no-eval # another SFT length, no measurement
+
+Stages, saved as they finish so other work can start early:
+1. data/{train,test}.jsonl from dapo_train.tiny_task.make_splits (fixed seed, no shared question);
+2. model/ tokenizer: one token per character (every CJK character, digit, ASCII character and
+   punctuation seen in the corpus, the system prompt, printable ASCII and common Chinese
+   punctuation), <0x00>..<0xFF> byte fallback so any text round-trips, Qwen's special tokens and
+   chat template, and <think>/</think>/<answer>/</answer> as single tokens;
+3. model/ weights: Qwen2ForCausalLM (~1M parameters, float32), trained by SFT on the worked
+   solutions of the train split, the loss on the completion only, prompts byte-identical to the
+   trainer's (DEFAULT_SYSTEM_PROMPT + question through the chat template);
+4. a measurement on the test split (greedy accuracy, format rate, pass@8 at T=1), printed and
+   written to model/build_info.json.
+
+Deliberate choice, so that RL has something to fix in a few CPU minutes: the warm start is only
+PARTIALLY right, in two ways.
+- Phase 1 SFT (correct solutions) is short: the model learns the format and easy arithmetic but
+  still slips on carries and multiplication (about 30% greedy accuracy).
+- Phase 2 continues SFT on a deliberately imperfect mix: in a fraction --slip-rate of the
+  targets the <answer> block holds the first operand of the last worked step (a plausible slip:
+  answering with a quantity that was already given or computed) instead of its result. The model
+  then often writes that slip greedily, while sampling at T=1 is right on many of those items:
+  informative groups for DAPO. RL that removes the slip shows a gain of 10+ points within about
+  ten steps (measured in the trainer's acceptance run); what remains is arithmetic.
+Both phases are seeded; the build is deterministic on a given machine and thread count.
+
+The generation_config copies Qwen2.5-Instruct's sampling defaults (two EOS ids, pad = one of them,
+do_sample, temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05) on purpose, so the
+embedded demo exercises the same traps as the real model: the trainer must pass its own settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from dapo_train.builtin import TINY_DATA_DIR, TINY_MODEL_DIR
+from dapo_train.config import DEFAULT_SYSTEM_PROMPT
+from dapo_train.tiny_task import make_splits
+
+SEED = 0
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
+CHINESE_PUNCTUATION = "，。、；：？！“”‘’（）《》【】—…·￥"
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+MODEL_SHAPE = dict(
+    hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=512, max_position_embeddings=512, tie_word_embeddings=True,
+    rope_theta=10000.0, rms_norm_eps=1e-6, use_sliding_window=False,
+)
+# Qwen2's pre-tokenizer split (as in its tokenizer.json): letters runs, single digits, punctuation.
+QWEN_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+ANSWER_RE = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
+FORMAT_RE = re.compile(r"^<think>\n.+?\n</think>\n<answer>\n-?\d+\n</answer>$", re.S)
+
+
+# ----------------------------------------------------------------------------- data + tokenizer
+def write_splits(splits: dict[str, list[dict]], data_dir: Path) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for name, rows in splits.items():
+        lines = (json.dumps(row, ensure_ascii=False) for row in rows)
+        (data_dir / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2 / Qwen byte-level alphabet: byte b is written as the printable character [b].
+
+    Printable Latin-1 bytes stand for themselves; the other 68 are moved to U+0100 upwards, so
+    every byte has a visible one-character token (space is 'Ġ', newline 'Ċ').
+    """
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = iter(range(256, 512))
+    return [chr(b) if b in kept else chr(next(moved)) for b in range(256)]
+
+
+def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
+    """Qwen's byte-level BPE pipeline with merges that make every known character one token.
+
+    Why byte-level rather than a character vocabulary with <0xNN> byte fallback: transformers 5
+    loads any model_type=qwen2 folder through Qwen2Tokenizer, which rebuilds Qwen's pipeline (NFC,
+    Qwen's split regex, byte-level BPE) from the saved vocab and merges and ignores a custom
+    pipeline. So the tiny tokenizer is built with that same pipeline: the 256 byte tokens (ids
+    0..255) make any text encode and decode losslessly, and for each multi-byte character of the
+    corpus, the system prompt and common Chinese punctuation, merges join its UTF-8 bytes (lead
+    byte + continuation bytes) into one token. A merge always starts with a lead byte, so merges
+    never join bytes of two different characters: the result is character-level.
+    """
+    alphabet = byte_alphabet()
+    chars = set("".join(corpus)) | set(DEFAULT_SYSTEM_PROMPT) | set(CHINESE_PUNCTUATION)
+    vocab = {token: index for index, token in enumerate(alphabet)}
+    merges: list[tuple[str, str]] = []
+    for char in sorted(c for c in chars if ord(c) > 127):
+        pieces = [alphabet[b] for b in char.encode("utf-8")]
+        for end in range(2, len(pieces) + 1):
+            left, right = "".join(pieces[: end - 1]), pieces[end - 1]
+            if left + right not in vocab:
+                vocab[left + right] = len(vocab)
+                merges.append((left, right))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    backend.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TAG_TOKENS])
+    backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in SPECIAL_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        extra_special_tokens=list(SPECIAL_TOKENS), clean_up_tokenization_spaces=False,
+        chat_template=CHAT_TEMPLATE, model_max_length=MODEL_SHAPE["max_position_embeddings"],
+    )
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, model_dir: Path) -> None:
+    """save_pretrained, then name the class AutoTokenizer will use anyway (Qwen2Tokenizer)."""
+    tokenizer.save_pretrained(model_dir)
+    config_path = model_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config.update(tokenizer_class="Qwen2Tokenizer", unk_token=None, bos_token=None)
+    config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- prompts + targets
+def prompt_text(tokenizer: PreTrainedTokenizerFast, question: str) -> str:
+    """The trainer's prompt, byte for byte: system prompt + question through the chat template."""
+    messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def target_text(answer: str) -> str:
+    """Worked steps (without the #### line) in <think>, the number in <answer>."""
+    steps, final = answer.rsplit("\n#### ", 1)
+    return f"<think>\n{steps}\n</think>\n<answer>\n{final}\n</answer>"
+
+
+def with_slips(rows: list[dict], rate: float) -> list[dict]:
+    """Copies of `rows` where a seeded fraction `rate` answers with the first operand of the last
+    worked step ("一共：54 + 35 = 89" -> 54) instead of its result: the phase 2 slip."""
+    rng = random.Random(SEED)
+    out = []
+    for row in rows:
+        steps, _ = row["answer"].rsplit("\n#### ", 1)
+        if rng.random() < rate:
+            operand = steps.split("\n")[-1].split("：", 1)[1].split(" ")[0]
+            row = dict(row, answer=f"{steps}\n#### {operand}")
+        out.append(row)
+    return out
+
+
+def encode_examples(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids + <|im_end|>) per row."""
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    end = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return [(encode(prompt_text(tokenizer, r["question_zh-cn"])), encode(target_text(r["answer"])) + end) for r in rows]
+
+
+# ----------------------------------------------------------------------------- model
+def build_model(tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
+    im_end, endoftext = (tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), bos_token_id=endoftext, eos_token_id=im_end, pad_token_id=endoftext,
+        dtype="float32", **MODEL_SHAPE,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=endoftext, eos_token_id=[im_end, endoftext], pad_token_id=endoftext,
+        do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05,
+    )
+    return model
+
+
+def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids (B, T) and labels (B, T): -100 on the prompt and on padding.
+
+    Right padding needs no attention mask: causal attention never lets a real token see the pads
+    that come after it, and position ids stay 0..T-1.
+    """
+    width = max(len(p) + len(c) for p, c in examples)
+    input_ids = torch.full((len(examples), width), pad_id)
+    labels = torch.full((len(examples), width), -100)
+    for row, (prompt, completion) in enumerate(examples):
+        ids = prompt + completion
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, len(prompt) : len(ids)] = torch.tensor(completion)
+    return input_ids, labels
+
+
+def shared_prefix_length(examples: list[tuple[list[int], list[int]]]) -> int:
+    """Tokens every prompt starts with: the system turn and '<|im_start|>user\\n'."""
+    first = examples[0][0]
+    length = len(first)
+    for prompt, _ in examples:
+        length = next((i for i, (a, b) in enumerate(zip(first[:length], prompt)) if a != b), min(length, len(prompt)))
+    return length
+
+
+def sft_loss(model, prefix: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean completion-token cross-entropy, running the shared prefix once per batch.
+
+    Same value and gradient as a forward over the full sequences (the prefix keys and values are
+    computed with grad and broadcast over the batch), but the ~100-token system turn is not
+    recomputed for every row: about 2x faster on CPU.
+    prefix (1, P); input_ids, labels (B, T): the rows after the prefix, right-padded.
+    """
+    cache = model.model(input_ids=prefix, use_cache=True).cache
+    cache.batch_repeat_interleave(input_ids.shape[0])
+    return model(input_ids=input_ids, labels=labels, cache=cache).loss
+
+
+def train_sft(model, examples, pad_id: int, steps: int, batch_size: int, lr: float) -> list[float]:
+    """AdamW, linear warmup then cosine decay to 10%; a seeded permutation per epoch.
+
+    (Grouping rows of similar length would save padding, but made batches of one difficulty and
+    learned several times slower: plain shuffled batches.)
+    """
+    shared = shared_prefix_length(examples)
+    prefix = torch.tensor(examples[0][0][:shared])[None]
+    rows = [(prompt[shared:], completion) for prompt, completion in examples]
+    generator = torch.Generator().manual_seed(SEED)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = max(1, steps // 20)
+    schedule = lambda s: min(1.0, (s + 1) / warmup) * (0.55 + 0.45 * math.cos(math.pi * s / steps))  # noqa: E731
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    order: list[int] = []
+    losses = []
+    model.train()
+    for step in range(steps):
+        if len(order) < batch_size:
+            order += torch.randperm(len(rows), generator=generator).tolist()
+        picked, order = order[:batch_size], order[batch_size:]
+        loss = sft_loss(model, prefix, *_batch([rows[i] for i in picked], pad_id))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if step % 100 == 0 or step == steps - 1:
+            print(f"  sft step {step:4d}  loss {loss.item():.4f}", flush=True)
+    model.eval()
+    return losses
+
+
+# ----------------------------------------------------------------------------- measurement
+def parse_answer(completion: str) -> int | None:
+    match = ANSWER_RE.search(completion)
+    return int(match.group(1)) if match else None
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], n: int, sample: bool, max_new_tokens: int = 96) -> list[str]:
+    """n completions per prompt (prompt-major), every sampling setting given explicitly."""
+    tokenizer.padding_side = "left"
+    batch = tokenizer([p for p in prompts for _ in range(n)], return_tensors="pt", padding=True, add_special_tokens=False)
+    settings = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0) if sample else dict(do_sample=False)
+    output = model.generate(
+        **batch, max_new_tokens=max_new_tokens, repetition_penalty=1.0,
+        eos_token_id=model.generation_config.eos_token_id, pad_token_id=tokenizer.pad_token_id, **settings,
+    )
+    return tokenizer.batch_decode(output[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def measure(model, tokenizer, rows: list[dict], n_sampled: int = 100, k: int = 8, chunk: int = 125) -> dict:
+    """Greedy accuracy and format rate on all rows; pass@k and informative groups at T=1."""
+    prompts = [prompt_text(tokenizer, r["question_zh-cn"]) for r in rows]
+    greedy = [c for i in range(0, len(rows), chunk) for c in generate(model, tokenizer, prompts[i : i + chunk], 1, False)]
+    correct = [parse_answer(c) == r["answer_only"] for c, r in zip(greedy, rows)]
+    torch.manual_seed(SEED)
+    sampled = generate(model, tokenizer, prompts[:n_sampled], k, True)
+    hits = [sum(parse_answer(c) == rows[i]["answer_only"] for c in sampled[i * k : (i + 1) * k]) for i in range(n_sampled)]
+    return {
+        "greedy_accuracy": sum(correct) / len(rows),
+        "greedy_format_rate": sum(bool(FORMAT_RE.match(c.strip())) for c in greedy) / len(rows),
+        "greedy_accuracy_on_sampled_items": sum(correct[:n_sampled]) / n_sampled,
+        f"pass@{k}_T1": sum(h > 0 for h in hits) / n_sampled,
+        "mean_accuracy_T1": sum(hits) / (k * n_sampled),
+        "informative_groups_T1": sum(0 < h < k for h in hits) / n_sampled,
+        "example_greedy": greedy[:3],
+    }
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help="Write data/ and model/ here (default: the package assets).")
+    parser.add_argument("--steps", type=int, default=1200, help="Phase 1 SFT steps on correct solutions.")
+    parser.add_argument("--slip-steps", type=int, default=200, help="Phase 2 SFT steps on the slip mix (0 = none).")
+    parser.add_argument("--slip-rate", type=float, default=0.65, help="Fraction of phase 2 targets with the slip.")
+    parser.add_argument("--slip-lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--no-eval", action="store_true", help="Skip the test-split measurement.")
+    args = parser.parse_args(argv)
+    data_dir, model_dir = (args.out / "data", args.out / "model") if args.out else (TINY_DATA_DIR, TINY_MODEL_DIR)
+    torch.set_num_threads(2)
+    torch.manual_seed(SEED)
+    start = time.time()
+
+    splits = make_splits(SEED)
+    write_splits(splits, data_dir)
+    corpus = [r["question_zh-cn"] + r["answer"] for rows in splits.values() for r in rows]
+    tokenizer = build_tokenizer(corpus)
+    save_tokenizer(tokenizer, model_dir)
+    print(f"data + tokenizer written ({len(tokenizer)} tokens) in {time.time() - start:.1f}s", flush=True)
+
+    model = build_model(tokenizer)
+    examples = encode_examples(tokenizer, splits["train"])
+    losses = train_sft(model, examples, tokenizer.pad_token_id, args.steps, args.batch_size, args.lr)
+    if args.slip_steps > 0:
+        slipped = encode_examples(tokenizer, with_slips(splits["train"], args.slip_rate))
+        losses = train_sft(model, slipped, tokenizer.pad_token_id, args.slip_steps, args.batch_size, args.slip_lr)
+    model.save_pretrained(model_dir)
+    info = {
+        "parameters": sum(p.numel() for p in model.parameters()), "sft_steps": args.steps,
+        "slip_steps": args.slip_steps, "slip_rate": args.slip_rate,
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]), "build_seconds": round(time.time() - start, 1),
+        "weights_bytes": (model_dir / "model.safetensors").stat().st_size,
+    }
+    if not args.no_eval:
+        info.update(measure(model, tokenizer, splits["test"]))
+        info["build_and_eval_seconds"] = round(time.time() - start, 1)
+    (model_dir / "build_info.json").write_text(json.dumps(info, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(info, ensure_ascii=False, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

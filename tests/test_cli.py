@@ -1,0 +1,74 @@
+"""Bad input: one line on stderr, exit code 2, before any model loads; --debug shows the traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def dapo(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "dapo_train", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def assert_one_line_error(result, *needles):
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_invalid_yaml_names_file_line_and_column(tmp_path):
+    (tmp_path / "bad.yaml").write_text("dapo:\n  eps_low: 0.2\n eps_high: 0.3\n")
+    assert_one_line_error(dapo("run", "bad.yaml", cwd=tmp_path), "bad.yaml:3:")
+
+
+def test_unknown_key_suggests_the_closest(tmp_path):
+    assert_one_line_error(dapo("run", "train.max_step=3", cwd=tmp_path), "train.max_step", "did you mean 'train.max_steps'")
+
+
+def test_impossible_value_names_the_key_and_range(tmp_path):
+    assert_one_line_error(dapo("run", "rollout.group_size=1", cwd=tmp_path), "rollout.group_size", ">= 2")
+
+
+def test_missing_model_folder(tmp_path):
+    assert_one_line_error(dapo("run", "model.name_or_path=./no-such-model", cwd=tmp_path), "folder not found", "no-such-model")
+    assert not (tmp_path / "outputs").exists()  # nothing written for a run that never started
+
+
+def test_missing_dataset_column_lists_the_columns(tmp_path):
+    rows = [{"q": "1+1=?", "answer_only": 2}, {"q": "2+2=?", "answer_only": 4}]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    result = dapo("run", "data.path=train.jsonl", "eval.every_steps=0", cwd=tmp_path)
+    assert_one_line_error(result, "question_zh-cn", "q, answer_only")
+
+
+def test_reward_plugin_that_does_not_import(tmp_path):
+    result = dapo("run", "rewards=[{name: 'no_such_pkg.mod:reward'}]", cwd=tmp_path)
+    assert_one_line_error(result, "rewards.0.name", "no_such_pkg")
+
+
+def test_existing_run_is_not_clobbered(tmp_path):
+    run_dir = tmp_path / "outputs" / "mine"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("seed: 1\n")
+    result = dapo("run", "output_dir=outputs/mine", cwd=tmp_path)
+    assert_one_line_error(result, "already holds a run", "--resume", "--overwrite")
+    assert (run_dir / "config.yaml").read_text() == "seed: 1\n"
+
+
+def test_resume_without_checkpoint(tmp_path):
+    assert_one_line_error(dapo("run", "output_dir=outputs/none", "--resume", cwd=tmp_path), "no checkpoint_<step>/")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = dapo("--debug", "run", "rollout.group_size=1", cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "eval", "config"])
+def test_help_lists_the_command(tmp_path, command):
+    result = dapo(command, "--help", cwd=tmp_path)
+    assert result.returncode == 0 and "Usage" in result.stdout

@@ -32,16 +32,16 @@ def _run(out, *extra, resume=None):
 
 
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
-    straight = _run(tmp_path / "straight", "train.max_steps=4")
-    _run(tmp_path / "split", "train.max_steps=2")
-    resumed = _run(tmp_path / "split", "train.max_steps=4", resume=True)
+    straight = _run(tmp_path / "straight", "train.max_steps=6")
+    _run(tmp_path / "split", "train.max_steps=3")
+    resumed = _run(tmp_path / "split", "train.max_steps=6", resume=True)
     a, b = read_metrics(straight), read_metrics(resumed)
-    assert [m["step"] for m in b] == [1, 2, 3, 4]  # resumed logs continue, no duplicate rows
+    assert [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]  # resumed logs continue, no duplicate rows
     assert any(m.get("groups_kept", 0) > 0 for m in a)  # there were real updates to reproduce
     for key in ("loss", "reward_mean", "groups_kept", "completion_length_mean"):
         assert [m.get(key) for m in a] == pytest.approx([m.get(key) for m in b], abs=1e-6), key
-    final_a = load_file(straight / "checkpoint_4" / "model.safetensors")
-    final_b = load_file(resumed / "checkpoint_4" / "model.safetensors")
+    final_a = load_file(straight / "checkpoint_6" / "model.safetensors")
+    final_b = load_file(resumed / "checkpoint_6" / "model.safetensors")
     for name in final_a:
         torch.testing.assert_close(final_a[name], final_b[name], atol=1e-5, rtol=0)
 

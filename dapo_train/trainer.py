@@ -74,7 +74,8 @@ def learning_rate(cfg: Config, step: int) -> float:
 
 
 def prepare_run_dir(cfg: Config, resume: str | bool | None, overwrite: bool) -> tuple[Path, Path | None]:
-    """-> (run dir, checkpoint to resume from). Refuses to clobber an existing run by accident."""
+    """-> (run dir, checkpoint to resume from). Refuses to clobber an existing run by accident;
+    with --overwrite the old run is only removed later, once setup has succeeded."""
     run_dir = Path(cfg.output_dir)
     if resume:
         source = ckpt.latest_checkpoint(run_dir) if resume is True else Path(resume)
@@ -89,7 +90,6 @@ def prepare_run_dir(cfg: Config, resume: str | bool | None, overwrite: bool) -> 
                 f"output_dir {run_dir} already holds a run; pass --resume to continue it, --overwrite to "
                 "replace it, or set output_dir=... / run_name=..."
             )
-        shutil.rmtree(run_dir)
     return run_dir, None
 
 
@@ -237,6 +237,8 @@ def train(cfg: Config, *, resume: str | bool | None = None, overwrite: bool = Fa
     stop = stop or StopRequested()
     run_dir, resume_from = prepare_run_dir(cfg, resume, overwrite)
     run = setup(cfg, run_dir, resume_from)
+    if overwrite and resume_from is None and run_dir.exists():
+        shutil.rmtree(run_dir)  # only now: bad input found by setup must not cost the old run
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
         restore(run, ckpt.load_state(resume_from))

@@ -72,3 +72,12 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_help_lists_the_command(tmp_path, command):
     result = dapo(command, "--help", cwd=tmp_path)
     assert result.returncode == 0 and "Usage" in result.stdout
+
+
+def test_overwrite_with_bad_input_keeps_the_old_run(tmp_path):
+    run_dir = tmp_path / "outputs" / "mine"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("seed: 1\n")
+    result = dapo("run", "output_dir=outputs/mine", "data.prompt_field=nope", "--overwrite", cwd=tmp_path)
+    assert_one_line_error(result, "nope")
+    assert (run_dir / "config.yaml").read_text() == "seed: 1\n"  # nothing lost to a run that never started

@@ -314,10 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slip-lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 is fastest when other work shares the cores).")
     parser.add_argument("--no-eval", action="store_true", help="Skip the test-split measurement.")
     args = parser.parse_args(argv)
     data_dir, model_dir = (args.out / "data", args.out / "model") if args.out else (TINY_DATA_DIR, TINY_MODEL_DIR)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(SEED)
     start = time.time()
 

@@ -9,9 +9,9 @@ division is exact, so a character-level model can learn the arithmetic.
 Rows: {"question": English rendering, "question_zh-cn": the problem, "answer": one line per
 step ("送后：17 - 4 = 13") then "#### N", "answer_only": N (int)}.
 
-The mix runs from easy to hard (about 45% one step, 35% two, 20% three; operands up to 9, 19 or
-99 in 40/30/30 proportion) so that a small model starts partially right: it learns one-digit
-facts quickly, the easy items give RL groups with some correct samples, the hard ones headroom.
+The mix runs from easy to hard (about 45% one step, 35% two, 20% three; half of the problems
+use numbers below 20) so that a small model starts partially right: the easy items give RL
+groups with some correct samples, the hard ones leave headroom.
 
 Everything is a pure function of the seed: `random.Random(seed)` is the only source of choices.
 """
@@ -95,7 +95,7 @@ LOSSES = (
 )
 
 STEP_WEIGHTS = (0.45, 0.35, 0.20)  # P(1 step), P(2 steps), P(3 steps): the easy-to-hard mix
-MAGNITUDES = ((9, 0.4), (19, 0.3), (99, 0.3))  # (largest operand, share of problems)
+SMALL_FRACTION = 0.5  # share of problems whose numbers stay below 20
 MAX_RESULT = 999
 
 
@@ -129,13 +129,13 @@ class Problem:
         return {"question": en, "question_zh-cn": zh, "answer": answer, "answer_only": self.value}
 
 
-def _amount(rng: random.Random, top: int, low: int = 2) -> int:
-    return rng.randint(low, max(low, top))
+def _amount(rng: random.Random, small: bool, low: int = 2) -> int:
+    return rng.randint(low, 19 if small else 99)
 
 
-def _taken(rng: random.Random, top: int, have: int) -> int:
-    """An amount to take away from `have` that leaves at least 2 and stays within `top`."""
-    return rng.randint(1, max(1, min(have - 2, top)))
+def _taken(rng: random.Random, small: bool, have: int) -> int:
+    """An amount to take away from `have` that leaves at least 2 and stays a small operand."""
+    return rng.randint(1, max(1, min(have - 2, 19 if small else 99)))
 
 
 def _divisor(rng: random.Random, value: int) -> int:
@@ -146,7 +146,7 @@ def _divisor(rng: random.Random, value: int) -> int:
     return rng.choice(choices)
 
 
-def _story(rng: random.Random, n_steps: int, top: int) -> dict:
+def _story(rng: random.Random, n_steps: int, small: bool) -> dict:
     """Someone starts with some things, gains or loses some, maybe shares them out.
 
     Steps: an optional "boxes x per box" start, 0-2 gains/losses, an optional exact share.
@@ -157,19 +157,19 @@ def _story(rng: random.Random, n_steps: int, top: int) -> dict:
     grouped, n_moves, share = rng.choice(shapes)
     p = Problem()
     if grouped:
-        boxes, each = rng.randint(2, 9), _amount(rng, top)
+        boxes, each = rng.randint(2, 9), _amount(rng, small)
         p.zh.append(f"{who}买了 {boxes} {noun.box_zh}{noun.zh}，每{noun.box_zh}有 {each} {noun.measure}")
         unit = f" {noun.unit_en}s" if noun.unit_en else ""
         p.en.append(f"{who_en} buys {boxes} {noun.box_en} of {noun.stuff_en}, {each}{unit} in each")
         p.value = p.step("一共", each, "×", boxes)
     else:
-        p.value = _amount(rng, top, low=5)
+        p.value = _amount(rng, small, low=5)
         p.zh.append(f"{who}有 {p.value} {noun.measure}{noun.zh}")
         p.en.append(f"{who_en} has {p.value} {noun.en}")
     for index in range(n_moves):
         gain = rng.random() < 0.5
         zh, en, label = rng.choice(GAINS if gain else LOSSES)
-        b = _amount(rng, top) if gain else _taken(rng, top, p.value)
+        b = _amount(rng, small) if gain else _taken(rng, small, p.value)
         zh = zh.format(b=b, o=other, m=noun.measure)
         p.zh.append(("然后" if index else "") + zh)
         p.en.append(f"Then {who_en} " + en.format(b=b, o=other_en))
@@ -192,22 +192,22 @@ def _story(rng: random.Random, n_steps: int, top: int) -> dict:
     )
 
 
-def _compare(rng: random.Random, n_steps: int, top: int) -> dict:
+def _compare(rng: random.Random, n_steps: int, small: bool) -> dict:
     """B has b more / fewer / k times / 1/k of what A has; ask B's amount (1 step) or the total (2)."""
     (a_zh, a_en), (b_zh, b_en) = rng.sample(NAMES, 2)
     noun = rng.choice(NOUNS)
     m, p = noun.measure, Problem()
     kind = rng.choice(("more", "fewer", "times", "part"))
     if kind == "part":
-        k, share = rng.randint(2, 9), _amount(rng, top)
+        k, share = rng.randint(2, 9), _amount(rng, small)
         p.value = k * share
     else:
-        p.value = _amount(rng, top, low=5)
+        p.value = _amount(rng, small, low=5)
     p.zh.append(f"{a_zh}有 {p.value} {m}{noun.zh}")
     p.en.append(f"{a_en} has {p.value} {noun.en}")
     start = p.value
     if kind in ("more", "fewer"):
-        d = _amount(rng, top) if kind == "more" else _taken(rng, top, start)
+        d = _amount(rng, small) if kind == "more" else _taken(rng, small, start)
         word, op = ("多", "+") if kind == "more" else ("少", "-")
         p.zh.append(f"{b_zh}比{a_zh}{word} {d} {m}")
         p.en.append(f"{b_en} has {d} {kind} than {a_en}")
@@ -227,12 +227,12 @@ def _compare(rng: random.Random, n_steps: int, top: int) -> dict:
     return p.row(f"{a_zh}和{b_zh}一共有多少{m}{noun.zh}？", f"How many {noun.en} do they have together?")
 
 
-def _shopping(rng: random.Random, n_steps: int, top: int) -> dict:
+def _shopping(rng: random.Random, n_steps: int, small: bool) -> dict:
     """Price x quantity; then the change from a note (2 steps) or a second item (3 steps)."""
     who, who_en = rng.choice(NAMES)
     first, second = rng.sample(NOUNS, 2)
     p = Problem()
-    price, count = rng.randint(2, min(top, 30)), rng.randint(2, 9)
+    price, count = rng.randint(2, 9 if small else 30), rng.randint(2, 9)
     p.zh.append(f"一{first.measure}{first.zh} {price} 元，{who}买了 {count} {first.measure}")
     if first.unit_en:
         p.en.append(f"{first.stuff_en.capitalize()} costs {price} yuan per {first.unit_en}, and {who_en} buys {count}")
@@ -248,7 +248,7 @@ def _shopping(rng: random.Random, n_steps: int, top: int) -> dict:
         p.value = p.step("找回", note, "-", p.value)
         return p.row("应找回多少元？", "How much change does " + who_en + " get?")
     spent = p.value
-    price2, count2 = rng.randint(2, min(top, 30)), rng.randint(2, 9)
+    price2, count2 = rng.randint(2, 9 if small else 30), rng.randint(2, 9)
     p.zh.append(f"又买了 {count2} {second.measure}{second.zh}，每{second.measure} {price2} 元")
     each = f"per {second.unit_en}" if second.unit_en else "each"
     p.en.append(f"Then {who_en} buys {count2} {second.en} at {price2} yuan {each}")
@@ -258,7 +258,7 @@ def _shopping(rng: random.Random, n_steps: int, top: int) -> dict:
 
 
 # Kinds of problem by name, with the step counts each can make.
-TEMPLATES: dict[str, tuple[Callable[[random.Random, int, int], dict], tuple[int, ...]]] = {
+TEMPLATES: dict[str, tuple[Callable[[random.Random, int, bool], dict], tuple[int, ...]]] = {
     "story": (_story, (1, 2, 3)),
     "compare": (_compare, (1, 2)),
     "shopping": (_shopping, (1, 2, 3)),
@@ -272,8 +272,7 @@ def _one_problem(rng: random.Random, step_weights: tuple[float, ...]) -> dict:
         names = [name for name, (_, counts) in TEMPLATES.items() if n_steps in counts]
         make = TEMPLATES[rng.choice(names)][0]
         try:
-            top = rng.choices([t for t, _ in MAGNITUDES], weights=[w for _, w in MAGNITUDES])[0]
-            return make(rng, n_steps, top)
+            return make(rng, n_steps, rng.random() < SMALL_FRACTION)
         except Rejected:
             continue
 

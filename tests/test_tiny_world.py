@@ -1,5 +1,6 @@
 """The embedded world: the generated task, the shipped tokenizer and the shipped tiny model."""
 
+import hashlib
 import json
 import os
 import re
@@ -48,7 +49,7 @@ def test_splits_have_the_documented_sizes_and_share_no_question(splits):
 def test_shipped_data_is_what_the_generator_makes(splits):
     for name in ("train", "test"):
         lines = (TINY_DATA_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
-        assert [json.loads(line) for line in lines] == splits[name], f"rebuild: python scripts/make_tiny_model.py"
+        assert [json.loads(line) for line in lines] == splits[name], "rebuild: python scripts/make_tiny_model.py"
 
 
 def test_every_worked_step_is_exact_arithmetic_and_ends_in_answer_only(splits):
@@ -160,6 +161,12 @@ def test_shipped_model_loads_offline_and_answers_in_format(splits):
     assert result["params"] < 5_000_000
     for text in result["texts"]:
         assert re.fullmatch(r"<think>\n.+\n</think>\n<answer>\n\d+\n</answer>", text, re.S), text
+
+
+def test_shipped_model_was_trained_on_the_shipped_data():
+    info = json.loads((TINY_MODEL_DIR / "build_info.json").read_text(encoding="utf-8"))
+    shipped = hashlib.sha256((TINY_DATA_DIR / "train.jsonl").read_bytes()).hexdigest()
+    assert info["train_data_sha256"] == shipped, "weights and data differ: python scripts/make_tiny_model.py"
 
 
 def test_shipped_files_are_small():

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import random
 import shutil
 import time
@@ -77,6 +78,7 @@ def prepare_run_dir(cfg: Config, resume: str | bool | None, overwrite: bool) -> 
     """-> (run dir, checkpoint to resume from). Refuses to clobber an existing run by accident;
     with --overwrite the old run is only removed later, once setup has succeeded."""
     run_dir = Path(cfg.output_dir)
+    _check_writable(run_dir)
     if resume:
         source = ckpt.latest_checkpoint(run_dir) if resume is True else Path(resume)
         if source is None:
@@ -91,6 +93,17 @@ def prepare_run_dir(cfg: Config, resume: str | bool | None, overwrite: bool) -> 
                 "replace it, or set output_dir=... / run_name=..."
             )
     return run_dir, None
+
+
+def _check_writable(run_dir: Path) -> None:
+    """Fail before the model loads when output_dir cannot be created or written."""
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"output_dir {run_dir}: {existing} exists and is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"output_dir {run_dir}: permission denied on {existing}; set output_dir=... to a writable folder")
 
 
 @dataclass

@@ -81,3 +81,22 @@ def test_overwrite_with_bad_input_keeps_the_old_run(tmp_path):
     result = dapo("run", "output_dir=outputs/mine", "data.prompt_field=nope", "--overwrite", cwd=tmp_path)
     assert_one_line_error(result, "nope")
     assert (run_dir / "config.yaml").read_text() == "seed: 1\n"  # nothing lost to a run that never started
+
+
+def test_output_dir_that_cannot_be_a_folder_fails_before_loading(tmp_path):
+    (tmp_path / "taken").write_text("a file, not a folder\n")
+    result = dapo("run", "output_dir=taken/run", cwd=tmp_path)
+    assert_one_line_error(result, "taken", "not a folder")
+    assert (tmp_path / "taken").read_text() == "a file, not a folder\n"
+
+
+def test_unwritable_output_dir_is_one_clear_error(tmp_path, monkeypatch):
+    # Tests may run as root, which chmod cannot lock out, so the permission answer is stubbed.
+    from dapo_train import trainer
+    from dapo_train.config import load_config
+    from dapo_train.errors import UserError
+
+    monkeypatch.setattr(trainer.os, "access", lambda path, mode: False)
+    cfg = load_config(None, [f"output_dir={tmp_path / 'locked' / 'run'}"])
+    with pytest.raises(UserError, match="permission denied on .*writable folder"):
+        trainer.prepare_run_dir(cfg, None, False)

@@ -28,8 +28,10 @@ class StopRequested:
         return self
 
     def _handle(self, signum, frame) -> None:
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+        if self.requested:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return  # already stopping: keep the first signal's exit code and message
         self.request(signum)
         name = signal.Signals(signum).name
         print(f"\n{name} received: finishing this step and saving a checkpoint (Ctrl-C again to stop now)", file=sys.stderr, flush=True)

@@ -31,8 +31,9 @@ def test_second_ctrl_c_stops_at_once(restore_handlers):
         os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_sigterm_after_a_stop_request_does_not_interrupt(restore_handlers):
+def test_sigterm_after_a_stop_request_does_not_interrupt(restore_handlers, capsys):
     stop = StopRequested().install()
     os.kill(os.getpid(), signal.SIGINT)
     os.kill(os.getpid(), signal.SIGTERM)  # still graceful: only a second Ctrl-C is urgent
-    assert stop.requested
+    assert stop.requested and stop.exit_code == 128 + signal.SIGINT
+    assert capsys.readouterr().err.count("finishing this step") == 1

@@ -23,7 +23,8 @@ from dapo_train.config import Config, save_config
 from dapo_train.errors import UserError
 
 STATE_FILE = "trainer_state.pt"
-_CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
@@ -31,7 +32,7 @@ def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _CHECKPOINT_RE.match(p.name)) and p.is_dir()]
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := CHECKPOINT_RE.match(p.name)) and p.is_dir()]
     return [p for _, p in sorted(found)]
 
 
@@ -78,7 +79,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, cfg: Co
         tmp.mkdir(parents=True)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        save_config(cfg, tmp / "config.yaml")
+        save_config(cfg, tmp / CONFIG_FILE)
         torch.save(state, tmp / STATE_FILE)
         if final.exists():
             shutil.rmtree(final)

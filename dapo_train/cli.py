@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import sys
 import typer
-import yaml
 
-from dapo_train.config import config_to_dict, describe_keys, load_config
+from dapo_train.config import describe_keys, dump_config, load_config
 from dapo_train.errors import TrainingAborted, UserError
 
 app = typer.Typer(
@@ -47,7 +46,7 @@ def config_cmd(
         return
     config_path, overrides = split_config_args(args or [])
     cfg = load_config(config_path, overrides)
-    typer.echo(yaml.safe_dump(config_to_dict(cfg), allow_unicode=True, sort_keys=False).rstrip())
+    typer.echo(dump_config(cfg).rstrip())
 
 
 @app.command("run")

@@ -207,7 +207,7 @@ def deep_merge(base: dict, update: dict, prefix: str) -> None:
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in base:
             raise _unknown_key(full, [f"{prefix}.{k}" if prefix else k for k in base])
-        if isinstance(base[key], dict) and isinstance(value, dict) and key != "args":
+        if isinstance(base[key], dict) and isinstance(value, dict):
             deep_merge(base[key], value, full)
         else:
             base[key] = value
@@ -218,8 +218,13 @@ def config_from_dict(data: dict) -> Config:
     return _build(Config, data, prefix="")
 
 
+def dump_config(cfg: Config) -> str:
+    """The resolved config as YAML, in field order."""
+    return yaml.safe_dump(config_to_dict(cfg), allow_unicode=True, sort_keys=False)
+
+
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), allow_unicode=True, sort_keys=False), encoding="utf-8")
+    Path(path).write_text(dump_config(cfg), encoding="utf-8")
 
 
 def reference_table() -> str:

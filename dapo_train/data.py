@@ -8,7 +8,7 @@ Departures from the seed trainer, each deliberate:
 - Prompts longer than `data.max_prompt_length` are dropped and counted, never truncated: right-side
   truncation cuts off the "<|im_start|>assistant\n" header, and the policy then continues the
   question instead of answering it.
-- Gold answers are canonical numeric strings (`rewards.normalize_gold`); rows whose answer cannot be
+- Gold answers are canonical numeric strings (`answers.normalize_gold`); rows whose answer cannot be
   read are dropped and counted instead of becoming prompts that can never be rewarded.
 - Data order comes from a sampler seeded by (seed, epoch) alone, so a resumed run sees exactly the
   prompts the uninterrupted run would have seen; the eval subset never depends on the seed.
@@ -21,7 +21,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import datasets
 import huggingface_hub
@@ -31,7 +31,7 @@ from huggingface_hub.utils import HfHubHTTPError, HFValidationError, RepositoryN
 from dapo_train.builtin import resolve_data_path
 from dapo_train.config import DataConfig
 from dapo_train.errors import UserError
-from dapo_train.rewards import normalize_gold
+from dapo_train.answers import normalize_gold
 
 logger = logging.getLogger(__name__)
 
@@ -356,10 +356,6 @@ class PromptSampler:
             batch.append(self.prompts[self._order[self.position]])
             self.position += 1
         return batch
-
-    def __iter__(self) -> Iterator[Prompt]:
-        while True:
-            yield self.next_batch(1)[0]
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "num_prompts": len(self.prompts)}

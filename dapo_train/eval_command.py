@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.checkpoint import checkpoint_dirs
+from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
 from dapo_train.config import (
     Config,
     deep_merge,
@@ -42,8 +41,6 @@ from dapo_train.eval_report import format_table, write_json_atomic, write_jsonl_
 from dapo_train.evaluate import evaluate_prompts
 from dapo_train.modeling import check_model_path, load_model, load_tokenizer
 
-CHECKPOINT_NAME = re.compile(r"^checkpoint_\d+$")
-SAVED_CONFIG = "config.yaml"
 RUNS_ROOT = Path("outputs")
 MODEL_FILES = ("config.json",)  # what makes a folder loadable by from_pretrained
 _LISTING_MAX = 20
@@ -117,13 +114,13 @@ def _looks_local(target: str) -> bool:
     return (
         target.startswith((".", "/", "~"))
         or target.count("/") > 1
-        or bool(CHECKPOINT_NAME.match(Path(target).name))
+        or bool(CHECKPOINT_RE.match(Path(target).name))
         or Path(first).is_dir()
     )
 
 
 def _folder_target(label: str, folder: Path) -> EvalTarget:
-    saved = folder / SAVED_CONFIG
+    saved = folder / CONFIG_FILE
     if not any((folder / name).is_file() for name in MODEL_FILES):
         found = ", ".join(p.name for p in checkpoint_dirs(folder))
         hint = f"; it looks like a run folder, its checkpoints: {found}" if found else f"; {folder_listing(folder)}"
@@ -137,7 +134,7 @@ def resolve_target(target: str | None, run_dir: str | None) -> EvalTarget:
         return EvalTarget("--config", None)  # relabelled with the config's model once it is read
     target = target.rstrip("/") or target
     path = Path(target).expanduser()
-    if CHECKPOINT_NAME.match(target) and not path.exists():
+    if CHECKPOINT_RE.match(target) and not path.exists():
         found = _bare_checkpoint(target, run_dir)
         return _folder_target(str(found), found)
     if path.is_dir():
@@ -158,9 +155,9 @@ def target_config(target: EvalTarget, config_path: str | None, overrides: list[s
     """The config that says how to evaluate `target` (data, split, prompt, budgets), with
     model.name_or_path set to the target itself: a checkpoint is evaluated, not its base model."""
     if target.saved_config is None and config_path is None:
-        kind = "checkpoint" if target.folder and CHECKPOINT_NAME.match(target.folder.name) else "model"
+        kind = "checkpoint" if target.folder and CHECKPOINT_RE.match(target.folder.name) else "model"
         raise UserError(
-            f"{target.label}: this {kind} has no saved {SAVED_CONFIG}; pass --config CONFIG to say which "
+            f"{target.label}: this {kind} has no saved {CONFIG_FILE}; pass --config CONFIG to say which "
             "data, split and prompt to evaluate it on"
         )
     if target.saved_config is None:

@@ -49,14 +49,14 @@ def format_table(rows: Sequence[tuple[str, dict]], samples: int = 1) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(cells) for cells in body])
 
 
-def _json_safe(value):
+def json_safe(value):
     """JSON has no NaN/inf: keep such a value visible as a string instead of an invalid file."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
+        return {key: json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
+        return [json_safe(item) for item in value]
     return value
 
 
@@ -70,8 +70,8 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    _write_atomic(path, json.dumps(_json_safe(data), ensure_ascii=False, indent=2) + "\n")
+    _write_atomic(path, json.dumps(json_safe(data), ensure_ascii=False, indent=2) + "\n")
 
 
 def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
-    _write_atomic(path, "".join(json.dumps(_json_safe(r), ensure_ascii=False) + "\n" for r in records))
+    _write_atomic(path, "".join(json.dumps(json_safe(r), ensure_ascii=False) + "\n" for r in records))

@@ -107,7 +107,8 @@ def summarize_records(records: Sequence[dict], samples: int) -> dict[str, float]
     if not records or len(records) % samples:
         raise ValueError(f"need N x {samples} records (K per item), got {len(records)}")
     items = [records[i : i + samples] for i in range(0, len(records), samples)]
-    scores = [sum(r["correct"] for r in item) / samples for item in items]
+    correct_counts = [sum(r["correct"] for r in item) for item in items]
+    scores = [c / samples for c in correct_counts]
     accuracy, stderr = mean_stderr(scores)
     low, high = wilson_interval(accuracy, len(items))
     lengths = [r["length"] for r in records]
@@ -124,8 +125,7 @@ def summarize_records(records: Sequence[dict], samples: int) -> dict[str, float]
         "samples": samples,
     }
     if samples > 1:
-        correct_counts = [sum(r["correct"] for r in item) for item in items]
-        metrics["pass@1"] = sum(pass_at_k(samples, c, 1) for c in correct_counts) / len(items)
+        metrics["pass@1"] = accuracy  # pass@1 = c / K averaged over items
         metrics[f"pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in correct_counts) / len(items)
         metrics[f"maj@{samples}"] = sum(_majority_correct(item) for item in items) / len(items)
     return metrics

@@ -10,9 +10,10 @@ A resumed run truncates all three to the checkpoint's step, so they never hold d
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Callable
+
+from dapo_train.eval_report import json_safe
 
 
 class NullTracker:
@@ -48,13 +49,6 @@ TRACKERS: dict[str, Callable[[Path], object]] = {
 }
 
 
-def _clean(value):
-    """JSON has no NaN/inf: write them as strings so a bad step is visible, not a parse error."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
-
-
 class MetricsLogger:
     """One `log(step, metrics)` call per step writes every sink."""
 
@@ -86,7 +80,7 @@ class MetricsLogger:
             path.write_text("".join(kept))
 
     def log(self, step: int, metrics: dict) -> None:
-        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        row = json_safe({"step": step, **metrics})
         with self.paths["jsonl"].open("a") as f:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
         if "loss" in metrics:

@@ -7,8 +7,6 @@ code stays off unless the config turns it on.
 
 from __future__ import annotations
 
-import logging
-import os
 from pathlib import Path
 
 import torch
@@ -16,8 +14,6 @@ import torch
 from dapo_train.builtin import resolve_model_path
 from dapo_train.config import ModelConfig
 from dapo_train.errors import UserError
-
-logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -21,14 +21,11 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from dapo_train.algo import overlong_penalty
-from dapo_train.answers import answers_match, extract_answer, is_correct, normalize_gold
+from dapo_train.answers import extract_answer, is_correct
 from dapo_train.config import RewardSpec
 from dapo_train.errors import ConfigError, UserError
 
-__all__ = [
-    "REWARDS", "BoundReward", "RewardError", "RewardSet", "Scores", "answers_match", "build_rewards",
-    "extract_answer", "is_correct", "normalize_gold", "register", "score",
-]
+__all__ = ["REWARDS", "BoundReward", "RewardError", "RewardSet", "Scores", "build_rewards", "register", "score"]
 
 # fn(completions, answers, *, lengths=None, prompts=None, **args) -> one float per completion.
 RewardFn = Callable[..., Sequence[float]]

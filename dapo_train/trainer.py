@@ -86,7 +86,7 @@ def prepare_run_dir(cfg: Config, resume: str | bool | None, overwrite: bool) -> 
         if not source.is_dir():
             raise UserError(f"--resume: checkpoint not found: {source}")
         return run_dir, source
-    if (run_dir / "config.yaml").exists() or (run_dir / "metrics.jsonl").exists():
+    if (run_dir / ckpt.CONFIG_FILE).exists() or (run_dir / "metrics.jsonl").exists():
         if not overwrite:
             raise UserError(
                 f"output_dir {run_dir} already holds a run; pass --resume to continue it, --overwrite to "
@@ -257,7 +257,7 @@ def train(cfg: Config, *, resume: str | bool | None = None, overwrite: bool = Fa
         restore(run, ckpt.load_state(resume_from))
         _warn_config_changes(cfg, resume_from)
         logger.info("resumed from %s at step %d", resume_from, run.step)
-    save_config(cfg, run_dir / "config.yaml")
+    save_config(cfg, run_dir / ckpt.CONFIG_FILE)
     metrics_log = MetricsLogger(run_dir, cfg.logging.tracker, resume_step=run.step if resume_from else None)
     if resume_from is None and cfg.eval.every_steps > 0:
         metrics_log.log(0, evaluate(run))
@@ -287,7 +287,7 @@ def train(cfg: Config, *, resume: str | bool | None = None, overwrite: bool = Fa
 
 
 def _warn_config_changes(cfg: Config, checkpoint: Path) -> None:
-    saved = read_yaml(checkpoint / "config.yaml")
+    saved = read_yaml(checkpoint / ckpt.CONFIG_FILE)
     current = config_to_dict(cfg)
     changed = sorted(k for k in current if current[k] != saved.get(k))
     if changed:

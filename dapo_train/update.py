@@ -9,6 +9,7 @@ and the seed trainer's per-group mean do not. A non-finite loss or gradient norm
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -147,12 +148,12 @@ def policy_update(ctx: UpdateContext, groups: list[Group]) -> dict:
     ctx.model.train()
     old = _old_logprobs(ctx, micro_batches) if cfg.dapo.num_iterations > 1 else None
     metrics: dict = {"micro_batches": len(micro_batches), "skipped_nonfinite": 0}
+    max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
     for _ in range(cfg.dapo.num_iterations):
         metrics.update(accumulate_gradients(ctx, micro_batches, normalizer, old))
-        max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else float("inf")
         grad_norm = float(ctx.accelerator.clip_grad_norm_(ctx.model.parameters(), max_norm))
         metrics["grad_norm"] = grad_norm
-        if not (torch.isfinite(torch.tensor(metrics["loss"])) and torch.isfinite(torch.tensor(grad_norm))):
+        if not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm)):
             ctx.optimizer.zero_grad(set_to_none=True)
             metrics["skipped_nonfinite"] = 1
             return metrics

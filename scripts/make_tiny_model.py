@@ -64,6 +64,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 
 from dapo_train.builtin import TINY_DATA_DIR, TINY_MODEL_DIR
 from dapo_train.config import DEFAULT_SYSTEM_PROMPT
+from dapo_train.data import chat_prompt
 from dapo_train.tiny_task import make_splits
 
 SEED = 0
@@ -159,8 +160,7 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, model_dir: Path) -> None:
 # ----------------------------------------------------------------------------- prompts + targets
 def prompt_text(tokenizer: PreTrainedTokenizerFast, question: str) -> str:
     """The trainer's prompt, byte for byte: system prompt + question through the chat template."""
-    messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": question}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return chat_prompt(tokenizer, question, DEFAULT_SYSTEM_PROMPT)
 
 
 def target_text(answer: str) -> str:

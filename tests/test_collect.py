@@ -1,7 +1,6 @@
 """Dynamic sampling (Eq. 11): rounds until the batch is full, carry-over, and a dry spell that
 ends the step instead of crashing or looping forever."""
 
-import logging
 
 import torch
 

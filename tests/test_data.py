@@ -176,7 +176,7 @@ def test_gold_answers_are_canonical_and_unreadable_rows_are_counted(tmp_path, to
     assert [p.question for p in prompts] == ["2加3等于多少？", "一共有多少个？", "亏了多少？"]
 
 
-def test_prompts_are_chat_templated_and_tokenized_once(tmp_path, tokenizer):
+def test_prompts_are_chat_templated_and_tokenized_without_extra_special_tokens(tmp_path, tokenizer):
     cfg = DataConfig(path=str(source_jsonl_file(tmp_path)), max_prompt_length=10_000)
     prompts, _ = load_prompts(cfg, tokenizer, "train")
     for prompt in prompts:

@@ -1,6 +1,5 @@
 """End to end on the shipped tiny model: exact resume, graceful signals, non-finite steps."""
 
-import os
 import signal
 import subprocess
 import sys

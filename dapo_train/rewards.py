@@ -129,7 +129,8 @@ def _check_overlong(args: dict) -> None:
     max_length, cache_length = args["max_length"], args["cache_length"]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (max_length, cache_length)):
         raise ValueError(f"overlong needs integer token counts, got max_length={max_length!r}, cache_length={cache_length!r}")
-    overlong_penalty(0, max_length, cache_length)  # raises ValueError unless 0 < cache_length <= max_length
+    if not 0 < cache_length < max_length:  # cache_length = max_length would punish every completion
+        raise ValueError(f"overlong needs 0 < cache_length < max_length (L_max), got cache_length={cache_length}, max_length={max_length}")
 
 
 @register("overlong", check=_check_overlong)

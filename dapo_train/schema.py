@@ -186,9 +186,11 @@ def _require(ok: bool, key: str, message: str) -> None:
 
 def validate(cfg: Config) -> None:
     """Invariants across fields; called from Config.__post_init__."""
-    for section_cls, prefix in _SECTION_NAMES.items():
-        section = getattr(cfg, prefix)
-        for f in dataclasses.fields(section_cls):
+    for config_field in dataclasses.fields(cfg):
+        section, prefix = getattr(cfg, config_field.name), config_field.name
+        if not dataclasses.is_dataclass(section):
+            continue
+        for f in dataclasses.fields(section):
             choices = f.metadata.get("choices")
             value = getattr(section, f.name)
             if choices and value not in choices:
@@ -228,25 +230,5 @@ def validate(cfg: Config) -> None:
     _require(cfg.eval.max_new_tokens >= 0, "eval.max_new_tokens", "must be >= 0")
     _require(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
     _require(cfg.checkpoint.keep_last >= 0, "checkpoint.keep_last", "must be >= 0 (0 = keep all)")
-    _require(len(cfg.rewards) >= 1, "rewards", "at least one reward is needed")
-    for i, spec in enumerate(cfg.rewards):
-        cache = spec.args.get("cache_length")
-        if spec.name == "overlong" and cache is not None:
-            max_length = spec.args.get("max_length", r.max_new_tokens)
-            _require(
-                isinstance(cache, int) and 0 < cache < max_length,
-                f"rewards.{i}.args.cache_length",
-                f"got {cache}; must be an int in [1, {max_length - 1}] (below rollout.max_new_tokens = L_max)",
-            )
-
-
-_SECTION_NAMES = {
-    ModelConfig: "model",
-    DataConfig: "data",
-    RolloutConfig: "rollout",
-    DapoConfig: "dapo",
-    TrainConfig: "train",
-    EvalConfig: "eval",
-    CheckpointConfig: "checkpoint",
-    LoggingConfig: "logging",
-}
+    # Rewards (names, args, overlong lengths) are checked by rewards.build_rewards, which `run`
+    # (first thing in setup) and `config` call, before anything heavy loads.

@@ -100,3 +100,10 @@ def test_unwritable_output_dir_is_one_clear_error(tmp_path, monkeypatch):
     cfg = load_config(None, [f"output_dir={tmp_path / 'locked' / 'run'}"])
     with pytest.raises(UserError, match="permission denied on .*writable folder"):
         trainer.prepare_run_dir(cfg, None, False)
+
+
+def test_config_command_checks_rewards_like_run(tmp_path):
+    # cache_length = L_max (rollout.max_new_tokens = 96) would punish every completion.
+    for command in ("config", "run"):
+        result = dapo(command, "rewards.1.args.cache_length=96", cwd=tmp_path)
+        assert_one_line_error(result, "rewards.1.args", "cache_length < max_length")

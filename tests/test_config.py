@@ -46,7 +46,6 @@ def test_unknown_key_names_the_closest_valid_key():
         ("rollout.group_size=1", "rollout.group_size"),
         ("train.micro_batch_size=1000", "train.micro_batch_size"),
         ("dapo.loss_reduction=mean", "dapo.loss_reduction"),
-        ("rewards.1.args.cache_length=96", "rewards.1.args.cache_length"),
         ("dapo.dynamic_sampling=maybe", "dapo.dynamic_sampling"),
     ],
 )

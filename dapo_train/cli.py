@@ -39,13 +39,16 @@ def config_cmd(
     args: list[str] = typer.Argument(None, metavar="[CONFIG] [KEY=VALUE]...", help="YAML config and dotted overrides."),
     keys: bool = typer.Option(False, "--keys", help="List every config key with its default and help."),
 ) -> None:
-    """Print the resolved config (defaults <- CONFIG <- KEY=VALUE) without loading anything."""
+    """Print the resolved config (defaults <- CONFIG <- KEY=VALUE) and check its rewards; loads no model or data."""
     if keys:
         for key, default, text in describe_keys():
             typer.echo(f"{key} = {default}\n    {text}")
         return
     config_path, overrides = split_config_args(args or [])
     cfg = load_config(config_path, overrides)
+    from dapo_train.rewards import build_rewards  # the reward checks `run` does first
+
+    build_rewards(cfg.rewards, max_new_tokens=cfg.rollout.max_new_tokens)
     typer.echo(dump_config(cfg).rstrip())
 
 
@@ -98,15 +101,15 @@ def eval_cmd(
 ) -> None:
     """Evaluate checkpoints: greedy accuracy with its standard error and 95% interval, format rate,
     lengths, truncation; writes eval_<split>.json and completions_<split>.jsonl next to each."""
-    from dapo_train.eval_command import run_eval
+    from dapo_train.eval_command import EvalOptions, run_eval
 
     args = args or []
     _setup_logging()
-    run_eval(
-        [a for a in args if "=" not in a], config_path=config, split=split, limit=limit, batch_size=batch_size,
-        max_new_tokens=max_new_tokens, samples=samples, temperature=temperature,
-        overrides=[a for a in args if "=" in a], run_dir=run_dir,
+    options = EvalOptions(
+        config_path=config, split=split, limit=limit, batch_size=batch_size, max_new_tokens=max_new_tokens,
+        samples=samples, temperature=temperature, overrides=tuple(a for a in args if "=" in a), run_dir=run_dir,
     )
+    run_eval([a for a in args if "=" not in a], options)
 
 
 def _resume_arg(value: str | None) -> str | bool | None:

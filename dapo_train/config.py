@@ -182,14 +182,15 @@ def _default_run_name(config_path: str | None, overrides: list[str]) -> str:
     return "_".join(parts)
 
 
-def load_config(config_path: str | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- YAML file <- KEY=VALUE overrides, validated; derived names filled in.
+def load_config(config_path: str | None = None, overrides: list[str] | None = None, base: dict | None = None) -> Config:
+    """Defaults (or `base`, e.g. a checkpoint's saved config) <- YAML file <- KEY=VALUE overrides,
+    validated; derived names filled in.
 
     Starts from the dataclass defaults (as a dict) so that overriding one field of one reward
     (`rewards.0.weight=2`) works; the result is rebuilt strictly from the merged dict.
     """
     overrides = list(overrides or [])
-    data = config_to_dict(Config())
+    data = config_to_dict(Config()) if base is None else base
     if config_path is not None:
         deep_merge(data, read_yaml(config_path), prefix="")
     for item in overrides:
@@ -198,7 +199,7 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
         data["run_name"] = _default_run_name(config_path, [o for o in overrides if not o.startswith(("output_dir=", "run_name="))])
     if not data.get("output_dir"):
         data["output_dir"] = str(Path("outputs") / data["run_name"])
-    return _build(Config, data, prefix="")
+    return config_from_dict(data)
 
 
 def deep_merge(base: dict, update: dict, prefix: str) -> None:

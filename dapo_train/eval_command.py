@@ -26,27 +26,19 @@ from pathlib import Path
 import torch
 
 from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
-from dapo_train.config import (
-    Config,
-    deep_merge,
-    apply_override,
-    config_from_dict,
-    config_to_dict,
-    load_config,
-    read_yaml,
-)
+from dapo_train.config import Config, config_to_dict, load_config, read_yaml
 from dapo_train.data import Prompt, fixed_eval_subset, load_prompts
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.eval_report import format_table, write_json_atomic, write_jsonl_atomic
-from dapo_train.evaluate import evaluate_prompts
-from dapo_train.modeling import check_model_path, load_model, load_tokenizer
+from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
+from dapo_train.modeling import check_model_path, load_model, load_tokenizer, mixed_precision
 
 RUNS_ROOT = Path("outputs")
 MODEL_FILES = ("config.json",)  # what makes a folder loadable by from_pretrained
 _LISTING_MAX = 20
 
-# train.mixed_precision -> autocast dtype on CUDA, so eval numerics match the trainer's.
-AUTOCAST_DTYPES = {"auto": torch.bfloat16, "bf16": torch.bfloat16, "fp16": torch.float16, "no": None}
+# The trainer's precision (modeling.mixed_precision) -> autocast dtype on CUDA, so eval numerics match.
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": None}
 
 
 @dataclass(frozen=True)
@@ -91,10 +83,11 @@ def folder_listing(path: Path) -> str:
 
 def latest_run(root: Path = RUNS_ROOT) -> Path:
     """The run folder under `root` whose newest checkpoint was written last."""
-    runs = [d for d in root.iterdir() if d.is_dir() and checkpoint_dirs(d)] if root.is_dir() else []
+    found = {d: checkpoint_dirs(d) for d in root.iterdir() if d.is_dir()} if root.is_dir() else {}
+    runs = {run: max(p.stat().st_mtime for p in checkpoints) for run, checkpoints in found.items() if checkpoints}
     if not runs:
         raise UserError(f"no run with checkpoints under {root}/; give the checkpoint's path or --run-dir RUN")
-    return max(runs, key=lambda run: max(p.stat().st_mtime for p in checkpoint_dirs(run)))
+    return max(runs, key=runs.get)
 
 
 def _bare_checkpoint(name: str, run_dir: str | None) -> Path:
@@ -163,13 +156,8 @@ def target_config(target: EvalTarget, config_path: str | None, overrides: list[s
     if target.saved_config is None:
         cfg = load_config(config_path, overrides)
         return cfg if target.model is None else _with_model(cfg, target.model)
-    data = read_yaml(target.saved_config)
     try:
-        if config_path is not None:
-            deep_merge(data, read_yaml(config_path), prefix="")
-        for item in overrides:
-            apply_override(data, item)
-        cfg = config_from_dict(data)
+        cfg = load_config(config_path, overrides, base=read_yaml(target.saved_config))
     except ConfigError as exc:
         raise UserError(f"{exc} (config: {target.saved_config}{' + ' + config_path if config_path else ''})") from None
     return _with_model(cfg, target.model)
@@ -237,13 +225,13 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
         prompts=fixed_eval_subset(prompts, options.limit or 0),
         tokenizer=tokenizer,
         batch_size=options.batch_size or cfg.eval.batch_size,
-        max_new_tokens=options.max_new_tokens or cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        max_new_tokens=options.max_new_tokens or eval_max_new_tokens(cfg),
         out_dir=output_folder(resolved, cfg),
     )
 
 
 def _autocast(cfg: Config, device: torch.device):
-    dtype = AUTOCAST_DTYPES[cfg.train.mixed_precision] if device.type == "cuda" else None
+    dtype = AUTOCAST_DTYPES[mixed_precision(cfg, cuda=True)] if device.type == "cuda" else None
     return torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
@@ -286,25 +274,10 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
     return result.metrics, [json_path, completions_path]
 
 
-def run_eval(
-    targets: list[str],
-    *,
-    config_path: str | None,
-    split: str | None,
-    limit: int | None,
-    batch_size: int | None,
-    max_new_tokens: int | None,
-    samples: int,
-    temperature: float,
-    overrides: list[str],
-    run_dir: str | None,
-) -> list[dict]:
+def run_eval(targets: list[str], options: EvalOptions) -> list[dict]:
     """The whole `dapo-train eval` command; returns one metrics dict per target, in order."""
-    options = EvalOptions(
-        config_path, split, limit, batch_size, max_new_tokens, samples, temperature, tuple(overrides), run_dir
-    )
     options.check()
-    if not targets and config_path is None:
+    if not targets and options.config_path is None:
         raise UserError("nothing to evaluate: give CHECKPOINT (or a model folder / hub id), or --config CONFIG")
     plans = [plan_target(target, options) for target in (targets or [None])]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -312,14 +285,14 @@ def run_eval(
     for index, plan in enumerate(plans, start=1):
         print(
             f"[{index}/{len(plans)}] {plan.target.label}: {len(plan.prompts)} items of "
-            f"{plan.cfg.data.path} [{plan.split}], {'greedy' if samples == 1 else f'{samples} samples at T={temperature}'}, "
+            f"{plan.cfg.data.path} [{plan.split}], {'greedy' if options.samples == 1 else f'{options.samples} samples at T={options.temperature}'}, "
             f"max_new_tokens={plan.max_new_tokens}, on {device.type}",
             flush=True,
         )
         metrics, paths = evaluate_plan(plan, options, device)
         rows.append((plan.target.label, metrics))
         written.append(paths)
-    print(format_table(rows, samples))
+    print(format_table(rows, options.samples))
     for json_path, completions_path in written:
         print(f"wrote {json_path} and {completions_path.name}")
     return [metrics for _, metrics in rows]

@@ -25,6 +25,7 @@ from typing import Sequence
 import torch
 
 from dapo_train.answers import answers_match, extract_answer
+from dapo_train.config import Config
 from dapo_train.data import Prompt
 from dapo_train.rewards import REWARDS
 from dapo_train.rollout import Completion, SamplingSettings, generate_completions
@@ -138,6 +139,11 @@ def _majority_correct(item: Sequence[dict]) -> bool:
 
 # --------------------------------------------------------------------------------------------
 # Generation and scoring.
+
+
+def eval_max_new_tokens(cfg: Config) -> int:
+    """eval.max_new_tokens, or the rollout budget when it is 0."""
+    return cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
 
 
 def completion_records(prompts: Sequence[Prompt], completions: Sequence[Completion], samples: int) -> list[dict]:

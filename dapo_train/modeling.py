@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from dapo_train.builtin import resolve_model_path
-from dapo_train.config import ModelConfig
+from dapo_train.config import Config, ModelConfig
 from dapo_train.errors import UserError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -72,3 +72,10 @@ def _unreachable(path: str, exc: Exception) -> str:
         f"could not load model '{path}' ({first[:200]}); without network access, download it elsewhere "
         "and set model.name_or_path to the local folder (e.g. ./Qwen2.5-1.5B-Instruct)"
     )
+
+
+def mixed_precision(cfg: Config, cuda: bool) -> str:
+    """train.mixed_precision resolved: "auto" is bf16 on CUDA and none on CPU."""
+    if cfg.train.mixed_precision == "auto":
+        return "bf16" if cuda else "no"
+    return cfg.train.mixed_precision

@@ -35,9 +35,9 @@ from dapo_train.collect import collect_groups
 from dapo_train.config import Config, config_to_dict, read_yaml, save_config
 from dapo_train.data import PromptSampler, fixed_eval_subset, load_prompts
 from dapo_train.errors import TrainingAborted, UserError
-from dapo_train.evaluate import evaluate_prompts
+from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.metrics import MetricsLogger
-from dapo_train.modeling import load_model, load_tokenizer
+from dapo_train.modeling import load_model, load_tokenizer, mixed_precision
 from dapo_train.rewards import build_rewards
 from dapo_train.rollout import pad_token_id
 from dapo_train.signals import StopRequested
@@ -126,12 +126,6 @@ class Run:
     bad_steps: int = 0
 
 
-def _mixed_precision(cfg: Config, cuda: bool) -> str:
-    if cfg.train.mixed_precision == "auto":
-        return "bf16" if cuda else "no"
-    return cfg.train.mixed_precision
-
-
 def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     """Validate cheap things first (rewards, data), then load the model."""
     from accelerate import Accelerator
@@ -151,7 +145,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         logger.info("eval prompts: %s", eval_stats.summary())
         eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items)
     cuda = torch.cuda.is_available()
-    accelerator = Accelerator(mixed_precision=_mixed_precision(cfg, cuda), cpu=not cuda)
+    accelerator = Accelerator(mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda)
     model_cfg = cfg.model if resume_from is None else dataclasses.replace(cfg.model, name_or_path=str(resume_from))
     model = load_model(model_cfg, accelerator.device)
     if cfg.model.gradient_checkpointing == "on" or (cfg.model.gradient_checkpointing == "auto" and cuda):
@@ -209,7 +203,7 @@ def evaluate(run: Run) -> dict:
     cfg = run.cfg
     result = evaluate_prompts(
         run.accelerator.unwrap_model(run.model), run.tokenizer, run.eval_prompts,
-        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
+        max_new_tokens=eval_max_new_tokens(cfg), batch_size=cfg.eval.batch_size,
     )
     for record in result.records[: cfg.eval.print_samples]:
         tqdm.write(f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}\n    {record['completion']!r}")

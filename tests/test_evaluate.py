@@ -1,6 +1,7 @@
 """Evaluation: pass@k / maj@k / interval maths by hand, determinism and `dapo-train eval` on the
 tiny shipped model (16 items, short completions, so the file stays fast on a 2-core CPU)."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -12,7 +13,7 @@ from dapo_train import eval_command
 from dapo_train.config import ModelConfig, load_config, save_config
 from dapo_train.data import fixed_eval_subset, load_prompts
 from dapo_train.errors import UserError
-from dapo_train.eval_command import run_eval
+from dapo_train.eval_command import EvalOptions, run_eval
 from dapo_train.evaluate import (
     evaluate_prompts,
     majority_answer,
@@ -195,10 +196,7 @@ def test_sampled_eval_is_reproducible_and_leaves_the_callers_rng_alone(tiny):
 # --------------------------------------------------------------------------------------------
 # `dapo-train eval`: targets, files, comparison, errors.
 
-EVAL_ARGS = dict(
-    config_path=None, split=None, limit=ITEMS, batch_size=8, max_new_tokens=NEW_TOKENS,
-    samples=1, temperature=1.0, overrides=[], run_dir=None,
-)
+EVAL_OPTIONS = EvalOptions(limit=ITEMS, batch_size=8, max_new_tokens=NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +226,7 @@ def run_folder(tmp_path_factory, tiny):
 def test_two_checkpoints_compared_in_one_call(run_folder, tiny, monkeypatch, capsys):
     monkeypatch.chdir(run_folder)
     first = "outputs/run/checkpoint_1"
-    results = run_eval([first, "checkpoint_2"], **EVAL_ARGS)  # bare name: the latest run's
+    results = run_eval([first, "checkpoint_2"], EVAL_OPTIONS)  # bare name: the latest run's
     assert len(results) == 2 and all(STABLE_KEYS <= set(m) for m in results)
     table = capsys.readouterr().out
     assert first in table and "outputs/run/checkpoint_2" in table and "95% CI" in table  # bare name resolved
@@ -253,8 +251,8 @@ def test_two_checkpoints_compared_in_one_call(run_folder, tiny, monkeypatch, cap
 def test_config_only_evaluates_the_configs_model_and_writes_under_output_dir(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text("output_dir: out\n")  # model and data: the shipped defaults
-    args = {**EVAL_ARGS, "config_path": "tiny.yaml", "limit": 4, "max_new_tokens": 4, "split": "train"}
-    (metrics,) = run_eval([], **args)
+    options = dataclasses.replace(EVAL_OPTIONS, config_path="tiny.yaml", limit=4, max_new_tokens=4, split="train")
+    (metrics,) = run_eval([], options)
     saved = json.loads((tmp_path / "out" / "eval" / "builtin-tiny" / "eval_train.json").read_text())
     assert saved["metrics"] == metrics and metrics["num_items"] == 4
     assert saved["split"] == "train" and saved["settings"]["max_new_tokens"] == 4
@@ -274,11 +272,11 @@ def test_missing_checkpoint_lists_the_folder_before_any_model_loads(run_folder, 
     monkeypatch.chdir(run_folder)
     _no_model(monkeypatch)
     with pytest.raises(UserError, match=r"not found: outputs/run/checkpoint_9; outputs/run holds: checkpoint_1/, checkpoint_2/"):
-        run_eval(["outputs/run/checkpoint_1", "outputs/run/checkpoint_9"], **EVAL_ARGS)
+        run_eval(["outputs/run/checkpoint_1", "outputs/run/checkpoint_9"], EVAL_OPTIONS)
     with pytest.raises(UserError, match=r"checkpoint_9 not found in run outputs/run; its checkpoints: checkpoint_1, checkpoint_2"):
-        run_eval(["checkpoint_9"], **EVAL_ARGS)
+        run_eval(["checkpoint_9"], EVAL_OPTIONS)
     with pytest.raises(UserError, match=r"run folder, its checkpoints: checkpoint_1, checkpoint_2"):
-        run_eval(["outputs/run"], **EVAL_ARGS)
+        run_eval(["outputs/run"], EVAL_OPTIONS)
 
 
 def test_checkpoint_without_saved_config_asks_for_config(tmp_path, tiny, monkeypatch):
@@ -288,7 +286,7 @@ def test_checkpoint_without_saved_config_asks_for_config(tmp_path, tiny, monkeyp
     tokenizer.save_pretrained(folder)
     _no_model(monkeypatch)
     with pytest.raises(UserError, match=r"checkpoint has no saved config.yaml; pass --config CONFIG"):
-        run_eval([str(folder)], **EVAL_ARGS)
+        run_eval([str(folder)], EVAL_OPTIONS)
 
 
 @pytest.mark.parametrize(
@@ -298,16 +296,16 @@ def test_checkpoint_without_saved_config_asks_for_config(tmp_path, tiny, monkeyp
         ({"samples": 4, "temperature": 0.0}, "--temperature must be > 0"),
         ({"batch_size": 0}, "--batch-size must be >= 1"),
         ({"split": "nope"}, "split 'nope' not found"),
-        ({"overrides": ["eval.batchsize=3"]}, "did you mean 'eval.batch_size'"),
+        ({"overrides": ("eval.batchsize=3",)}, "did you mean 'eval.batch_size'"),
     ],
 )
 def test_bad_options_fail_before_any_model_loads(run_folder, monkeypatch, change, message):
     monkeypatch.chdir(run_folder)
     _no_model(monkeypatch)
     with pytest.raises(UserError, match=message):
-        run_eval(["outputs/run/checkpoint_1"], **{**EVAL_ARGS, **change})
+        run_eval(["outputs/run/checkpoint_1"], dataclasses.replace(EVAL_OPTIONS, **change))
 
 
 def test_nothing_to_evaluate():
     with pytest.raises(UserError, match="nothing to evaluate"):
-        run_eval([], **EVAL_ARGS)
+        run_eval([], EVAL_OPTIONS)

@@ -7,6 +7,7 @@ Rebuild (deterministic: the defaults give the shipped weights bit for bit, on 1 
     python scripts/make_tiny_model.py                       # data + tokenizer + model, then eval
     python scripts/make_tiny_model.py --out /tmp/tiny       # same build written elsewhere
     python scripts/make_tiny_model.py --steps 600 --no-eval # another SFT length, no measurement
+    python scripts/make_tiny_model.py --measure-only        # re-measure the shipped model (~35 s)
 
 Stages, saved as they finish so other work can start early:
 1. data/{train,test}.jsonl from dapo_train.tiny_task.make_splits (fixed seed, no shared question);
@@ -53,18 +54,19 @@ import hashlib
 import json
 import math
 import random
-import re
 import sys
 import time
 from pathlib import Path
 
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from dapo_train.builtin import TINY_DATA_DIR, TINY_MODEL_DIR
+from dapo_train.answers import is_correct
 from dapo_train.config import DEFAULT_SYSTEM_PROMPT
 from dapo_train.data import chat_prompt
+from dapo_train.rewards import REWARDS
 from dapo_train.tiny_task import make_splits
 
 SEED = 0
@@ -86,8 +88,6 @@ MODEL_SHAPE = dict(
 QWEN_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-ANSWER_RE = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
-FORMAT_RE = re.compile(r"^<think>\n.+?\n</think>\n<answer>\n-?\d+\n</answer>$", re.S)
 
 
 # ----------------------------------------------------------------------------- data + tokenizer
@@ -278,11 +278,6 @@ def train_sft(model, examples, pad_id: int, steps: int, batch_size: int, lr: flo
 
 
 # ----------------------------------------------------------------------------- measurement
-def parse_answer(completion: str) -> int | None:
-    match = ANSWER_RE.search(completion)
-    return int(match.group(1)) if match else None
-
-
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], n: int, sample: bool, max_new_tokens: int = 96) -> list[str]:
     """n completions per prompt (prompt-major), every sampling setting given explicitly."""
@@ -297,22 +292,37 @@ def generate(model, tokenizer, prompts: list[str], n: int, sample: bool, max_new
 
 
 def measure(model, tokenizer, rows: list[dict], n_sampled: int = 100, k: int = 8, chunk: int = 125) -> dict:
-    """Greedy accuracy and format rate on all rows; pass@k and informative groups at T=1."""
+    """Greedy accuracy and format rate on all rows; pass@k and informative groups at T=1.
+    Graded as the trainer grades: answers.is_correct and the hard_format reward."""
     prompts = [prompt_text(tokenizer, r["question_zh-cn"]) for r in rows]
     greedy = [c for i in range(0, len(rows), chunk) for c in generate(model, tokenizer, prompts[i : i + chunk], 1, False)]
-    correct = [parse_answer(c) == r["answer_only"] for c, r in zip(greedy, rows)]
+    correct = [is_correct(c, r["answer_only"]) for c, r in zip(greedy, rows)]
     torch.manual_seed(SEED)
     sampled = generate(model, tokenizer, prompts[:n_sampled], k, True)
-    hits = [sum(parse_answer(c) == rows[i]["answer_only"] for c in sampled[i * k : (i + 1) * k]) for i in range(n_sampled)]
+    hits = [sum(is_correct(c, rows[i]["answer_only"]) for c in sampled[i * k : (i + 1) * k]) for i in range(n_sampled)]
+    formatted = REWARDS["hard_format"].fn(greedy, [r["answer_only"] for r in rows])
     return {
         "greedy_accuracy": sum(correct) / len(rows),
-        "greedy_format_rate": sum(bool(FORMAT_RE.match(c.strip())) for c in greedy) / len(rows),
+        "greedy_format_rate": sum(score > 0 for score in formatted) / len(rows),
         "greedy_accuracy_on_sampled_items": sum(correct[:n_sampled]) / n_sampled,
         f"pass@{k}_T1": sum(h > 0 for h in hits) / n_sampled,
         "mean_accuracy_T1": sum(hits) / (k * n_sampled),
         "informative_groups_T1": sum(0 < h < k for h in hits) / n_sampled,
         "example_greedy": greedy[:3],
     }
+
+
+def remeasure(data_dir: Path, model_dir: Path) -> int:
+    """measure() on the saved model and test split; the build fields of build_info.json stay."""
+    model = Qwen2ForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = [json.loads(line) for line in (data_dir / "test.jsonl").read_text(encoding="utf-8").splitlines()]
+    info_path = model_dir / "build_info.json"
+    info = json.loads(info_path.read_text(encoding="utf-8"))
+    info.update(measure(model, tokenizer, rows))
+    info_path.write_text(json.dumps(info, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(info, ensure_ascii=False, indent=2))
+    return 0
 
 
 # ----------------------------------------------------------------------------- main
@@ -327,11 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 is fastest when other work shares the cores).")
     parser.add_argument("--no-eval", action="store_true", help="Skip the test-split measurement.")
+    parser.add_argument("--measure-only", action="store_true", help="No build: re-measure the model already there and update build_info.json.")
     args = parser.parse_args(argv)
     data_dir, model_dir = (args.out / "data", args.out / "model") if args.out else (TINY_DATA_DIR, TINY_MODEL_DIR)
     torch.set_num_threads(args.threads)
     torch.manual_seed(SEED)
     start = time.time()
+    if args.measure_only:
+        return remeasure(data_dir, model_dir)
 
     splits = make_splits(SEED)
     write_splits(splits, data_dir)

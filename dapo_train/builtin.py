@@ -24,3 +24,9 @@ def resolve_model_path(name_or_path: str) -> str:
 def resolve_data_path(path: str) -> str:
     """builtin:tiny-zh-math -> the shipped data folder (train.jsonl, test.jsonl); else unchanged."""
     return str(TINY_DATA_DIR) if path == BUILTIN_DATA else path
+
+
+def looks_like_path(name: str) -> bool:
+    """A name meant as a local path even if it does not exist: it starts with '.', '/' or '~', or
+    has more than one '/' (a hub id is 'owner/name')."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1

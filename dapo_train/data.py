@@ -28,7 +28,7 @@ import huggingface_hub
 import numpy as np
 from huggingface_hub.utils import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
-from dapo_train.builtin import resolve_data_path
+from dapo_train.builtin import looks_like_path, resolve_data_path
 from dapo_train.config import DataConfig
 from dapo_train.errors import UserError
 from dapo_train.answers import normalize_gold
@@ -205,7 +205,7 @@ def _load_hub(repo_id: str, split: str) -> datasets.Dataset:
 
 def _looks_local(path: str) -> bool:
     """A path the user meant as a file or folder, even though it does not exist."""
-    return path.startswith((".", "/", "~")) or Path(path).suffix.lower() in FILE_BUILDERS or path.count("/") > 1
+    return looks_like_path(path) or Path(path).suffix.lower() in FILE_BUILDERS
 
 
 # Local source kinds, tried in order; the first whose test accepts the path loads it.

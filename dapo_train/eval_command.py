@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from dapo_train.builtin import looks_like_path
 from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
 from dapo_train.config import Config, config_to_dict, load_config, read_yaml
 from dapo_train.data import Prompt, fixed_eval_subset, load_prompts
@@ -105,8 +106,7 @@ def _looks_local(target: str) -> bool:
     """A name the user meant as a path even though it does not exist (not a hub id)."""
     first = Path(target).parts[0] if Path(target).parts else target
     return (
-        target.startswith((".", "/", "~"))
-        or target.count("/") > 1
+        looks_like_path(target)
         or bool(CHECKPOINT_RE.match(Path(target).name))
         or Path(first).is_dir()
     )

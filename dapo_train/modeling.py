@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.builtin import resolve_model_path
+from dapo_train.builtin import looks_like_path, resolve_model_path
 from dapo_train.config import Config, ModelConfig
 from dapo_train.errors import UserError
 
@@ -28,7 +28,7 @@ def check_model_path(name_or_path: str) -> str:
     local = Path(resolved).expanduser()
     if local.is_dir():
         return str(local)
-    if resolved.startswith((".", "/", "~")) or resolved.count("/") > 1:
+    if looks_like_path(resolved):
         raise UserError(f"model.name_or_path: folder not found: {resolved}")
     return resolved
 

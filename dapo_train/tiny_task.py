@@ -3,15 +3,18 @@
 Why generated: the shipped demo must run offline, and a model of about a million parameters
 cannot do GSM8K. These problems keep GSM8K-zh's shape (a short story, a question, a worked
 solution ending "#### N") and the swulling/gsm8k_chinese column names, so the same data code
-serves both; but the numbers stay small (operands mostly < 100, results < 1000) and every
-division is exact, so a character-level model can learn the arithmetic.
+serves both; but the numbers stay small (amounts below 20, prices and factors below 10, every
+result below 100) and every division is exact, so a character-level model of a million
+parameters learns the arithmetic in a few CPU minutes. (Measured with the same model, the same
+1000-step SFT and HF's default init: amounts up to 99 and results up to 999 gave 25% greedy
+accuracy, these ranges 50%. scripts/make_tiny_model.py has the details.)
 
 Rows: {"question": English rendering, "question_zh-cn": the problem, "answer": one line per
 step ("送后：17 - 4 = 13") then "#### N", "answer_only": N (int)}.
 
-The mix runs from easy to hard (about 45% one step, 35% two, 20% three; half of the problems
-use numbers below 20) so that a small model starts partially right: the easy items give RL
-groups with some correct samples, the hard ones leave headroom.
+The mix runs from easy to hard (about 50% one step, 30% two, 20% three) so that a small model
+starts partially right: the easy items give RL groups with some correct samples, the hard ones
+leave headroom.
 
 Everything is a pure function of the seed: `random.Random(seed)` is the only source of choices.
 """
@@ -94,9 +97,10 @@ LOSSES = (
     ("弄丢了 {b} {m}", "loses {b}", "丢后"),
 )
 
-STEP_WEIGHTS = (0.45, 0.35, 0.20)  # P(1 step), P(2 steps), P(3 steps): the easy-to-hard mix
-SMALL_FRACTION = 0.5  # share of problems whose numbers stay below 20
-MAX_RESULT = 999
+STEP_WEIGHTS = (0.5, 0.3, 0.2)  # P(1 step), P(2 steps), P(3 steps): the easy-to-hard mix
+MAX_AMOUNT = 19  # amounts given in a question: 2..19 (a start is at least 5)
+MAX_FACTOR = 9  # boxes, prices, counts, divisors: 2..9
+MAX_RESULT = 99  # every worked step's result: 1..99
 
 
 class Rejected(Exception):
@@ -129,24 +133,28 @@ class Problem:
         return {"question": en, "question_zh-cn": zh, "answer": answer, "answer_only": self.value}
 
 
-def _amount(rng: random.Random, small: bool, low: int = 2) -> int:
-    return rng.randint(low, 19 if small else 99)
+def _amount(rng: random.Random, low: int = 2) -> int:
+    return rng.randint(low, MAX_AMOUNT)
 
 
-def _taken(rng: random.Random, small: bool, have: int) -> int:
+def _factor(rng: random.Random) -> int:
+    return rng.randint(2, MAX_FACTOR)
+
+
+def _taken(rng: random.Random, have: int) -> int:
     """An amount to take away from `have` that leaves at least 2 and stays a small operand."""
-    return rng.randint(1, max(1, min(have - 2, 19 if small else 99)))
+    return rng.randint(1, max(1, min(have - 2, MAX_AMOUNT)))
 
 
 def _divisor(rng: random.Random, value: int) -> int:
-    """A divisor k of value with 2 <= k <= 9 and value / k >= 2, else Rejected."""
-    choices = [k for k in range(2, 10) if value % k == 0 and value // k >= 2]
+    """A divisor k of value with 2 <= k <= MAX_FACTOR and value / k >= 2, else Rejected."""
+    choices = [k for k in range(2, MAX_FACTOR + 1) if value % k == 0 and value // k >= 2]
     if not choices:
         raise Rejected
     return rng.choice(choices)
 
 
-def _story(rng: random.Random, n_steps: int, small: bool) -> dict:
+def _story(rng: random.Random, n_steps: int) -> dict:
     """Someone starts with some things, gains or loses some, maybe shares them out.
 
     Steps: an optional "boxes x per box" start, 0-2 gains/losses, an optional exact share.
@@ -157,19 +165,19 @@ def _story(rng: random.Random, n_steps: int, small: bool) -> dict:
     grouped, n_moves, share = rng.choice(shapes)
     p = Problem()
     if grouped:
-        boxes, each = rng.randint(2, 9), _amount(rng, small)
+        boxes, each = _factor(rng), _amount(rng)
         p.zh.append(f"{who}买了 {boxes} {noun.box_zh}{noun.zh}，每{noun.box_zh}有 {each} {noun.measure}")
         unit = f" {noun.unit_en}s" if noun.unit_en else ""
         p.en.append(f"{who_en} buys {boxes} {noun.box_en} of {noun.stuff_en}, {each}{unit} in each")
         p.value = p.step("一共", each, "×", boxes)
     else:
-        p.value = _amount(rng, small, low=5)
+        p.value = _amount(rng, low=5)
         p.zh.append(f"{who}有 {p.value} {noun.measure}{noun.zh}")
         p.en.append(f"{who_en} has {p.value} {noun.en}")
     for index in range(n_moves):
         gain = rng.random() < 0.5
         zh, en, label = rng.choice(GAINS if gain else LOSSES)
-        b = _amount(rng, small) if gain else _taken(rng, small, p.value)
+        b = _amount(rng) if gain else _taken(rng, p.value)
         zh = zh.format(b=b, o=other, m=noun.measure)
         p.zh.append(("然后" if index else "") + zh)
         p.en.append(f"Then {who_en} " + en.format(b=b, o=other_en))
@@ -192,28 +200,28 @@ def _story(rng: random.Random, n_steps: int, small: bool) -> dict:
     )
 
 
-def _compare(rng: random.Random, n_steps: int, small: bool) -> dict:
+def _compare(rng: random.Random, n_steps: int) -> dict:
     """B has b more / fewer / k times / 1/k of what A has; ask B's amount (1 step) or the total (2)."""
     (a_zh, a_en), (b_zh, b_en) = rng.sample(NAMES, 2)
     noun = rng.choice(NOUNS)
     m, p = noun.measure, Problem()
     kind = rng.choice(("more", "fewer", "times", "part"))
     if kind == "part":
-        k, share = rng.randint(2, 9), _amount(rng, small)
+        k, share = _factor(rng), _amount(rng)
         p.value = k * share
     else:
-        p.value = _amount(rng, small, low=5)
+        p.value = _amount(rng, low=5)
     p.zh.append(f"{a_zh}有 {p.value} {m}{noun.zh}")
     p.en.append(f"{a_en} has {p.value} {noun.en}")
     start = p.value
     if kind in ("more", "fewer"):
-        d = _amount(rng, small) if kind == "more" else _taken(rng, small, start)
+        d = _amount(rng) if kind == "more" else _taken(rng, start)
         word, op = ("多", "+") if kind == "more" else ("少", "-")
         p.zh.append(f"{b_zh}比{a_zh}{word} {d} {m}")
         p.en.append(f"{b_en} has {d} {kind} than {a_en}")
         p.value = p.step(b_zh, start, op, d)
     elif kind == "times":
-        k = rng.randint(2, 9)
+        k = _factor(rng)
         p.zh.append(f"{b_zh}的{noun.zh}是{a_zh}的 {k} 倍")
         p.en.append(f"{b_en} has {k} times as many as {a_en}")
         p.value = p.step(b_zh, start, "×", k)
@@ -227,12 +235,12 @@ def _compare(rng: random.Random, n_steps: int, small: bool) -> dict:
     return p.row(f"{a_zh}和{b_zh}一共有多少{m}{noun.zh}？", f"How many {noun.en} do they have together?")
 
 
-def _shopping(rng: random.Random, n_steps: int, small: bool) -> dict:
+def _shopping(rng: random.Random, n_steps: int) -> dict:
     """Price x quantity; then the change from a note (2 steps) or a second item (3 steps)."""
     who, who_en = rng.choice(NAMES)
     first, second = rng.sample(NOUNS, 2)
     p = Problem()
-    price, count = rng.randint(2, 9 if small else 30), rng.randint(2, 9)
+    price, count = _factor(rng), _factor(rng)
     p.zh.append(f"一{first.measure}{first.zh} {price} 元，{who}买了 {count} {first.measure}")
     if first.unit_en:
         p.en.append(f"{first.stuff_en.capitalize()} costs {price} yuan per {first.unit_en}, and {who_en} buys {count}")
@@ -242,13 +250,13 @@ def _shopping(rng: random.Random, n_steps: int, small: bool) -> dict:
     if n_steps == 1:
         return p.row("一共要付多少元？", "How many yuan does that cost?")
     if n_steps == 2:
-        note = next(v for v in (10, 20, 50, 100, 200, 500, 1000) if v > p.value)
+        note = next(v for v in (10, 20, 50, 100) if v > p.value)
         p.zh.append(f"{who}付了 {note} 元")
         p.en.append(f"{who_en} pays with {note} yuan")
         p.value = p.step("找回", note, "-", p.value)
         return p.row("应找回多少元？", "How much change does " + who_en + " get?")
     spent = p.value
-    price2, count2 = rng.randint(2, 9 if small else 30), rng.randint(2, 9)
+    price2, count2 = _factor(rng), _factor(rng)
     p.zh.append(f"又买了 {count2} {second.measure}{second.zh}，每{second.measure} {price2} 元")
     each = f"per {second.unit_en}" if second.unit_en else "each"
     p.en.append(f"Then {who_en} buys {count2} {second.en} at {price2} yuan {each}")
@@ -258,7 +266,7 @@ def _shopping(rng: random.Random, n_steps: int, small: bool) -> dict:
 
 
 # Kinds of problem by name, with the step counts each can make.
-TEMPLATES: dict[str, tuple[Callable[[random.Random, int, bool], dict], tuple[int, ...]]] = {
+TEMPLATES: dict[str, tuple[Callable[[random.Random, int], dict], tuple[int, ...]]] = {
     "story": (_story, (1, 2, 3)),
     "compare": (_compare, (1, 2)),
     "shopping": (_shopping, (1, 2, 3)),
@@ -272,7 +280,7 @@ def _one_problem(rng: random.Random, step_weights: tuple[float, ...]) -> dict:
         names = [name for name, (_, counts) in TEMPLATES.items() if n_steps in counts]
         make = TEMPLATES[rng.choice(names)][0]
         try:
-            return make(rng, n_steps, rng.random() < SMALL_FRACTION)
+            return make(rng, n_steps)
         except Rejected:
             continue
 

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from dapo_train.builtin import TINY_DATA_DIR, TINY_MODEL_DIR
 from dapo_train.config import DEFAULT_SYSTEM_PROMPT
-from dapo_train.tiny_task import Problem, Rejected, generate_problems, make_splits
+from dapo_train.tiny_task import MAX_RESULT, Problem, Rejected, generate_problems, make_splits
 
 STEP_RE = re.compile(r"^[^：]+：(\d+) ([-+×÷]) (\d+) = (\d+)$")
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a / b}
@@ -60,7 +60,7 @@ def test_every_worked_step_is_exact_arithmetic_and_ends_in_answer_only(splits):
         assert 1 <= len(steps) <= 3
         for line in steps:
             a, op, b, c = STEP_RE.match(line).groups()
-            assert OPS[op](int(a), int(b)) == int(c) and 0 < int(c) < 1000, line
+            assert OPS[op](int(a), int(b)) == int(c) and 0 < int(c) <= MAX_RESULT, line
         assert int(c) == row["answer_only"]  # the last step's result is the answer
 
 
@@ -68,19 +68,22 @@ def test_the_mix_runs_from_easy_to_hard(splits):
     counts = [0, 0, 0]
     for row in splits["train"]:
         counts[row["answer"].count("\n") - 1] += 1
-    # STEP_WEIGHTS = 0.45 / 0.35 / 0.20 over 4000 rows: about 1800 / 1400 / 800 (+- ~100).
+    # STEP_WEIGHTS = 0.5 / 0.3 / 0.2 over 4000 rows: about 2000 / 1200 / 800 before rejections, which
+    # fall more on longer problems (a result above MAX_RESULT).
     assert counts[0] > counts[1] > counts[2] > 600
 
 
 def test_step_records_the_line_and_rejects_inexact_division():
     problem = Problem()
-    assert problem.step("每人", 144, "÷", 2) == 72  # 144 / 2 = 72 exactly
-    assert problem.steps == ["每人：144 ÷ 2 = 72"]
+    assert problem.step("每人", 84, "÷", 2) == 42  # 84 / 2 = 42 exactly
+    assert problem.steps == ["每人：84 ÷ 2 = 42"]
     with pytest.raises(Rejected):
         problem.step("每人", 7, "÷", 2)  # 3.5 is not an integer result
     with pytest.raises(Rejected):
         problem.step("还剩", 5, "-", 5)  # results must stay positive
-    assert problem.steps == ["每人：144 ÷ 2 = 72"]
+    with pytest.raises(Rejected):
+        problem.step("一共", 60, "+", MAX_RESULT)  # and at most MAX_RESULT
+    assert problem.steps == ["每人：84 ÷ 2 = 42"]
 
 
 # ----------------------------------------------------------------------------- the tokenizer

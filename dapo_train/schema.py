@@ -116,7 +116,7 @@ class TrainConfig:
     prompts_per_step: int = _opt(8, "Informative groups (prompts) per optimizer step.")
     micro_batch_size: int = _opt(16, "Sequences per forward/backward; the step's groups are accumulated.")
     micro_batch_tokens: int = _opt(0, "If > 0, cap micro-batches by padded tokens instead (count still bounded).")
-    learning_rate: float = _opt(2e-4, "AdamW learning rate.")
+    learning_rate: float = _opt(1e-4, "AdamW learning rate.")
     lr_scheduler: str = _opt("constant", "Schedule after warmup.", ("constant", "cosine"))
     warmup_steps: int = _opt(0, "Linear warmup steps.")
     weight_decay: float = _opt(0.0, "AdamW weight decay.")

@@ -50,6 +50,10 @@ them blind:
   slips that kept the warm start at 21-32% left RL changes inside the 100-item eval noise. Here
   (phase 1 at 47%), rate 0.55 for 100 steps gives a 30% warm start and 0.26 -> 0.40 after ten RL
   steps at lr 2e-4; rate 0.6 for 150 steps gives 21% and 0.20 -> 0.42.
+- On the shipped generator, the slip acts like a threshold (warm start greedy on 500 test items;
+  the demo's 100 eval items at RL steps 0 / 10 / 20): rate 0.45 gives 33% (the slip is rarely
+  written greedily; 0.30 / 0.33 / 0.36, a gain inside the noise), 0.5 gives 27% (0.18 / 0.23 /
+  0.31), 0.55 gives 23.8% (0.16 / 0.28 / 0.29, shipped); 600 phase 1 steps with 0.55 give 15.8%.
 - The demo's RL learning rate, on the shipped model, 300 eval items, steps 0/10/20/30/40:
   2e-4 gives 0.20 / 0.33 / 0.33 / 0.29 / 0.30 (the gain fades once the slip is gone);
   1e-4 gives 0.20 / 0.30 / 0.33 / 0.35 / 0.32, the demo's default.

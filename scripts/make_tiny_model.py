@@ -263,6 +263,25 @@ def sft_loss(model, prefix: torch.Tensor, input_ids: torch.Tensor, labels: torch
     return model(input_ids=input_ids, labels=labels, cache=cache).loss
 
 
+def accumulate_batch(model, prefix: torch.Tensor, batch, pad_id: int, micro_batches: int) -> torch.Tensor:
+    """Backward of the batch's mean completion-token loss, run as `micro_batches` length-sorted
+    pieces, each weighted by its share of the batch's completion tokens; returns the loss.
+
+    The gradient equals one backward over the whole batch up to float rounding, with less padding.
+    """
+    batch = sorted(batch, key=lambda row: len(row[0]) + len(row[1]))
+    tokens = sum(len(completion) for _, completion in batch)
+    loss = torch.zeros(())
+    pieces = min(micro_batches, len(batch))
+    for piece in range(pieces):
+        part = batch[piece * len(batch) // pieces : (piece + 1) * len(batch) // pieces]
+        share = sum(len(completion) for _, completion in part) / tokens
+        part_loss = sft_loss(model, prefix, *_batch(part, pad_id)) * share
+        part_loss.backward()
+        loss += part_loss.detach()
+    return loss
+
+
 def train_sft(model, examples, pad_id: int, steps: int, batch_size: int, lr: float, micro_batches: int = 2) -> list[float]:
     """AdamW, linear warmup then cosine decay to 10%; a seeded permutation per epoch.
 
@@ -287,16 +306,7 @@ def train_sft(model, examples, pad_id: int, steps: int, batch_size: int, lr: flo
         if len(order) < batch_size:
             order += torch.randperm(len(rows), generator=generator).tolist()
         picked, order = order[:batch_size], order[batch_size:]
-        batch = sorted((rows[i] for i in picked), key=lambda row: len(row[0]) + len(row[1]))
-        tokens = sum(len(completion) for _, completion in batch)
-        loss = torch.zeros(())
-        pieces = min(micro_batches, len(batch))
-        for piece in range(pieces):
-            part = batch[piece * len(batch) // pieces : (piece + 1) * len(batch) // pieces]
-            share = sum(len(completion) for _, completion in part) / tokens
-            part_loss = sft_loss(model, prefix, *_batch(part, pad_id)) * share
-            part_loss.backward()
-            loss += part_loss.detach()
+        loss = accumulate_batch(model, prefix, [rows[i] for i in picked], pad_id, micro_batches)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()

@@ -1,0 +1,65 @@
+"""The tiny build's training maths (scripts/make_tiny_model.py): the shortcuts it takes for speed
+give the loss and gradient of the plain computation."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from dapo_train.builtin import TINY_DATA_DIR, TINY_MODEL_DIR
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_model.py"
+
+
+@pytest.fixture(scope="module")
+def build():
+    spec = importlib.util.spec_from_file_location("make_tiny_model", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def setup(build):
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+    lines = (TINY_DATA_DIR / "train.jsonl").read_text(encoding="utf-8").splitlines()[:7]
+    examples = build.encode_examples(tokenizer, [json.loads(line) for line in lines])
+    torch.manual_seed(0)
+    model = build.build_model(tokenizer)
+    shared = build.shared_prefix_length(examples)
+    prefix = torch.tensor(examples[0][0][:shared])[None]
+    rows = [(prompt[shared:], completion) for prompt, completion in examples]
+    return model, tokenizer.pad_token_id, examples, prefix, rows
+
+
+def grads(model):
+    out = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def test_the_shared_prefix_gives_the_full_forward_loss_and_gradient(build, setup):
+    model, pad_id, examples, prefix, rows = setup
+    input_ids, labels = build._batch(examples, pad_id)
+    plain = model(input_ids=input_ids, labels=labels).loss
+    plain.backward()
+    expected = grads(model)
+    shortcut = build.sft_loss(model, prefix, *build._batch(rows, pad_id))
+    shortcut.backward()
+    assert torch.allclose(shortcut, plain, atol=1e-5)
+    for got, want in zip(grads(model), expected):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pieces", [2, 3, 7, 20])
+def test_micro_batches_give_the_whole_batch_loss_and_gradient(build, setup, pieces):
+    model, pad_id, _, prefix, rows = setup
+    whole = build.accumulate_batch(model, prefix, rows, pad_id, micro_batches=1)
+    expected = grads(model)
+    split = build.accumulate_batch(model, prefix, rows, pad_id, micro_batches=pieces)
+    assert torch.allclose(split, whole, atol=1e-5)
+    for got, want in zip(grads(model), expected):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)

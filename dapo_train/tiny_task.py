@@ -3,8 +3,9 @@
 Why generated: the shipped demo must run offline, and a model of about a million parameters
 cannot do GSM8K. These problems keep GSM8K-zh's shape (a short story, a question, a worked
 solution ending "#### N") and the swulling/gsm8k_chinese column names, so the same data code
-serves both; but the numbers stay small (amounts below 20, prices and factors below 10, every
-result below 100) and every division is exact, so a character-level model of a million
+serves both; but the numbers stay small (amounts below 20, prices, counts and factors below 10,
+every worked result below 100; only a "k times as many" start, k x amount, and a 10/20/50/100
+note paid in a shop go higher) and every division is exact, so a character-level model of a million
 parameters learns the arithmetic in a few CPU minutes. (Measured with the same model, the same
 1000-step SFT and HF's default init: amounts up to 99 and results up to 999 gave 25% greedy
 accuracy, these ranges 50%. scripts/make_tiny_model.py has the details.)
@@ -98,7 +99,7 @@ LOSSES = (
 )
 
 STEP_WEIGHTS = (0.5, 0.3, 0.2)  # P(1 step), P(2 steps), P(3 steps): the easy-to-hard mix
-MAX_AMOUNT = 19  # amounts given in a question: 2..19 (a start is at least 5)
+MAX_AMOUNT = 19  # amounts given in a question: 1..19 (a start 5..19; "k times" starts k x 2..19)
 MAX_FACTOR = 9  # boxes, prices, counts, divisors: 2..9
 MAX_RESULT = 99  # every worked step's result: 1..99
 
@@ -142,7 +143,7 @@ def _factor(rng: random.Random) -> int:
 
 
 def _taken(rng: random.Random, have: int) -> int:
-    """An amount to take away from `have` that leaves at least 2 and stays a small operand."""
+    """An amount to take away from `have`: at most MAX_AMOUNT, leaving at least 2 (1 when have is 2)."""
     return rng.randint(1, max(1, min(have - 2, MAX_AMOUNT)))
 
 

@@ -63,3 +63,11 @@ def test_micro_batches_give_the_whole_batch_loss_and_gradient(build, setup, piec
     assert torch.allclose(split, whole, atol=1e-5)
     for got, want in zip(grads(model), expected):
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_the_shipped_model_is_what_the_default_build_makes(build):
+    """build_info.json records the phase lengths and slip rate the shipped weights were built with."""
+    info = json.loads((TINY_MODEL_DIR / "build_info.json").read_text(encoding="utf-8"))
+    defaults = build.parse_args([])
+    assert (info["sft_steps"], info["slip_steps"], info["slip_rate"]) == (
+        defaults.steps, defaults.slip_steps, defaults.slip_rate)

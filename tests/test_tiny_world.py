@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from dapo_train.builtin import TINY_DATA_DIR, TINY_MODEL_DIR
 from dapo_train.config import DEFAULT_SYSTEM_PROMPT
-from dapo_train.tiny_task import MAX_RESULT, Problem, Rejected, generate_problems, make_splits
+from dapo_train.tiny_task import MAX_AMOUNT, MAX_FACTOR, MAX_RESULT, Problem, Rejected, generate_problems, make_splits
 
 STEP_RE = re.compile(r"^[^：]+：(\d+) ([-+×÷]) (\d+) = (\d+)$")
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a / b}
@@ -64,6 +64,19 @@ def test_every_worked_step_is_exact_arithmetic_and_ends_in_answer_only(splits):
         assert int(c) == row["answer_only"]  # the last step's result is the answer
 
 
+def test_numbers_in_questions_stay_small(splits):
+    """Amounts below MAX_AMOUNT + 1; above it only a "k times as many" start (k x amount) and a
+    note paid in a shop."""
+    for row in splits["train"] + splits["test"]:
+        question = row["question_zh-cn"]
+        for number in map(int, re.findall(r"\d+", question)):
+            if number <= MAX_AMOUNT:
+                continue
+            note = f"付了 {number} 元" in question and number in (20, 50, 100)
+            times = "倍" in question and f"有 {number} " in question and number <= MAX_FACTOR * MAX_AMOUNT
+            assert note or times, (number, question)
+
+
 def test_the_mix_runs_from_easy_to_hard(splits):
     counts = [0, 0, 0]
     for row in splits["train"]:
@@ -82,8 +95,9 @@ def test_step_records_the_line_and_rejects_inexact_division():
     with pytest.raises(Rejected):
         problem.step("还剩", 5, "-", 5)  # results must stay positive
     with pytest.raises(Rejected):
-        problem.step("一共", 60, "+", MAX_RESULT)  # and at most MAX_RESULT
-    assert problem.steps == ["每人：84 ÷ 2 = 42"]
+        problem.step("一共", 50, "+", MAX_RESULT - 49)  # and at most MAX_RESULT
+    assert problem.step("一共", 50, "+", MAX_RESULT - 50) == MAX_RESULT
+    assert problem.steps == ["每人：84 ÷ 2 = 42", f"一共：50 + {MAX_RESULT - 50} = {MAX_RESULT}"]  # rejected steps leave no line
 
 
 # ----------------------------------------------------------------------------- the tokenizer

@@ -8,7 +8,7 @@ every worked result below 100; only a "k times as many" start, k x amount, and a
 note paid in a shop go higher) and every division is exact, so a character-level model of a million
 parameters learns the arithmetic in a few CPU minutes. (Measured with the same model, the same
 1000-step SFT and HF's default init: amounts up to 99 and results up to 999 gave 25% greedy
-accuracy, these ranges 50%. scripts/make_tiny_model.py has the details.)
+accuracy, these ranges 50%. scripts/make_tiny_model.md has the details.)
 
 Rows: {"question": English rendering, "question_zh-cn": the problem, "answer": one line per
 step ("送后：17 - 4 = 13") then "#### N", "answer_only": N (int)}.
@@ -102,6 +102,7 @@ STEP_WEIGHTS = (0.5, 0.3, 0.2)  # P(1 step), P(2 steps), P(3 steps): the easy-to
 MAX_AMOUNT = 19  # amounts given in a question: 1..19 (a start 5..19; "k times" starts k x 2..19)
 MAX_FACTOR = 9  # boxes, prices, counts, divisors: 2..9
 MAX_RESULT = 99  # every worked step's result: 1..99
+NOTES = (10, 20, 50, 100)  # a shopper pays with the smallest note above the cost
 
 
 class Rejected(Exception):
@@ -251,7 +252,7 @@ def _shopping(rng: random.Random, n_steps: int) -> dict:
     if n_steps == 1:
         return p.row("一共要付多少元？", "How many yuan does that cost?")
     if n_steps == 2:
-        note = next(v for v in (10, 20, 50, 100) if v > p.value)
+        note = next(v for v in NOTES if v > p.value)
         p.zh.append(f"{who}付了 {note} 元")
         p.en.append(f"{who_en} pays with {note} yuan")
         p.value = p.step("找回", note, "-", p.value)

@@ -22,42 +22,15 @@ Stages, saved as they finish so other work can start early:
    written to model/build_info.json.
 
 Deliberate choice, so that RL has something to fix in a few CPU minutes: the warm start is only
-PARTIALLY right, in two ways.
+PARTIALLY right, in two ways (what else was tried: make_tiny_model.md next to this script).
 - Phase 1 SFT (correct solutions, 500 steps) is short: the model learns the format and most
-  one-step arithmetic but still slips on carries and on three-step problems (33% greedy
-  on the test split; pass@8 at T=1 on its first 100 items: 56%).
-- Phase 2 (100 steps) continues SFT on a deliberately imperfect mix: in a fraction --slip-rate of the
-  targets the <answer> block holds the first operand of the last worked step (a plausible slip:
-  answering with a quantity that was already given or computed) instead of its result. The model
+  one-step arithmetic but still slips on carries and three-step problems (33% greedy).
+- Phase 2 (100 steps) continues SFT on a deliberately imperfect mix: in a fraction --slip-rate
+  of the targets the <answer> block holds the first operand of the last worked step (a plausible
+  slip: answering with a quantity already given or computed) instead of its result. The model
   then often writes that slip greedily, while sampling at T=1 is right on many of those items:
-  informative groups for DAPO. The shipped warm start is 23.8% greedy, and the demo's RL, which
-  removes the slip, gains 10+ points within about ten steps (its test checks +5); what remains
-  is arithmetic.
-Both phases are seeded; the build is deterministic on a given machine and thread count.
-
-Measured alternatives (2026-11-30), kept here so nobody repeats them blind. The first three
-points: greedy accuracy on the first 200-300 test items of a development version of the
-generator (today's number ranges, another draw of problems: the same 500-step phase 1 scores
-47% there and 33% on the shipped split, so single numbers carry a wide spread).
-- The model must first learn to copy names and numbers from the question; accuracy sits at 2-7%
-  until it does. With HF's initializer_range 0.02 that took 500-700 steps (9% / 31% / 50% at
-  steps 500 / 700 / 1000, 1000-step schedule). On the earlier, harder task (amounts to 99, results to 999) it took
-  600-800 and reached only 25% / 33% at steps 1000 / 1200. Initializer range 0.08 moves it to
-  about step 200; 0.14 is slower again (22.5% at step 500). Phase 1 with a 400 / 500 /
-  1000-step schedule: 32.5% / 47% / 62%.
-- Also tried on the earlier task, none faster: a 600-step schedule with the full decay,
-  batch 16, lr 6e-3, 8 heads.
-- The slip needs a strong phase 1 to leave room for RL: on the earlier task (phase 1 at 35%),
-  slips that kept the warm start at 21-32% left RL changes inside the 100-item eval noise. Here
-  (phase 1 at 47%), rate 0.55 for 100 steps gives a 30% warm start and 0.26 -> 0.40 after ten RL
-  steps at lr 2e-4; rate 0.6 for 150 steps gives 21% and 0.20 -> 0.42.
-- On the shipped generator, the slip acts like a threshold (warm start greedy on the 500 test
-  items; then the demo, RL lr 1e-4, on its 100 eval items at steps 0 / 10 / 20): rate 0.45 gives 33% (the slip is rarely
-  written greedily; 0.30 / 0.33 / 0.36, a gain inside the noise), 0.5 gives 27% (0.18 / 0.23 /
-  0.31), 0.55 gives 23.8% (0.16 / 0.28 / 0.29, shipped); 600 phase 1 steps with 0.55 give 15.8%.
-- The demo's RL learning rate, on the shipped model, 300 eval items, steps 0/10/20/30/40:
-  2e-4 gives 0.20 / 0.33 / 0.33 / 0.29 / 0.30 (the gain fades once the slip is gone);
-  1e-4 gives 0.20 / 0.30 / 0.33 / 0.35 / 0.32, the demo's default.
+  informative groups for DAPO. The shipped warm start is 23.8% greedy; the demo's RL removes
+  the slip and gains 10+ points within about ten steps (its test checks +5).
 
 The generation_config copies Qwen2.5-Instruct's sampling defaults (two EOS ids, pad = one of them,
 do_sample, temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05) on purpose, so the
@@ -284,13 +257,10 @@ def accumulate_batch(model, prefix: torch.Tensor, batch, pad_id: int, micro_batc
 
 
 def train_sft(model, examples, pad_id: int, steps: int, batch_size: int, lr: float, micro_batches: int = 2) -> list[float]:
-    """AdamW, linear warmup then cosine decay to 10%; a seeded permutation per epoch.
-
-    Each shuffled batch is sorted by length and run as `micro_batches` pieces, each weighted by
-    its share of the batch's completion tokens: the same mean loss and gradient as one piece
-    (up to float rounding) with less padding, about 20% faster on CPU. (Grouping rows of similar
-    length across the whole set would save more, but made batches of one difficulty and learned
-    several times slower.)
+    """AdamW, linear warmup then cosine decay to 10%; a seeded permutation per epoch; each
+    shuffled batch runs through accumulate_batch (about 20% faster on CPU than one piece).
+    (Grouping rows of similar length across the whole set would save more padding, but made
+    batches of one difficulty and learned several times slower.)
     """
     shared = shared_prefix_length(examples)
     prefix = torch.tensor(examples[0][0][:shared])[None]
@@ -362,9 +332,15 @@ def remeasure(data_dir: Path, model_dir: Path) -> int:
     info_path = model_dir / "build_info.json"
     info = json.loads(info_path.read_text(encoding="utf-8"))
     info.update(measure(model, tokenizer, rows))
-    info_path.write_text(json.dumps(info, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(info, ensure_ascii=False, indent=2))
+    write_info(info, info_path)
     return 0
+
+
+def write_info(info: dict, path: Path) -> None:
+    """build_info.json, also printed."""
+    text = json.dumps(info, ensure_ascii=False, indent=2)
+    path.write_text(text + "\n", encoding="utf-8")
+    print(text)
 
 
 # ----------------------------------------------------------------------------- main
@@ -418,8 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_eval:
         info.update(measure(model, tokenizer, splits["test"]))
         info["build_and_eval_seconds"] = round(time.time() - start, 1)
-    (model_dir / "build_info.json").write_text(json.dumps(info, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(info, ensure_ascii=False, indent=2))
+    write_info(info, model_dir / "build_info.json")
     return 0
 
 

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from dapo_train.builtin import TINY_DATA_DIR, TINY_MODEL_DIR
 from dapo_train.config import DEFAULT_SYSTEM_PROMPT
-from dapo_train.tiny_task import MAX_AMOUNT, MAX_FACTOR, MAX_RESULT, Problem, Rejected, generate_problems, make_splits
+from dapo_train.tiny_task import MAX_AMOUNT, MAX_FACTOR, MAX_RESULT, NOTES, Problem, Rejected, generate_problems, make_splits
 
 STEP_RE = re.compile(r"^[^：]+：(\d+) ([-+×÷]) (\d+) = (\d+)$")
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a / b}
@@ -72,7 +72,7 @@ def test_numbers_in_questions_stay_small(splits):
         for number in map(int, re.findall(r"\d+", question)):
             if number <= MAX_AMOUNT:
                 continue
-            note = f"付了 {number} 元" in question and number in (20, 50, 100)
+            note = f"付了 {number} 元" in question and number in NOTES
             times = "倍" in question and f"有 {number} " in question and number <= MAX_FACTOR * MAX_AMOUNT
             assert note or times, (number, question)
 
@@ -97,7 +97,8 @@ def test_step_records_the_line_and_rejects_inexact_division():
     with pytest.raises(Rejected):
         problem.step("一共", 50, "+", MAX_RESULT - 49)  # and at most MAX_RESULT
     assert problem.step("一共", 50, "+", MAX_RESULT - 50) == MAX_RESULT
-    assert problem.steps == ["每人：84 ÷ 2 = 42", f"一共：50 + {MAX_RESULT - 50} = {MAX_RESULT}"]  # rejected steps leave no line
+    # Rejected steps leave no line.
+    assert problem.steps == ["每人：84 ÷ 2 = 42", f"一共：50 + {MAX_RESULT - 50} = {MAX_RESULT}"]
 
 
 # ----------------------------------------------------------------------------- the tokenizer

@@ -4,6 +4,10 @@ The schema (dataclasses, defaults, help texts, invariants) lives in dapo_train.s
 re-exported here, so `from dapo_train.config import Config, load_config` is the one import other
 code needs. Unknown keys fail naming the closest valid key, wrong types and impossible values fail
 naming the key and what is allowed, all before any model loads (`ConfigError`, exit code 2).
+
+This module also resolves the names a config uses for things outside it: the shipped tiny world
+(`builtin:tiny`, `builtin:tiny-zh-math`, folders under dapo_train/assets/tiny/; rebuilt by
+scripts/make_tiny_model.py) and local paths versus hub ids.
 """
 
 from __future__ import annotations
@@ -34,6 +38,30 @@ from dapo_train.schema import (  # noqa: F401  (re-exported: the public config i
     RolloutConfig,
     TrainConfig,
 )
+
+# --------------------------------------------------------------------------------------------
+# Names that point outside the config: the shipped tiny world, local paths.
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+TINY_MODEL_DIR = ASSETS_DIR / "tiny" / "model"
+TINY_DATA_DIR = ASSETS_DIR / "tiny" / "data"
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """builtin:tiny -> the shipped model folder; anything else unchanged."""
+    return str(TINY_MODEL_DIR) if name_or_path == BUILTIN_MODEL else name_or_path
+
+
+def resolve_data_path(path: str) -> str:
+    """builtin:tiny-zh-math -> the shipped data folder (train.jsonl, test.jsonl); else unchanged."""
+    return str(TINY_DATA_DIR) if path == BUILTIN_DATA else path
+
+
+def looks_like_path(name: str) -> bool:
+    """A name meant as a local path even if it does not exist: it starts with '.', '/' or '~', or
+    has more than one '/' (a hub id is 'owner/name')."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
+
 
 # --------------------------------------------------------------------------------------------
 # Building a Config from nested dicts, strictly.

@@ -28,7 +28,7 @@ import huggingface_hub
 import numpy as np
 from huggingface_hub.utils import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
-from dapo_train.builtin import looks_like_path, resolve_data_path
+from dapo_train.config import looks_like_path, resolve_data_path
 from dapo_train.config import DataConfig
 from dapo_train.errors import UserError
 from dapo_train.answers import normalize_gold

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.builtin import looks_like_path
+from dapo_train.config import looks_like_path
 from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
 from dapo_train.config import Config, config_to_dict, load_config, read_yaml
 from dapo_train.data import Prompt, fixed_eval_subset, load_prompts

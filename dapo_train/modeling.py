@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.builtin import looks_like_path, resolve_model_path
+from dapo_train.config import looks_like_path, resolve_model_path
 from dapo_train.config import Config, ModelConfig
 from dapo_train.errors import UserError
 

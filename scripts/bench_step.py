@@ -32,7 +32,7 @@ SHAPES = {
 def build_model(shape: str, folder: Path) -> None:
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from dapo_train.builtin import TINY_MODEL_DIR
+    from dapo_train.config import TINY_MODEL_DIR
 
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
     config = Qwen2Config(**SHAPES[shape], eos_token_id=tokenizer.eos_token_id)

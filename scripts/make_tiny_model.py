@@ -52,7 +52,7 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from dapo_train.builtin import TINY_DATA_DIR, TINY_MODEL_DIR
+from dapo_train.config import TINY_DATA_DIR, TINY_MODEL_DIR
 from dapo_train.answers import is_correct
 from dapo_train.config import DEFAULT_SYSTEM_PROMPT
 from dapo_train.data import chat_prompt

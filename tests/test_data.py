@@ -15,7 +15,7 @@ import torch
 from transformers import AutoTokenizer
 
 from dapo_train import data as data_module
-from dapo_train.builtin import TINY_MODEL_DIR
+from dapo_train.config import TINY_MODEL_DIR
 from dapo_train.config import DEFAULT_SYSTEM_PROMPT, DataConfig
 from dapo_train.data import (
     Prompt,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from dapo_train.builtin import TINY_DATA_DIR, TINY_MODEL_DIR
+from dapo_train.config import TINY_DATA_DIR, TINY_MODEL_DIR
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_model.py"
 

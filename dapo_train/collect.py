@@ -6,6 +6,11 @@ With dynamic sampling, groups whose filter metric does not vary are dropped and 
 until the buffer holds `prompts_per_step` groups or `max_gen_rounds` is reached; then the step
 trains on what it has (possibly fewer groups, or none: the step is skipped) and says so in its
 metrics. It never loops forever and never crashes on a dry spell (unlike verl's recipe).
+
+`Group` (a prompt, its G completions, rewards, correct bits and advantages) is the record the
+step passes from here to update.py. Surplus informative groups wait in a `GroupBuffer` for the
+next step (they are then one update stale: their old log-probs are taken under the current
+policy, as verl does); the buffer is part of the checkpoint, so resume is exact.
 """
 
 from __future__ import annotations
@@ -17,11 +22,75 @@ from dataclasses import dataclass, field
 import torch
 
 from dapo_train.algo import group_advantages, is_informative_group
-from dapo_train.buffer import Group, GroupBuffer
 from dapo_train.config import Config
 from dapo_train.data import Prompt, PromptSampler
 from dapo_train.rewards import score
-from dapo_train.rollout import SamplingSettings, generate_completions
+from dapo_train.rollout import Completion, SamplingSettings, generate_completions
+
+
+@dataclass
+class Group:
+    """One prompt and its G scored completions."""
+
+    prompt: Prompt
+    completions: list[Completion]  # G
+    rewards: torch.Tensor  # (G,) float32 total reward
+    correct: torch.Tensor  # (G,) bool
+    advantages: torch.Tensor  # (G,) float32 (Eq. 9)
+    per_reward: dict[str, list[float]] = field(default_factory=dict)  # name -> G unweighted values
+
+    def to_state(self) -> dict:
+        """Plain tensors/lists only, loadable with torch.load(weights_only=True)."""
+        return {
+            "prompt_uid": self.prompt.uid,
+            "prompt_ids": [c.prompt_ids for c in self.completions],
+            "completion_ids": [c.completion_ids for c in self.completions],
+            "truncated": [c.truncated for c in self.completions],
+            "texts": [c.text for c in self.completions],
+            "rewards": self.rewards,
+            "correct": self.correct,
+            "advantages": self.advantages,
+            "per_reward": self.per_reward,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict, prompts_by_uid: dict[str, Prompt]) -> "Group":
+        completions = [
+            Completion(prompt_ids=p, completion_ids=c, truncated=t, text=x)
+            for p, c, t, x in zip(state["prompt_ids"], state["completion_ids"], state["truncated"], state["texts"])
+        ]
+        return cls(
+            prompt=prompts_by_uid[state["prompt_uid"]],
+            completions=completions,
+            rewards=state["rewards"],
+            correct=state["correct"],
+            advantages=state["advantages"],
+            per_reward=state["per_reward"],
+        )
+
+
+class GroupBuffer:
+    """Dynamic-sampling buffer (Eq. 11): a FIFO of informative groups; `take` returns at most n,
+    the rest carries over to the next step."""
+
+    def __init__(self) -> None:
+        self.groups: list[Group] = []
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def add(self, groups: list[Group]) -> None:
+        self.groups.extend(groups)
+
+    def take(self, n: int) -> list[Group]:
+        taken, self.groups = self.groups[:n], self.groups[n:]
+        return taken
+
+    def state_dict(self) -> list[dict]:
+        return [g.to_state() for g in self.groups]
+
+    def load_state_dict(self, state: list[dict], prompts_by_uid: dict[str, Prompt]) -> None:
+        self.groups = [Group.from_state(s, prompts_by_uid) for s in state]
 
 
 @dataclass

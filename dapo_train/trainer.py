@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dapo_train import checkpoint as ckpt
-from dapo_train.buffer import GroupBuffer
+from dapo_train.collect import GroupBuffer
 from dapo_train.collect import collect_groups
 from dapo_train.config import Config, config_to_dict, read_yaml, save_config
 from dapo_train.data import PromptSampler, fixed_eval_subset, load_prompts

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from dapo_train.algo import policy_loss
-from dapo_train.buffer import Group
+from dapo_train.collect import Group
 from dapo_train.config import Config
 from dapo_train.logprobs import TokenBatch, collate, score_tokens
 

@@ -4,8 +4,7 @@ ends the step instead of crashing or looping forever."""
 
 import torch
 
-from dapo_train.buffer import GroupBuffer
-from dapo_train.collect import collect_groups
+from dapo_train.collect import GroupBuffer, collect_groups
 from dapo_train.config import RewardSpec, load_config
 from dapo_train.data import Prompt, PromptSampler
 from dapo_train.rewards import build_rewards

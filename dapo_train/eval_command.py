@@ -22,16 +22,16 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
-from dapo_train.config import looks_like_path
 from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
-from dapo_train.config import Config, config_to_dict, load_config, read_yaml
+from dapo_train.config import Config, config_to_dict, load_config, looks_like_path, read_yaml
 from dapo_train.data import Prompt, fixed_eval_subset, load_prompts
 from dapo_train.errors import ConfigError, UserError
-from dapo_train.eval_report import format_table, write_json_atomic, write_jsonl_atomic
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
+from dapo_train.metrics import write_json_atomic, write_jsonl_atomic
 from dapo_train.modeling import check_model_path, load_model, load_tokenizer, mixed_precision
 
 RUNS_ROOT = Path("outputs")
@@ -176,6 +176,46 @@ def output_folder(target: EvalTarget, cfg: Config) -> Path:
     if target.folder is not None and os.access(target.folder, os.W_OK):
         return target.folder
     return Path(cfg.output_dir) / "eval" / _safe_name(target.model or cfg.model.name_or_path)
+
+
+# --------------------------------------------------------------------------------------------
+# The comparison table.
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+# Column header -> how one row's metrics render in it (K = samples per item).
+_BASE_COLUMNS = (
+    ("items", lambda m, k: str(m["num_items"])),
+    ("accuracy", lambda m, k: _percent(m["accuracy"])),
+    ("stderr", lambda m, k: f"{100 * m['accuracy_stderr']:.1f}"),
+    ("95% CI", lambda m, k: f"[{100 * m['accuracy_ci95_low']:.1f}, {100 * m['accuracy_ci95_high']:.1f}]"),
+    ("format", lambda m, k: _percent(m["format_rate"])),
+    ("len mean", lambda m, k: f"{m['completion_length_mean']:.1f}"),
+    ("len max", lambda m, k: str(m["completion_length_max"])),
+    ("truncated", lambda m, k: _percent(m["truncated_rate"])),
+)
+_SAMPLED_COLUMNS = (
+    ("pass@1", lambda m, k: _percent(m["pass@1"])),
+    ("pass@K", lambda m, k: _percent(m[f"pass@{k}"])),
+    ("maj@K", lambda m, k: _percent(m[f"maj@{k}"])),
+)
+
+
+def format_table(rows: Sequence[tuple[str, dict]], samples: int = 1) -> str:
+    """One line per evaluated target, columns aligned; stderr and the CI in accuracy points."""
+    columns = _BASE_COLUMNS + (_SAMPLED_COLUMNS if samples > 1 else ())
+    headers = ["model"] + [name.replace("K", str(samples)) for name, _ in columns]
+    body = [[label] + [render(metrics, samples) for _, render in columns] for label, metrics in rows]
+    widths = [max(len(line[i]) for line in [headers, *body]) for i in range(len(headers))]
+
+    def line(cells: list[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first] + [cell.rjust(width) for cell, width in zip(cells[1:], widths[1:])])
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(cells) for cells in body])
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,15 +5,47 @@ optional tracker chosen by name.
 - training_losses.txt: `step,loss`; accuracy_losses.txt: `step,accuracy` (first row = step 0,
   before any update) -- the files the seed trainer wrote, so old plotting scripts keep working.
 A resumed run truncates all three to the checkpoint's step, so they never hold duplicate steps.
+
+Result files (eval_<split>.json, completions_<split>.jsonl) are written to a temporary sibling and
+renamed into place, so an interrupted eval never leaves a half-written file that a later
+comparison would read as complete. JSON has no NaN/inf: such values are kept visible as strings.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
-from dapo_train.eval_report import json_safe
+
+def json_safe(value):
+    """JSON has no NaN/inf: keep such a value visible as a string instead of an invalid file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    _write_atomic(path, json.dumps(json_safe(data), ensure_ascii=False, indent=2) + "\n")
+
+
+def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
+    _write_atomic(path, "".join(json.dumps(json_safe(r), ensure_ascii=False) + "\n" for r in records))
 
 
 class NullTracker:

@@ -12,6 +12,7 @@ Choices this module makes on purpose:
 - Clip fractions are fractions of all valid tokens, so clip_frac = clip_frac_high + clip_frac_low.
 """
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -110,23 +111,54 @@ def is_informative_group(values: Tensor | Sequence[Number]) -> bool:
 # ---------------------------------------------------------------- policy loss (Eq. 10, 12)
 
 
-def _token_reduction(token_loss: Tensor, valid: Tensor, normalizer: float) -> Tensor:
+@dataclass(frozen=True)
+class LossReduction:
+    """How per-token losses become a loss (Eq. 12 and its variants).
+
+    total(token_loss (N, T), valid (N, T)) -> scalar: this batch's sum in the reduction's units;
+    units(valid (N, T)) -> scalar: how many units the batch holds. The loss is total / normalizer,
+    where the normalizer is the units of the WHOLE optimizer step (loss_normalizer), so any split
+    into micro-batches adds up to exactly the loss and gradient of one batch.
+    """
+
+    total: Callable[[Tensor, Tensor], Tensor]
+    units: Callable[[Tensor], Tensor]
+
+
+# Name -> LossReduction; the names are config dapo.loss_reduction's choices (a test ties the two).
+LOSS_REDUCTIONS: dict[str, LossReduction] = {}
+
+
+def register_loss_reduction(name: str, units: Callable[[Tensor], Tensor]):
+    """Decorator: `total` becomes loss reduction `name`, counted in `units`."""
+
+    def add(total: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
+        LOSS_REDUCTIONS[name] = LossReduction(total, units)
+        return total
+
+    return add
+
+
+@register_loss_reduction("token", units=lambda valid: valid.sum())
+def _token_total(token_loss: Tensor, valid: Tensor) -> Tensor:
     # Eq. 12: every valid token of the optimizer step weighs the same.
-    return token_loss.sum() / normalizer
+    return token_loss.sum()
 
 
-def _sample_reduction(token_loss: Tensor, valid: Tensor, normalizer: float) -> Tensor:
-    # GRPO: mean over each sequence's valid tokens, then sum / sequences; an empty sequence adds 0.
-    per_sequence = token_loss.sum(dim=-1) / valid.sum(dim=-1).clamp(min=1)  # (N,)
-    return per_sequence.sum() / normalizer
+@register_loss_reduction("sample", units=lambda valid: valid.any(dim=-1).sum())
+def _sample_total(token_loss: Tensor, valid: Tensor) -> Tensor:
+    # GRPO: mean over each sequence's valid tokens, summed; the units are the sequences with any
+    # valid token (one masked out entirely, e.g. by overlong filtering, neither adds nor counts).
+    return (token_loss.sum(dim=-1) / valid.sum(dim=-1).clamp(min=1)).sum()
 
 
-# Name -> (reduce(token_loss (N, T), valid (N, T), normalizer), default normalizer(valid)).
-# Names match config dapo.loss_reduction.
-LOSS_REDUCTIONS: dict[str, tuple[Callable[[Tensor, Tensor, float], Tensor], Callable[[Tensor], float]]] = {
-    "token": (_token_reduction, lambda valid: float(valid.sum().item())),
-    "sample": (_sample_reduction, lambda valid: float(valid.shape[0])),
-}
+def loss_normalizer(masks: Sequence[Tensor], reduction: str) -> float:
+    """The Eq. 12 denominator of a whole optimizer step: the reduction's units summed over the
+    step's (N_i, T_i) masks (non-zero = valid), counted before any micro-batch is trained."""
+    if reduction not in LOSS_REDUCTIONS:
+        raise ValueError(f"loss_normalizer: unknown reduction {reduction!r}; allowed: {', '.join(LOSS_REDUCTIONS)}")
+    units = LOSS_REDUCTIONS[reduction].units
+    return float(sum(float(units(mask != 0)) for mask in masks))
 
 
 def _check_loss_args(logprobs, old_logprobs, advantages, mask, reduction, clip_ratio_c, ref_logprobs, beta) -> None:
@@ -185,8 +217,9 @@ def policy_loss(
       "token":  sum of token losses / normalizer; normalizer defaults to this call's valid-token
                 count. Pass the whole optimizer step's count so k micro-batches add up to exactly
                 the gradient of one batch (Eq. 12).
-      "sample": GRPO's per-sequence mean, summed and divided by normalizer (default N; pass the
-                step's number of sequences when accumulating). For ablations.
+      "sample": GRPO's per-sequence mean, summed and divided by normalizer (default: this call's
+                sequences with a valid token; pass the step's count when accumulating). For ablations.
+    normalizer: the step's units from loss_normalizer; None = this call's own.
     clip_ratio_c: dual clip (Ye et al. 2020, as in verl); for A < 0 the token loss is at most
         -A * clip_ratio_c, so a huge ratio on a bad token cannot dominate. Must be > 1.
     beta > 0: adds beta * (exp(ref - logp) - (ref - logp) - 1) per token (k3 estimator of KL to
@@ -214,12 +247,33 @@ def policy_loss(
             token_loss = token_loss + beta * kl
     token_loss = torch.where(valid, token_loss, 0.0)  # (N, T)
 
-    reduce, default_normalizer = LOSS_REDUCTIONS[reduction]
-    normalizer = default_normalizer(valid) if normalizer is None else float(normalizer)
+    reduction_fns = LOSS_REDUCTIONS[reduction]
+    normalizer = float(reduction_fns.units(valid)) if normalizer is None else float(normalizer)
     if normalizer < 0 or (normalizer == 0 and bool(valid.any())):
         raise ValueError(f"policy_loss: normalizer must be > 0 (0 only for an all-masked call), got {normalizer}")
-    loss = reduce(token_loss, valid, normalizer if normalizer > 0 else 1.0)  # all-masked: 0 / 1 = 0
+    loss = reduction_fns.total(token_loss, valid) / (normalizer if normalizer > 0 else 1.0)  # all-masked: 0 / 1
     return loss, _loss_metrics(log_ratio, advantages, valid, eps_low, eps_high, kl)
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The policy-loss options of a run as one value (built from config dapo.* by update.py), so a
+    new option is one field here instead of one more argument at every call site."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    reduction: str = "token"
+    clip_ratio_c: float | None = None
+    beta: float = 0.0
+
+    def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+                 normalizer: float | Tensor | None = None,
+                 ref_logprobs: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+        """policy_loss with these settings."""
+        return policy_loss(
+            logprobs, old_logprobs, advantages, mask, self.eps_low, self.eps_high, reduction=self.reduction,
+            normalizer=normalizer, clip_ratio_c=self.clip_ratio_c, ref_logprobs=ref_logprobs, beta=self.beta,
+        )
 
 
 @torch.no_grad()

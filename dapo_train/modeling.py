@@ -15,7 +15,7 @@ from dapo_train.config import looks_like_path, resolve_model_path
 from dapo_train.config import Config, ModelConfig
 from dapo_train.errors import UserError
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def check_model_path(name_or_path: str) -> str:
@@ -55,7 +55,7 @@ def load_model(model_cfg: ModelConfig, device: torch.device):
     from transformers import AutoModelForCausalLM
 
     path = check_model_path(model_cfg.name_or_path)
-    dtype = torch.float32 if model_cfg.dtype == "auto" else _DTYPES[model_cfg.dtype]
+    dtype = torch.float32 if model_cfg.dtype == "auto" else DTYPES[model_cfg.dtype]
     kwargs = {"dtype": dtype, "trust_remote_code": model_cfg.trust_remote_code, "use_safetensors": None}
     if model_cfg.attn_implementation:
         kwargs["attn_implementation"] = model_cfg.attn_implementation

@@ -2,19 +2,20 @@
 
 The step's groups are flattened into completions and cut into micro-batches (by count, or by a
 padded-token budget). The loss normaliser is counted over the WHOLE step before the micro-batch
-loop (valid tokens for reduction "token", sequences for "sample") and passed to every
-micro-batch, so k micro-batches give exactly the gradient of one batch; verl's default token-mean
-and the seed trainer's per-group mean do not. A non-finite loss or gradient norm skips the update.
+loop, in the loss reduction's own units (algo.loss_normalizer: valid tokens for "token",
+sequences for "sample"), and passed to every micro-batch, so k micro-batches give exactly the
+gradient of one batch. The loss options travel as one algo.LossSettings built from the config.
+A non-finite loss or gradient norm skips the update.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from dapo_train.algo import policy_loss
+from dapo_train.algo import LossSettings, loss_normalizer
 from dapo_train.collect import Group
 from dapo_train.config import Config
 from dapo_train.logprobs import TokenBatch, collate, score_tokens
@@ -59,14 +60,11 @@ def split_micro_batches(samples: list[TrainSample], max_count: int, max_tokens: 
     return batches
 
 
-def step_normalizer(samples: list[TrainSample], reduction: str) -> float:
-    """Eq. 12 denominator for the whole step: valid tokens ("token") or sequences ("sample")."""
-    if reduction == "token":
-        return float(sum(s.completion_ids.numel() for s in samples if s.in_loss))
-    return float(sum(1 for s in samples if s.in_loss))
+MicroBatch = tuple[TokenBatch, torch.Tensor]  # collated rows, advantages (N,)
 
 
-def _collate(samples: list[TrainSample], pad_id: int, device) -> tuple[TokenBatch, torch.Tensor]:
+def collate_micro_batch(samples: list[TrainSample], pad_id: int, device) -> MicroBatch:
+    """Rows -> (TokenBatch on device, advantages (N,)); a sample out of the loss gets an all-zero mask."""
     batch = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id)
     in_loss = torch.tensor([s.in_loss for s in samples], dtype=torch.float32).unsqueeze(1)  # (N, 1)
     batch.completion_mask = batch.completion_mask * in_loss
@@ -74,9 +72,17 @@ def _collate(samples: list[TrainSample], pad_id: int, device) -> tuple[TokenBatc
     return batch.to(device), advantages.to(device)
 
 
+def loss_settings(cfg: Config) -> LossSettings:
+    """The config's dapo.* loss options as the one value the loss takes."""
+    d = cfg.dapo
+    return LossSettings(
+        eps_low=d.eps_low, eps_high=d.eps_high, reduction=d.loss_reduction, clip_ratio_c=d.clip_ratio_c, beta=d.beta
+    )
+
+
 @dataclass
 class UpdateContext:
-    """What an update needs besides the samples."""
+    """What an update needs besides the samples; `loss` is built from cfg."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -84,47 +90,39 @@ class UpdateContext:
     cfg: Config
     pad_id: int
     ref_model: torch.nn.Module | None = None
+    loss: LossSettings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.loss = loss_settings(self.cfg)
+
+    def score(self, model, batch: TokenBatch, with_entropy: bool = False):
+        """Per-token log-probs (and entropy) of batch under `model`, at the rollout temperature."""
+        return score_tokens(model, batch, temperature=self.cfg.rollout.temperature,
+                            chunk_size=self.cfg.train.logprob_chunk_size, with_entropy=with_entropy)
 
 
-def _old_logprobs(ctx: UpdateContext, micro_batches: list[list[TrainSample]]) -> list[torch.Tensor]:
+def _old_logprobs(ctx: UpdateContext, batches: list[MicroBatch]) -> list[torch.Tensor]:
     """Log-probs under the policy before any update of this step (num_iterations > 1)."""
-    device = ctx.accelerator.device
-    out = []
     with torch.no_grad():
-        for micro in micro_batches:
-            batch, _ = _collate(micro, ctx.pad_id, device)
-            logprobs, _ = score_tokens(ctx.model, batch, temperature=ctx.cfg.rollout.temperature, chunk_size=ctx.cfg.train.logprob_chunk_size)
-            out.append(logprobs)
-    return out
+        return [ctx.score(ctx.model, batch)[0] for batch, _ in batches]
 
 
-def accumulate_gradients(ctx: UpdateContext, micro_batches: list[list[TrainSample]], normalizer: float, old: list[torch.Tensor] | None) -> dict:
-    """Forward/backward every micro-batch; gradients accumulate in .grad. -> token-weighted metrics."""
-    cfg, device = ctx.cfg, ctx.accelerator.device
+def accumulate_gradients(ctx: UpdateContext, batches: list[MicroBatch], normalizer: float,
+                         old: list[torch.Tensor] | None) -> dict:
+    """Forward/backward every micro-batch; gradients accumulate in .grad. -> token-weighted metrics.
+
+    normalizer: the whole step's loss units (algo.loss_normalizer), the same for every micro-batch."""
     totals: dict[str, float] = {}
     weight_sum, loss_sum = 0.0, 0.0
-    for i, micro in enumerate(micro_batches):
-        batch, advantages = _collate(micro, ctx.pad_id, device)
-        logprobs, entropy = score_tokens(
-            ctx.model, batch, temperature=cfg.rollout.temperature, chunk_size=cfg.train.logprob_chunk_size, with_entropy=True
-        )
+    for i, (batch, advantages) in enumerate(batches):
+        logprobs, entropy = ctx.score(ctx.model, batch, with_entropy=True)
         ref_logprobs = None
         if ctx.ref_model is not None:
             with torch.no_grad():
-                ref_logprobs, _ = score_tokens(ctx.ref_model, batch, temperature=cfg.rollout.temperature, chunk_size=cfg.train.logprob_chunk_size)
-        loss, metrics = policy_loss(
-            logprobs,
-            old[i] if old is not None else logprobs.detach(),
-            advantages,
-            batch.completion_mask,
-            cfg.dapo.eps_low,
-            cfg.dapo.eps_high,
-            reduction=cfg.dapo.loss_reduction,
-            normalizer=normalizer,
-            clip_ratio_c=cfg.dapo.clip_ratio_c,
-            ref_logprobs=ref_logprobs,
-            beta=cfg.dapo.beta,
-        )
+                ref_logprobs, _ = ctx.score(ctx.ref_model, batch)
+        old_logprobs = old[i] if old is not None else logprobs.detach()
+        loss, metrics = ctx.loss(logprobs, old_logprobs, advantages, batch.completion_mask,
+                                 normalizer=normalizer, ref_logprobs=ref_logprobs)
         ctx.accelerator.backward(loss)
         loss_sum += float(loss.detach())
         tokens = float(metrics["num_tokens"])
@@ -143,14 +141,15 @@ def policy_update(ctx: UpdateContext, groups: list[Group]) -> dict:
     """All optimizer passes of one step (num_iterations of them). -> metrics incl. grad_norm."""
     cfg = ctx.cfg
     samples = flatten_groups(groups, cfg.dapo.overlong_filtering)
-    micro_batches = split_micro_batches(samples, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens)
-    normalizer = step_normalizer(samples, cfg.dapo.loss_reduction)
+    split = split_micro_batches(samples, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens)
+    batches = [collate_micro_batch(micro, ctx.pad_id, ctx.accelerator.device) for micro in split]
+    normalizer = loss_normalizer([batch.completion_mask for batch, _ in batches], ctx.loss.reduction)
     ctx.model.train()
-    old = _old_logprobs(ctx, micro_batches) if cfg.dapo.num_iterations > 1 else None
-    metrics: dict = {"micro_batches": len(micro_batches), "skipped_nonfinite": 0}
+    old = _old_logprobs(ctx, batches) if cfg.dapo.num_iterations > 1 else None
+    metrics: dict = {"micro_batches": len(batches), "skipped_nonfinite": 0}
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
     for _ in range(cfg.dapo.num_iterations):
-        metrics.update(accumulate_gradients(ctx, micro_batches, normalizer, old))
+        metrics.update(accumulate_gradients(ctx, batches, normalizer, old))
         grad_norm = float(ctx.accelerator.clip_grad_norm_(ctx.model.parameters(), max_norm))
         metrics["grad_norm"] = grad_norm
         if not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm)):

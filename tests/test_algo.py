@@ -8,9 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dapo_train.algo import (
+    LossSettings,
     group_advantages,
     informative_groups,
     is_informative_group,
+    loss_normalizer,
     overlong_penalty,
     policy_loss,
 )
@@ -269,10 +271,28 @@ def accumulated(new, old, adv, mask, parts, reduction, normalizer):
 def test_accumulation_equals_one_batch(parts, reduction):
     new, old, adv, mask = random_batch(seed=parts, n=11, t=7)
     full_loss, full_grad = loss_and_grad(new, old, adv, mask, reduction=reduction)
-    step_normalizer = mask.sum().item() if reduction == "token" else new.shape[0]
+    step_normalizer = loss_normalizer([mask[idx] for idx in torch.arange(11).tensor_split(parts)], reduction)
     loss, grad = accumulated(new, old, adv, mask, parts, reduction, step_normalizer)
     assert abs(loss - full_loss) < 1e-6
     assert torch.allclose(grad, full_grad, atol=1e-6, rtol=0)
+
+
+def test_loss_normalizer_counts_each_reduction_in_its_own_units():
+    # Rows of 3, 0 and 2 valid tokens, split over two micro-batches: 5 tokens; 2 sequences (the
+    # empty row, e.g. a truncated completion under overlong filtering, is not a sequence of the loss).
+    masks = [torch.tensor([[1, 1, 1], [0, 0, 0]]), torch.tensor([[1, 1, 0]])]
+    assert loss_normalizer(masks, "token") == 5.0
+    assert loss_normalizer(masks, "sample") == 2.0
+    with pytest.raises(ValueError, match="unknown reduction"):
+        loss_normalizer(masks, "mean")
+
+
+def test_loss_settings_call_policy_loss_with_their_values():
+    new, old, adv, mask = random_batch(seed=4, n=5, t=6)
+    settings = LossSettings(eps_low=0.1, eps_high=0.5, reduction="sample", clip_ratio_c=2.0)
+    expected = policy_loss(new, old, adv, mask, 0.1, 0.5, reduction="sample", clip_ratio_c=2.0, normalizer=7)
+    assert settings(new, old, adv, mask, normalizer=7) == expected
+    assert settings(new, old, adv, mask, normalizer=7) != LossSettings()(new, old, adv, mask, normalizer=7)
 
 
 def test_per_micro_batch_mean_is_not_the_batch_loss():
@@ -389,7 +409,7 @@ def test_property_accumulation_any_split(n, t, seed, reduction):
     new, old, adv, mask = random_batch(seed, n, t)
     parts = 1 + seed % n
     full_loss, full_grad = loss_and_grad(new, old, adv, mask, reduction=reduction)
-    normalizer = mask.sum().item() if reduction == "token" else n
+    normalizer = loss_normalizer([mask[idx] for idx in torch.arange(n).tensor_split(parts)], reduction)
     loss, grad = accumulated(new, old, adv, mask, parts, reduction, normalizer)
     assert abs(loss - full_loss) < 1e-6 and torch.allclose(grad, full_grad, atol=1e-6, rtol=0)
 

@@ -9,7 +9,15 @@ from accelerate import Accelerator
 
 from dapo_train.config import load_config
 from dapo_train.rollout import Completion
-from dapo_train.update import TrainSample, UpdateContext, accumulate_gradients, policy_update, split_micro_batches, step_normalizer
+from dapo_train.algo import loss_normalizer
+from dapo_train.update import (
+    TrainSample,
+    UpdateContext,
+    accumulate_gradients,
+    collate_micro_batch,
+    policy_update,
+    split_micro_batches,
+)
 
 from conftest import EOS2_ID, EOS_ID, make_random_model
 
@@ -34,8 +42,9 @@ def _grads_after(model, samples, micro_size: int, *, lr: float = 1e-3):
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     accelerator = Accelerator(cpu=True)
     ctx = UpdateContext(model, optimizer, accelerator, cfg, pad_id=EOS2_ID)
-    micro = split_micro_batches(samples, micro_size)
-    metrics = accumulate_gradients(ctx, micro, step_normalizer(samples, "token"), None)
+    micro = [collate_micro_batch(m, EOS2_ID, accelerator.device) for m in split_micro_batches(samples, micro_size)]
+    normalizer = loss_normalizer([batch.completion_mask for batch, _ in micro], "token")
+    metrics = accumulate_gradients(ctx, micro, normalizer, None)
     grads = [p.grad.clone() for p in model.parameters()]
     optimizer.step()
     return grads, [p.detach().clone() for p in model.parameters()], metrics, len(micro)
@@ -72,8 +81,10 @@ def test_normalizer_counts_the_whole_step_and_skips_filtered_samples():
     samples = _samples(4)
     samples[1].in_loss = False  # e.g. a truncated completion under overlong filtering
     expected_tokens = sum(s.completion_ids.numel() for i, s in enumerate(samples) if i != 1)
-    assert step_normalizer(samples, "token") == expected_tokens
-    assert step_normalizer(samples, "sample") == 3
+    masks = [collate_micro_batch(m, EOS2_ID, "cpu")[0].completion_mask for m in split_micro_batches(samples, 3)]
+    assert [m.shape[0] for m in masks] == [3, 1]  # counted over both micro-batches
+    assert loss_normalizer(masks, "token") == expected_tokens
+    assert loss_normalizer(masks, "sample") == 3
 
 
 def test_nonfinite_gradient_skips_the_update():

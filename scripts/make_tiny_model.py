@@ -10,7 +10,7 @@ the 600 SFT steps took 235 s on 2 threads, 350 s on 1, the measurement another 3
     python scripts/make_tiny_model.py --measure-only        # re-measure the shipped model (~35 s)
 
 Stages, saved as they finish so other work can start early:
-1. data/{train,test}.jsonl from dapo_train.tiny_task.make_splits (fixed seed, no shared question);
+1. data/{train,test}.jsonl from tiny_task.make_splits (scripts/tiny_task.py; fixed seed, no shared question);
 2. model/ tokenizer: Qwen's byte-level BPE pipeline with merges that make every character of
    the corpus, the system prompt and common Chinese punctuation one token (ASCII is one byte
    token each; any other text falls back to its UTF-8 bytes, so everything round-trips), Qwen's
@@ -18,8 +18,9 @@ Stages, saved as they finish so other work can start early:
 3. model/ weights: Qwen2ForCausalLM (~1M parameters, float32), trained by SFT on the worked
    solutions of the train split, the loss on the completion only, prompts byte-identical to the
    trainer's (DEFAULT_SYSTEM_PROMPT + question through the chat template);
-4. a measurement on the test split (greedy accuracy, format rate, pass@8 at T=1), printed and
-   written to model/build_info.json.
+4. a measurement on the test split (greedy accuracy, format rate, pass@8 at T=1) by the code of
+   `dapo-train eval` (data.load_prompts, evaluate.evaluate_prompts), printed and written to
+   model/build_info.json.
 
 Deliberate choice, so that RL has something to fix in a few CPU minutes: the warm start is only
 PARTIALLY right, in two ways (what else was tried: make_tiny_model.md next to this script).
@@ -49,17 +50,16 @@ import time
 from pathlib import Path
 
 import torch
+from tiny_task import make_splits  # scripts/tiny_task.py: build-time code, not part of the package
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from dapo_train.config import TINY_DATA_DIR, TINY_MODEL_DIR
-from dapo_train.answers import is_correct
-from dapo_train.config import DEFAULT_SYSTEM_PROMPT
-from dapo_train.data import chat_prompt
-from dapo_train.rewards import REWARDS
-from dapo_train.tiny_task import make_splits
+from dapo_train.config import DEFAULT_SYSTEM_PROMPT, TINY_DATA_DIR, TINY_MODEL_DIR, DataConfig
+from dapo_train.data import chat_prompt, load_prompts
+from dapo_train.evaluate import evaluate_prompts
 
 SEED = 0
+MAX_NEW_TOKENS = 96  # the completion budget of the measurement (the trainer's default)
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
 CHINESE_PUNCTUATION = "，。、；：？！“”‘’（）《》【】—…·￥"
@@ -69,15 +69,15 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-MODEL_SHAPE = dict(
-    hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    intermediate_size=512, max_position_embeddings=512, tie_word_embeddings=True,
-    rope_theta=10000.0, rms_norm_eps=1e-6, use_sliding_window=False,
+MODEL_SHAPE = {
+    "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 512, "max_position_embeddings": 512, "tie_word_embeddings": True,
+    "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "use_sliding_window": False,
     # Weights drawn with std 0.08 (about 1/sqrt(hidden_size)) instead of HF's 0.02: attention
     # scores start large enough for the model to learn to copy numbers from the question early.
     # Measured: greedy accuracy leaves the floor near step 200 instead of step 500-700.
-    initializer_range=0.08,
-)
+    "initializer_range": 0.08,
+}
 # Qwen2's pre-tokenizer split (as in its tokenizer.json): letters runs, single digits, punctuation.
 QWEN_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -179,7 +179,7 @@ def with_slips(rows: list[dict], rate: float) -> list[dict]:
 
 def encode_examples(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, completion ids + <|im_end|>) per row."""
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     end = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     return [(encode(prompt_text(tokenizer, r["question_zh-cn"])), encode(target_text(r["answer"])) + end) for r in rows]
 
@@ -256,7 +256,9 @@ def accumulate_batch(model, prefix: torch.Tensor, batch, pad_id: int, micro_batc
     return loss
 
 
-def train_sft(model, examples, pad_id: int, steps: int, batch_size: int, lr: float, micro_batches: int = 2) -> list[float]:
+def train_sft(
+    model, examples, pad_id: int, steps: int, batch_size: int, lr: float, micro_batches: int = 2
+) -> list[float]:
     """AdamW, linear warmup then cosine decay to 10%; a seeded permutation per epoch; each
     shuffled batch runs through accumulate_batch (about 20% faster on CPU than one piece).
     (Grouping rows of similar length across the whole set would save more padding, but made
@@ -268,7 +270,7 @@ def train_sft(model, examples, pad_id: int, steps: int, batch_size: int, lr: flo
     generator = torch.Generator().manual_seed(SEED)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, steps // 20)
-    schedule = lambda s: min(1.0, (s + 1) / warmup) * (0.55 + 0.45 * math.cos(math.pi * s / steps))  # noqa: E731
+    schedule = lambda s: min(1.0, (s + 1) / warmup) * (0.55 + 0.45 * math.cos(math.pi * s / steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     order: list[int] = []
     losses = []
@@ -290,37 +292,34 @@ def train_sft(model, examples, pad_id: int, steps: int, batch_size: int, lr: flo
 
 
 # ----------------------------------------------------------------------------- measurement
-@torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], n: int, sample: bool, max_new_tokens: int = 96) -> list[str]:
-    """n completions per prompt (prompt-major), every sampling setting given explicitly."""
-    tokenizer.padding_side = "left"
-    batch = tokenizer([p for p in prompts for _ in range(n)], return_tensors="pt", padding=True, add_special_tokens=False)
-    settings = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0) if sample else dict(do_sample=False)
-    output = model.generate(
-        **batch, max_new_tokens=max_new_tokens, repetition_penalty=1.0,
-        eos_token_id=model.generation_config.eos_token_id, pad_token_id=tokenizer.pad_token_id, **settings,
-    )
-    return tokenizer.batch_decode(output[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+def measure(model, tokenizer, data_dir: Path, n_sampled: int = 100, k: int = 8) -> dict:
+    """Greedy accuracy and format rate on the test split; pass@k and informative groups at T=1 on
+    its first n_sampled items.
 
-
-def measure(model, tokenizer, rows: list[dict], n_sampled: int = 100, k: int = 8, chunk: int = 125) -> dict:
-    """Greedy accuracy and format rate on all rows; pass@k and informative groups at T=1.
-    Graded as the trainer grades: answers.is_correct and the hard_format reward."""
-    prompts = [prompt_text(tokenizer, r["question_zh-cn"]) for r in rows]
-    greedy = [c for i in range(0, len(rows), chunk) for c in generate(model, tokenizer, prompts[i : i + chunk], 1, False)]
-    correct = [is_correct(c, r["answer_only"]) for c, r in zip(greedy, rows)]
-    torch.manual_seed(SEED)
-    sampled = generate(model, tokenizer, prompts[:n_sampled], k, True)
-    hits = [sum(is_correct(c, rows[i]["answer_only"]) for c in sampled[i * k : (i + 1) * k]) for i in range(n_sampled)]
-    formatted = REWARDS["hard_format"].fn(greedy, [r["answer_only"] for r in rows])
+    The same code as the trainer's eval and `dapo-train eval`: prompts from data.load_prompts with
+    the default DataConfig (the trainer's columns and system prompt), generation and grading by
+    evaluate.evaluate_prompts (answers.extract_answer / answers_match, the hard_format check).
+    Batches as the numbers were first measured: greedy 125 prompts per generate call, the
+    n_sampled x k samples in one call seeded with SEED.
+    """
+    prompts, stats = load_prompts(DataConfig(path=str(data_dir)), tokenizer, "test")
+    if stats.kept != stats.rows:
+        raise RuntimeError(f"every test row must give a prompt: {stats.summary()}")
+    greedy = evaluate_prompts(model, tokenizer, prompts, max_new_tokens=MAX_NEW_TOKENS, batch_size=125).records
+    sampled = evaluate_prompts(
+        model, tokenizer, prompts[:n_sampled], max_new_tokens=MAX_NEW_TOKENS, batch_size=n_sampled * k,
+        samples=k, temperature=1.0, seed=SEED,
+    ).records
+    correct = [r["correct"] for r in greedy]
+    hits = [sum(r["correct"] for r in sampled[i * k : (i + 1) * k]) for i in range(n_sampled)]
     return {
-        "greedy_accuracy": sum(correct) / len(rows),
-        "greedy_format_rate": sum(score > 0 for score in formatted) / len(rows),
+        "greedy_accuracy": sum(correct) / len(greedy),
+        "greedy_format_rate": sum(r["format_ok"] for r in greedy) / len(greedy),
         "greedy_accuracy_on_sampled_items": sum(correct[:n_sampled]) / n_sampled,
         f"pass@{k}_T1": sum(h > 0 for h in hits) / n_sampled,
         "mean_accuracy_T1": sum(hits) / (k * n_sampled),
         "informative_groups_T1": sum(0 < h < k for h in hits) / n_sampled,
-        "example_greedy": greedy[:3],
+        "example_greedy": [r["completion"] for r in greedy[:3]],
     }
 
 
@@ -328,10 +327,9 @@ def remeasure(data_dir: Path, model_dir: Path) -> int:
     """measure() on the saved model and test split; the build fields of build_info.json stay."""
     model = Qwen2ForCausalLM.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows = [json.loads(line) for line in (data_dir / "test.jsonl").read_text(encoding="utf-8").splitlines()]
     info_path = model_dir / "build_info.json"
     info = json.loads(info_path.read_text(encoding="utf-8"))
-    info.update(measure(model, tokenizer, rows))
+    info.update(measure(model, tokenizer, data_dir))
     write_info(info, info_path)
     return 0
 
@@ -347,16 +345,23 @@ def write_info(info: dict, path: Path) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The build's options; their defaults give the shipped model (a test compares build_info.json)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="Write data/ and model/ here (default: the package assets).")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="Write data/ and model/ here (default: the package assets)."
+    )
     parser.add_argument("--steps", type=int, default=500, help="Phase 1 SFT steps on correct solutions.")
     parser.add_argument("--slip-steps", type=int, default=100, help="Phase 2 SFT steps on the slip mix (0 = none).")
     parser.add_argument("--slip-rate", type=float, default=0.55, help="Fraction of phase 2 targets with the slip.")
     parser.add_argument("--slip-lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (1 is fastest when other work shares the cores).")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch CPU threads (1 is fastest when other work shares the cores)."
+    )
     parser.add_argument("--no-eval", action="store_true", help="Skip the test-split measurement.")
-    parser.add_argument("--measure-only", action="store_true", help="No build: re-measure the model already there and update build_info.json.")
+    parser.add_argument(
+        "--measure-only", action="store_true",
+        help="No build: re-measure the model already there and update build_info.json.",
+    )
     return parser.parse_args(argv)
 
 
@@ -392,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_data_sha256": hashlib.sha256((data_dir / "train.jsonl").read_bytes()).hexdigest(),
     }
     if not args.no_eval:
-        info.update(measure(model, tokenizer, splits["test"]))
+        info.update(measure(model, tokenizer, data_dir))
         info["build_and_eval_seconds"] = round(time.time() - start, 1)
     write_info(info, model_dir / "build_info.json")
     return 0

@@ -3,8 +3,17 @@ that do not need the shipped, warm-started model."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# The tiny build (scripts/make_tiny_model.py and its task generator scripts/tiny_task.py) is build-time
+# code outside the package; its tests import these as top-level modules, as the script itself does.
+SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "scripts"
+if str(SCRIPTS_DIR) not in sys.path:
+    sys.path.append(str(SCRIPTS_DIR))
 
 # The tiny models run ~30x faster on one thread than on two contended ones (OpenMP start-up
 # dominates their small matmuls); the trainer's own default is 1 as well.

@@ -71,3 +71,22 @@ def test_the_shipped_model_is_what_the_default_build_makes(build):
     defaults = build.parse_args([])
     assert (info["sft_steps"], info["slip_steps"], info["slip_rate"]) == (
         defaults.steps, defaults.slip_steps, defaults.slip_rate)
+
+
+def test_measure_writes_the_shipped_keys_and_greedy_examples(build, tmp_path):
+    """measure() (dapo-train eval's prompts and evaluate_prompts) on the first test items gives the
+    keys build_info.json holds and, greedy being deterministic, its example completions."""
+    from transformers import Qwen2ForCausalLM
+
+    info = json.loads((TINY_MODEL_DIR / "build_info.json").read_text(encoding="utf-8"))
+    lines = (TINY_DATA_DIR / "test.jsonl").read_text(encoding="utf-8").splitlines()[:5]
+    (tmp_path / "test.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    model = Qwen2ForCausalLM.from_pretrained(TINY_MODEL_DIR).eval()
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+    measured = build.measure(model, tokenizer, tmp_path, n_sampled=2, k=8)
+    keys = {"greedy_accuracy", "greedy_format_rate", "greedy_accuracy_on_sampled_items", "pass@8_T1",
+            "mean_accuracy_T1", "informative_groups_T1", "example_greedy"}
+    assert set(measured) == keys and keys <= set(info)
+    assert measured["example_greedy"] == info["example_greedy"]
+    assert measured["greedy_format_rate"] == 1.0 and measured["greedy_accuracy"] in {i / 5 for i in range(6)}
+    assert 0 <= measured["informative_groups_T1"] <= measured["pass@8_T1"] <= 1

@@ -11,11 +11,10 @@ import unicodedata
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_task import MAX_AMOUNT, MAX_FACTOR, MAX_RESULT, NOTES, Problem, Rejected, generate_problems, make_splits
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-from dapo_train.config import TINY_DATA_DIR, TINY_MODEL_DIR
-from dapo_train.config import DEFAULT_SYSTEM_PROMPT
-from dapo_train.tiny_task import MAX_AMOUNT, MAX_FACTOR, MAX_RESULT, NOTES, Problem, Rejected, generate_problems, make_splits
+from dapo_train.config import DEFAULT_SYSTEM_PROMPT, TINY_DATA_DIR, TINY_MODEL_DIR
 
 STEP_RE = re.compile(r"^[^：]+：(\d+) ([-+×÷]) (\d+) = (\d+)$")
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a / b}
@@ -178,7 +177,7 @@ def test_shipped_model_loads_offline_and_answers_in_format(splits):
     assert result["arch"] == "Qwen2ForCausalLM" and result["dtype"] == "torch.float32"
     assert result["params"] < 5_000_000
     for text in result["texts"]:
-        assert re.fullmatch(r"<think>\n.+\n</think>\n<answer>\n\d+\n</answer>", text, re.S), text
+        assert re.fullmatch(r"<think>\n.+\n</think>\n<answer>\n\d+\n</answer>", text, re.DOTALL), text
 
 
 def test_shipped_model_was_trained_on_the_shipped_data():

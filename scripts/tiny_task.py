@@ -8,7 +8,7 @@ every worked result below 100; only a "k times as many" start, k x amount, and a
 note paid in a shop go higher) and every division is exact, so a character-level model of a million
 parameters learns the arithmetic in a few CPU minutes. (Measured with the same model, the same
 1000-step SFT and HF's default init: amounts up to 99 and results up to 999 gave 25% greedy
-accuracy, these ranges 50%. scripts/make_tiny_model.md has the details.)
+accuracy, these ranges 50%. make_tiny_model.md has the details.)
 
 Rows: {"question": English rendering, "question_zh-cn": the problem, "answer": one line per
 step ("送后：17 - 4 = 13") then "#### N", "answer_only": N (int)}.
@@ -18,13 +18,16 @@ starts partially right: the easy items give RL groups with some correct samples,
 leave headroom.
 
 Everything is a pure function of the seed: `random.Random(seed)` is the only source of choices.
+
+Build-time code, not part of the package: make_tiny_model.py (next to this file) writes the splits
+to dapo_train/assets/tiny/data/, and the trainer only reads those files.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def last_number(text: str) -> Fraction | None:
     return None
 
 
-def _last_answer_block(text: str) -> str | None:
+def answer_block(text: str) -> str | None:
     """Content of the last closed <answer>...</answer> block, tolerant of spaces in the tags.
 
     Found as the last closing tag, then the last opening tag before it: two linear scans, so
@@ -139,7 +139,7 @@ def extract_value(text: str, strict: bool = True) -> Fraction | None:
     """The answer of a completion as an exact value (see extract_answer)."""
     if not isinstance(text, str):
         return None
-    value = _number_in(_last_answer_block(text))
+    value = _number_in(answer_block(text))
     if value is not None or strict:
         return value
     value = _number_in(_last_boxed(text))

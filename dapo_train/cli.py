@@ -46,9 +46,9 @@ def config_cmd(
         return
     config_path, overrides = split_config_args(args or [])
     cfg = load_config(config_path, overrides)
-    from dapo_train.rewards import build_rewards  # the reward checks `run` does first
+    from dapo_train.rewards import rewards_from_config  # the reward checks `run` does first
 
-    build_rewards(cfg.rewards, max_new_tokens=cfg.rollout.max_new_tokens)
+    rewards_from_config(cfg)
     typer.echo(dump_config(cfg).rstrip())
 
 

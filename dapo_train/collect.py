@@ -101,7 +101,7 @@ class CollectStats:
     kept: int = 0
     dropped_all_correct: int = 0
     dropped_all_wrong: int = 0
-    dropped_no_variance: int = 0  # filter_metric=reward: equal rewards that are not all right/wrong
+    dropped_no_variance: int = 0  # filter_metric total / reward:<name>: equal values, mixed correct bits
     seconds_generate: float = 0.0
     seconds_score: float = 0.0
     rewards: list[float] = field(default_factory=list)
@@ -183,12 +183,20 @@ def rollout_groups(model, tokenizer, reward_set, prompts: list[Prompt], cfg: Con
     return groups
 
 
+def filter_values(group: Group, metric: str) -> torch.Tensor:
+    """The (G,) values dapo.filter_metric names: correct bits, total rewards, or reward:<name>'s."""
+    if metric == "correct":
+        return group.correct
+    if metric == "total":
+        return group.rewards
+    return torch.tensor(group.per_reward[metric.partition(":")[2]])
+
+
 def _keep(group: Group, cfg: Config, stats: CollectStats) -> bool:
     """Eq. 11 on the configured filter metric; counts why a group was dropped."""
     if not cfg.dapo.dynamic_sampling:
         return True
-    values = group.correct if cfg.dapo.filter_metric == "correct" else group.rewards
-    if is_informative_group(values):
+    if is_informative_group(filter_values(group, cfg.dapo.filter_metric)):
         return True
     if bool(group.correct.all()):
         stats.dropped_all_correct += 1

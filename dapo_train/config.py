@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
+import logging
 import re
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -38,6 +40,8 @@ from dapo_train.schema import (  # noqa: F401  (re-exported: the public config i
     RolloutConfig,
     TrainConfig,
 )
+
+logger = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------
 # Names that point outside the config: the shipped tiny world, local paths.
@@ -61,6 +65,63 @@ def looks_like_path(name: str) -> bool:
     """A name meant as a local path even if it does not exist: it starts with '.', '/' or '~', or
     has more than one '/' (a hub id is 'owner/name')."""
     return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
+def import_plugin(path: str, key: str) -> Callable:
+    """The function a config names by import path, 'pkg.module:function' (rewards, data.correctness);
+    ConfigError naming `key` when it cannot be imported or is not callable."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(key, f"cannot import module '{module_name}' ({err}); check the path and PYTHONPATH") from err
+    except Exception as err:  # the plugin's own code failed while importing
+        raise ConfigError(key, f"importing '{module_name}' failed: {type(err).__name__}: {err}") from err
+    fn: object = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise ConfigError(key, f"module '{module_name}' has no attribute '{attr}'")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise ConfigError(key, f"'{path}' is a {type(fn).__name__}, not a function")
+    return fn
+
+
+# --------------------------------------------------------------------------------------------
+# Retired keys and values: config keys are a public interface, so an old run folder's config.yaml
+# stays readable (eval, --resume) after a key is removed or a value renamed; each gets a notice.
+
+# Dotted key -> why it went.
+RETIRED_KEYS = {
+    "checkpoint.save_optimizer": "checkpoints always hold the optimizer state (resume needs it)",
+}
+# (dotted key, old value) -> new value.
+RENAMED_VALUES = {
+    ("dapo.filter_metric", "reward"): "total",
+}
+
+
+def _parent(data: dict, dotted: str) -> tuple[dict | None, str]:
+    """(the section holding `dotted`'s last part, that part); None when a section is missing."""
+    *parents, last = dotted.split(".")
+    node: Any = data
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    return (node if isinstance(node, dict) else None), last
+
+
+def upgrade_retired(data: dict, source: str) -> None:
+    """Drop retired keys from a config dict and rename old values, in place, one notice each."""
+    for dotted, why in RETIRED_KEYS.items():
+        node, last = _parent(data, dotted)
+        if node is not None and last in node:
+            del node[last]
+            logger.warning("%s: config key '%s' is retired and ignored: %s", source, dotted, why)
+    for (dotted, old), new in RENAMED_VALUES.items():
+        node, last = _parent(data, dotted)
+        if node is not None and node.get(last) == old:
+            node[last] = new
+            logger.warning("%s: %s=%s is now called %s=%s", source, dotted, old, dotted, new)
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,11 +279,18 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
     (`rewards.0.weight=2`) works; the result is rebuilt strictly from the merged dict.
     """
     overrides = list(overrides or [])
-    data = config_to_dict(Config()) if base is None else base
+    if base is None:
+        data = config_to_dict(Config())
+    else:
+        data = base
+        upgrade_retired(data, "saved config")
     if config_path is not None:
-        deep_merge(data, read_yaml(config_path), prefix="")
+        from_file = read_yaml(config_path)
+        upgrade_retired(from_file, str(config_path))
+        deep_merge(data, from_file, prefix="")
     for item in overrides:
         apply_override(data, item)
+    upgrade_retired(data, "KEY=VALUE")
     if not data.get("run_name"):
         data["run_name"] = _default_run_name(config_path, [o for o in overrides if not o.startswith(("output_dir=", "run_name="))])
     if not data.get("output_dir"):

@@ -4,12 +4,15 @@ Sources (`data.path`): a Hugging Face dataset id, a local folder (a `save_to_dis
 parquet/jsonl/json/csv files whose names say their split), a single such file, or
 `builtin:tiny-zh-math`. Everything goes through `datasets`.
 
-Departures from the seed trainer, each deliberate:
-- Prompts longer than `data.max_prompt_length` are dropped and counted, never truncated: right-side
-  truncation cuts off the "<|im_start|>assistant\n" header, and the policy then continues the
+The task also says what "correct" means (`data.correctness`, an AnswerCheck): how a gold answer
+is read and how a completion is graded against it. The rewards, dynamic sampling and evaluation all
+take it from here; the default is numeric equivalence (dapo_train.answers).
+
+- Prompts longer than `data.max_prompt_length` are dropped and counted, never truncated: cutting
+  from the right loses the "<|im_start|>assistant\n" header, and the policy then continues the
   question instead of answering it.
-- Gold answers are canonical numeric strings (`answers.normalize_gold`); rows whose answer cannot be
-  read are dropped and counted instead of becoming prompts that can never be rewarded.
+- Rows whose gold answer cannot be read are dropped and counted instead of becoming prompts that
+  can never be rewarded.
 - Data order comes from a sampler seeded by (seed, epoch) alone, so a resumed run sees exactly the
   prompts the uninterrupted run would have seen; the eval subset never depends on the seed.
 """
@@ -28,10 +31,9 @@ import huggingface_hub
 import numpy as np
 from huggingface_hub.utils import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
-from dapo_train.config import looks_like_path, resolve_data_path
-from dapo_train.config import DataConfig
-from dapo_train.errors import UserError
-from dapo_train.answers import normalize_gold
+from dapo_train import answers
+from dapo_train.config import DataConfig, import_plugin, looks_like_path, resolve_data_path
+from dapo_train.errors import ConfigError, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +54,8 @@ EVAL_SUBSET_SALT = "dapo-train-eval"
 class Prompt:
     """One training or eval question, ready for generation.
 
-    uid: "<split>:<row index in the split>"; gold: canonical numeric string ("2125", "-10");
+    uid: "<split>:<row index in the split>"; gold: the AnswerCheck's gold string (numeric: canonical,
+    "2125", "-10");
     text: the chat-templated prompt ending with the assistant header;
     input_ids: (prompt_len,) token ids of `text`, no special tokens added beyond the template's.
     """
@@ -62,6 +65,50 @@ class Prompt:
     gold: str
     text: str
     input_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AnswerCheck:
+    """How a task reads its gold answers and grades a completion (data.correctness).
+
+    normalize_gold: an answer cell -> the gold string, or None if unreadable (the row is dropped);
+    extract: a completion -> its answer as a string (shown in eval records; maj@k votes on it);
+    is_correct: (completion, gold string) -> bool: the correct bit of rewards, filter and eval.
+    """
+
+    name: str
+    normalize_gold: Callable[[Any], str | None]
+    extract: Callable[[str], str | None]
+    is_correct: Callable[[str, str], bool]
+
+
+def _text_gold(value: Any) -> str | None:
+    text = "" if value is None else str(value).strip()
+    return text or None
+
+
+def _answer_text(completion: str) -> str | None:
+    block = answers.answer_block(completion)
+    return None if block is None else block.strip()
+
+
+# Name -> AnswerCheck; data.correctness also takes an import path (see answer_check).
+ANSWER_CHECKS = {
+    "numeric": AnswerCheck("numeric", answers.normalize_gold, answers.extract_answer, answers.is_correct),
+}
+
+
+def answer_check(name: str) -> AnswerCheck:
+    """data.correctness -> its AnswerCheck: a registered name, or a plugin 'pkg.module:function'
+    (completion, gold) -> bool, whose gold is the answer cell as text and whose answer is the
+    text of the completion's <answer> block."""
+    if name in ANSWER_CHECKS:
+        return ANSWER_CHECKS[name]
+    if ":" in name:
+        return AnswerCheck(name, _text_gold, _answer_text, import_plugin(name, "data.correctness"))
+    raise ConfigError(
+        "data.correctness", f"unknown check '{name}'; registered: {', '.join(ANSWER_CHECKS)}, or use 'pkg.module:function'"
+    )
 
 
 @dataclass
@@ -252,6 +299,7 @@ def chat_prompt(tokenizer: Any, question: str, system_prompt: str) -> str:
 
 def _readable_rows(dataset: datasets.Dataset, data_cfg: DataConfig, stats: PromptStats) -> list[tuple[int, str, str]]:
     """(row index, question, gold) of rows with a question and a readable answer; counts the rest."""
+    normalize_gold = answer_check(data_cfg.correctness).normalize_gold
     rows = []
     first_unreadable: tuple[int, Any] | None = None
     for index, (question, answer) in enumerate(zip(dataset[data_cfg.prompt_field], dataset[data_cfg.answer_field])):

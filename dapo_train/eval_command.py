@@ -28,7 +28,7 @@ import torch
 
 from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
 from dapo_train.config import Config, config_to_dict, load_config, looks_like_path, read_yaml
-from dapo_train.data import Prompt, fixed_eval_subset, load_prompts
+from dapo_train.data import Prompt, answer_check, fixed_eval_subset, load_prompts
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.metrics import write_json_atomic, write_jsonl_atomic
@@ -286,6 +286,7 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
             model, plan.tokenizer, plan.prompts,
             max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size,
             samples=options.samples, temperature=options.temperature, seed=plan.cfg.seed,
+            check=answer_check(plan.cfg.data.correctness),
         )
     del model
     if device.type == "cuda":

@@ -1,14 +1,12 @@
 """Evaluation of a loaded model on a list of prompts: accuracy with its uncertainty, pass@k, maj@k.
 
-The trainer's periodic eval and `dapo-train eval` both call `evaluate_prompts`, so the numbers a
-run logs and the numbers a later `eval` prints come from the same prompt builder (data.py), the
-same batched, left-padded generation (rollout.py) and the same strict answer checker
-(answers.py). Departures from the seed trainer, each deliberate:
-- Greedy decoding over a fixed item list by default (it sampled 100 new random items at
-  temperature 0.9 each time: about +-5 points of noise between two evals of the same weights),
-  so two evals of the same weights on the same items give the same numbers.
-- Completions are cut at the first EOS token (rollout.completion_mask), not by slicing the
-  decoded text at an index.
+The trainer's periodic eval, `dapo-train eval` and the tiny model's build all call
+`evaluate_prompts`, so the numbers a run logs and the numbers a later `eval` prints come from the
+same prompt builder (data.py), the same batched, left-padded generation (rollout.py) and the same
+answer check (the task's data.correctness; numeric by default).
+- Greedy decoding over a fixed item list by default, so two evals of the same weights on the same
+  items give the same numbers.
+- Completions are cut at the first EOS token (rollout.completion_mask).
 - Every accuracy comes with its standard error and a 95% interval, so a 2-point difference on
   100 items is visibly inside the noise.
 With `samples = K > 1`, K completions per item are sampled at the given temperature and the
@@ -24,12 +22,12 @@ from typing import Sequence
 
 import torch
 
-from dapo_train.answers import answers_match, extract_answer
 from dapo_train.config import Config
-from dapo_train.data import Prompt
+from dapo_train.data import ANSWER_CHECKS, AnswerCheck, Prompt
 from dapo_train.rewards import REWARDS
 from dapo_train.rollout import Completion, SamplingSettings, generate_completions
 
+NUMERIC = ANSWER_CHECKS["numeric"]
 Z_95 = 1.959963984540054  # two-sided 95% quantile of the standard normal
 
 
@@ -63,8 +61,8 @@ def majority_answer(answers: Sequence[str | None]) -> str | None:
 
     Tie rule: among answers with the top count, the one whose first vote came earliest in sample
     order wins. This depends only on the samples, never on the gold answer, so a tie is not
-    resolved in the model's favour. Answers are canonical strings (answers.canonical), so "72"
-    and "72.0" are the same vote.
+    resolved in the model's favour. Numeric answers are canonical strings (answers.canonical), so
+    "72" and "72.0" are the same vote.
     """
     counts: dict[str, int] = {}
     for answer in answers:
@@ -133,8 +131,9 @@ def summarize_records(records: Sequence[dict], samples: int) -> dict[str, float]
 
 
 def _majority_correct(item: Sequence[dict]) -> bool:
+    """The majority vote is graded as the samples that gave that answer were."""
     vote = majority_answer([r["extracted"] for r in item])
-    return vote is not None and answers_match(vote, item[0]["gold"])
+    return vote is not None and next(r["correct"] for r in item if r["extracted"] == vote)
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,23 +145,24 @@ def eval_max_new_tokens(cfg: Config) -> int:
     return cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
 
 
-def completion_records(prompts: Sequence[Prompt], completions: Sequence[Completion], samples: int) -> list[dict]:
-    """One record per completion: strict extraction (answers.extract_answer), numeric match,
-    and the hard format check of the `hard_format` reward (format_ok)."""
+def completion_records(
+    prompts: Sequence[Prompt], completions: Sequence[Completion], samples: int, check: AnswerCheck = NUMERIC
+) -> list[dict]:
+    """One record per completion: the task's answer and correct bit (check, data.correctness) and
+    the hard format check of the `hard_format` reward (format_ok)."""
     texts = [c.text for c in completions]
     golds = [prompts[i // samples].gold for i in range(len(completions))]
     format_scores = REWARDS["hard_format"].fn(texts, golds)
     records = []
     for index, (completion, gold, format_score) in enumerate(zip(completions, golds, format_scores)):
         prompt = prompts[index // samples]
-        extracted = extract_answer(completion.text)
         record = {
             "uid": prompt.uid,
             "question": prompt.question,
             "gold": gold,
             "completion": completion.text,
-            "extracted": extracted,
-            "correct": extracted is not None and answers_match(extracted, gold),
+            "extracted": check.extract(completion.text),
+            "correct": bool(check.is_correct(completion.text, gold)),
             "format_ok": format_score > 0,
             "length": completion.length,
             "truncated": completion.truncated,
@@ -195,6 +195,7 @@ def evaluate_prompts(
     samples: int = 1,
     temperature: float = 1.0,
     seed: int | None = None,
+    check: AnswerCheck = NUMERIC,
 ) -> EvalResult:
     """Evaluate an already-loaded model on `prompts`, in their order.
 
@@ -220,5 +221,5 @@ def evaluate_prompts(
             completions = generate_completions(model, tokenizer, prompt_ids, settings, batch_size=batch_size)
     finally:
         model.train(was_training)
-    records = completion_records(prompts, completions, samples)
+    records = completion_records(prompts, completions, samples, check)
     return EvalResult(metrics=summarize_records(records, samples), records=records)

@@ -74,6 +74,15 @@ def _unreachable(path: str, exc: Exception) -> str:
     )
 
 
+# model.gradient_checkpointing -> whether to recompute activations, given CUDA.
+GRADIENT_CHECKPOINTING = {"auto": lambda cuda: cuda, "on": lambda cuda: True, "off": lambda cuda: False}
+
+
+def gradient_checkpointing(cfg: Config, cuda: bool) -> bool:
+    """model.gradient_checkpointing resolved: "auto" is on for CUDA."""
+    return GRADIENT_CHECKPOINTING[cfg.model.gradient_checkpointing](cuda)
+
+
 def mixed_precision(cfg: Config, cuda: bool) -> str:
     """train.mixed_precision resolved: "auto" is bf16 on CUDA and none on CPU."""
     if cfg.train.mixed_precision == "auto":

@@ -3,18 +3,18 @@
 The total is R_i = sum_k w_k * reward_k(o_i, answer_i), with the soft overlong punishment of
 Eq. 13 available as one more reward (`overlong`). Rewards are chosen by name from a registry or
 by import path ("my_pkg.my_mod:my_reward"), and every choice is checked when the config is read.
+What "correct" means comes from the task (data.correctness): a reward with an `is_correct`
+parameter gets the task's check bound to it, and `score` reports the same check's bits.
 
-Departures from the seed trainer: its answer checker is replaced by dapo_train.answers (numeric
-equivalence), and its format rewards no longer demand a newline after </answer> (decoded
-outputs rarely carry one); a reward that raises or returns None / NaN / the wrong number of
-values stops the run naming the reward and the completion instead of silently scoring zero.
+The format rewards accept a completion without a newline after </answer> (decoded outputs rarely
+carry one). A reward that raises or returns None / NaN / the wrong number of values stops the run
+naming the reward and the completion instead of silently scoring zero.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import inspect
 import math
 from dataclasses import dataclass
@@ -22,13 +22,18 @@ from typing import Callable, Sequence
 
 from dapo_train.algo import overlong_penalty
 from dapo_train.answers import extract_answer, is_correct
-from dapo_train.config import RewardSpec
+from dapo_train.config import Config, RewardSpec, import_plugin
+from dapo_train.data import answer_check
 from dapo_train.errors import ConfigError, UserError
 
-__all__ = ["REWARDS", "BoundReward", "RewardError", "RewardSet", "Scores", "build_rewards", "register", "score"]
+__all__ = [
+    "REWARDS", "BoundReward", "RewardError", "RewardSet", "Scores", "build_rewards", "extract_answer", "is_correct",
+    "register", "rewards_from_config", "score",
+]
 
 # fn(completions, answers, *, lengths=None, prompts=None, **args) -> one float per completion.
 RewardFn = Callable[..., Sequence[float]]
+CorrectFn = Callable[[str, str], bool]  # (completion, gold) -> correct
 
 
 class RewardError(UserError):
@@ -67,14 +72,19 @@ _TRAILING_COST = 0.001  # per character of text after </answer>
 
 
 @register("correctness")
-def correctness(completions: list[str], answers: list, *, lengths=None, prompts=None) -> list[float]:
-    """2.0 if the answer block holds the gold answer (numerically), else 0.0."""
+def correctness(
+    completions: list[str], answers: list, *, lengths=None, prompts=None, is_correct: CorrectFn = is_correct
+) -> list[float]:
+    """2.0 if the completion is correct (data.correctness; numeric by default), else 0.0."""
     return [2.0 if is_correct(text, gold) else 0.0 for text, gold in zip(completions, answers)]
 
 
 @register("accuracy")
-def accuracy(completions: list[str], answers: list, *, lengths=None, prompts=None) -> list[float]:
-    """The paper's rule reward (Sec. 2.4, Eq. 7): +1 if the answer is equivalent, -1 otherwise."""
+def accuracy(
+    completions: list[str], answers: list, *, lengths=None, prompts=None, is_correct: CorrectFn = is_correct
+) -> list[float]:
+    """The paper's rule reward (Sec. 2.4, Eq. 7): +1 if the answer is equivalent (data.correctness),
+    -1 otherwise."""
     return [1.0 if is_correct(text, gold) else -1.0 for text, gold in zip(completions, answers)]
 
 
@@ -160,36 +170,20 @@ class BoundReward:
 
 @dataclass(frozen=True)
 class RewardSet:
-    """The configured rewards in config order, built once by build_rewards and passed to score."""
+    """The configured rewards in config order, built once by build_rewards and passed to score;
+    is_correct is the task's check (data.correctness) behind Scores.correct."""
 
     rewards: tuple[BoundReward, ...]
+    is_correct: CorrectFn = is_correct
 
     @property
     def keys(self) -> list[str]:
         return [reward.key for reward in self.rewards]
 
 
-def _import_reward(path: str, key: str) -> RewardFn:
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(key, f"cannot import module '{module_name}' ({err}); check the path and PYTHONPATH") from err
-    except Exception as err:  # the plugin's own code failed while importing
-        raise ConfigError(key, f"importing '{module_name}' failed: {type(err).__name__}: {err}") from err
-    fn: object = module
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise ConfigError(key, f"module '{module_name}' has no attribute '{attr}'")
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise ConfigError(key, f"'{path}' is a {type(fn).__name__}, not a function")
-    return fn
-
-
 def _resolve(name: str, key: str) -> tuple[RewardFn, Callable[[dict], None] | None]:
     if ":" in name:
-        return _import_reward(name, key), None
+        return import_plugin(name, key), None
     if name in REWARDS:
         return REWARDS[name].fn, REWARDS[name].check
     close = difflib.get_close_matches(name, REWARDS, n=1)
@@ -199,7 +193,7 @@ def _resolve(name: str, key: str) -> tuple[RewardFn, Callable[[dict], None] | No
     )
 
 
-def _bind_args(fn: RewardFn, args: dict, max_new_tokens: int, index: int) -> dict:
+def _bind_args(fn: RewardFn, args: dict, defaults: dict, index: int) -> dict:
     """Check fn accepts (completions, answers, *, lengths, prompts) and args; return bound args."""
     try:
         signature = inspect.signature(fn)
@@ -215,8 +209,9 @@ def _bind_args(fn: RewardFn, args: dict, max_new_tokens: int, index: int) -> dic
             "define it as f(completions, answers, *, lengths=None, prompts=None, **kwargs)",
         ) from err
     bound = dict(args)
-    if "max_length" in signature.parameters and "max_length" not in bound:
-        bound["max_length"] = max_new_tokens
+    for name, value in defaults.items():
+        if name in signature.parameters and name not in bound:
+            bound[name] = value
     try:
         signature.bind(*call, lengths=None, prompts=None, **bound)
     except TypeError as err:
@@ -232,10 +227,11 @@ def _unique_key(base: str, taken: set[str]) -> str:
     return key
 
 
-def build_rewards(specs: list[RewardSpec], *, max_new_tokens: int) -> RewardSet:
+def build_rewards(specs: list[RewardSpec], *, max_new_tokens: int, is_correct: CorrectFn = is_correct) -> RewardSet:
     """Resolve and check every configured reward before anything heavy loads.
 
-    A reward whose signature has `max_length` gets rollout.max_new_tokens unless args sets it.
+    A reward whose signature has `max_length` gets rollout.max_new_tokens, one with `is_correct`
+    gets the task's check (`is_correct`, numeric by default), unless its args set them.
     Import-path rewards are keyed by their function name ("my_pkg.mod:my_reward" -> my_reward);
     repeated keys become key, key_2, ...
     """
@@ -246,7 +242,7 @@ def build_rewards(specs: list[RewardSpec], *, max_new_tokens: int) -> RewardSet:
         fn, check = _resolve(spec.name, f"rewards.{index}.name")
         if not math.isfinite(spec.weight):
             raise ConfigError(f"rewards.{index}.weight", f"must be a finite number, got {spec.weight}")
-        args = _bind_args(fn, spec.args, max_new_tokens, index)
+        args = _bind_args(fn, spec.args, {"max_length": max_new_tokens, "is_correct": is_correct}, index)
         if check is not None:
             try:
                 check(args)
@@ -254,7 +250,22 @@ def build_rewards(specs: list[RewardSpec], *, max_new_tokens: int) -> RewardSet:
                 raise ConfigError(f"rewards.{index}.args", str(err)) from err
         key = _unique_key(spec.name.rpartition(":")[2].rpartition(".")[2], {r.key for r in bound_rewards})
         bound_rewards.append(BoundReward(key, spec.name, float(spec.weight), functools.partial(fn, **args)))
-    return RewardSet(tuple(bound_rewards))
+    return RewardSet(tuple(bound_rewards), is_correct)
+
+
+def rewards_from_config(cfg: Config) -> RewardSet:
+    """The run's rewards, with the task's correctness check, and dapo.filter_metric checked against
+    them: what `run` and `config` validate first, before anything heavy loads."""
+    reward_set = build_rewards(
+        cfg.rewards, max_new_tokens=cfg.rollout.max_new_tokens, is_correct=answer_check(cfg.data.correctness).is_correct
+    )
+    metric = cfg.dapo.filter_metric
+    if metric.startswith("reward:") and metric.partition(":")[2] not in reward_set.keys:
+        raise ConfigError(
+            "dapo.filter_metric", f"no configured reward is called '{metric.partition(':')[2]}'; "
+            f"configured: {', '.join(reward_set.keys)}"
+        )
+    return reward_set
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,8 +277,8 @@ class Scores:
     """Rewards of N completions.
 
     total: (N,) weighted sum; per_reward: key -> (N,) unweighted values (for rewards/<key>/mean);
-    correct: (N,) strict is_correct bits, computed whether or not a correctness reward is used
-    (dynamic sampling, Eq. 11, and evaluation read them).
+    correct: (N,) the task's correct bits (RewardSet.is_correct), computed whether or not a
+    correctness reward is used (dynamic sampling, Eq. 11, reads them).
     """
 
     total: list[float]
@@ -347,5 +358,5 @@ def score(
             raise _fail(reward.key, f"raised {type(err).__name__}: {err}", index, completions) from err
         per_reward[reward.key] = _as_floats(reward.key, values, completions)
         total = [t + reward.weight * v for t, v in zip(total, per_reward[reward.key])]
-    correct = [is_correct(text, gold) for text, gold in zip(completions, answers)]
+    correct = [bool(reward_set.is_correct(text, gold)) for text, gold in zip(completions, answers)]
     return Scores(total=total, per_reward=per_reward, correct=correct)

@@ -56,7 +56,13 @@ class DataConfig:
     )
     prompt_field: str = _opt("question_zh-cn", "Column holding the question.")
     answer_field: str = _opt(
-        "answer_only", "Column holding the gold answer (a number, or a solution ending '#### N')."
+        "answer_only", "Column holding the gold answer (numeric: a number, or a solution ending '#### N')."
+    )
+    correctness: str = _opt(
+        "numeric",
+        "How a completion is graded against the gold answer (the accuracy rewards, dynamic sampling, eval): "
+        "numeric (the <answer> block's number equals the gold's), or a plugin 'pkg.module:function' taking "
+        "(completion, gold text) and returning a bool.",
     )
     train_split: str = _opt("train", "Split used for training rollouts.")
     eval_split: str = _opt("test", "Split used for the periodic evaluation.")
@@ -91,7 +97,11 @@ class DapoConfig:
         ("population", "sample", "none"),
     )
     dynamic_sampling: bool = _opt(True, "Eq. 11: keep only groups whose filter metric varies.")
-    filter_metric: str = _opt("correct", "What must vary within a kept group: correct bits or total reward.", ("correct", "reward"))
+    filter_metric: str = _opt(
+        "correct",
+        "What must vary within a kept group: correct (data.correctness bits), total (the summed reward) "
+        "or reward:<name> (one configured reward).",
+    )
     max_gen_rounds: int = _opt(
         4, "Most generation rounds per step while filling the batch; then train on what was kept."
     )
@@ -145,7 +155,6 @@ class EvalConfig:
 class CheckpointConfig:
     every_steps: int = _opt(0, "Save checkpoint_<step>/ every N steps (0 = only at the end).")
     keep_last: int = _opt(0, "Keep only the newest N checkpoints (0 = keep all).")
-    save_optimizer: bool = _opt(True, "Save optimizer/scheduler state for exact resume.")
 
 
 @dataclass
@@ -200,6 +209,10 @@ def validate(cfg: Config) -> None:
     _require(d.eps_high >= 0.0, "dapo.eps_high", f"got {d.eps_high}; must be >= 0")
     _require(d.clip_ratio_c is None or d.clip_ratio_c > 1.0, "dapo.clip_ratio_c", f"got {d.clip_ratio_c}; must be > 1 or null")
     _require(d.beta >= 0.0, "dapo.beta", f"got {d.beta}; must be >= 0")
+    _require(
+        d.filter_metric in ("correct", "total") or (d.filter_metric.startswith("reward:") and len(d.filter_metric) > 7),
+        "dapo.filter_metric", f"got {d.filter_metric!r}; allowed: correct, total, reward:<name of a configured reward>",
+    )
     _require(d.max_gen_rounds >= 1, "dapo.max_gen_rounds", f"got {d.max_gen_rounds}; must be >= 1")
     _require(d.num_iterations >= 1, "dapo.num_iterations", f"got {d.num_iterations}; must be >= 1")
     _require(r.group_size >= 2, "rollout.group_size", f"got {r.group_size}; must be >= 2 (advantages need a group)")

@@ -32,13 +32,13 @@ from tqdm.auto import tqdm
 from dapo_train import checkpoint as ckpt
 from dapo_train.collect import GroupBuffer
 from dapo_train.collect import collect_groups
-from dapo_train.config import Config, config_to_dict, read_yaml, save_config
-from dapo_train.data import PromptSampler, fixed_eval_subset, load_prompts
+from dapo_train.config import Config, config_to_dict, read_yaml, save_config, upgrade_retired
+from dapo_train.data import PromptSampler, answer_check, fixed_eval_subset, load_prompts
 from dapo_train.errors import TrainingAborted, UserError
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.metrics import MetricsLogger
-from dapo_train.modeling import load_model, load_tokenizer, mixed_precision
-from dapo_train.rewards import build_rewards
+from dapo_train.modeling import gradient_checkpointing, load_model, load_tokenizer, mixed_precision
+from dapo_train.rewards import rewards_from_config
 from dapo_train.rollout import pad_token_id
 from dapo_train.signals import StopRequested
 from dapo_train.update import UpdateContext, policy_update
@@ -135,7 +135,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         torch.set_num_threads(cfg.train.num_threads)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
-    reward_set = build_rewards(cfg.rewards, max_new_tokens=cfg.rollout.max_new_tokens)
+    reward_set = rewards_from_config(cfg)
     tokenizer = load_tokenizer(cfg.model)
     train_prompts, train_stats = load_prompts(cfg.data, tokenizer, cfg.data.train_split)
     logger.info("train prompts: %s", train_stats.summary())
@@ -148,7 +148,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda)
     model_cfg = cfg.model if resume_from is None else dataclasses.replace(cfg.model, name_or_path=str(resume_from))
     model = load_model(model_cfg, accelerator.device)
-    if cfg.model.gradient_checkpointing == "on" or (cfg.model.gradient_checkpointing == "auto" and cuda):
+    if gradient_checkpointing(cfg, cuda):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ref_model = None
     if cfg.dapo.beta > 0:
@@ -204,6 +204,7 @@ def evaluate(run: Run) -> dict:
     result = evaluate_prompts(
         run.accelerator.unwrap_model(run.model), run.tokenizer, run.eval_prompts,
         max_new_tokens=eval_max_new_tokens(cfg), batch_size=cfg.eval.batch_size,
+        check=answer_check(cfg.data.correctness),
     )
     for record in result.records[: cfg.eval.print_samples]:
         tqdm.write(f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}\n    {record['completion']!r}")
@@ -282,6 +283,7 @@ def train(cfg: Config, *, resume: str | bool | None = None, overwrite: bool = Fa
 
 def _warn_config_changes(cfg: Config, checkpoint: Path) -> None:
     saved = read_yaml(checkpoint / ckpt.CONFIG_FILE)
+    upgrade_retired(saved, str(checkpoint / ckpt.CONFIG_FILE))
     current = config_to_dict(cfg)
     changed = sorted(k for k in current if current[k] != saved.get(k))
     if changed:

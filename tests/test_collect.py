@@ -4,7 +4,7 @@ ends the step instead of crashing or looping forever."""
 
 import torch
 
-from dapo_train.collect import GroupBuffer, collect_groups
+from dapo_train.collect import CollectStats, GroupBuffer, collect_groups, rollout_groups
 from dapo_train.config import RewardSpec, load_config
 from dapo_train.data import Prompt, PromptSampler
 from dapo_train.rewards import build_rewards
@@ -36,28 +36,39 @@ def test_rounds_run_out_and_the_step_reports_why():
     assert sampler.state_dict()["position"] == 6  # both rounds consumed fresh prompts
 
 
-def test_reward_filter_keeps_varied_groups_and_carries_surplus_over():
-    """filter_metric=reward with the overlong reward: completions of different lengths get
-    different penalties, so groups are informative; a pre-filled buffer's surplus carries over."""
+def test_total_filter_keeps_groups_whose_reward_varies():
+    """filter_metric=total with the overlong reward: completions of different lengths get
+    different penalties, so groups are informative although no completion is correct."""
     model, tokenizer = make_random_model(seed=2), IdTokenizer(EOS_ID, EOS2_ID)
-    cfg = _cfg("dapo.filter_metric=reward", "rollout.max_new_tokens=6")
+    cfg = _cfg("dapo.filter_metric=total", "rollout.max_new_tokens=6")
     rewards = build_rewards([RewardSpec(name="overlong", args={"cache_length": 5})], max_new_tokens=6)
-    sampler = PromptSampler(_prompts(30), seed=0)
     buffer = GroupBuffer()
     torch.manual_seed(0)
-    groups, metrics = collect_groups(model, tokenizer, rewards, sampler, buffer, cfg)
-    kept_total = metrics["groups_kept"] + len(buffer)
-    assert len(groups) == metrics["groups_kept"] <= 3
+    groups, metrics = collect_groups(model, tokenizer, rewards, PromptSampler(_prompts(30), seed=0), buffer, cfg)
+    assert len(groups) == metrics["groups_kept"] > 0
     for group in groups:
-        assert len(set(group.rewards.tolist())) > 1  # Eq. 11 on the reward
+        assert len(set(group.rewards.tolist())) > 1  # Eq. 11 on the total reward
+        assert not group.correct.any()  # the correct bits alone would have dropped it
         assert abs(float(group.advantages.sum())) < 1e-4  # Eq. 9 advantages are centred
-    assert kept_total == 3 * metrics["gen_rounds"] - (
+    assert metrics["groups_kept"] + len(buffer) == 3 * metrics["gen_rounds"] - (
         metrics["groups_dropped_all_correct"] + metrics["groups_dropped_all_wrong"] + metrics["groups_dropped_no_variance"]
     )
-    if len(buffer):  # the surplus is served first next step, without generating
-        surplus = list(buffer.groups)
-        again, _ = collect_groups(model, tokenizer, rewards, sampler, buffer, cfg)
-        assert again[: len(surplus)] == surplus[:3]
+
+
+def test_surplus_groups_carry_over_and_are_served_first():
+    """Five buffered groups, three per step: the first step trains three without generating, the
+    next one starts with the two left over."""
+    model, tokenizer = make_random_model(seed=2), IdTokenizer(EOS_ID, EOS2_ID)
+    cfg = _cfg("dapo.dynamic_sampling=false")
+    rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=4)
+    sampler = PromptSampler(_prompts(30), seed=0)
+    stash = rollout_groups(model, tokenizer, rewards, sampler.next_batch(5), cfg, CollectStats())
+    buffer = GroupBuffer()
+    buffer.add(stash)
+    first, metrics = collect_groups(model, tokenizer, rewards, sampler, buffer, cfg)
+    assert first == stash[:3] and metrics["gen_rounds"] == 0 and buffer.groups == stash[3:]
+    second, metrics = collect_groups(model, tokenizer, rewards, sampler, buffer, cfg)
+    assert second[:2] == stash[3:] and len(second) == 3 and metrics["gen_rounds"] == 1 and len(buffer) == 2
 
 
 def test_without_dynamic_sampling_every_group_is_kept_in_one_round():

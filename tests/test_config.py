@@ -98,3 +98,56 @@ def test_shipped_configs_load_and_the_tiny_one_is_the_default():
     assert qwen.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
     assert (qwen.rollout.group_size, qwen.dapo.eps_low, qwen.dapo.eps_high, qwen.train.learning_rate) == (4, 0.2, 0.28, 1e-6)
     assert qwen.train.prompts_per_step * qwen.rollout.group_size // qwen.train.micro_batch_size == 2  # accumulation 2
+
+
+def test_every_choice_list_is_its_registrys_keys():
+    """A variant is added to one registry; the schema's choice list must follow, and this says so."""
+    import dataclasses
+
+    from dapo_train.algo import ADVANTAGE_STDS, LOSS_REDUCTIONS
+    from dapo_train.config import Config
+    from dapo_train.eval_command import AUTOCAST_DTYPES
+    from dapo_train.metrics import TRACKERS
+    from dapo_train.modeling import DTYPES, GRADIENT_CHECKPOINTING
+    from dapo_train.trainer import LR_SCHEDULES
+
+    registries = {
+        "dapo.loss_reduction": set(LOSS_REDUCTIONS),
+        "dapo.advantage_std": set(ADVANTAGE_STDS),
+        "train.lr_scheduler": set(LR_SCHEDULES),
+        "logging.tracker": set(TRACKERS),
+        "model.dtype": {"auto", *DTYPES},  # auto = float32 master weights
+        "model.gradient_checkpointing": set(GRADIENT_CHECKPOINTING),
+        "train.mixed_precision": {"auto", *AUTOCAST_DTYPES},  # auto = modeling.mixed_precision's pick
+    }
+    choices = {}
+    defaults = Config()
+    for section in dataclasses.fields(defaults):
+        value = getattr(defaults, section.name)
+        for f in dataclasses.fields(value) if dataclasses.is_dataclass(value) else ():
+            if f.metadata.get("choices"):
+                choices[f"{section.name}.{f.name}"] = set(f.metadata["choices"])
+    assert choices == registries
+
+
+RETIRED_NOTICE = "config key 'checkpoint.save_optimizer' is retired and ignored"
+
+
+def test_a_retired_key_in_an_old_runs_config_is_read_with_a_notice(tmp_path, caplog):
+    """Old run folders hold checkpoint.save_optimizer (removed: never read); eval and --resume
+    read such a config.yaml as a base, a YAML file or an override, one notice each."""
+    cfg = load_config(None, ["dapo.eps_high=0.4"])
+    save_config(cfg, tmp_path / "config.yaml")
+    text = (tmp_path / "config.yaml").read_text().replace("checkpoint:\n", "checkpoint:\n  save_optimizer: true\n")
+    (tmp_path / "config.yaml").write_text(text)
+    assert "save_optimizer: true" in text
+    assert load_config(None, [], base=read_yaml(tmp_path / "config.yaml")) == cfg
+    assert f"saved config: {RETIRED_NOTICE}" in caplog.text
+    caplog.clear()
+    assert load_config(str(tmp_path / "config.yaml"), []).dapo.eps_high == 0.4
+    assert f"config.yaml: {RETIRED_NOTICE}" in caplog.text
+    caplog.clear()
+    assert load_config(None, ["checkpoint.save_optimizer=false"]).checkpoint == load_config(None, []).checkpoint
+    assert f"KEY=VALUE: {RETIRED_NOTICE}" in caplog.text
+    with pytest.raises(ConfigError, match="checkpoint.save_optimiser"):  # a typo is still an unknown key
+        load_config(None, ["checkpoint.save_optimiser=false"])

@@ -5,6 +5,7 @@ import dataclasses
 import itertools
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -309,3 +310,19 @@ def test_bad_options_fail_before_any_model_loads(run_folder, monkeypatch, change
 def test_nothing_to_evaluate():
     with pytest.raises(UserError, match="nothing to evaluate"):
         run_eval([], EVAL_OPTIONS)
+
+
+def test_an_old_checkpoint_with_a_retired_key_still_evaluates_and_resumes(run_folder, tmp_path, caplog):
+    """checkpoint.save_optimizer was removed; checkpoints saved before still hold it."""
+    from dapo_train.trainer import _warn_config_changes
+
+    old = tmp_path / "old_run" / "checkpoint_5"
+    shutil.copytree(run_folder / "outputs" / "run" / "checkpoint_1", old)
+    saved = (old / "config.yaml").read_text()
+    (old / "config.yaml").write_text(saved.replace("checkpoint:\n", "checkpoint:\n  save_optimizer: true\n"))
+    results = run_eval([str(old)], EVAL_OPTIONS)
+    assert len(results) == 1 and (old / "eval_test.json").is_file()
+    assert "config key 'checkpoint.save_optimizer' is retired and ignored" in caplog.text
+    caplog.clear()
+    _warn_config_changes(load_config(None, [f"output_dir={run_folder / 'outputs' / 'run'}"]), old)  # --resume's check
+    assert "retired and ignored" in caplog.text and "differs" not in caplog.text

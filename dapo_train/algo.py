@@ -12,8 +12,8 @@ Choices this module makes on purpose:
 - Clip fractions are fractions of all valid tokens, so clip_frac = clip_frac_high + clip_frac_low.
 """
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 

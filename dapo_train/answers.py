@@ -1,13 +1,14 @@
-"""Answer extraction and numeric equivalence for GSM8K-style (and GSM8K-zh) completions.
+"""What "correct" means: the task's answer check (data.correctness, an AnswerCheck) and the
+default one, numeric extraction and equivalence for GSM8K-style (and GSM8K-zh) completions.
 
-The correctness bit computed here drives the accuracy reward, dynamic sampling (Eq. 11: a group
-is kept only if 0 < #correct < G) and evaluation, so a checker that misreads answers silently
-poisons all three. Departures from the seed trainer's checker, which compared strings after a
-regex: minus signs are kept ("-10", "−10"), thousands separators are read ("2,125", "2，125"),
+The correctness bit drives the accuracy reward, dynamic sampling (Eq. 11: a group is kept only if
+0 < #correct < G) and evaluation, so a checker that misreads answers silently poisons all three.
+So minus signs are kept ("-10", "−10"), thousands separators are read ("2,125", "2，125"),
 numbers compare by value (72 == 72.0 == "72.00", 0.5 == 1/2), and full-width digits, currency,
-units, percent signs and \\boxed{...} are understood.
+units, percent signs and \\boxed{...} are understood. A task without numeric answers names its
+own check by import path (answer_check).
 
-Everything here is pure string work with precompiled, linear-time regexes: it runs on every
+The numeric check is pure string work with precompiled, linear-time regexes: it runs on every
 completion, including 20k characters of degenerate noise, and never raises on any str input.
 """
 
@@ -16,8 +17,15 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
+
+from dapo_train.config import import_plugin
+from dapo_train.errors import ConfigError
 
 # Full-width digits and punctuation (common in Chinese outputs) and Unicode minus signs -> ASCII.
 # "。" is deliberately not mapped to "." so "答案是72。" stays 72, not a malformed decimal.
@@ -84,15 +92,17 @@ def answer_block(text: str) -> str | None:
     Found as the last closing tag, then the last opening tag before it: two linear scans, so
     thousands of unclosed "<answer>" tags cannot cause quadratic matching.
     """
-    close = None
-    for close in _ANSWER_CLOSE.finditer(text):
-        pass
+    close = _last(_ANSWER_CLOSE.finditer(text))
     if close is None:
         return None
-    opening = None
-    for opening in _ANSWER_OPEN.finditer(text, 0, close.start()):
-        pass
+    opening = _last(_ANSWER_OPEN.finditer(text, 0, close.start()))
     return None if opening is None else text[opening.end() : close.start()]
+
+
+def _last(matches: Iterator[re.Match]) -> re.Match | None:
+    """The last of a scan's matches (None if none), keeping only one at a time."""
+    found = deque(matches, maxlen=1)
+    return found[0] if found else None
 
 
 def _last_boxed(text: str) -> str | None:
@@ -206,3 +216,52 @@ def is_correct(completion: str, gold: object, strict: bool = True) -> bool:
     """Whether the completion's extracted answer equals the gold answer numerically."""
     pred = extract_value(completion, strict)
     return pred is not None and answers_match(pred, gold)
+
+
+# --------------------------------------------------------------------------------------------
+# The task's check (data.correctness): numeric by default, or a plugin by import path.
+
+
+@dataclass(frozen=True)
+class AnswerCheck:
+    """How a task reads its gold answers and grades a completion (data.correctness).
+
+    normalize_gold: an answer cell -> the gold string, or None if unreadable (the row is dropped);
+    extract: a completion -> its answer as a string (shown in eval records; maj@k votes on it);
+    is_correct: (completion, gold string) -> bool: the correct bit of rewards, filter and eval.
+    """
+
+    name: str
+    normalize_gold: Callable[[Any], str | None]
+    extract: Callable[[str], str | None]
+    is_correct: Callable[[str, str], bool]
+
+
+def _text_gold(value: Any) -> str | None:
+    text = "" if value is None else str(value).strip()
+    return text or None
+
+
+def _answer_text(completion: str) -> str | None:
+    block = answer_block(completion)
+    return None if block is None else block.strip()
+
+
+# Name -> AnswerCheck; data.correctness also takes an import path (see answer_check).
+ANSWER_CHECKS = {
+    "numeric": AnswerCheck("numeric", normalize_gold, extract_answer, is_correct),
+}
+
+
+def answer_check(name: str) -> AnswerCheck:
+    """data.correctness -> its AnswerCheck: a registered name, or a plugin 'pkg.module:function'
+    (completion, gold) -> bool, whose gold is the answer cell as text and whose answer is the
+    text of the completion's <answer> block."""
+    if name in ANSWER_CHECKS:
+        return ANSWER_CHECKS[name]
+    if ":" in name:
+        return AnswerCheck(name, _text_gold, _answer_text, import_plugin(name, "data.correctness"))
+    raise ConfigError(
+        "data.correctness",
+        f"unknown check '{name}'; registered: {', '.join(ANSWER_CHECKS)}, or use 'pkg.module:function'",
+    )

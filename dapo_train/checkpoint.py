@@ -45,7 +45,10 @@ def rng_state() -> dict:
     np_state = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]), int(np_state[3]), float(np_state[4])),
+        "numpy": (
+            np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
+            int(np_state[2]), int(np_state[3]), float(np_state[4]),
+        ),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -66,7 +69,9 @@ def _weights_finite(model) -> bool:
     return all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, cfg: Config, state: dict, keep_last: int = 0) -> Path:
+def save_checkpoint(
+    run_dir: str | Path, step: int, *, model, tokenizer, cfg: Config, state: dict, keep_last: int = 0
+) -> Path:
     """Write checkpoint_<step>/ atomically; returns its path. Refuses NaN/inf weights."""
     run_dir = Path(run_dir)
     final = run_dir / f"checkpoint_{step}"
@@ -87,7 +92,9 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, cfg: Co
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         reason = {errno.ENOSPC: "disk full", errno.EACCES: "permission denied"}.get(exc.errno, exc.strerror or str(exc))
-        raise UserError(f"could not save checkpoint_{step} in {run_dir}: {reason}; earlier checkpoints are intact") from None
+        raise UserError(
+            f"could not save checkpoint_{step} in {run_dir}: {reason}; earlier checkpoints are intact"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a kill -9 can still leave it: checkpoint_dirs ignores it
         raise

@@ -7,6 +7,7 @@ code 2, with the traceback only under `--debug`.
 from __future__ import annotations
 
 import sys
+
 import typer
 
 from dapo_train.config import describe_keys, dump_config, load_config
@@ -121,7 +122,9 @@ def _resume_arg(value: str | None) -> str | bool | None:
 def _setup_logging() -> None:
     import logging
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # Library progress bars (dataset generation, weight loading) would bury our own bar and errors.

@@ -5,12 +5,12 @@ batched calls (rollout.py), scores them (rewards.py) and computes group advantag
 With dynamic sampling, groups whose filter metric does not vary are dropped and rounds repeat
 until the buffer holds `prompts_per_step` groups or `max_gen_rounds` is reached; then the step
 trains on what it has (possibly fewer groups, or none: the step is skipped) and says so in its
-metrics. It never loops forever and never crashes on a dry spell (unlike verl's recipe).
+metrics. It never loops forever and never crashes on a dry spell.
 
 `Group` (a prompt, its G completions, rewards, correct bits and advantages) is the record the
 step passes from here to update.py. Surplus informative groups wait in a `GroupBuffer` for the
 next step (they are then one update stale: their old log-probs are taken under the current
-policy, as verl does); the buffer is part of the checkpoint, so resume is exact.
+policy); the buffer is part of the checkpoint, so resume is exact.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Group:
         }
 
     @classmethod
-    def from_state(cls, state: dict, prompts_by_uid: dict[str, Prompt]) -> "Group":
+    def from_state(cls, state: dict, prompts_by_uid: dict[str, Prompt]) -> Group:
         completions = [
             Completion(prompt_ids=p, completion_ids=c, truncated=t, text=x)
             for p, c, t, x in zip(state["prompt_ids"], state["completion_ids"], state["truncated"], state["texts"])
@@ -134,7 +134,9 @@ class CollectStats:
         return out
 
 
-def rollout_groups(model, tokenizer, reward_set, prompts: list[Prompt], cfg: Config, stats: CollectStats) -> list[Group]:
+def rollout_groups(
+    model, tokenizer, reward_set, prompts: list[Prompt], cfg: Config, stats: CollectStats
+) -> list[Group]:
     """Generate, score and compute advantages for B prompts x G completions."""
     group_size = cfg.rollout.group_size
     settings = SamplingSettings(
@@ -207,7 +209,9 @@ def _keep(group: Group, cfg: Config, stats: CollectStats) -> bool:
     return False
 
 
-def collect_groups(model, tokenizer, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config) -> tuple[list[Group], dict]:
+def collect_groups(
+    model, tokenizer, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config
+) -> tuple[list[Group], dict]:
     """Rounds of generation until `prompts_per_step` informative groups are buffered (or rounds run out).
 
     -> (groups for this step, metrics). Without dynamic sampling there is exactly one round and

@@ -19,8 +19,9 @@ import logging
 import re
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -292,7 +293,8 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
         apply_override(data, item)
     upgrade_retired(data, "KEY=VALUE")
     if not data.get("run_name"):
-        data["run_name"] = _default_run_name(config_path, [o for o in overrides if not o.startswith(("output_dir=", "run_name="))])
+        named = [o for o in overrides if not o.startswith(("output_dir=", "run_name="))]
+        data["run_name"] = _default_run_name(config_path, named)
     if not data.get("output_dir"):
         data["output_dir"] = str(Path("outputs") / data["run_name"])
     return config_from_dict(data)

@@ -4,9 +4,9 @@ Sources (`data.path`): a Hugging Face dataset id, a local folder (a `save_to_dis
 parquet/jsonl/json/csv files whose names say their split), a single such file, or
 `builtin:tiny-zh-math`. Everything goes through `datasets`.
 
-The task also says what "correct" means (`data.correctness`, an AnswerCheck): how a gold answer
-is read and how a completion is graded against it. The rewards, dynamic sampling and evaluation all
-take it from here; the default is numeric equivalence (dapo_train.answers).
+The task also says what "correct" means (`data.correctness`, an answers.AnswerCheck): how a gold
+answer is read (here, for every row) and how a completion is graded against it (the rewards,
+dynamic sampling and evaluation); the default is numeric equivalence.
 
 - Prompts longer than `data.max_prompt_length` are dropped and counted, never truncated: cutting
   from the right loses the "<|im_start|>assistant\n" header, and the policy then continues the
@@ -22,18 +22,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import datasets
 import huggingface_hub
 import numpy as np
 from huggingface_hub.utils import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
-from dapo_train import answers
-from dapo_train.config import DataConfig, import_plugin, looks_like_path, resolve_data_path
-from dapo_train.errors import ConfigError, UserError
+from dapo_train.answers import answer_check
+from dapo_train.config import DataConfig, looks_like_path, resolve_data_path
+from dapo_train.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -65,50 +66,6 @@ class Prompt:
     gold: str
     text: str
     input_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class AnswerCheck:
-    """How a task reads its gold answers and grades a completion (data.correctness).
-
-    normalize_gold: an answer cell -> the gold string, or None if unreadable (the row is dropped);
-    extract: a completion -> its answer as a string (shown in eval records; maj@k votes on it);
-    is_correct: (completion, gold string) -> bool: the correct bit of rewards, filter and eval.
-    """
-
-    name: str
-    normalize_gold: Callable[[Any], str | None]
-    extract: Callable[[str], str | None]
-    is_correct: Callable[[str, str], bool]
-
-
-def _text_gold(value: Any) -> str | None:
-    text = "" if value is None else str(value).strip()
-    return text or None
-
-
-def _answer_text(completion: str) -> str | None:
-    block = answers.answer_block(completion)
-    return None if block is None else block.strip()
-
-
-# Name -> AnswerCheck; data.correctness also takes an import path (see answer_check).
-ANSWER_CHECKS = {
-    "numeric": AnswerCheck("numeric", answers.normalize_gold, answers.extract_answer, answers.is_correct),
-}
-
-
-def answer_check(name: str) -> AnswerCheck:
-    """data.correctness -> its AnswerCheck: a registered name, or a plugin 'pkg.module:function'
-    (completion, gold) -> bool, whose gold is the answer cell as text and whose answer is the
-    text of the completion's <answer> block."""
-    if name in ANSWER_CHECKS:
-        return ANSWER_CHECKS[name]
-    if ":" in name:
-        return AnswerCheck(name, _text_gold, _answer_text, import_plugin(name, "data.correctness"))
-    raise ConfigError(
-        "data.correctness", f"unknown check '{name}'; registered: {', '.join(ANSWER_CHECKS)}, or use 'pkg.module:function'"
-    )
 
 
 @dataclass
@@ -215,7 +172,9 @@ def _hub_offline() -> bool:
 
 def _unreachable(repo_id: str, reason: object) -> UserError:
     cache_hint = "" if _hub_offline() else ", or set HF_HUB_OFFLINE=1 to use a copy already in the datasets cache"
-    return UserError(f"could not reach dataset '{repo_id}' on the Hugging Face Hub ({reason}); {LOCAL_COPY_HINT}{cache_hint}")
+    return UserError(
+        f"could not reach dataset '{repo_id}' on the Hugging Face Hub ({reason}); {LOCAL_COPY_HINT}{cache_hint}"
+    )
 
 
 def _check_hub(repo_id: str) -> None:
@@ -357,7 +316,9 @@ def _nothing_left(stats: PromptStats, data_cfg: DataConfig, where: str, longest:
     if stats.dropped_empty_question:
         hints.append(f"check that data.prompt_field '{data_cfg.prompt_field}' holds the questions")
     if stats.dropped_too_long:
-        hints.append(f"raise data.max_prompt_length={data_cfg.max_prompt_length} (the longest prompt has {longest} tokens)")
+        hints.append(
+            f"raise data.max_prompt_length={data_cfg.max_prompt_length} (the longest prompt has {longest} tokens)"
+        )
     return UserError(f"no usable prompts in {where}: {stats.summary()}; {'; '.join(hints)}")
 
 

@@ -19,16 +19,17 @@ import dataclasses
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
+from dapo_train.answers import answer_check
 from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
 from dapo_train.config import Config, config_to_dict, load_config, looks_like_path, read_yaml
-from dapo_train.data import Prompt, answer_check, fixed_eval_subset, load_prompts
+from dapo_train.data import Prompt, fixed_eval_subset, load_prompts
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.metrics import write_json_atomic, write_jsonl_atomic
@@ -242,7 +243,10 @@ class EvalOptions:
             (self.samples == 1 or self.temperature > 0, f"--temperature must be > 0 to sample, got {self.temperature}"),
             (self.limit is None or self.limit >= 0, f"--limit must be >= 0 (0 = whole split), got {self.limit}"),
             (self.batch_size is None or self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
-            (self.max_new_tokens is None or self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+            (
+                self.max_new_tokens is None or self.max_new_tokens >= 1,
+                f"--max-new-tokens must be >= 1, got {self.max_new_tokens}",
+            ),
         )
         for ok, message in checks:
             if not ok:
@@ -323,10 +327,11 @@ def run_eval(targets: list[str], options: EvalOptions) -> list[dict]:
     plans = [plan_target(target, options) for target in (targets or [None])]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows, written = [], []
+    decoding = "greedy" if options.samples == 1 else f"{options.samples} samples at T={options.temperature}"
     for index, plan in enumerate(plans, start=1):
         print(
             f"[{index}/{len(plans)}] {plan.target.label}: {len(plan.prompts)} items of "
-            f"{plan.cfg.data.path} [{plan.split}], {'greedy' if options.samples == 1 else f'{options.samples} samples at T={options.temperature}'}, "
+            f"{plan.cfg.data.path} [{plan.split}], {decoding}, "
             f"max_new_tokens={plan.max_new_tokens}, on {device.type}",
             flush=True,
         )

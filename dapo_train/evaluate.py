@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
+from dapo_train.answers import ANSWER_CHECKS, AnswerCheck
 from dapo_train.config import Config
-from dapo_train.data import ANSWER_CHECKS, AnswerCheck, Prompt
+from dapo_train.data import Prompt
 from dapo_train.rewards import REWARDS
 from dapo_train.rollout import Completion, SamplingSettings, generate_completions
 

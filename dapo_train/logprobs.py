@@ -12,11 +12,13 @@ prompts (cumulative sum of the mask minus one), so scoring reproduces generation
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
+Tensor = torch.Tensor
 
 
 @dataclass
@@ -29,8 +31,8 @@ class TokenBatch:
     completion_ids: torch.Tensor  # (N, T)
     completion_mask: torch.Tensor  # (N, T) float, 1 on valid completion tokens (EOS included)
 
-    def to(self, device: torch.device) -> "TokenBatch":
-        return TokenBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids, self.completion_ids, self.completion_mask)))
+    def to(self, device: torch.device) -> TokenBatch:
+        return TokenBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
 def collate(prompts: Sequence[torch.Tensor], completions: Sequence[torch.Tensor], pad_id: int) -> TokenBatch:

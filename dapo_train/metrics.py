@@ -1,9 +1,9 @@
-"""Run logs: metrics.jsonl (one JSON object per step), the seed trainer's text logs, and an
-optional tracker chosen by name.
+"""Run logs: metrics.jsonl (one JSON object per step), two plain text logs, and an optional
+tracker chosen by name.
 
 - metrics.jsonl: every metric of a step in one object with a `step` key; stable key names.
 - training_losses.txt: `step,loss`; accuracy_losses.txt: `step,accuracy` (first row = step 0,
-  before any update) -- the files the seed trainer wrote, so old plotting scripts keep working.
+  before any update) -- simple files that plotting scripts read as CSV.
 A resumed run truncates all three to the checkpoint's step, so they never hold duplicate steps.
 
 Result files (eval_<split>.json, completions_<split>.jsonl) are written to a temporary sibling and
@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 
 def json_safe(value):
@@ -63,7 +63,9 @@ class TensorBoardTracker:
         except ImportError:
             from dapo_train.errors import UserError
 
-            raise UserError("logging.tracker=tensorboard needs the tensorboard package (pip install tensorboard)") from None
+            raise UserError(
+                "logging.tracker=tensorboard needs the tensorboard package (pip install tensorboard)"
+            ) from None
         self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
     def log(self, step: int, metrics: dict) -> None:

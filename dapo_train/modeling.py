@@ -11,8 +11,7 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.config import looks_like_path, resolve_model_path
-from dapo_train.config import Config, ModelConfig
+from dapo_train.config import Config, ModelConfig, looks_like_path, resolve_model_path
 from dapo_train.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

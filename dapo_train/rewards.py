@@ -17,13 +17,12 @@ import difflib
 import functools
 import inspect
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from dapo_train.algo import overlong_penalty
-from dapo_train.answers import extract_answer, is_correct
+from dapo_train.answers import answer_check, extract_answer, is_correct
 from dapo_train.config import Config, RewardSpec, import_plugin
-from dapo_train.data import answer_check
 from dapo_train.errors import ConfigError, UserError
 
 __all__ = [
@@ -62,9 +61,9 @@ def register(name: str, check: Callable[[dict], None] | None = None) -> Callable
 
 
 # --------------------------------------------------------------------------------------------
-# The rewards. Magnitudes of the first four are the seed trainer's.
+# The rewards.
 
-# The seed's hard_format regex, "^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>\n$", as three pieces.
+# hard_format's shape, "<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>", as three pieces.
 _FORMAT_HEAD, _FORMAT_MIDDLE, _FORMAT_TAIL = "<think>\n", "\n</think>\n<answer>\n", "\n</answer>"
 _MARKS = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
 _MARK_VALUE = 0.125
@@ -98,14 +97,14 @@ def digit(completions: list[str], answers: list, *, lengths=None, prompts=None) 
 def hard_format(completions: list[str], answers: list, *, lengths=None, prompts=None) -> list[float]:
     """0.5 for exactly "<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>".
 
-    Unlike the seed regex, whitespace before the first tag and after the last (including no
-    final newline at all) is accepted.
+    Whitespace before the first tag and after the last (including no final newline at all) is
+    accepted.
     """
     return [0.5 if _is_hard_format(text) else 0.0 for text in completions]
 
 
 def _is_hard_format(text: str) -> bool:
-    """The seed regex's match, decided in linear time: its lazy ".*?" pair backtracks
+    """The shape's match, decided in linear time: a regex with a lazy ".*?" pair backtracks
     quadratically on degenerate completions that repeat the tags (0.25 s for 20k characters)."""
     body = text.strip()
     if not (body.startswith(_FORMAT_HEAD) and body.endswith(_FORMAT_TAIL)):
@@ -120,9 +119,8 @@ def mark(completions: list[str], answers: list, *, lengths=None, prompts=None) -
     """0.125 per tag that appears exactly once with its newlines, up to 0.5; text after </answer>
     costs 0.001 per character (whitespace is free).
 
-    Departures from the seed: the closing tag needs no final newline, and the trailing-text cost
-    only takes back what that tag earned, so the reward stays in [0, 0.5] instead of going
-    arbitrarily negative on a long tail.
+    The closing tag needs no final newline, and the trailing-text cost only takes back what that
+    tag earned, so the reward stays in [0, 0.5] instead of going arbitrarily negative on a long tail.
     """
     return [_mark_one(text) for text in completions]
 
@@ -138,9 +136,14 @@ def _mark_one(text: str) -> float:
 def _check_overlong(args: dict) -> None:
     max_length, cache_length = args["max_length"], args["cache_length"]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (max_length, cache_length)):
-        raise ValueError(f"overlong needs integer token counts, got max_length={max_length!r}, cache_length={cache_length!r}")
+        raise ValueError(
+            f"overlong needs integer token counts, got max_length={max_length!r}, cache_length={cache_length!r}"
+        )
     if not 0 < cache_length < max_length:  # cache_length = max_length would punish every completion
-        raise ValueError(f"overlong needs 0 < cache_length < max_length (L_max), got cache_length={cache_length}, max_length={max_length}")
+        raise ValueError(
+            "overlong needs 0 < cache_length < max_length (L_max), "
+            f"got cache_length={cache_length}, max_length={max_length}"
+        )
 
 
 @register("overlong", check=_check_overlong)

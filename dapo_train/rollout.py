@@ -2,19 +2,18 @@
 
 Batched, left-padded `generate` (never one prompt at a time), with the sampling settings passed
 explicitly: a checkpoint's generation_config (Qwen2.5 ships a repetition penalty and its own
-top_p/top_k) must not silently change the distribution the loss assumes (DESIGN, last bullet).
+top_p/top_k) must not silently change the distribution the loss assumes.
 
 A completion's valid tokens run up to AND including the first EOS, where EOS is any id of the
 model's generation_config.eos_token_id. Qwen's pad id (<|endoftext|>) is also an EOS id, so the
 mask is found from the first EOS position, never by comparing with the pad id. A row with no EOS
-within max_new_tokens is truncated. Departure from the seed trainer: it dropped the EOS from the
-loss, so the model never learned to stop.
+within max_new_tokens is truncated. The EOS is in the loss, so the model learns to stop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -66,7 +65,9 @@ def eos_token_ids(model, tokenizer) -> list[int]:
             if int(token_id) not in ids:
                 ids.append(int(token_id))
     if not ids:
-        raise ValueError("the model defines no EOS token id (generation_config.eos_token_id and tokenizer.eos_token_id are unset)")
+        raise ValueError(
+            "the model defines no EOS token id (generation_config.eos_token_id and tokenizer.eos_token_id are unset)"
+        )
     return ids
 
 
@@ -154,7 +155,9 @@ def generate_completions(
     return results
 
 
-def _generation_logprobs(logits: Sequence[torch.Tensor], generated: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
+def _generation_logprobs(
+    logits: Sequence[torch.Tensor], generated: torch.Tensor, settings: SamplingSettings
+) -> torch.Tensor:
     """Per-token log-probs from generate's raw logits (T tensors of (B, V)) -> (B, T) float32."""
     temperature = settings.temperature if settings.do_sample else 1.0
     stacked = torch.stack([step.float().cpu() for step in logits], dim=1) / temperature  # (B, T, V)

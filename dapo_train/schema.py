@@ -137,7 +137,9 @@ class TrainConfig:
     logprob_chunk_size: int = _opt(1024, "Tokens per chunk when computing logsumexp over the vocabulary.")
     deterministic: bool = _opt(False, "Use deterministic torch algorithms (slower; for exact resume tests).")
     num_threads: int = _opt(
-        1, "CPU threads for torch (0 = torch's default). The tiny model runs fastest on 1: thread start-up costs more than its maths."
+        1,
+        "CPU threads for torch (0 = torch's default). The tiny model runs fastest on 1: thread start-up costs "
+        "more than its maths."
     )
     max_bad_steps: int = _opt(5, "Abort after this many NaN/inf steps in a row (each is skipped).")
 
@@ -207,7 +209,10 @@ def validate(cfg: Config) -> None:
     d, r, t = cfg.dapo, cfg.rollout, cfg.train
     _require(0.0 <= d.eps_low < 1.0, "dapo.eps_low", f"got {d.eps_low}; must be in [0, 1)")
     _require(d.eps_high >= 0.0, "dapo.eps_high", f"got {d.eps_high}; must be >= 0")
-    _require(d.clip_ratio_c is None or d.clip_ratio_c > 1.0, "dapo.clip_ratio_c", f"got {d.clip_ratio_c}; must be > 1 or null")
+    _require(
+        d.clip_ratio_c is None or d.clip_ratio_c > 1.0,
+        "dapo.clip_ratio_c", f"got {d.clip_ratio_c}; must be > 1 or null",
+    )
     _require(d.beta >= 0.0, "dapo.beta", f"got {d.beta}; must be >= 0")
     _require(
         d.filter_metric in ("correct", "total") or (d.filter_metric.startswith("reward:") and len(d.filter_metric) > 7),
@@ -228,7 +233,8 @@ def validate(cfg: Config) -> None:
     _require(
         1 <= t.micro_batch_size <= step_sequences,
         "train.micro_batch_size",
-        f"got {t.micro_batch_size}; must be in [1, {step_sequences}] (prompts_per_step x group_size sequences per step)",
+        f"got {t.micro_batch_size}; must be in [1, {step_sequences}] "
+        "(prompts_per_step x group_size sequences per step)",
     )
     _require(t.micro_batch_tokens >= 0, "train.micro_batch_tokens", "must be >= 0 (0 = off)")
     _require(t.learning_rate > 0.0, "train.learning_rate", f"got {t.learning_rate}; must be > 0")

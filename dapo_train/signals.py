@@ -22,7 +22,7 @@ class StopRequested:
     def request(self, signum: int) -> None:
         self.signum = signum
 
-    def install(self) -> "StopRequested":
+    def install(self) -> StopRequested:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._handle)
         return self
@@ -34,11 +34,17 @@ class StopRequested:
             return  # already stopping: keep the first signal's exit code and message
         self.request(signum)
         name = signal.Signals(signum).name
-        print(f"\n{name} received: finishing this step and saving a checkpoint (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+        print(
+            f"\n{name} received: finishing this step and saving a checkpoint (Ctrl-C again to stop now)",
+            file=sys.stderr, flush=True,
+        )
 
     @property
     def exit_code(self) -> int:
         return 128 + (self.signum or 0)
 
     def report(self, run_dir: Path) -> None:
-        print(f"stopped early; resume with: dapo-train run <config> output_dir={run_dir} --resume", file=sys.stderr, flush=True)
+        print(
+            f"stopped early; resume with: dapo-train run <config> output_dir={run_dir} --resume",
+            file=sys.stderr, flush=True,
+        )

@@ -4,7 +4,7 @@ Each optimizer step:
   1. collect  -- sample prompts, generate G completions each, score, advantages (Eq. 9), keep
                  informative groups (Eq. 11) until the batch is full or rounds run out (collect.py)
   2. update   -- token-level clipped loss (Eq. 10, 12), exact over micro-batches; AdamW (update.py)
-  3. log      -- metrics.jsonl + the seed trainer's text logs (metrics.py)
+  3. log      -- metrics.jsonl + training_losses.txt / accuracy_losses.txt (metrics.py)
   4. evaluate -- greedy on a fixed eval subset every eval.every_steps, step 0 first (evaluate.py)
   5. save     -- checkpoint_<step>/ atomically every checkpoint.every_steps and at the end
 
@@ -30,10 +30,10 @@ import torch
 from tqdm.auto import tqdm
 
 from dapo_train import checkpoint as ckpt
-from dapo_train.collect import GroupBuffer
-from dapo_train.collect import collect_groups
+from dapo_train.answers import answer_check
+from dapo_train.collect import GroupBuffer, collect_groups
 from dapo_train.config import Config, config_to_dict, read_yaml, save_config, upgrade_retired
-from dapo_train.data import PromptSampler, answer_check, fixed_eval_subset, load_prompts
+from dapo_train.data import PromptSampler, fixed_eval_subset, load_prompts
 from dapo_train.errors import TrainingAborted, UserError
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.metrics import MetricsLogger
@@ -103,7 +103,9 @@ def _check_writable(run_dir: Path) -> None:
     if not existing.is_dir():
         raise UserError(f"output_dir {run_dir}: {existing} exists and is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"output_dir {run_dir}: permission denied on {existing}; set output_dir=... to a writable folder")
+        raise UserError(
+            f"output_dir {run_dir}: permission denied on {existing}; set output_dir=... to a writable folder"
+        )
 
 
 @dataclass
@@ -207,8 +209,13 @@ def evaluate(run: Run) -> dict:
         check=answer_check(cfg.data.correctness),
     )
     for record in result.records[: cfg.eval.print_samples]:
-        tqdm.write(f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}\n    {record['completion']!r}")
-    return {key if key == "accuracy" else f"eval/{key}": value for key, value in result.metrics.items() if key != "samples"}
+        tqdm.write(
+            f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}"
+            f"\n    {record['completion']!r}"
+        )
+    return {
+        key if key == "accuracy" else f"eval/{key}": value for key, value in result.metrics.items() if key != "samples"
+    }
 
 
 def train_step(run: Run) -> dict:
@@ -224,7 +231,9 @@ def train_step(run: Run) -> dict:
         metrics["seconds_update"] = time.perf_counter() - update_start
     else:
         metrics["skipped_no_groups"] = 1
-        logger.warning("step %d: no informative group after %d rounds; update skipped", run.step + 1, metrics["gen_rounds"])
+        logger.warning(
+            "step %d: no informative group after %d rounds; update skipped", run.step + 1, metrics["gen_rounds"]
+        )
     run.step += 1
     if metrics.get("skipped_nonfinite"):
         run.bad_steps += 1
@@ -240,7 +249,9 @@ def _due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
 
 
-def train(cfg: Config, *, resume: str | bool | None = None, overwrite: bool = False, stop: StopRequested | None = None) -> Path:
+def train(
+    cfg: Config, *, resume: str | bool | None = None, overwrite: bool = False, stop: StopRequested | None = None
+) -> Path:
     """Run (or resume) training; returns the run directory."""
     stop = stop or StopRequested()
     run_dir, resume_from = prepare_run_dir(cfg, resume, overwrite)
@@ -269,7 +280,10 @@ def train(cfg: Config, *, resume: str | bool | None = None, overwrite: bool = Fa
                     "intact; lower train.learning_rate or check the data, then --resume"
                 )
             bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", acc=f"{metrics.get('accuracy', metrics['train_accuracy']):.3f}", ent=f"{metrics.get('entropy', 0.0):.3f}")
+            accuracy = metrics.get("accuracy", metrics["train_accuracy"])
+            bar.set_postfix(
+                reward=f"{metrics['reward_mean']:.3f}", acc=f"{accuracy:.3f}", ent=f"{metrics.get('entropy', 0.0):.3f}"
+            )
             if _due(run.step, cfg.checkpoint.every_steps) and run.step < cfg.train.max_steps:
                 save(run)
         save(run)

@@ -33,7 +33,9 @@ class TrainSample:
 
 def flatten_groups(groups: list[Group], overlong_filtering: bool) -> list[TrainSample]:
     return [
-        TrainSample(c.prompt_ids, c.completion_ids, float(group.advantages[j]), not (overlong_filtering and c.truncated))
+        TrainSample(
+            c.prompt_ids, c.completion_ids, float(group.advantages[j]), not (overlong_filtering and c.truncated)
+        )
         for group in groups
         for j, c in enumerate(group.completions)
     ]

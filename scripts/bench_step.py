@@ -21,11 +21,27 @@ import torch
 
 SHAPES = {
     # Qwen2.5-1.5B-Instruct's config.json dimensions.
-    "qwen1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                     num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
-                     rope_theta=1000000.0, tie_word_embeddings=True),
-    "small": dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True),
+    "qwen1.5b": {
+        "vocab_size": 151936,
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+    },
+    "small": {
+        "vocab_size": 151936,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": True,
+    },
 }
 
 
@@ -63,18 +79,38 @@ def main() -> None:
         start = time.perf_counter()
         build_model(args.shape, folder)
         print(f"built random {args.shape} model in {time.perf_counter() - start:.1f}s")
-        cfg = load_config(None, [
-            f"model.name_or_path={folder}", f"output_dir={Path(tmp) / 'run'}", f"train.max_steps={args.steps}",
-            f"train.prompts_per_step={args.prompts_per_step}", f"rollout.group_size={args.group_size}",
-            f"train.micro_batch_size={args.micro_batch_size}", f"rollout.max_new_tokens={args.max_new_tokens}",
-            "rollout.temperature=0.9", "rollout.top_k=50", "dapo.dynamic_sampling=false", "eval.every_steps=0",
-            "rewards=[{name: accuracy}]", "train.learning_rate=1e-6", "logging.progress_bar=false",
-        ])
+        cfg = load_config(
+            None,
+            [
+                f"model.name_or_path={folder}",
+                f"output_dir={Path(tmp) / 'run'}",
+                f"train.max_steps={args.steps}",
+                f"train.prompts_per_step={args.prompts_per_step}",
+                f"rollout.group_size={args.group_size}",
+                f"train.micro_batch_size={args.micro_batch_size}",
+                f"rollout.max_new_tokens={args.max_new_tokens}",
+                "rollout.temperature=0.9",
+                "rollout.top_k=50",
+                "dapo.dynamic_sampling=false",
+                "eval.every_steps=0",
+                "rewards=[{name: accuracy}]",
+                "train.learning_rate=1e-6",
+                "logging.progress_bar=false",
+            ],
+        )
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         train(cfg)
         rows = read_metrics(cfg.output_dir)
-    keys = ("seconds_step", "seconds_generate", "seconds_update", "generated_tokens", "tokens_per_second", "completion_length_mean", "micro_batches")
+    keys = (
+        "seconds_step",
+        "seconds_generate",
+        "seconds_update",
+        "generated_tokens",
+        "tokens_per_second",
+        "completion_length_mean",
+        "micro_batches",
+    )
     for row in rows:
         print(json.dumps({"step": row["step"], **{k: round(row[k], 3) for k in keys if k in row}}))
     steady = rows[1:] or rows

@@ -50,13 +50,14 @@ import time
 from pathlib import Path
 
 import torch
-from tiny_task import make_splits  # scripts/tiny_task.py: build-time code, not part of the package
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from dapo_train.config import DEFAULT_SYSTEM_PROMPT, TINY_DATA_DIR, TINY_MODEL_DIR, DataConfig
 from dapo_train.data import chat_prompt, load_prompts
 from dapo_train.evaluate import evaluate_prompts
+
+from tiny_task import make_splits  # scripts/tiny_task.py: build-time code, not part of the package
 
 SEED = 0
 MAX_NEW_TOKENS = 96  # the completion budget of the measurement (the trainer's default)
@@ -179,7 +180,9 @@ def with_slips(rows: list[dict], rate: float) -> list[dict]:
 
 def encode_examples(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, completion ids + <|im_end|>) per row."""
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
     end = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     return [(encode(prompt_text(tokenizer, r["question_zh-cn"])), encode(target_text(r["answer"])) + end) for r in rows]
 
@@ -188,13 +191,23 @@ def encode_examples(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> lis
 def build_model(tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
     im_end, endoftext = (tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
     config = Qwen2Config(
-        vocab_size=len(tokenizer), bos_token_id=endoftext, eos_token_id=im_end, pad_token_id=endoftext,
-        dtype="float32", **MODEL_SHAPE,
+        vocab_size=len(tokenizer),
+        bos_token_id=endoftext,
+        eos_token_id=im_end,
+        pad_token_id=endoftext,
+        dtype="float32",
+        **MODEL_SHAPE,
     )
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(
-        bos_token_id=endoftext, eos_token_id=[im_end, endoftext], pad_token_id=endoftext,
-        do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05,
+        bos_token_id=endoftext,
+        eos_token_id=[im_end, endoftext],
+        pad_token_id=endoftext,
+        do_sample=True,
+        temperature=0.7,
+        top_p=0.8,
+        top_k=20,
+        repetition_penalty=1.05,
     )
     return model
 
@@ -270,7 +283,10 @@ def train_sft(
     generator = torch.Generator().manual_seed(SEED)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, steps // 20)
-    schedule = lambda s: min(1.0, (s + 1) / warmup) * (0.55 + 0.45 * math.cos(math.pi * s / steps))
+
+    def schedule(s: int) -> float:
+        return min(1.0, (s + 1) / warmup) * (0.55 + 0.45 * math.cos(math.pi * s / steps))
+
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     order: list[int] = []
     losses = []
@@ -307,8 +323,14 @@ def measure(model, tokenizer, data_dir: Path, n_sampled: int = 100, k: int = 8) 
         raise RuntimeError(f"every test row must give a prompt: {stats.summary()}")
     greedy = evaluate_prompts(model, tokenizer, prompts, max_new_tokens=MAX_NEW_TOKENS, batch_size=125).records
     sampled = evaluate_prompts(
-        model, tokenizer, prompts[:n_sampled], max_new_tokens=MAX_NEW_TOKENS, batch_size=n_sampled * k,
-        samples=k, temperature=1.0, seed=SEED,
+        model,
+        tokenizer,
+        prompts[:n_sampled],
+        max_new_tokens=MAX_NEW_TOKENS,
+        batch_size=n_sampled * k,
+        samples=k,
+        temperature=1.0,
+        seed=SEED,
     ).records
     correct = [r["correct"] for r in greedy]
     hits = [sum(r["correct"] for r in sampled[i * k : (i + 1) * k]) for i in range(n_sampled)]
@@ -359,7 +381,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-eval", action="store_true", help="Skip the test-split measurement.")
     parser.add_argument(
-        "--measure-only", action="store_true",
+        "--measure-only",
+        action="store_true",
         help="No build: re-measure the model already there and update build_info.json.",
     )
     return parser.parse_args(argv)
@@ -389,9 +412,12 @@ def main(argv: list[str] | None = None) -> int:
         losses = train_sft(model, slipped, tokenizer.pad_token_id, args.slip_steps, args.batch_size, args.slip_lr)
     model.save_pretrained(model_dir)
     info = {
-        "parameters": sum(p.numel() for p in model.parameters()), "sft_steps": args.steps,
-        "slip_steps": args.slip_steps, "slip_rate": args.slip_rate,
-        "final_loss": sum(losses[-20:]) / len(losses[-20:]), "build_seconds": round(time.time() - start, 1),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "sft_steps": args.steps,
+        "slip_steps": args.slip_steps,
+        "slip_rate": args.slip_rate,
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "build_seconds": round(time.time() - start, 1),
         "weights_bytes": (model_dir / "model.safetensors").stat().st_size,
         # Ties the weights to the data they were trained on (tests compare it with the shipped file).
         "train_data_sha256": hashlib.sha256((data_dir / "train.jsonl").read_bytes()).hexdigest(),

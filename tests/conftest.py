@@ -29,7 +29,9 @@ class IdTokenizer:
 
     def batch_decode(self, sequences, skip_special_tokens: bool = True):
         special = {self.eos_token_id, self.pad_token_id}
-        return [" ".join(str(int(t)) for t in seq if not (skip_special_tokens and int(t) in special)) for seq in sequences]
+        return [
+            " ".join(str(int(t)) for t in seq if not (skip_special_tokens and int(t) in special)) for seq in sequences
+        ]
 
 
 EOS_ID, EOS2_ID = 1, 2  # like Qwen: two EOS ids, and the pad id (2) is one of them
@@ -40,8 +42,15 @@ def make_random_model(seed: int = 0, vocab_size: int = 64):
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=EOS_ID,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        eos_token_id=EOS_ID,
     )
     model = Qwen2ForCausalLM(config).float().eval()
     # Like Qwen2.5-Instruct's generation_config: sampling defaults that rollouts must override.

@@ -19,13 +19,17 @@ class NoTokenizer:
 
 def _save(run_dir, step, model, **kw):
     state = {"step": step, "rng": ckpt.rng_state()}
-    return ckpt.save_checkpoint(run_dir, step, model=model, tokenizer=NoTokenizer(), cfg=load_config(None, []), state=state, **kw)
+    return ckpt.save_checkpoint(
+        run_dir, step, model=model, tokenizer=NoTokenizer(), cfg=load_config(None, []), state=state, **kw
+    )
 
 
 def test_save_writes_model_config_and_state_loadable_weights_only(tmp_path):
     path = _save(tmp_path, 3, make_random_model())
     assert path.name == "checkpoint_3"
-    assert {"config.yaml", "model.safetensors", "trainer_state.pt", "tokenizer.json"} <= {p.name for p in path.iterdir()}
+    assert {"config.yaml", "model.safetensors", "trainer_state.pt", "tokenizer.json"} <= {
+        p.name for p in path.iterdir()
+    }
     state = ckpt.load_state(path)  # torch.load(weights_only=True) inside
     assert state["step"] == 3
     assert ckpt.latest_checkpoint(tmp_path) == path

@@ -8,7 +8,9 @@ import pytest
 
 
 def dapo(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "dapo_train", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dapo_train", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def assert_one_line_error(result, *needles):
@@ -26,7 +28,9 @@ def test_invalid_yaml_names_file_line_and_column(tmp_path):
 
 
 def test_unknown_key_suggests_the_closest(tmp_path):
-    assert_one_line_error(dapo("run", "train.max_step=3", cwd=tmp_path), "train.max_step", "did you mean 'train.max_steps'")
+    assert_one_line_error(
+        dapo("run", "train.max_step=3", cwd=tmp_path), "train.max_step", "did you mean 'train.max_steps'"
+    )
 
 
 def test_impossible_value_names_the_key_and_range(tmp_path):
@@ -34,7 +38,9 @@ def test_impossible_value_names_the_key_and_range(tmp_path):
 
 
 def test_missing_model_folder(tmp_path):
-    assert_one_line_error(dapo("run", "model.name_or_path=./no-such-model", cwd=tmp_path), "folder not found", "no-such-model")
+    assert_one_line_error(
+        dapo("run", "model.name_or_path=./no-such-model", cwd=tmp_path), "folder not found", "no-such-model"
+    )
     assert not (tmp_path / "outputs").exists()  # nothing written for a run that never started
 
 

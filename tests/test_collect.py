@@ -9,16 +9,28 @@ from dapo_train.config import RewardSpec, load_config
 from dapo_train.data import Prompt, PromptSampler
 from dapo_train.rewards import build_rewards
 
-from conftest import IdTokenizer, EOS2_ID, EOS_ID, make_random_model
+from conftest import EOS2_ID, EOS_ID, IdTokenizer, make_random_model
 
 
 def _prompts(n: int) -> list[Prompt]:
-    return [Prompt(uid=f"train:{i}", question=f"q{i}", gold="7", text=f"p{i}", input_ids=(3 + i, 4, 5)) for i in range(n)]
+    return [
+        Prompt(uid=f"train:{i}", question=f"q{i}", gold="7", text=f"p{i}", input_ids=(3 + i, 4, 5)) for i in range(n)
+    ]
 
 
 def _cfg(*extra):
-    return load_config(None, ["rollout.group_size=4", "rollout.max_new_tokens=4", "train.prompts_per_step=3",
-                              "train.micro_batch_size=4", "dapo.max_gen_rounds=2", "rewards=[{name: accuracy}]", *extra])
+    return load_config(
+        None,
+        [
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=4",
+            "train.prompts_per_step=3",
+            "train.micro_batch_size=4",
+            "dapo.max_gen_rounds=2",
+            "rewards=[{name: accuracy}]",
+            *extra,
+        ],
+    )
 
 
 def test_rounds_run_out_and_the_step_reports_why():
@@ -51,7 +63,9 @@ def test_total_filter_keeps_groups_whose_reward_varies():
         assert not group.correct.any()  # the correct bits alone would have dropped it
         assert abs(float(group.advantages.sum())) < 1e-4  # Eq. 9 advantages are centred
     assert metrics["groups_kept"] + len(buffer) == 3 * metrics["gen_rounds"] - (
-        metrics["groups_dropped_all_correct"] + metrics["groups_dropped_all_wrong"] + metrics["groups_dropped_no_variance"]
+        metrics["groups_dropped_all_correct"]
+        + metrics["groups_dropped_all_wrong"]
+        + metrics["groups_dropped_no_variance"]
     )
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dapo_train.config import Config, load_config, save_config, config_from_dict, read_yaml, describe_keys
+from dapo_train.config import Config, config_from_dict, describe_keys, load_config, read_yaml, save_config
 from dapo_train.errors import ConfigError, UserError
 
 
@@ -96,7 +96,12 @@ def test_shipped_configs_load_and_the_tiny_one_is_the_default():
     assert load_config(str(root / "tiny-cpu.yaml"), []) == load_config(None, [])
     qwen = load_config(str(root / "qwen1.5b.yaml"), [])
     assert qwen.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
-    assert (qwen.rollout.group_size, qwen.dapo.eps_low, qwen.dapo.eps_high, qwen.train.learning_rate) == (4, 0.2, 0.28, 1e-6)
+    assert (qwen.rollout.group_size, qwen.dapo.eps_low, qwen.dapo.eps_high, qwen.train.learning_rate) == (
+        4,
+        0.2,
+        0.28,
+        1e-6,
+    )
     assert qwen.train.prompts_per_step * qwen.rollout.group_size // qwen.train.micro_batch_size == 2  # accumulation 2
 
 

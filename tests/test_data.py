@@ -15,8 +15,7 @@ import torch
 from transformers import AutoTokenizer
 
 from dapo_train import data as data_module
-from dapo_train.config import TINY_MODEL_DIR
-from dapo_train.config import DEFAULT_SYSTEM_PROMPT, DataConfig
+from dapo_train.config import DEFAULT_SYSTEM_PROMPT, TINY_MODEL_DIR, DataConfig
 from dapo_train.data import (
     Prompt,
     PromptSampler,
@@ -93,12 +92,21 @@ def source_jsonl_folder(root):
 
 
 def source_saved_dict(root):
-    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict(ROWS), "test": datasets.Dataset.from_dict(TEST_ROWS)})
+    splits = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict(ROWS), "test": datasets.Dataset.from_dict(TEST_ROWS)}
+    )
     splits.save_to_disk(str(root / "saved"))
     return root / "saved"
 
 
-SOURCES = [source_jsonl_file, source_parquet_file, source_csv_file, source_parquet_folder, source_jsonl_folder, source_saved_dict]
+SOURCES = [
+    source_jsonl_file,
+    source_parquet_file,
+    source_csv_file,
+    source_parquet_folder,
+    source_jsonl_folder,
+    source_saved_dict,
+]
 SPLIT_SOURCES = [source_parquet_folder, source_jsonl_folder, source_saved_dict]
 
 
@@ -189,7 +197,9 @@ def test_prompts_are_chat_templated_and_tokenized_without_extra_special_tokens(t
         assert prompt.text.endswith(ASSISTANT_HEADER)
         # No second BOS or similar: the ids are exactly the template's text, special tokens included.
         assert list(prompt.input_ids) == tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
-    without_system, _ = load_prompts(DataConfig(path=cfg.path, system_prompt="", max_prompt_length=10_000), tokenizer, "train")
+    without_system, _ = load_prompts(
+        DataConfig(path=cfg.path, system_prompt="", max_prompt_length=10_000), tokenizer, "train"
+    )
     assert all(DEFAULT_SYSTEM_PROMPT not in p.text and p.question in p.text for p in without_system)
 
 
@@ -211,10 +221,16 @@ def test_a_long_prompt_is_dropped_and_no_prompt_loses_its_assistant_header(tmp_p
 
 def test_nothing_left_is_an_error_that_says_why(tmp_path, tokenizer):
     cfg = DataConfig(path=str(source_jsonl_file(tmp_path)), max_prompt_length=1)
-    with pytest.raises(UserError, match=r"no usable prompts .*3 too long.*raise data.max_prompt_length=1 \(the longest prompt has \d+ tokens\)"):
+    with pytest.raises(
+        UserError,
+        match=r"no usable prompts .*3 too long.*raise data.max_prompt_length=1 \(the longest prompt has \d+ tokens\)",
+    ):
         load_prompts(cfg, tokenizer, "train")
     unreadable = datasets.Dataset.from_dict({"question_zh-cn": ["几个？", "多少？"], "answer_only": ["?", None]})
-    with pytest.raises(UserError, match=r"2 unreadable answer.*; check that data.answer_field 'answer_only' holds numbers or '#### N' solutions$"):
+    with pytest.raises(
+        UserError,
+        match=r"2 unreadable answer.*; check that data.answer_field 'answer_only' holds numbers or '#### N' solutions$",
+    ):
         build_prompts(unreadable, tokenizer, cfg, "train")
     empty = datasets.Dataset.from_dict({key: [] for key in ROWS})
     with pytest.raises(UserError, match="split 'train' of .* has no rows"):
@@ -251,7 +267,10 @@ def test_hub_id_in_offline_mode_fails_fast_with_a_local_copy_hint(tmp_path):
     seconds, _, message = done.stdout.strip().partition("|")
     assert message, done.stderr[-2000:]
     assert float(seconds) < 10.0
-    assert "could not reach dataset 'nobody-dapo/made-up-dataset' on the Hugging Face Hub (HF_HUB_OFFLINE=1 and no cached copy)" in message
+    assert (
+        "could not reach dataset 'nobody-dapo/made-up-dataset' on the Hugging Face Hub "
+        "(HF_HUB_OFFLINE=1 and no cached copy)" in message
+    )
     assert "set data.path to a local folder or file (e.g. ./gsm8k_chinese with data/train-*.parquet)" in message
 
 
@@ -267,7 +286,10 @@ def test_hub_id_without_network_fails_on_the_probe_before_load_dataset(monkeypat
 
     monkeypatch.setattr(data_module.huggingface_hub, "dataset_info", no_network)
     monkeypatch.setattr(data_module.datasets, "load_dataset", must_not_run)
-    with pytest.raises(UserError, match=r"could not reach dataset 'swulling/gsm8k_chinese' .*Name or service not known.*HF_HUB_OFFLINE=1"):
+    with pytest.raises(
+        UserError,
+        match=r"could not reach dataset 'swulling/gsm8k_chinese' .*Name or service not known.*HF_HUB_OFFLINE=1",
+    ):
         load_split(DataConfig(path="swulling/gsm8k_chinese"), "train")
 
 

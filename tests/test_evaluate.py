@@ -184,7 +184,9 @@ def test_sampled_eval_is_reproducible_and_leaves_the_callers_rng_alone(tiny):
     model, tokenizer, prompts = tiny
     before = torch.get_rng_state()
     runs = [
-        evaluate_prompts(model, tokenizer, prompts[:4], max_new_tokens=8, batch_size=8, samples=3, temperature=1.0, seed=7)
+        evaluate_prompts(
+            model, tokenizer, prompts[:4], max_new_tokens=8, batch_size=8, samples=3, temperature=1.0, seed=7
+        )
         for _ in range(2)
     ]
     assert torch.equal(torch.get_rng_state(), before)
@@ -263,6 +265,7 @@ def test_config_only_evaluates_the_configs_model_and_writes_under_output_dir(tmp
 
 def _no_model(monkeypatch):
     """Make any model load fail the test: errors must come before the first model loads."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was validated")
 
@@ -272,9 +275,13 @@ def _no_model(monkeypatch):
 def test_missing_checkpoint_lists_the_folder_before_any_model_loads(run_folder, monkeypatch):
     monkeypatch.chdir(run_folder)
     _no_model(monkeypatch)
-    with pytest.raises(UserError, match=r"not found: outputs/run/checkpoint_9; outputs/run holds: checkpoint_1/, checkpoint_2/"):
+    with pytest.raises(
+        UserError, match=r"not found: outputs/run/checkpoint_9; outputs/run holds: checkpoint_1/, checkpoint_2/"
+    ):
         run_eval(["outputs/run/checkpoint_1", "outputs/run/checkpoint_9"], EVAL_OPTIONS)
-    with pytest.raises(UserError, match=r"checkpoint_9 not found in run outputs/run; its checkpoints: checkpoint_1, checkpoint_2"):
+    with pytest.raises(
+        UserError, match=r"checkpoint_9 not found in run outputs/run; its checkpoints: checkpoint_1, checkpoint_2"
+    ):
         run_eval(["checkpoint_9"], EVAL_OPTIONS)
     with pytest.raises(UserError, match=r"run folder, its checkpoints: checkpoint_1, checkpoint_2"):
         run_eval(["outputs/run"], EVAL_OPTIONS)

@@ -104,7 +104,11 @@ def test_total_is_the_weighted_sum_and_correct_bits_are_strict():
     scores = score(completions=completions, answers=[72, 72, 72], lengths=[90, 50, 10], reward_set=rewards)
     # 1: +1 + 0.5 * 2 + (-0.5) = 1.5; 2: -1 + 0 + 0 = -1; 3 (no answer block, strict): -1.
     assert scores.total == pytest.approx([1.5, -1.0, -1.0])
-    assert scores.per_reward == {"accuracy": [1.0, -1.0, -1.0], "correctness": [2.0, 0.0, 0.0], "overlong": [-0.5, 0.0, 0.0]}
+    assert scores.per_reward == {
+        "accuracy": [1.0, -1.0, -1.0],
+        "correctness": [2.0, 0.0, 0.0],
+        "overlong": [-0.5, 0.0, 0.0],
+    }
     assert scores.correct == [True, False, False]
 
 
@@ -129,7 +133,7 @@ def test_rewards_from_yaml(tmp_path):
     assert score(rewards, [GOOD], [72], lengths=[56]).total == pytest.approx([1.75])
 
 
-PLUGIN = '''
+PLUGIN = """
 import math
 
 def bonus(completions, answers, *, lengths=None, prompts=None, amount=1.0):
@@ -160,7 +164,7 @@ def scalar(completions, answers, **kwargs):
 
 def words(completions, answers, **kwargs):
     return ["high" for _ in completions]
-'''
+"""
 
 
 @pytest.fixture

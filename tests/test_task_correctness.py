@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
+from dapo_train.answers import ANSWER_CHECKS, answer_check
 from dapo_train.collect import GroupBuffer, collect_groups
 from dapo_train.config import TINY_MODEL_DIR, RewardSpec, load_config
-from dapo_train.data import ANSWER_CHECKS, Prompt, PromptSampler, answer_check, load_prompts
+from dapo_train.data import Prompt, PromptSampler, load_prompts
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluate import completion_records, summarize_records
 from dapo_train.rewards import build_rewards, rewards_from_config, score
@@ -26,7 +27,10 @@ def word_task(tmp_path, monkeypatch):
     import datasets
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
-    rows = [{"question_zh-cn": f"第{i}个是什么颜色？", "answer_only": colour} for i, colour in enumerate(["red", "Blue", "green"])]
+    rows = [
+        {"question_zh-cn": f"第{i}个是什么颜色？", "answer_only": colour}
+        for i, colour in enumerate(["red", "Blue", "green"])
+    ]
     path = tmp_path / "colours" / "test.jsonl"
     path.parent.mkdir()
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
@@ -55,26 +59,25 @@ def test_rewards_and_correct_bits_use_the_tasks_check():
     assert numeric.correct == [False, False, False]  # a number check cannot read "Blue"
 
 
+def _collect(prompts: list[Prompt], *overrides: str):
+    """One step's collection (3 prompts x G=4, at most 2 rounds) by a random model -> (groups, metrics)."""
+    cfg = load_config(None, ["rollout.group_size=4", "rollout.max_new_tokens=6", "train.prompts_per_step=3",
+                             "train.micro_batch_size=4", "dapo.max_gen_rounds=2", *overrides])
+    model, tokenizer = make_random_model(seed=2), IdTokenizer(EOS_ID, EOS2_ID)
+    torch.manual_seed(0)
+    return collect_groups(model, tokenizer, rewards_from_config(cfg), PromptSampler(prompts, 0), GroupBuffer(), cfg)
+
+
 def test_dynamic_sampling_filters_on_the_tasks_correct_bits():
     """Gold 'even'/'odd' on the token count: a random model's varied lengths make informative
     groups under the parity check; the numeric check calls every completion wrong and drops all."""
-    model, tokenizer = make_random_model(seed=2), IdTokenizer(EOS_ID, EOS2_ID)
     prompts = [Prompt(f"train:{i}", f"q{i}", ("even", "odd")[i % 2], f"p{i}", (3 + i, 4, 5)) for i in range(12)]
-    kept = {}
-    for check in ("word_task:parity", "numeric"):
-        cfg = load_config(None, [f"data.correctness={check}", "rollout.group_size=4", "rollout.max_new_tokens=6",
-                                 "train.prompts_per_step=3", "train.micro_batch_size=4", "dapo.max_gen_rounds=2",
-                                 "rewards=[{name: accuracy}]"])
-        torch.manual_seed(0)
-        groups, metrics = collect_groups(model, tokenizer, rewards_from_config(cfg), PromptSampler(prompts, 0),
-                                         GroupBuffer(), cfg)
-        kept[check] = (groups, metrics)
-    groups, _ = kept["word_task:parity"]
+    groups, _ = _collect(prompts, "data.correctness=word_task:parity", "rewards=[{name: accuracy}]")
     assert groups
     for group in groups:
         bits = [("even", "odd")[len(c.text.split()) % 2] == group.prompt.gold for c in group.completions]
         assert group.correct.tolist() == bits and 0 < sum(bits) < 4
-    groups, metrics = kept["numeric"]
+    groups, metrics = _collect(prompts, "data.correctness=numeric", "rewards=[{name: accuracy}]")
     assert groups == [] and metrics["groups_dropped_all_wrong"] == 6
 
 
@@ -104,18 +107,10 @@ def test_an_unknown_or_broken_check_fails_naming_the_key():
 def test_filter_metric_reward_name_picks_one_rewards_values():
     """Only the overlong reward varies with length: filtering on it keeps groups that the accuracy
     reward alone (all -1 for a random model) would drop."""
-    model, tokenizer = make_random_model(seed=2), IdTokenizer(EOS_ID, EOS2_ID)
-    base = ["rollout.group_size=4", "rollout.max_new_tokens=6", "train.prompts_per_step=3",
-            "train.micro_batch_size=4", "dapo.max_gen_rounds=2",
-            "rewards=[{name: accuracy}, {name: overlong, args: {cache_length: 5}}]"]
     prompts = [Prompt(f"train:{i}", f"q{i}", "7", f"p{i}", (3 + i, 4, 5)) for i in range(12)]
-    kept = {}
-    for metric in ("reward:overlong", "reward:accuracy", "correct"):
-        cfg = load_config(None, [*base, f"dapo.filter_metric={metric}"])
-        torch.manual_seed(0)
-        groups, _ = collect_groups(model, tokenizer, rewards_from_config(cfg), PromptSampler(prompts, 0),
-                                   GroupBuffer(), cfg)
-        kept[metric] = groups
+    rewards = "rewards=[{name: accuracy}, {name: overlong, args: {cache_length: 5}}]"
+    kept = {metric: _collect(prompts, rewards, f"dapo.filter_metric={metric}")[0]
+            for metric in ("reward:overlong", "reward:accuracy", "correct")}
     assert kept["reward:overlong"] and kept["reward:accuracy"] == [] and kept["correct"] == []
     for group in kept["reward:overlong"]:
         assert len(set(group.per_reward["overlong"])) > 1
@@ -135,8 +130,11 @@ def test_the_old_filter_metric_value_reads_as_total(caplog):
 
 
 def test_build_rewards_binds_the_check_only_where_a_reward_asks_for_it():
-    reward_set = build_rewards([RewardSpec(name="accuracy"), RewardSpec(name="digit")], max_new_tokens=8,
-                               is_correct=lambda text, gold: text == gold)
+    reward_set = build_rewards(
+        [RewardSpec(name="accuracy"), RewardSpec(name="digit")],
+        max_new_tokens=8,
+        is_correct=lambda text, gold: text == gold,
+    )
     scores = score(reward_set, ["<answer>\n5\n</answer>", "x"], ["x", "x"])
     assert scores.per_reward["accuracy"] == [-1.0, 1.0] and scores.correct == [False, True]
     assert scores.per_reward["digit"] == [0.5, 0.0]  # digit has no is_correct: still numeric

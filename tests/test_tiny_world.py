@@ -11,10 +11,11 @@ import unicodedata
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_task import MAX_AMOUNT, MAX_FACTOR, MAX_RESULT, NOTES, Problem, Rejected, generate_problems, make_splits
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from dapo_train.config import DEFAULT_SYSTEM_PROMPT, TINY_DATA_DIR, TINY_MODEL_DIR
+
+from tiny_task import MAX_AMOUNT, MAX_FACTOR, MAX_RESULT, NOTES, Problem, Rejected, generate_problems, make_splits
 
 STEP_RE = re.compile(r"^[^：]+：(\d+) ([-+×÷]) (\d+) = (\d+)$")
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a / b}

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dapo_train import update
+from dapo_train import algo
 from dapo_train.config import load_config
 from dapo_train.errors import TrainingAborted
 from dapo_train.metrics import read_metrics
@@ -65,13 +65,13 @@ def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(tmp_path):
 
 
 def test_non_finite_losses_skip_updates_then_abort(tmp_path, monkeypatch):
-    real = update.policy_loss
+    real = algo.policy_loss  # what update's LossSettings calls
 
     def poisoned(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
         return loss * float("nan"), metrics
 
-    monkeypatch.setattr(update, "policy_loss", poisoned)
+    monkeypatch.setattr(algo, "policy_loss", poisoned)
     out = tmp_path / "nan"
     with pytest.raises(TrainingAborted, match="2 non-finite steps"):
         _run(out, "train.max_steps=50", "train.max_bad_steps=2", "dapo.dynamic_sampling=false")

@@ -7,9 +7,9 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from dapo_train.algo import loss_normalizer
 from dapo_train.config import load_config
 from dapo_train.rollout import Completion
-from dapo_train.algo import loss_normalizer
 from dapo_train.update import (
     TrainSample,
     UpdateContext,
@@ -38,7 +38,9 @@ def _grads_after(model, samples, micro_size: int, *, lr: float = 1e-3):
     """Gradients and AdamW-updated weights after one step. (Adam's first step is about
     lr * g / (|g| + eps), so gradients near eps amplify float32 noise; lr 1e-3 keeps that
     well inside the 1e-5 tolerance while the gradients themselves are compared directly.)"""
-    cfg = load_config(None, ["train.prompts_per_step=2", "rollout.group_size=6", f"train.micro_batch_size={micro_size}"])
+    cfg = load_config(
+        None, ["train.prompts_per_step=2", "rollout.group_size=6", f"train.micro_batch_size={micro_size}"]
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     accelerator = Accelerator(cpu=True)
     ctx = UpdateContext(model, optimizer, accelerator, cfg, pad_id=EOS2_ID)

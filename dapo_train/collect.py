@@ -30,7 +30,13 @@ from dapo_train.rollout import Completion, SamplingSettings, generate_completion
 
 @dataclass
 class Group:
-    """One prompt and its G scored completions."""
+    """One prompt and its G scored completions.
+
+    version: optimizer steps taken before it was generated (its staleness when trained is the
+    optimizer step count then minus this). old_logprobs: per completion, (L,) float32 log-probs
+    under the policy that generated it, recorded at collection time by update.record_old_logprobs
+    (None while the update can prove the ratio is 1 and needs none).
+    """
 
     prompt: Prompt
     completions: list[Completion]  # G
@@ -38,6 +44,8 @@ class Group:
     correct: torch.Tensor  # (G,) bool
     advantages: torch.Tensor  # (G,) float32 (Eq. 9)
     per_reward: dict[str, list[float]] = field(default_factory=dict)  # name -> G unweighted values
+    version: int = 0
+    old_logprobs: list[torch.Tensor] | None = None  # G x (L_i,)
 
     def to_state(self) -> dict:
         """Plain tensors/lists only, loadable with torch.load(weights_only=True)."""
@@ -51,6 +59,8 @@ class Group:
             "correct": self.correct,
             "advantages": self.advantages,
             "per_reward": self.per_reward,
+            "version": self.version,
+            "old_logprobs": self.old_logprobs,
         }
 
     @classmethod
@@ -66,6 +76,8 @@ class Group:
             correct=state["correct"],
             advantages=state["advantages"],
             per_reward=state["per_reward"],
+            version=int(state.get("version", 0)),  # checkpoints before the mini-batch regime lack both
+            old_logprobs=state.get("old_logprobs"),
         )
 
 
@@ -210,22 +222,29 @@ def _keep(group: Group, cfg: Config, stats: CollectStats) -> bool:
 
 
 def collect_groups(
-    model, tokenizer, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config
+    model, tokenizer, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config, version: int = 0
 ) -> tuple[list[Group], dict]:
     """Rounds of generation until `prompts_per_step` informative groups are buffered (or rounds run out).
 
     -> (groups for this step, metrics). Without dynamic sampling there is exactly one round and
     every group is kept (zero-variance groups then have A = 0 and only add to the token count).
+    version: the optimizer steps taken so far, stamped on the new groups.
     """
     wanted = cfg.train.prompts_per_step
     stats = CollectStats()
+    carried = {id(group) for group in buffer.groups}  # generated in an earlier step
     model.eval()  # generation with the KV cache; training mode would force use_cache off under checkpointing
     max_rounds = cfg.dapo.max_gen_rounds if cfg.dapo.dynamic_sampling else 1
     while len(buffer) < wanted and stats.rounds < max_rounds:
         stats.rounds += 1
         groups = rollout_groups(model, tokenizer, reward_set, sampler.next_batch(wanted), cfg, stats)
         kept = [g for g in groups if _keep(g, cfg, stats)]
+        for group in kept:
+            group.version = version
         buffer.add(kept)
     taken = buffer.take(wanted)
     stats.kept = len(taken)
-    return taken, stats.metrics(wanted, len(taken))
+    metrics = stats.metrics(wanted, len(taken))
+    metrics["groups_carried"] = sum(id(group) in carried for group in taken)
+    metrics["buffer_size"] = len(buffer)
+    return taken, metrics

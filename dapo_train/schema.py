@@ -106,7 +106,9 @@ class DapoConfig:
         4, "Most generation rounds per step while filling the batch; then train on what was kept."
     )
     overlong_filtering: bool = _opt(False, "Mask truncated completions out of the loss (overlong filtering).")
-    num_iterations: int = _opt(1, "Optimizer passes over each rollout batch (PPO epochs). 1 = on-policy.")
+    num_iterations: int = _opt(
+        1, "Passes over each rollout batch (PPO epochs); each pass is train.updates_per_step optimizer steps."
+    )
 
 
 @dataclass
@@ -122,17 +124,26 @@ def _default_rewards() -> list[RewardSpec]:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = _opt(40, "Optimizer steps.")
-    prompts_per_step: int = _opt(8, "Informative groups (prompts) per optimizer step.")
-    micro_batch_size: int = _opt(16, "Sequences per forward/backward; the step's groups are accumulated.")
+    max_steps: int = _opt(40, "Steps: one rollout batch each (its updates are optimizer steps).")
+    prompts_per_step: int = _opt(8, "Informative groups (prompts) per step: the rollout batch.")
+    updates_per_step: int = _opt(
+        8,
+        "Optimizer steps per rollout batch and pass: its groups are cut into this many mini-batches of whole "
+        "groups (at most one per group; the paper: 16). Above 1 the policy drifts from the one that sampled, "
+        "so eps_low / eps_high act.",
+    )
+    micro_batch_size: int = _opt(16, "Sequences per forward/backward; a mini-batch's are accumulated.")
     micro_batch_tokens: int = _opt(0, "If > 0, cap micro-batches by padded tokens instead (count still bounded).")
     learning_rate: float = _opt(1e-4, "AdamW learning rate.")
-    lr_scheduler: str = _opt("constant", "Schedule after warmup.", ("constant", "cosine"))
-    warmup_steps: int = _opt(0, "Linear warmup steps.")
+    lr_scheduler: str = _opt(
+        "constant", "Schedule after warmup, over the run's optimizer steps (max_steps x updates_per_step x "
+        "num_iterations).", ("constant", "cosine"),
+    )
+    warmup_steps: int = _opt(0, "Linear warmup, in optimizer steps.")
     weight_decay: float = _opt(0.0, "AdamW weight decay.")
     adam_beta1: float = _opt(0.9, "AdamW beta1.")
     adam_beta2: float = _opt(0.99, "AdamW beta2.")
-    max_grad_norm: float = _opt(1.0, "Gradient-norm clipping (0 = off).")
+    max_grad_norm: float = _opt(1.0, "Gradient-norm clipping, per optimizer step (0 = off).")
     mixed_precision: str = _opt("auto", "auto = bf16 autocast on CUDA, none on CPU.", ("auto", "no", "bf16", "fp16"))
     logprob_chunk_size: int = _opt(1024, "Tokens per chunk when computing logsumexp over the vocabulary.")
     deterministic: bool = _opt(False, "Use deterministic torch algorithms (slower; for exact resume tests).")
@@ -229,6 +240,7 @@ def validate(cfg: Config) -> None:
     _require(cfg.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1")
     _require(t.max_steps >= 1, "train.max_steps", f"got {t.max_steps}; must be >= 1")
     _require(t.prompts_per_step >= 1, "train.prompts_per_step", f"got {t.prompts_per_step}; must be >= 1")
+    _require(t.updates_per_step >= 1, "train.updates_per_step", f"got {t.updates_per_step}; must be >= 1")
     step_sequences = t.prompts_per_step * r.group_size
     _require(
         1 <= t.micro_batch_size <= step_sequences,

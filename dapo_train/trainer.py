@@ -1,16 +1,19 @@
 """The DAPO training loop (arXiv 2503.14476); the only module that knows the order of the stages.
 
-Each optimizer step:
+Each step (one rollout batch; train.max_steps counts these):
   1. collect  -- sample prompts, generate G completions each, score, advantages (Eq. 9), keep
-                 informative groups (Eq. 11) until the batch is full or rounds run out (collect.py)
-  2. update   -- token-level clipped loss (Eq. 10, 12), exact over micro-batches; AdamW (update.py)
+                 informative groups (Eq. 11) until the batch is full or rounds run out (collect.py);
+                 record the old log-probs the later updates need (update.record_old_logprobs)
+  2. update   -- train.updates_per_step mini-batches x dapo.num_iterations passes, each an AdamW
+                 step on the token-level clipped loss (Eq. 10, 12), exact over micro-batches (update.py)
   3. log      -- metrics.jsonl + training_losses.txt / accuracy_losses.txt (metrics.py)
   4. evaluate -- greedy on a fixed eval subset every eval.every_steps, step 0 first (evaluate.py)
   5. save     -- checkpoint_<step>/ atomically every checkpoint.every_steps and at the end
 
 Departures from the seed trainer: EOS is in the loss, prompts are never right-truncated, eval is
-greedy on fixed items, answers are read numerically, overlong shaping exists (Eq. 13) and the loss
-is normalised over the step's tokens, not per group.
+greedy on fixed items, answers are read numerically, overlong shaping exists (Eq. 13), the loss
+is normalised over the update's tokens, not per group, and each rollout batch gets several
+updates against the log-probs of the policy that sampled it, so the clip acts.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from dapo_train.modeling import gradient_checkpointing, load_model, load_tokeniz
 from dapo_train.rewards import rewards_from_config
 from dapo_train.rollout import pad_token_id
 from dapo_train.signals import StopRequested
-from dapo_train.update import UpdateContext, policy_update
+from dapo_train.update import UpdateContext, policy_update, record_old_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -63,15 +66,27 @@ def _cosine(progress: float) -> float:
 LR_SCHEDULES = {"constant": _constant, "cosine": _cosine}
 
 
+def total_optimizer_steps(cfg: Config) -> int:
+    """The LR schedule's horizon: optimizer steps of a run whose every rollout batch is full."""
+    return cfg.train.max_steps * cfg.train.updates_per_step * cfg.dapo.num_iterations
+
+
 def learning_rate(cfg: Config, step: int) -> float:
-    """LR for optimizer step `step` (0-based): linear warmup, then constant or cosine to 0.
+    """LR for OPTIMIZER step `step` (0-based, counting every update of every rollout batch): linear
+    warmup over train.warmup_steps, then constant or cosine to 0 at total_optimizer_steps.
 
     A pure function of the step, so resuming needs no scheduler state."""
     t = cfg.train
     if step < t.warmup_steps:
         return t.learning_rate * (step + 1) / t.warmup_steps
-    progress = (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps)
+    progress = (step - t.warmup_steps) / max(1, total_optimizer_steps(cfg) - t.warmup_steps)
     return t.learning_rate * LR_SCHEDULES[t.lr_scheduler](progress)
+
+
+def clip_can_act(cfg: Config) -> bool:
+    """False when every update is the first and only one on its rollout batch: then the ratio is 1
+    (carried-over groups aside) and eps_low / eps_high change nothing."""
+    return min(cfg.train.updates_per_step, cfg.train.prompts_per_step) > 1 or cfg.dapo.num_iterations > 1
 
 
 def prepare_run_dir(cfg: Config, resume: str | bool | None, overwrite: bool) -> tuple[Path, Path | None]:
@@ -163,11 +178,23 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     )
     model, optimizer = accelerator.prepare(model, optimizer)
     pad_id = pad_token_id(accelerator.unwrap_model(model), tokenizer)
+    if cfg.train.updates_per_step > cfg.train.prompts_per_step:
+        logger.warning(
+            "train.updates_per_step=%d > train.prompts_per_step=%d: updates train whole groups, so a step makes "
+            "at most %d", cfg.train.updates_per_step, cfg.train.prompts_per_step, cfg.train.prompts_per_step,
+        )
+    if not clip_can_act(cfg):
+        logger.warning(
+            "dapo.eps_low / dapo.eps_high cannot act: each rollout batch gets one on-policy update (ratio 1, "
+            "carried-over groups aside); set train.updates_per_step > 1 (or dapo.num_iterations > 1) to let it act"
+        )
     return Run(
         cfg=cfg, run_dir=run_dir, accelerator=accelerator, model=model, tokenizer=tokenizer, reward_set=reward_set,
         optimizer=optimizer, sampler=PromptSampler(train_prompts, cfg.seed),
         eval_prompts=eval_prompts, buffer=GroupBuffer(),
-        update_ctx=UpdateContext(model, optimizer, accelerator, cfg, pad_id, ref_model),
+        update_ctx=UpdateContext(
+            model, optimizer, accelerator, cfg, pad_id, ref_model, lr_at=lambda step: learning_rate(cfg, step)
+        ),
         prompts_by_uid={p.uid: p for p in train_prompts},
     )
 
@@ -176,6 +203,7 @@ def trainer_state(run: Run) -> dict:
     return {
         "step": run.step,
         "bad_steps": run.bad_steps,
+        "optimizer_steps": run.update_ctx.optimizer_steps,
         "sampler": run.sampler.state_dict(),
         "buffer": run.buffer.state_dict(),
         "optimizer": run.optimizer.state_dict(),
@@ -185,6 +213,8 @@ def trainer_state(run: Run) -> dict:
 
 def restore(run: Run, state: dict) -> None:
     run.step, run.bad_steps = int(state["step"]), int(state["bad_steps"])
+    # Checkpoints from before the mini-batch regime made one optimizer step per step.
+    run.update_ctx.optimizer_steps = int(state.get("optimizer_steps", run.step))
     run.sampler.load_state_dict(state["sampler"])
     run.buffer.load_state_dict(state["buffer"], run.prompts_by_uid)
     run.optimizer.load_state_dict(state["optimizer"])
@@ -203,6 +233,7 @@ def save(run: Run) -> Path:
 def evaluate(run: Run) -> dict:
     """Greedy accuracy on the fixed eval subset; prints a few sample completions."""
     cfg = run.cfg
+    start = time.perf_counter()
     result = evaluate_prompts(
         run.accelerator.unwrap_model(run.model), run.tokenizer, run.eval_prompts,
         max_new_tokens=eval_max_new_tokens(cfg), batch_size=cfg.eval.batch_size,
@@ -213,18 +244,27 @@ def evaluate(run: Run) -> dict:
             f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}"
             f"\n    {record['completion']!r}"
         )
-    return {
+    metrics = {
         key if key == "accuracy" else f"eval/{key}": value for key, value in result.metrics.items() if key != "samples"
     }
+    metrics["seconds_eval"] = time.perf_counter() - start
+    return metrics
 
 
 def train_step(run: Run) -> dict:
-    """Steps 1-2 of the module docstring for one optimizer step. -> the step's metrics."""
+    """Steps 1-2 of the module docstring for one step (one rollout batch). -> the step's metrics."""
     start = time.perf_counter()
-    groups, metrics = collect_groups(run.model, run.tokenizer, run.reward_set, run.sampler, run.buffer, run.cfg)
-    metrics["lr"] = learning_rate(run.cfg, run.step)
-    for param_group in run.optimizer.param_groups:
-        param_group["lr"] = metrics["lr"]
+    ctx = run.update_ctx
+    groups, metrics = collect_groups(
+        run.model, run.tokenizer, run.reward_set, run.sampler, run.buffer, run.cfg, version=ctx.optimizer_steps
+    )
+    # Old log-probs now, while the weights are the ones that generated: for groups trained after
+    # the policy moves (any update but a lone first one) and for the carried-over surplus.
+    old_start = time.perf_counter()
+    needing = (groups if clip_can_act(run.cfg) else []) + run.buffer.groups
+    metrics["old_logprob_rows"] = record_old_logprobs(ctx, needing)
+    metrics["seconds_old_logprobs"] = time.perf_counter() - old_start
+    metrics["lr"] = learning_rate(run.cfg, ctx.optimizer_steps)
     if groups:
         update_start = time.perf_counter()
         metrics.update(policy_update(run.update_ctx, groups))

@@ -1,16 +1,26 @@
-"""Step 2 of every optimizer step: the policy update with exact token-level accumulation (Eq. 10, 12).
+"""Step 2 of every step: the policy update, as several optimizer steps (Eq. 10, 12).
 
-The step's groups are flattened into completions and cut into micro-batches (by count, or by a
-padded-token budget). The loss normaliser is counted over the WHOLE step before the micro-batch
-loop, in the loss reduction's own units (algo.loss_normalizer: valid tokens for "token",
-sequences for "sample"), and passed to every micro-batch, so k micro-batches give exactly the
-gradient of one batch. The loss options travel as one algo.LossSettings built from the config.
-A non-finite loss or gradient norm skips the update.
+A step's rollout batch (its informative groups) is cut into `train.updates_per_step` mini-batches
+of whole groups, each one optimizer step; `dapo.num_iterations` passes repeat the whole set. After
+the first update the policy differs from the one that sampled, so the ratio leaves 1 and the
+decoupled clip (Eq. 10) acts; that is the paper's regime (16 updates per rollout batch).
+
+Each mini-batch is cut into micro-batches (by count, or by a padded-token budget) whose gradients
+accumulate. The loss normaliser is the MINI-BATCH's units (algo.loss_normalizer: valid tokens for
+"token", sequences for "sample"), counted before its micro-batch loop and passed to every
+micro-batch, so any micro-batch split gives exactly the gradient of one batch (Eq. 12).
+
+The ratio's denominator is the log-prob under the policy that generated the completion: each
+group carries it from collection time (record_old_logprobs, a no-grad pass of the training
+weights). A completion without it is on-policy by construction (its step's first and only update)
+and uses its own detached log-probs, ratio exactly 1, at no extra cost. A non-finite loss or
+gradient norm skips the update and ends the step's updates.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,12 +39,14 @@ class TrainSample:
     completion_ids: torch.Tensor  # (L,)
     advantage: float  # Eq. 9, broadcast over its tokens
     in_loss: bool  # False when overlong filtering masks a truncated completion
+    old_logprobs: torch.Tensor | None = None  # (L,) under the generating policy; None = on-policy
 
 
 def flatten_groups(groups: list[Group], overlong_filtering: bool) -> list[TrainSample]:
     return [
         TrainSample(
-            c.prompt_ids, c.completion_ids, float(group.advantages[j]), not (overlong_filtering and c.truncated)
+            c.prompt_ids, c.completion_ids, float(group.advantages[j]), not (overlong_filtering and c.truncated),
+            None if group.old_logprobs is None else group.old_logprobs[j],
         )
         for group in groups
         for j, c in enumerate(group.completions)
@@ -62,16 +74,31 @@ def split_micro_batches(samples: list[TrainSample], max_count: int, max_tokens: 
     return batches
 
 
-MicroBatch = tuple[TokenBatch, torch.Tensor]  # collated rows, advantages (N,)
+@dataclass
+class MicroBatch:
+    """Collated rows on the device. N rows, T = padded completion width."""
+
+    batch: TokenBatch
+    advantages: torch.Tensor  # (N,)
+    old_logprobs: torch.Tensor | None  # (N, T) float32, 0 where has_old is False; None if no row has any
+    has_old: torch.Tensor | None  # (N, 1) bool
 
 
 def collate_micro_batch(samples: list[TrainSample], pad_id: int, device) -> MicroBatch:
-    """Rows -> (TokenBatch on device, advantages (N,)); a sample out of the loss gets an all-zero mask."""
+    """Rows -> MicroBatch; a sample out of the loss gets an all-zero mask."""
     batch = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id)
     in_loss = torch.tensor([s.in_loss for s in samples], dtype=torch.float32).unsqueeze(1)  # (N, 1)
     batch.completion_mask = batch.completion_mask * in_loss
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # (N,)
-    return batch.to(device), advantages.to(device)
+    old = has_old = None
+    if any(s.old_logprobs is not None for s in samples):
+        old = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)  # (N, T)
+        for row, sample in enumerate(samples):
+            if sample.old_logprobs is not None:
+                old[row, : sample.old_logprobs.numel()] = sample.old_logprobs
+        has_old = torch.tensor([s.old_logprobs is not None for s in samples]).unsqueeze(1).to(device)  # (N, 1)
+        old = old.to(device)
+    return MicroBatch(batch.to(device), advantages.to(device), old, has_old)
 
 
 def loss_settings(cfg: Config) -> LossSettings:
@@ -84,7 +111,10 @@ def loss_settings(cfg: Config) -> LossSettings:
 
 @dataclass
 class UpdateContext:
-    """What an update needs besides the samples; `loss` is built from cfg."""
+    """What an update needs besides the samples; `loss` is built from cfg.
+
+    optimizer_steps counts every optimizer step of the run (the LR schedule's clock, saved in
+    checkpoints); lr_at(optimizer step) -> learning rate, None to leave the optimizer's as it is."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -92,6 +122,8 @@ class UpdateContext:
     cfg: Config
     pad_id: int
     ref_model: torch.nn.Module | None = None
+    lr_at: Callable[[int], float] | None = None
+    optimizer_steps: int = 0
     loss: LossSettings = field(init=False)
 
     def __post_init__(self) -> None:
@@ -102,28 +134,50 @@ class UpdateContext:
         return score_tokens(model, batch, temperature=self.cfg.rollout.temperature,
                             chunk_size=self.cfg.train.logprob_chunk_size, with_entropy=with_entropy)
 
+    def micro_batches(self, samples: list[TrainSample]) -> list[MicroBatch]:
+        t = self.cfg.train
+        split = split_micro_batches(samples, t.micro_batch_size, t.micro_batch_tokens)
+        return [collate_micro_batch(micro, self.pad_id, self.accelerator.device) for micro in split]
 
-def _old_logprobs(ctx: UpdateContext, batches: list[MicroBatch]) -> list[torch.Tensor]:
-    """Log-probs under the policy before any update of this step (num_iterations > 1)."""
+
+def record_old_logprobs(ctx: UpdateContext, groups: list[Group]) -> int:
+    """Give every group without them its old log-probs: a no-grad pass of the current training
+    weights (float32 master weights, the forward the update runs), made while these weights are
+    still the ones that generated the group. -> completions scored."""
+    todo = [group for group in groups if group.old_logprobs is None]
+    if not todo:
+        return 0
+    samples = flatten_groups(todo, overlong_filtering=False)
+    ctx.model.train()  # the update's forward, not generation's
+    scored: list[torch.Tensor] = []
     with torch.no_grad():
-        return [ctx.score(ctx.model, batch)[0] for batch, _ in batches]
+        for micro in ctx.micro_batches(samples):
+            logprobs, _ = ctx.score(ctx.model, micro.batch)  # (N, T)
+            for row in logprobs.float().cpu():
+                scored.append(row[: samples[len(scored)].completion_ids.numel()].clone())
+    rows = iter(scored)
+    for group in todo:
+        group.old_logprobs = [next(rows) for _ in group.completions]
+    return len(scored)
 
 
-def accumulate_gradients(ctx: UpdateContext, batches: list[MicroBatch], normalizer: float,
-                         old: list[torch.Tensor] | None) -> dict:
+def accumulate_gradients(ctx: UpdateContext, batches: list[MicroBatch], normalizer: float) -> dict:
     """Forward/backward every micro-batch; gradients accumulate in .grad. -> token-weighted metrics.
 
-    normalizer: the whole step's loss units (algo.loss_normalizer), the same for every micro-batch."""
+    normalizer: the mini-batch's loss units (algo.loss_normalizer), the same for every micro-batch."""
     totals: dict[str, float] = {}
     weight_sum, loss_sum = 0.0, 0.0
-    for i, (batch, advantages) in enumerate(batches):
+    for micro in batches:
+        batch = micro.batch
         logprobs, entropy = ctx.score(ctx.model, batch, with_entropy=True)
         ref_logprobs = None
         if ctx.ref_model is not None:
             with torch.no_grad():
                 ref_logprobs, _ = ctx.score(ctx.ref_model, batch)
-        old_logprobs = old[i] if old is not None else logprobs.detach()
-        loss, metrics = ctx.loss(logprobs, old_logprobs, advantages, batch.completion_mask,
+        old_logprobs = logprobs.detach()  # on-policy rows: ratio exactly 1
+        if micro.old_logprobs is not None:
+            old_logprobs = torch.where(micro.has_old, micro.old_logprobs, old_logprobs)  # (N, T)
+        loss, metrics = ctx.loss(logprobs, old_logprobs, micro.advantages, batch.completion_mask,
                                  normalizer=normalizer, ref_logprobs=ref_logprobs)
         ctx.accelerator.backward(loss)
         loss_sum += float(loss.detach())
@@ -139,25 +193,75 @@ def accumulate_gradients(ctx: UpdateContext, batches: list[MicroBatch], normaliz
     return out
 
 
+def mini_batches(groups: list[Group], updates: int) -> list[list[Group]]:
+    """Whole groups cut into min(updates, len(groups)) consecutive parts whose sizes differ by at most one."""
+    parts = max(1, min(updates, len(groups)))
+    bounds = [len(groups) * i // parts for i in range(parts + 1)]
+    return [groups[bounds[i] : bounds[i + 1]] for i in range(parts)]
+
+
+@dataclass
+class _StepMetrics:
+    """A step's update metrics: token-weighted means over all its updates, plus counts and the last update's clip."""
+
+    totals: dict[str, float] = field(default_factory=dict)
+    tokens: float = 0.0
+    grad_norms: list[float] = field(default_factory=list)
+    staleness: list[int] = field(default_factory=list)
+    last: dict = field(default_factory=dict)
+
+    def add(self, metrics: dict) -> None:
+        tokens = metrics["num_tokens"]
+        for key, value in metrics.items():
+            if key != "num_tokens":
+                self.totals[key] = self.totals.get(key, 0.0) + value * tokens
+        self.tokens += tokens
+        self.last = metrics
+
+    def result(self, micro_batches: int, pass_tokens: float) -> dict:
+        out = {key: value / max(self.tokens, 1.0) for key, value in self.totals.items()}
+        out.update(
+            num_tokens=pass_tokens, micro_batches=micro_batches, optimizer_steps=len(self.grad_norms),
+            clip_frac_high_last=self.last.get("clip_frac_high", 0.0),
+            clip_frac_low_last=self.last.get("clip_frac_low", 0.0),
+            staleness_mean=sum(self.staleness) / max(1, len(self.staleness)),
+            staleness_max=max(self.staleness, default=0),
+        )
+        if self.grad_norms:
+            out["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
+        return out
+
+
 def policy_update(ctx: UpdateContext, groups: list[Group]) -> dict:
-    """All optimizer passes of one step (num_iterations of them). -> metrics incl. grad_norm."""
+    """Every optimizer step of one rollout batch: num_iterations passes over its mini-batches.
+    -> metrics (token-weighted over all updates; optimizer_steps, clip_frac_*_last, staleness_*)."""
     cfg = ctx.cfg
-    samples = flatten_groups(groups, cfg.dapo.overlong_filtering)
-    split = split_micro_batches(samples, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens)
-    batches = [collate_micro_batch(micro, ctx.pad_id, ctx.accelerator.device) for micro in split]
-    normalizer = loss_normalizer([batch.completion_mask for batch, _ in batches], ctx.loss.reduction)
+    parts = []
+    for part in mini_batches(groups, cfg.train.updates_per_step):
+        batches = ctx.micro_batches(flatten_groups(part, cfg.dapo.overlong_filtering))
+        normalizer = loss_normalizer([micro.batch.completion_mask for micro in batches], ctx.loss.reduction)
+        parts.append((batches, normalizer, [group.version for group in part]))
+    pass_tokens = sum(float(micro.batch.completion_mask.sum()) for batches, _, _ in parts for micro in batches)
     ctx.model.train()
-    old = _old_logprobs(ctx, batches) if cfg.dapo.num_iterations > 1 else None
-    metrics: dict = {"micro_batches": len(batches), "skipped_nonfinite": 0}
+    step = _StepMetrics()
+    result = {"skipped_nonfinite": 0}
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
     for _ in range(cfg.dapo.num_iterations):
-        metrics.update(accumulate_gradients(ctx, batches, normalizer, old))
-        grad_norm = float(ctx.accelerator.clip_grad_norm_(ctx.model.parameters(), max_norm))
-        metrics["grad_norm"] = grad_norm
-        if not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm)):
+        for batches, normalizer, versions in parts:
+            if ctx.lr_at is not None:
+                result["lr"] = ctx.lr_at(ctx.optimizer_steps)
+                for param_group in ctx.optimizer.param_groups:
+                    param_group["lr"] = result["lr"]
+            metrics = accumulate_gradients(ctx, batches, normalizer)
+            grad_norm = float(ctx.accelerator.clip_grad_norm_(ctx.model.parameters(), max_norm))
+            if not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm)):
+                ctx.optimizer.zero_grad(set_to_none=True)
+                result.update(skipped_nonfinite=1, loss=metrics["loss"], grad_norm=grad_norm)
+                return {**step.result(sum(len(b) for b, _, _ in parts), pass_tokens), **result}
+            ctx.optimizer.step()
             ctx.optimizer.zero_grad(set_to_none=True)
-            metrics["skipped_nonfinite"] = 1
-            return metrics
-        ctx.optimizer.step()
-        ctx.optimizer.zero_grad(set_to_none=True)
-    return metrics
+            step.staleness += [ctx.optimizer_steps - version for version in versions]
+            step.grad_norms.append(grad_norm)
+            step.add(metrics)
+            ctx.optimizer_steps += 1
+    return {**step.result(sum(len(b) for b, _, _ in parts), pass_tokens), **result}

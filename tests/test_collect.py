@@ -79,10 +79,29 @@ def test_surplus_groups_carry_over_and_are_served_first():
     stash = rollout_groups(model, tokenizer, rewards, sampler.next_batch(5), cfg, CollectStats())
     buffer = GroupBuffer()
     buffer.add(stash)
-    first, metrics = collect_groups(model, tokenizer, rewards, sampler, buffer, cfg)
+    first, metrics = collect_groups(model, tokenizer, rewards, sampler, buffer, cfg, version=7)
     assert first == stash[:3] and metrics["gen_rounds"] == 0 and buffer.groups == stash[3:]
-    second, metrics = collect_groups(model, tokenizer, rewards, sampler, buffer, cfg)
+    assert (metrics["groups_carried"], metrics["buffer_size"]) == (3, 2)
+    second, metrics = collect_groups(model, tokenizer, rewards, sampler, buffer, cfg, version=9)
     assert second[:2] == stash[3:] and len(second) == 3 and metrics["gen_rounds"] == 1 and len(buffer) == 2
+    assert (metrics["groups_carried"], metrics["buffer_size"]) == (2, 2)
+    assert [g.version for g in second] == [0, 0, 9] and all(g.version == 9 for g in buffer.groups)
+
+
+def test_a_buffered_group_keeps_its_old_logprobs_and_version_through_a_checkpoint(tmp_path):
+    model, tokenizer = make_random_model(seed=2), IdTokenizer(EOS_ID, EOS2_ID)
+    cfg = _cfg("dapo.dynamic_sampling=false")
+    rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=4)
+    prompts = _prompts(2)
+    groups = rollout_groups(model, tokenizer, rewards, prompts, cfg, CollectStats())
+    groups[0].version, groups[0].old_logprobs = 5, [torch.randn(c.length) for c in groups[0].completions]
+    buffer = GroupBuffer()
+    buffer.add(groups)
+    torch.save(buffer.state_dict(), tmp_path / "state.pt")
+    again = GroupBuffer()
+    again.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True), {p.uid: p for p in prompts})
+    assert again.groups[0].version == 5 and again.groups[1].old_logprobs is None
+    assert all(torch.equal(a, b) for a, b in zip(again.groups[0].old_logprobs, groups[0].old_logprobs))
 
 
 def test_without_dynamic_sampling_every_group_is_kept_in_one_round():

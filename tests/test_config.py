@@ -92,17 +92,21 @@ def test_exponent_floats_are_read_as_numbers(tmp_path):
 
 
 def test_shipped_configs_load_and_the_tiny_one_is_the_default():
+    from dapo_train.trainer import clip_can_act, total_optimizer_steps
+
     root = __import__("pathlib").Path(__file__).resolve().parent.parent / "configs"
     assert load_config(str(root / "tiny-cpu.yaml"), []) == load_config(None, [])
     qwen = load_config(str(root / "qwen1.5b.yaml"), [])
     assert qwen.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
     assert (qwen.rollout.group_size, qwen.dapo.eps_low, qwen.dapo.eps_high, qwen.train.learning_rate) == (
-        4,
-        0.2,
-        0.28,
-        1e-6,
+        4, 0.2, 0.28, 1e-6,
     )
-    assert qwen.train.prompts_per_step * qwen.rollout.group_size // qwen.train.micro_batch_size == 2  # accumulation 2
+    # The reference trainer's optimizer step: 2 prompts x G=4 in 2 accumulated micro-batches, 300 of them.
+    per_update = qwen.train.prompts_per_step // qwen.train.updates_per_step * qwen.rollout.group_size
+    assert (per_update, per_update // qwen.train.micro_batch_size, total_optimizer_steps(qwen)) == (8, 2, 300)
+    paper = load_config(str(root / "qwen1.5b-paper.yaml"), [])
+    assert (paper.rollout.group_size, paper.train.updates_per_step, paper.train.learning_rate) == (16, 16, 1e-6)
+    assert all(clip_can_act(cfg) for cfg in (load_config(None, []), qwen, paper))  # eps_high acts in every one
 
 
 def test_every_choice_list_is_its_registrys_keys():

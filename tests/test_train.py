@@ -20,7 +20,8 @@ MODEL = "builtin:tiny"
 # Small, float32, deterministic steps: 2 prompts x G=4, short completions, no eval.
 SMALL = [
     f"model.name_or_path={MODEL}", "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2",
-    "train.micro_batch_size=4", "eval.every_steps=0", "train.deterministic=true", "train.num_threads=1",
+    "train.micro_batch_size=4", "train.updates_per_step=2", "eval.every_steps=0", "train.deterministic=true",
+    "train.num_threads=1",
     "rewards=[{name: accuracy}, {name: overlong, args: {cache_length: 16}}]", "logging.progress_bar=false",
 ]
 
@@ -43,6 +44,21 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     final_b = load_file(resumed / "checkpoint_6" / "model.safetensors")
     for name in final_a:
         torch.testing.assert_close(final_a[name], final_b[name], atol=1e-5, rtol=0)
+
+
+def test_eps_high_changes_the_weights_and_the_clip_fires(tmp_path, caplog):
+    """Two updates per rollout batch: the second trains on completions of the policy before the
+    first, so eps_high moves the weights and clip_frac_high is non-zero somewhere; the run does not
+    warn that the clip cannot act. With one update per batch it warns, naming the key."""
+    runs = {eps: _run(tmp_path / f"eps{eps}", "train.max_steps=4", f"dapo.eps_high={eps}") for eps in (0.1, 0.5)}
+    weights = [load_file(run / "checkpoint_4" / "model.safetensors") for run in runs.values()]
+    assert any(not torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+    rows = read_metrics(runs[0.1])
+    assert any(row.get("clip_frac_high", 0) > 0 for row in rows)
+    assert all(row["optimizer_steps"] == 2 for row in rows if "loss" in row)
+    assert "cannot act" not in caplog.text
+    _run(tmp_path / "one", "train.max_steps=1", "train.updates_per_step=1")
+    assert "dapo.eps_low / dapo.eps_high cannot act" in caplog.text and "train.updates_per_step > 1" in caplog.text
 
 
 def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(tmp_path):

@@ -1,4 +1,5 @@
-"""The policy update: exact Eq. 12 accumulation over micro-batches, token-budget splitting."""
+"""The policy update: exact Eq. 12 accumulation over micro-batches, token-budget splitting, the
+mini-batch regime (several optimizer steps per rollout batch) and honest old log-probs."""
 
 import copy
 from types import SimpleNamespace
@@ -7,15 +8,21 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from dapo_train import update as update_module
 from dapo_train.algo import loss_normalizer
+from dapo_train.collect import Group
 from dapo_train.config import load_config
+from dapo_train.data import Prompt
 from dapo_train.rollout import Completion
+from dapo_train.trainer import learning_rate, total_optimizer_steps
 from dapo_train.update import (
     TrainSample,
     UpdateContext,
     accumulate_gradients,
     collate_micro_batch,
+    flatten_groups,
     policy_update,
+    record_old_logprobs,
     split_micro_batches,
 )
 
@@ -45,8 +52,8 @@ def _grads_after(model, samples, micro_size: int, *, lr: float = 1e-3):
     accelerator = Accelerator(cpu=True)
     ctx = UpdateContext(model, optimizer, accelerator, cfg, pad_id=EOS2_ID)
     micro = [collate_micro_batch(m, EOS2_ID, accelerator.device) for m in split_micro_batches(samples, micro_size)]
-    normalizer = loss_normalizer([batch.completion_mask for batch, _ in micro], "token")
-    metrics = accumulate_gradients(ctx, micro, normalizer, None)
+    normalizer = loss_normalizer([m.batch.completion_mask for m in micro], "token")
+    metrics = accumulate_gradients(ctx, micro, normalizer)
     grads = [p.grad.clone() for p in model.parameters()]
     optimizer.step()
     return grads, [p.detach().clone() for p in model.parameters()], metrics, len(micro)
@@ -83,7 +90,7 @@ def test_normalizer_counts_the_whole_step_and_skips_filtered_samples():
     samples = _samples(4)
     samples[1].in_loss = False  # e.g. a truncated completion under overlong filtering
     expected_tokens = sum(s.completion_ids.numel() for i, s in enumerate(samples) if i != 1)
-    masks = [collate_micro_batch(m, EOS2_ID, "cpu")[0].completion_mask for m in split_micro_batches(samples, 3)]
+    masks = [collate_micro_batch(m, EOS2_ID, "cpu").batch.completion_mask for m in split_micro_batches(samples, 3)]
     assert [m.shape[0] for m in masks] == [3, 1]  # counted over both micro-batches
     assert loss_normalizer(masks, "token") == expected_tokens
     assert loss_normalizer(masks, "sample") == 3
@@ -100,9 +107,139 @@ def test_nonfinite_gradient_skips_the_update():
     # A minimal group: two completions of a prompt containing token 5.
     group = SimpleNamespace(
         completions=[Completion(torch.tensor([5, 6]), torch.tensor([7, EOS_ID]), False, "") for _ in range(2)],
-        advantages=torch.tensor([1.0, -1.0]),
+        advantages=torch.tensor([1.0, -1.0]), version=0, old_logprobs=None,
     )
     metrics = policy_update(ctx, [group])
     assert metrics["skipped_nonfinite"] == 1
     for a, b in zip(before[1:], list(model.parameters())[1:]):
         assert torch.equal(a, b)  # no parameter moved
+
+
+# --------------------------------------------------------------------------------------------
+# Several optimizer steps per rollout batch, and the old log-probs of the policy that sampled.
+
+
+def _groups(n: int, seed: int = 0, size: int = 4) -> list[Group]:
+    """n groups of `size` random completions (some truncated), advantages of both signs."""
+    samples = _samples(n * size, seed)
+    return [
+        Group(
+            prompt=Prompt(f"train:{i}", "q", "1", "p", tuple(samples[i * size].prompt_ids.tolist())),
+            completions=[
+                Completion(samples[i * size].prompt_ids, s.completion_ids, False, "")
+                for s in samples[i * size : (i + 1) * size]
+            ],
+            rewards=torch.zeros(size), correct=torch.zeros(size, dtype=torch.bool),
+            advantages=torch.tensor([s.advantage for s in samples[i * size : (i + 1) * size]]),
+        )
+        for i in range(n)
+    ]
+
+
+def _ctx(model, *overrides: str, lr: float = 1e-3) -> UpdateContext:
+    cfg = load_config(None, ["train.prompts_per_step=4", "rollout.group_size=4", "train.micro_batch_size=3",
+                             "train.updates_per_step=1",
+                             f"train.learning_rate={lr}", *overrides])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    return UpdateContext(model, optimizer, Accelerator(cpu=True), cfg, pad_id=EOS2_ID,
+                         lr_at=lambda step: learning_rate(cfg, step))
+
+
+def test_k_mini_batches_are_k_sequential_optimizer_steps():
+    """updates_per_step=2 over four groups == two manual updates of two groups each, with the old
+    log-probs recorded once before either (the policy that generated all four)."""
+    base = make_random_model(seed=5).train()
+    other = copy.deepcopy(base)
+    groups = _groups(4)
+    ctx = _ctx(base, "train.updates_per_step=2")
+    assert record_old_logprobs(ctx, groups) == 16
+    metrics = policy_update(ctx, groups)
+    assert metrics["optimizer_steps"] == 2 and ctx.optimizer_steps == 2
+    manual = _ctx(other)  # one update per call
+    manual_groups = copy.deepcopy(groups)
+    for part in (manual_groups[:2], manual_groups[2:]):
+        policy_update(manual, part)
+    assert manual.optimizer_steps == 2
+    for a, b in zip(base.parameters(), other.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert metrics["clip_frac_high_last"] >= 0.0 and "staleness_max" in metrics
+    assert metrics["staleness_max"] == 1  # the second mini-batch was generated one update ago
+
+
+def test_the_lr_schedule_counts_optimizer_steps():
+    """Warmup of 4 optimizer steps, 2 updates per step: after one step the LR is 2/4 of its peak."""
+    model = make_random_model(seed=6).train()
+    ctx = _ctx(model, "train.updates_per_step=2", "train.warmup_steps=4", "train.max_steps=3",
+               "train.lr_scheduler=cosine", lr=1e-2)
+    assert total_optimizer_steps(ctx.cfg) == 6
+    groups = _groups(4)
+    record_old_logprobs(ctx, groups)
+    used = []
+    ctx.lr_at = lambda step: used.append(learning_rate(ctx.cfg, step)) or used[-1]
+    metrics = policy_update(ctx, groups)
+    assert used == pytest.approx([1e-2 * 1 / 4, 1e-2 * 2 / 4])
+    assert metrics["lr"] == pytest.approx(5e-3) and ctx.optimizer.param_groups[0]["lr"] == pytest.approx(5e-3)
+    # After warmup the cosine runs over the remaining 6 - 4 = 2 optimizer steps: half-way at step 5.
+    assert learning_rate(ctx.cfg, 5) == pytest.approx(1e-2 * 0.5)
+
+
+def test_a_carried_groups_ratio_is_taken_against_the_policy_that_generated_it():
+    """A group recorded under policy A and trained after the weights moved to B: the loss sees
+    r = exp(logp_B - logp_A); its metrics (ratio_mean, approx_kl) are checked against a hand
+    forward of both models."""
+    model = make_random_model(seed=7).train()
+    group = _groups(1, seed=3)
+    ctx = _ctx(model)
+    record_old_logprobs(ctx, group)  # policy A
+    old = torch.cat(group[0].old_logprobs)
+    with torch.no_grad():  # an update happened in between: policy B
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    micro = ctx.micro_batches(flatten_groups(group, False))
+    new = torch.cat([ctx.score(model, m.batch)[0][m.batch.completion_mask.bool()] for m in micro]).detach()
+    assert not torch.allclose(new, old)  # the weights really moved
+    metrics = policy_update(ctx, group)
+    assert metrics["ratio_mean"] == pytest.approx(float(torch.exp(new - old).mean()), rel=1e-5)
+    assert metrics["approx_kl"] == pytest.approx(float((old - new).mean()), rel=1e-4, abs=1e-7)
+
+
+def test_the_on_policy_path_scores_nothing_extra(monkeypatch):
+    """One update, one pass, no carried group: the ratio is exactly 1 with no old-log-prob pass,
+    only the training forwards run; with two updates one extra no-grad pass scores every row."""
+    calls = []
+    real = update_module.score_tokens
+
+    def counting(model, batch, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return real(model, batch, **kwargs)
+
+    monkeypatch.setattr(update_module, "score_tokens", counting)
+    groups = _groups(4)
+    on_policy = _ctx(make_random_model(seed=8).train())
+    assert record_old_logprobs(on_policy, []) == 0
+    metrics = policy_update(on_policy, groups)
+    assert calls == [True] * 6 and metrics["ratio_mean"] == 1.0  # 16 rows in micro-batches of 3
+    calls.clear()
+    two = _ctx(make_random_model(seed=8).train(), "train.updates_per_step=2")
+    record_old_logprobs(two, groups)
+    policy_update(two, groups)
+    assert calls == [False] * 6 + [True] * 6  # one no-grad pass, then the same training forwards
+
+
+def test_eps_high_moves_the_weights_once_the_clip_can_act():
+    """With two updates per rollout batch the second one's ratio leaves 1 and eps_high changes the
+    weights; with one on-policy update (the setting the trainer warns about) it cannot."""
+
+    def weights_after(eps_high: float, updates: int) -> list[torch.Tensor]:
+        model = make_random_model(seed=9).train()
+        ctx = _ctx(model, f"dapo.eps_high={eps_high}", f"train.updates_per_step={updates}", lr=5e-2)
+        groups = _groups(4, seed=4)
+        record_old_logprobs(ctx, groups if updates > 1 else [])
+        metrics = policy_update(ctx, groups)
+        assert (metrics["ratio_mean"] == 1.0) == (updates == 1)
+        return [p.detach().clone() for p in model.parameters()]
+
+    low, high = weights_after(0.01, 2), weights_after(0.5, 2)
+    assert any(not torch.equal(a, b) for a, b in zip(low, high))
+    low, high = weights_after(0.01, 1), weights_after(0.5, 1)
+    assert all(torch.equal(a, b) for a, b in zip(low, high))

@@ -7,6 +7,7 @@ code 2, with the traceback only under `--debug`.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -28,11 +29,22 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show full traceback
     _state["debug"] = debug
 
 
+def is_override(arg: str) -> bool:
+    """KEY=VALUE, unless the argument names an existing path: every sweep run's folder has '=' in
+    its name (`outputs/sweep_x/eps_high=0.1_seed1`), and a path must never be read as a key."""
+    return "=" in arg and not Path(arg).exists()
+
+
 def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
     """`[CONFIG] [KEY=VALUE ...]` -> (config path or None, overrides)."""
-    if args and "=" not in args[0]:
+    if args and not is_override(args[0]):
         return args[0], list(args[1:])
     return None, list(args)
+
+
+def split_eval_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """`[CHECKPOINT]... [KEY=VALUE]...` -> (targets, overrides)."""
+    return [a for a in args if not is_override(a)], [a for a in args if is_override(a)]
 
 
 @app.command("config")
@@ -104,13 +116,67 @@ def eval_cmd(
     lengths, truncation; writes eval_<split>.json and completions_<split>.jsonl next to each."""
     from dapo_train.eval_command import EvalOptions, run_eval
 
-    args = args or []
+    targets, overrides = split_eval_args(args or [])
     _setup_logging()
     options = EvalOptions(
         config_path=config, split=split, limit=limit, batch_size=batch_size, max_new_tokens=max_new_tokens,
-        samples=samples, temperature=temperature, overrides=tuple(a for a in args if "=" in a), run_dir=run_dir,
+        samples=samples, temperature=temperature, overrides=tuple(overrides), run_dir=run_dir,
     )
-    run_eval([a for a in args if "=" not in a], options)
+    run_eval(targets, options)
+
+
+_PATHS_HELP = "Run folders, sweep folders, or folders holding them."
+
+
+@app.command("sweep")
+def sweep_cmd(
+    config: str = typer.Argument(..., metavar="CONFIG", help="YAML config every run starts from."),
+    args: list[str] = typer.Argument(
+        None, metavar="KEY=V1,V2[,...] [KEY=VALUE]...",
+        help="Comma lists make the grid (split outside brackets and quotes); single values apply to every run.",
+    ),
+    seeds: str = typer.Option(
+        None, "--seeds", help="Run each point once per seed, e.g. 1,2,3 (default: the config's seed)."
+    ),
+    sweep_dir: str = typer.Option(
+        None, "--dir", help="Sweep folder (default outputs/sweep_<config>_<varied keys>).", show_default=False
+    ),
+) -> None:
+    """Train every point of a grid, one run after another, into SWEEP_DIR/<point>_seed<N>/. Run the
+    same command again to skip finished points and resume an interrupted one; SWEEP_DIR/sweep.json
+    holds each point's status."""
+    from dapo_train.signals import StopRequested
+    from dapo_train.sweep import plan_sweep, run_sweep
+
+    plan = plan_sweep(config, args or [], seeds, sweep_dir)
+    _setup_logging()
+    code = run_sweep(plan, StopRequested().install())
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command("compare")
+def compare_cmd(
+    paths: list[str] = typer.Argument(..., metavar="RUN_OR_SWEEP_DIR...", help=_PATHS_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list instead of a table."),
+) -> None:
+    """One row per point (runs differing only in seed are one point: mean ± std): the varied keys,
+    final and best eval accuracy, clip fractions, entropy, completion length, steps and wall time."""
+    from dapo_train.report import compare
+
+    typer.echo(compare(paths, as_json))
+
+
+@app.command("plot")
+def plot_cmd(
+    paths: list[str] = typer.Argument(..., metavar="RUN_OR_SWEEP_DIR...", help=_PATHS_HELP),
+    out: str = typer.Option(..., "-o", "--output", help="Image file to write, e.g. sweep.png."),
+) -> None:
+    """Eval accuracy, reward, entropy, clip fractions, completion length and kept/carried groups over
+    steps, one colour per point (seeds as a mean line with a min-max band). Needs matplotlib."""
+    from dapo_train.report import plot
+
+    typer.echo(f"wrote {plot(paths, out)}")
 
 
 def _resume_arg(value: str | None) -> str | bool | None:
@@ -142,7 +208,7 @@ def bare_resume_to_latest(argv: list[str]) -> list[str]:
         out.append(arg)
         if arg == "--resume":
             nxt = argv[i + 1] if i + 1 < len(argv) else None
-            if nxt is None or nxt.startswith("-") or "=" in nxt or nxt.endswith((".yaml", ".yml")):
+            if nxt is None or nxt.startswith("-") or is_override(nxt) or nxt.endswith((".yaml", ".yml")):
                 out.append("latest")
     return out
 

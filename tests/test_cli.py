@@ -113,3 +113,62 @@ def test_config_command_checks_rewards_like_run(tmp_path):
     for command in ("config", "run"):
         result = dapo(command, "rewards.1.args.cache_length=96", cwd=tmp_path)
         assert_one_line_error(result, "rewards.1.args", "cache_length < max_length")
+
+
+# --------------------------------------------------------------------------------------------
+# An existing path is a path even with '=' in it: every sweep run's folder name has one.
+
+
+def test_an_existing_path_with_equals_is_not_an_override(tmp_path):
+    from dapo_train.cli import is_override
+
+    run = tmp_path / "tiny-cpu_eps_high=0.1"
+    run.mkdir()
+    assert not is_override(str(run))
+    assert is_override(str(tmp_path / "tiny-cpu_eps_high=0.5"))  # no such path: a KEY=VALUE
+    assert is_override("dapo.eps_high=0.4")
+    assert not is_override(str(tmp_path))
+
+
+def test_a_config_path_with_equals_is_the_config(tmp_path):
+    from dapo_train.cli import split_config_args
+
+    config = tmp_path / "sweep_max_steps=12" / "run.yaml"
+    config.parent.mkdir()
+    config.write_text("seed: 7\n")
+    assert split_config_args([str(config), "seed=8"]) == (str(config), ["seed=8"])
+    assert split_config_args(["seed=8"]) == (None, ["seed=8"])
+    result = dapo("config", str(config), cwd=tmp_path)  # `run` reads its arguments the same way
+    assert result.returncode == 0, result.stderr
+    assert "seed: 7\n" in result.stdout
+
+
+def test_eval_targets_may_hold_equals(tmp_path):
+    from dapo_train.cli import split_eval_args
+
+    checkpoint = tmp_path / "outputs" / "tiny-cpu_eps_high=0.1" / "checkpoint_10"
+    checkpoint.mkdir(parents=True)
+    assert split_eval_args([str(checkpoint), "eval.num_items=5"]) == ([str(checkpoint)], ["eval.num_items=5"])
+    # Through the command: the folder is a target (it holds no model), not "nothing to evaluate".
+    result = dapo("eval", str(checkpoint), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "nothing to evaluate" not in result.stderr and "checkpoint_10" in result.stderr
+
+
+def test_resume_path_with_equals_is_kept(tmp_path):
+    from dapo_train.cli import bare_resume_to_latest
+
+    checkpoint = tmp_path / "x_max_steps=12" / "checkpoint_4"
+    checkpoint.mkdir(parents=True)
+    argv = ["run", "--resume", str(checkpoint), "train.max_steps=12"]
+    assert bare_resume_to_latest(argv) == argv
+    # A bare --resume before an override still means the latest checkpoint.
+    assert bare_resume_to_latest(["run", "--resume", "train.max_steps=12"]) == [
+        "run", "--resume", "latest", "train.max_steps=12"
+    ]
+
+
+@pytest.mark.parametrize("command", ["sweep", "compare", "plot"])
+def test_help_lists_the_study_commands(tmp_path, command):
+    result = dapo(command, "--help", cwd=tmp_path)
+    assert result.returncode == 0 and "Usage" in result.stdout

@@ -242,6 +242,7 @@ def policy_update(ctx: UpdateContext, groups: list[Group]) -> dict:
         normalizer = loss_normalizer([micro.batch.completion_mask for micro in batches], ctx.loss.reduction)
         parts.append((batches, normalizer, [group.version for group in part]))
     pass_tokens = sum(float(micro.batch.completion_mask.sum()) for batches, _, _ in parts for micro in batches)
+    micro_count = sum(len(batches) for batches, _, _ in parts)
     ctx.model.train()
     step = _StepMetrics()
     result = {"skipped_nonfinite": 0}
@@ -257,11 +258,11 @@ def policy_update(ctx: UpdateContext, groups: list[Group]) -> dict:
             if not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm)):
                 ctx.optimizer.zero_grad(set_to_none=True)
                 result.update(skipped_nonfinite=1, loss=metrics["loss"], grad_norm=grad_norm)
-                return {**step.result(sum(len(b) for b, _, _ in parts), pass_tokens), **result}
+                return {**step.result(micro_count, pass_tokens), **result}
             ctx.optimizer.step()
             ctx.optimizer.zero_grad(set_to_none=True)
             step.staleness += [ctx.optimizer_steps - version for version in versions]
             step.grad_norms.append(grad_norm)
             step.add(metrics)
             ctx.optimizer_steps += 1
-    return {**step.result(sum(len(b) for b, _, _ in parts), pass_tokens), **result}
+    return {**step.result(micro_count, pass_tokens), **result}

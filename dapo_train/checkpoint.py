@@ -86,6 +86,7 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp)
         save_config(cfg, tmp / CONFIG_FILE)
         torch.save(state, tmp / STATE_FILE)
+        _usual_file_modes(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -100,6 +101,16 @@ def save_checkpoint(
         raise
     _prune(run_dir, keep_last)
     return final
+
+
+def _usual_file_modes(folder: Path) -> None:
+    """safetensors writes its file with mode 0600; give every file the mode the user's umask gives
+    any new file (0644 under the usual 022), so a checkpoint can be shared like the rest of the run."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.iterdir():
+        if path.is_file():
+            os.chmod(path, 0o666 & ~umask)
 
 
 def _prune(run_dir: Path, keep_last: int) -> None:

@@ -18,6 +18,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=True,
+    rich_markup_mode=None,  # plain help: flags show no value type (rich printed `--overwrite <bool>`)
     help="DAPO fine-tuning of causal LMs on math word problems with rule rewards.",
 )
 
@@ -50,12 +51,12 @@ def split_eval_args(args: list[str]) -> tuple[list[str], list[str]]:
 @app.command("config")
 def config_cmd(
     args: list[str] = typer.Argument(None, metavar="[CONFIG] [KEY=VALUE]...", help="YAML config and dotted overrides."),
-    keys: bool = typer.Option(False, "--keys", help="List every config key with its default and help."),
+    keys: bool = typer.Option(False, "--keys", help="List every config key with its default, allowed values and help."),
 ) -> None:
     """Print the resolved config (defaults <- CONFIG <- KEY=VALUE) and check its rewards; loads no model or data."""
     if keys:
-        for key, default, text in describe_keys():
-            typer.echo(f"{key} = {default}\n    {text}")
+        for key, default, text, allowed in describe_keys(with_choices=True):
+            typer.echo(f"{key} = {default}{f'  (allowed: {allowed})' if allowed else ''}\n    {text}")
         return
     config_path, overrides = split_config_args(args or [])
     cfg = load_config(config_path, overrides)
@@ -72,10 +73,12 @@ def run_cmd(
         help="YAML config (default: the embedded tiny CPU demo) and dotted overrides, e.g. dapo.eps_high=0.4.",
     ),
     resume: str = typer.Option(
-        None, "--resume", help="Resume from PATH, or from the latest checkpoint in output_dir with --resume latest.",
-        show_default=False,
+        None, "--resume", metavar="[RUN_DIR|CHECKPOINT]", show_default=False,
+        help="Continue a run with its own saved config: bare --resume, its latest checkpoint in output_dir; "
+        "RUN_DIR, that run's latest checkpoint (no CONFIG needed); or a checkpoint folder. KEY=VALUE changes "
+        "a saved setting (each change is listed, old -> new); a CONFIG only says where the run is.",
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in output_dir."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run in output_dir that saved checkpoints."),
 ) -> None:
     """Train with DAPO. Writes config.yaml, metrics.jsonl, training_losses.txt, accuracy_losses.txt
     and checkpoint_<step>/ folders to output_dir (default outputs/<run_name>).
@@ -83,17 +86,20 @@ def run_cmd(
     Sections: model, data, rollout, dapo, rewards, train, eval, checkpoint, logging; list every key
     with `dapo-train config --keys`.
     """
+    from dapo_train.rundir import resume_config
     from dapo_train.signals import StopRequested
     from dapo_train.trainer import train
 
-    config_path, overrides = split_config_args(args or [])
-    cfg = load_config(config_path, overrides)
     _setup_logging()
+    config_path, overrides = split_config_args(args or [])
+    if resume is None:
+        cfg, checkpoint = load_config(config_path, overrides), None
+    else:
+        cfg, checkpoint = resume_config(resume, config_path, overrides)
     stop = StopRequested().install()
-    run_dir = train(cfg, resume=_resume_arg(resume), overwrite=overwrite, stop=stop)
+    train(cfg, resume=checkpoint, overwrite=overwrite, stop=stop)
     if stop.requested:
         raise typer.Exit(stop.exit_code)
-    typer.echo(f"done: {run_dir}")
 
 
 @app.command("eval")
@@ -110,14 +116,17 @@ def eval_cmd(
     max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="Completion budget."),
     samples: int = typer.Option(1, "--samples", help="K samples per item: adds pass@1, pass@K and maj@K."),
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature with --samples > 1."),
-    run_dir: str = typer.Option(None, "--run-dir", help="Run folder for bare checkpoint_N names."),
+    run_dir: str = typer.Option(
+        None, "--run-dir", help="Run folder for bare checkpoint_N names (default: the run that trained last)."
+    ),
 ) -> None:
     """Evaluate checkpoints: greedy accuracy with its standard error and 95% interval, format rate,
-    lengths, truncation; writes eval_<split>.json and completions_<split>.jsonl next to each."""
+    lengths, truncation; writes eval_<what>.json and completions_<what>.jsonl next to each, <what>
+    naming the split, limit and sampling (test, test_limit100, test_k8_t0.9)."""
     from dapo_train.eval_command import EvalOptions, run_eval
 
-    targets, overrides = split_eval_args(args or [])
     _setup_logging()
+    targets, overrides = split_eval_args(args or [])
     options = EvalOptions(
         config_path=config, split=split, limit=limit, batch_size=batch_size, max_new_tokens=max_new_tokens,
         samples=samples, temperature=temperature, overrides=tuple(overrides), run_dir=run_dir,
@@ -148,8 +157,8 @@ def sweep_cmd(
     from dapo_train.signals import StopRequested
     from dapo_train.sweep import plan_sweep, run_sweep
 
-    plan = plan_sweep(config, args or [], seeds, sweep_dir)
     _setup_logging()
+    plan = plan_sweep(config, args or [], seeds, sweep_dir)
     code = run_sweep(plan, StopRequested().install())
     if code:
         raise typer.Exit(code)
@@ -179,30 +188,30 @@ def plot_cmd(
     typer.echo(f"wrote {plot(paths, out)}")
 
 
-def _resume_arg(value: str | None) -> str | bool | None:
-    if value is None:
-        return None
-    return True if value in ("", "latest") else value
-
-
 def _setup_logging() -> None:
+    """One handler (the root's) prints every log line once: transformers and datasets add their own
+    stderr handlers to their loggers (and to huggingface_hub's), which doubled each Hub warning."""
     import logging
+
+    import datasets
+    import transformers
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
-    for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers", "huggingface_hub"):
+        library = logging.getLogger(noisy)
+        library.setLevel(logging.WARNING)
+        library.handlers.clear()
+        library.propagate = True
     # Library progress bars (dataset generation, weight loading) would bury our own bar and errors.
-    import datasets
-    import transformers
-
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
 
 
 def bare_resume_to_latest(argv: list[str]) -> list[str]:
-    """`--resume` without a PATH means the latest checkpoint: give it the explicit value `latest`."""
+    """`--resume` without a path means the latest checkpoint in output_dir: give it the value `latest`
+    (the option needs one)."""
     out: list[str] = []
     for i, arg in enumerate(argv):
         out.append(arg)
@@ -213,10 +222,15 @@ def bare_resume_to_latest(argv: list[str]) -> list[str]:
     return out
 
 
+def debug_first(argv: list[str]) -> list[str]:
+    """`--debug` anywhere (`dapo-train run ... --debug`) is the root option it is."""
+    return ["--debug", *(arg for arg in argv if arg != "--debug")] if "--debug" in argv else list(argv)
+
+
 def main() -> None:
     """Console-script entry point: turns UserError into one line and exit code 2."""
     try:
-        app(args=bare_resume_to_latest(sys.argv[1:]))
+        app(args=bare_resume_to_latest(debug_first(sys.argv[1:])))
     except UserError as exc:
         if _state["debug"]:
             raise

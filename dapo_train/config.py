@@ -111,18 +111,20 @@ def _parent(data: dict, dotted: str) -> tuple[dict | None, str]:
     return (node if isinstance(node, dict) else None), last
 
 
-def upgrade_retired(data: dict, source: str) -> None:
-    """Drop retired keys from a config dict and rename old values, in place, one notice each."""
+def upgrade_retired(data: dict, source: str, notify: bool = True) -> None:
+    """Drop retired keys from a config dict and rename old values, in place, one notice each
+    (none with notify=False, for a file whose notices another reading of it gives)."""
+    log = logger.warning if notify else logger.debug
     for dotted, why in RETIRED_KEYS.items():
         node, last = _parent(data, dotted)
         if node is not None and last in node:
             del node[last]
-            logger.warning("%s: config key '%s' is retired and ignored: %s", source, dotted, why)
+            log("%s: config key '%s' is retired and ignored: %s", source, dotted, why)
     for (dotted, old), new in RENAMED_VALUES.items():
         node, last = _parent(data, dotted)
         if node is not None and node.get(last) == old:
             node[last] = new
-            logger.warning("%s: %s=%s is now called %s=%s", source, dotted, old, dotted, new)
+            log("%s: %s=%s is now called %s=%s", source, dotted, old, dotted, new)
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,6 +314,21 @@ def deep_merge(base: dict, update: dict, prefix: str) -> None:
             base[key] = value
 
 
+def flatten_config(data: object, prefix: str = "") -> dict:
+    """Nested config dict -> {dotted key: value}, lists by index (`rewards.0.weight`), the same
+    names KEY=VALUE overrides use."""
+    if isinstance(data, dict):
+        items = data.items()
+    elif isinstance(data, list):
+        items = enumerate(data)
+    else:
+        return {prefix: data}
+    flat: dict = {}
+    for key, value in items:
+        flat.update(flatten_config(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat or {prefix: data}
+
+
 def config_from_dict(data: dict) -> Config:
     """Rebuild a Config saved with save_config (strict: unknown keys still fail)."""
     return _build(Config, data, prefix="")
@@ -337,9 +354,10 @@ def reference_table() -> str:
     return "\n".join(lines)
 
 
-def describe_keys() -> list[tuple[str, str, str]]:
-    """(dotted key, default, help) for every option: used by `--help` text and the README."""
-    rows: list[tuple[str, str, str]] = []
+def describe_keys(with_choices: bool = False) -> list[tuple]:
+    """(dotted key, default, help) for every option: used by `config --keys` and the README; with
+    `with_choices`, a fourth item lists the allowed values of a key that has a fixed set ('' if none)."""
+    rows: list[tuple] = []
 
     def walk(cls: type, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
@@ -352,7 +370,14 @@ def describe_keys() -> list[tuple[str, str, str]]:
             value = getattr(default_obj, f.name)
             if f.name == "rewards":
                 value = [dataclasses.asdict(s) for s in value]
-            rows.append((key, repr(value) if isinstance(value, str) else str(value), f.metadata.get("help", "")))
+            row = (key, repr(value) if isinstance(value, str) else str(value), f.metadata.get("help", ""))
+            rows.append(row + (_allowed(hints[f.name], f.metadata.get("choices")),) if with_choices else row)
 
     walk(Config, "")
     return rows
+
+
+def _allowed(annotation: Any, choices: tuple | None) -> str:
+    if choices:
+        return ", ".join(map(str, choices))
+    return "true, false" if annotation is bool else ""

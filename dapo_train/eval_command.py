@@ -5,11 +5,15 @@ before any model loads, so a typo in the third checkpoint fails in a second, not
 two evaluations. Then one model at a time is loaded, evaluated with evaluate.evaluate_prompts and
 its results written next to it, and one comparison table is printed at the end.
 
-Where results go: eval_<split>.json (metrics, resolved config, checkpoint, time) and
-completions_<split>.jsonl (one line per completion) inside the checkpoint or local model folder;
+Where results go: eval_<what>.json (metrics, resolved config, checkpoint, time) and
+completions_<what>.jsonl (one line per completion) inside the checkpoint or local model folder;
 for a hub id, a builtin model, a --config-only run or a read-only folder, under
-<output_dir>/eval/<model name>/. With --samples K > 1 the names end in _k<K> so a sampled run
-never overwrites the greedy one.
+<output_dir>/eval/<model name>/. <what> names what was evaluated (see result_name): the split,
+then _limit<N> for a --limit that left items out, _k<K>_t<T> for sampling, _len<N> for a
+completion budget other than the config's, so evals of different kinds never overwrite each other.
+
+A bare checkpoint_N belongs to the latest run: the run under outputs/ whose training wrote last
+(rundir.latest_run), which evaluating never changes.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.metrics import write_json_atomic, write_jsonl_atomic
 from dapo_train.modeling import check_model_path, load_model, load_tokenizer, mixed_precision
+from dapo_train.rundir import RUNS_ROOT, describe_runs, latest_run
 
-RUNS_ROOT = Path("outputs")
 MODEL_FILES = ("config.json",)  # what makes a folder loadable by from_pretrained
 _LISTING_MAX = 20
 
@@ -66,6 +70,7 @@ class EvalPlan:
     batch_size: int
     max_new_tokens: int
     out_dir: Path
+    result_name: str  # eval_<result_name>.json, completions_<result_name>.jsonl
 
 
 # --------------------------------------------------------------------------------------------
@@ -83,15 +88,6 @@ def folder_listing(path: Path) -> str:
     return f"{folder if str(folder) != '.' else 'the current folder'} holds: {shown}{more}"
 
 
-def latest_run(root: Path = RUNS_ROOT) -> Path:
-    """The run folder under `root` whose newest checkpoint was written last."""
-    found = {d: checkpoint_dirs(d) for d in root.iterdir() if d.is_dir()} if root.is_dir() else {}
-    runs = {run: max(p.stat().st_mtime for p in checkpoints) for run, checkpoints in found.items() if checkpoints}
-    if not runs:
-        raise UserError(f"no run with checkpoints under {root}/; give the checkpoint's path or --run-dir RUN")
-    return max(runs, key=runs.get)
-
-
 def _bare_checkpoint(name: str, run_dir: str | None) -> Path:
     run = Path(run_dir) if run_dir else latest_run()
     if not run.is_dir():
@@ -99,7 +95,9 @@ def _bare_checkpoint(name: str, run_dir: str | None) -> Path:
     path = run / name
     if not path.is_dir():
         found = ", ".join(p.name for p in checkpoint_dirs(run)) or "none"
-        raise UserError(f"{name} not found in run {run}; its checkpoints: {found}")
+        where = f"run {run}" if run_dir else f"the latest run, {run} (trained last)"
+        others = "" if run_dir else f"; runs under {RUNS_ROOT}/, latest first: {describe_runs()}; choose with --run-dir"
+        raise UserError(f"{name} not found in {where}; its checkpoints: {found}{others}")
     return path
 
 
@@ -262,16 +260,35 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
     split = options.split or cfg.data.eval_split
     tokenizer = load_tokenizer(cfg.model)
     prompts, _ = load_prompts(cfg.data, tokenizer, split)
+    chosen = fixed_eval_subset(prompts, options.limit or 0)
+    max_new_tokens = options.max_new_tokens or eval_max_new_tokens(cfg)
     return EvalPlan(
         target=resolved,
         cfg=cfg,
         split=split,
-        prompts=fixed_eval_subset(prompts, options.limit or 0),
+        prompts=chosen,
         tokenizer=tokenizer,
         batch_size=options.batch_size or cfg.eval.batch_size,
-        max_new_tokens=options.max_new_tokens or eval_max_new_tokens(cfg),
+        max_new_tokens=max_new_tokens,
         out_dir=output_folder(resolved, cfg),
+        result_name=result_name(
+            split, len(chosen) if len(chosen) < len(prompts) else None, options.samples, options.temperature,
+            max_new_tokens if max_new_tokens != eval_max_new_tokens(cfg) else None,
+        ),
     )
+
+
+def result_name(split: str, limit: int | None, samples: int, temperature: float, max_new_tokens: int | None) -> str:
+    """What an eval covered, as a file-name part, so different evals of one checkpoint coexist:
+    'test' (every item, greedy), 'test_limit100', 'test_k8_t0.9', 'test_limit100_len64'."""
+    parts = [_safe_name(split)]
+    if limit is not None:
+        parts.append(f"limit{limit}")
+    if samples > 1:
+        parts.append(f"k{samples}_t{temperature:g}")
+    if max_new_tokens is not None:
+        parts.append(f"len{max_new_tokens}")
+    return "_".join(parts)
 
 
 def _autocast(cfg: Config, device: torch.device):
@@ -295,9 +312,8 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    suffix = f"_k{options.samples}" if options.samples > 1 else ""
-    json_path = plan.out_dir / f"eval_{plan.split}{suffix}.json"
-    completions_path = plan.out_dir / f"completions_{plan.split}{suffix}.jsonl"
+    json_path = plan.out_dir / f"eval_{plan.result_name}.json"
+    completions_path = plan.out_dir / f"completions_{plan.result_name}.jsonl"
     summary = {
         "checkpoint": plan.cfg.model.name_or_path,
         "target": plan.target.label,

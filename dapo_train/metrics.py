@@ -6,7 +6,7 @@ tracker chosen by name.
   before any update) -- simple files that plotting scripts read as CSV.
 A resumed run truncates all three to the checkpoint's step, so they never hold duplicate steps.
 
-Result files (eval_<split>.json, completions_<split>.jsonl) are written to a temporary sibling and
+Result files (eval_<what>.json, completions_<what>.jsonl) are written to a temporary sibling and
 renamed into place, so an interrupted eval never leaves a half-written file that a later
 comparison would read as complete. JSON has no NaN/inf: such values are kept visible as strings.
 """
@@ -16,8 +16,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
+
+from dapo_train.errors import UserError
+
+METRICS_FILE = "metrics.jsonl"
 
 
 def json_safe(value):
@@ -49,6 +53,13 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
 
 
 class NullTracker:
+    def __init__(self, run_dir: Path | None = None) -> None:
+        pass
+
+    @staticmethod
+    def check() -> None:
+        pass
+
     def log(self, step: int, metrics: dict) -> None:
         pass
 
@@ -56,17 +67,21 @@ class NullTracker:
         pass
 
 
-class TensorBoardTracker:
-    def __init__(self, run_dir: Path) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            from dapo_train.errors import UserError
+def _summary_writer() -> type:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UserError("logging.tracker=tensorboard needs the tensorboard package (pip install tensorboard)") from None
+    return SummaryWriter
 
-            raise UserError(
-                "logging.tracker=tensorboard needs the tensorboard package (pip install tensorboard)"
-            ) from None
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+class TensorBoardTracker:
+    @staticmethod
+    def check() -> None:
+        _summary_writer()
+
+    def __init__(self, run_dir: Path) -> None:
+        self.writer = _summary_writer()(log_dir=str(run_dir / "tensorboard"))
 
     def log(self, step: int, metrics: dict) -> None:
         for key, value in metrics.items():
@@ -77,10 +92,16 @@ class TensorBoardTracker:
         self.writer.close()
 
 
-TRACKERS: dict[str, Callable[[Path], object]] = {
-    "none": lambda run_dir: NullTracker(),
+# Tracker name -> the class that logs to it; its `check` says, before the run folder exists,
+# whether it can start (a missing package is a UserError then, not after the model has loaded).
+TRACKERS: dict[str, type] = {
+    "none": NullTracker,
     "tensorboard": TensorBoardTracker,
 }
+
+
+def check_tracker(name: str) -> None:
+    TRACKERS[name].check()
 
 
 class MetricsLogger:
@@ -89,7 +110,7 @@ class MetricsLogger:
     def __init__(self, run_dir: str | Path, tracker: str = "none", resume_step: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.paths = {
-            "jsonl": self.run_dir / "metrics.jsonl",
+            "jsonl": self.run_dir / METRICS_FILE,
             "loss": self.run_dir / "training_losses.txt",
             "accuracy": self.run_dir / "accuracy_losses.txt",
         }
@@ -130,5 +151,5 @@ class MetricsLogger:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -2,18 +2,30 @@
 
 Real-model paths stay real: a hub id or a local folder goes through the Auto classes; the shipped
 tiny model is just another local folder (builtin:tiny). Weights load as safetensors and remote
-code stays off unless the config turns it on.
+code stays off unless the config turns it on. A hub id is checked with one short request first,
+so a machine without network fails in seconds with one line (or uses the cached copy).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from pathlib import Path
 
+import huggingface_hub
 import torch
+from huggingface_hub.utils import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
 from dapo_train.config import Config, ModelConfig, looks_like_path, resolve_model_path
 from dapo_train.errors import UserError
 
+logger = logging.getLogger(__name__)
+
+HUB_TIMEOUT_S = 10.0
+LOCAL_MODEL_HINT = (
+    "download it where there is network (`hf download <id> --local-dir ./<name>`) and set model.name_or_path "
+    "to that folder (e.g. ./Qwen2.5-1.5B-Instruct)"
+)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -37,7 +49,9 @@ def load_tokenizer(model_cfg: ModelConfig):
 
     path = check_model_path(model_cfg.name_or_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=model_cfg.trust_remote_code, **hub_load_kwargs(path)
+        )
     except OSError as exc:
         raise UserError(_unreachable(path, exc)) from None
     if tokenizer.chat_template is None:
@@ -55,7 +69,10 @@ def load_model(model_cfg: ModelConfig, device: torch.device):
 
     path = check_model_path(model_cfg.name_or_path)
     dtype = torch.float32 if model_cfg.dtype == "auto" else DTYPES[model_cfg.dtype]
-    kwargs = {"dtype": dtype, "trust_remote_code": model_cfg.trust_remote_code, "use_safetensors": None}
+    kwargs = {
+        "dtype": dtype, "trust_remote_code": model_cfg.trust_remote_code, "use_safetensors": None,
+        **hub_load_kwargs(path),
+    }
     if model_cfg.attn_implementation:
         kwargs["attn_implementation"] = model_cfg.attn_implementation
     try:
@@ -65,11 +82,52 @@ def load_model(model_cfg: ModelConfig, device: torch.device):
     return model.to(device)
 
 
-def _unreachable(path: str, exc: Exception) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+def hub_offline() -> bool:
+    return bool(huggingface_hub.constants.HF_HUB_OFFLINE)
+
+
+def _cached(repo_id: str) -> bool:
+    return isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+@functools.cache
+def hub_load_kwargs(path: str) -> dict:
+    """Extra from_pretrained arguments for `path`. For a hub id, ask the Hub once with a timeout
+    first: without network, from_pretrained retries for ~50 s before it fails. Unreachable -> the
+    cached copy if there is one (local_files_only), else one UserError now."""
+    if Path(path).is_dir() or hub_offline():
+        return {}
+    try:
+        huggingface_hub.model_info(path, timeout=HUB_TIMEOUT_S)
+    except RepositoryNotFoundError:
+        raise UserError(
+            f"model.name_or_path '{path}' is not a local folder, and the Hub has no such model (or it is private "
+            f"or gated: log in with `hf auth login`); {LOCAL_MODEL_HINT}"
+        ) from None
+    except HFValidationError:
+        raise UserError(f"model.name_or_path '{path}' is neither an existing folder nor a Hub model id") from None
+    except HfHubHTTPError:
+        return {}  # the Hub answered; from_pretrained reports anything else (and may use the cache)
+    except Exception as exc:  # no network, DNS, proxy or timeout: anything that is not an answer
+        if _cached(path):
+            logger.warning("the Hugging Face Hub is unreachable (%s); using the cached copy of %s", exc, path)
+            return {"local_files_only": True}
+        raise UserError(_unreachable(path, f"{type(exc).__name__}: {exc}")) from None
+    return {}
+
+
+def _unreachable(path: str, exc: object) -> str:
+    """One line for a model that did not load: what failed and, for a hub id, how to work offline."""
+    text = str(exc).strip()
+    first = text.splitlines()[0][:200] if text else type(exc).__name__
+    if Path(path).is_dir():
+        return f"could not load model from {path}: {first}"
+    if hub_offline():
+        first = "HF_HUB_OFFLINE=1 and no cached copy"
+        return f"could not load model '{path}' ({first}); {LOCAL_MODEL_HINT}"
     return (
-        f"could not load model '{path}' ({first[:200]}); without network access, download it elsewhere "
-        "and set model.name_or_path to the local folder (e.g. ./Qwen2.5-1.5B-Instruct)"
+        f"could not reach model '{path}' on the Hugging Face Hub ({first}); {LOCAL_MODEL_HINT}, or set "
+        "HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache"
     )
 
 

@@ -44,7 +44,7 @@ class StopRequested:
         return 128 + (self.signum or 0)
 
     def report(self, run_dir: Path) -> None:
-        print(
-            f"stopped early; resume with: dapo-train run <config> output_dir={run_dir} --resume",
-            file=sys.stderr, flush=True,
-        )
+        """The exact command that continues the run: --resume RUN_DIR reads the run's own saved config."""
+        from dapo_train.rundir import resume_command
+
+        print(f"stopped early; resume with: {resume_command(run_dir)}", file=sys.stderr, flush=True)

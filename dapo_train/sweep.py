@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dapo_train.checkpoint import CONFIG_FILE, latest_checkpoint
-from dapo_train.config import Config, config_from_dict, config_to_dict, load_config, read_yaml, upgrade_retired
+from dapo_train.config import (
+    Config,
+    config_from_dict,
+    config_to_dict,
+    flatten_config,
+    load_config,
+    read_yaml,
+    upgrade_retired,
+)
 from dapo_train.errors import TrainingAborted, UserError
 from dapo_train.metrics import write_json_atomic
 from dapo_train.signals import StopRequested
@@ -79,21 +87,6 @@ def parse_seeds(text: str | None) -> list[int] | None:
     if len(set(seeds)) != len(seeds):
         raise UserError(f"--seeds {text!r}: a seed is given twice")
     return seeds
-
-
-def flatten_config(data: object, prefix: str = "") -> dict:
-    """Nested config dict -> {dotted key: value}, lists by index (`rewards.0.weight`), the same
-    names KEY=VALUE overrides use."""
-    if isinstance(data, dict):
-        items = data.items()
-    elif isinstance(data, list):
-        items = enumerate(data)
-    else:
-        return {prefix: data}
-    flat: dict = {}
-    for key, value in items:
-        flat.update(flatten_config(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat or {prefix: data}
 
 
 def saved_settings(run_dir: Path) -> dict:

@@ -6,7 +6,8 @@ Each step (one rollout batch; train.max_steps counts these):
                  record the old log-probs the later updates need (update.record_old_logprobs)
   2. update   -- train.updates_per_step mini-batches x dapo.num_iterations passes, each an AdamW
                  step on the token-level clipped loss (Eq. 10, 12), exact over micro-batches (update.py)
-  3. log      -- metrics.jsonl + training_losses.txt / accuracy_losses.txt (metrics.py)
+  3. log      -- metrics.jsonl + training_losses.txt / accuracy_losses.txt (metrics.py); the bar or a
+                 line per step, a line per eval, a summary at the end (progress.py)
   4. evaluate -- greedy on a fixed eval subset every eval.every_steps, step 0 first (evaluate.py)
   5. save     -- checkpoint_<step>/ atomically every checkpoint.every_steps and at the end
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import random
 import shutil
 import time
@@ -30,19 +30,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm.auto import tqdm  # eval's sample completions, written around the bar
 
 from dapo_train import checkpoint as ckpt
 from dapo_train.answers import answer_check
 from dapo_train.collect import GroupBuffer, collect_groups
-from dapo_train.config import Config, config_to_dict, read_yaml, save_config, upgrade_retired
+from dapo_train.config import Config, save_config
 from dapo_train.data import PromptSampler, fixed_eval_subset, load_prompts
-from dapo_train.errors import TrainingAborted, UserError
+from dapo_train.errors import TrainingAborted
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.metrics import MetricsLogger
 from dapo_train.modeling import gradient_checkpointing, load_model, load_tokenizer, mixed_precision
+from dapo_train.progress import Progress, run_summary
 from dapo_train.rewards import rewards_from_config
 from dapo_train.rollout import pad_token_id
+from dapo_train.rundir import finished, finished_message, prepare_run_dir, warn_config_changes
 from dapo_train.signals import StopRequested
 from dapo_train.update import UpdateContext, policy_update, record_old_logprobs
 
@@ -89,40 +91,6 @@ def clip_can_act(cfg: Config) -> bool:
     return min(cfg.train.updates_per_step, cfg.train.prompts_per_step) > 1 or cfg.dapo.num_iterations > 1
 
 
-def prepare_run_dir(cfg: Config, resume: str | bool | None, overwrite: bool) -> tuple[Path, Path | None]:
-    """-> (run dir, checkpoint to resume from). Refuses to clobber an existing run by accident;
-    with --overwrite the old run is only removed later, once setup has succeeded."""
-    run_dir = Path(cfg.output_dir)
-    _check_writable(run_dir)
-    if resume:
-        source = ckpt.latest_checkpoint(run_dir) if resume is True else Path(resume)
-        if source is None:
-            raise UserError(f"--resume: no checkpoint_<step>/ in {run_dir}; start without --resume")
-        if not source.is_dir():
-            raise UserError(f"--resume: checkpoint not found: {source}")
-        return run_dir, source
-    if (run_dir / ckpt.CONFIG_FILE).exists() or (run_dir / "metrics.jsonl").exists():
-        if not overwrite:
-            raise UserError(
-                f"output_dir {run_dir} already holds a run; pass --resume to continue it, --overwrite to "
-                "replace it, or set output_dir=... / run_name=..."
-            )
-    return run_dir, None
-
-
-def _check_writable(run_dir: Path) -> None:
-    """Fail before the model loads when output_dir cannot be created or written."""
-    existing = run_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UserError(f"output_dir {run_dir}: {existing} exists and is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(
-            f"output_dir {run_dir}: permission denied on {existing}; set output_dir=... to a writable folder"
-        )
-
-
 @dataclass
 class Run:
     """Everything the loop touches, built once by `setup`."""
@@ -141,6 +109,7 @@ class Run:
     prompts_by_uid: dict
     step: int = 0
     bad_steps: int = 0
+    saved_step: int | None = None  # the step of the checkpoint on disk that holds these weights
 
 
 def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
@@ -154,12 +123,10 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         torch.use_deterministic_algorithms(True)
     reward_set = rewards_from_config(cfg)
     tokenizer = load_tokenizer(cfg.model)
-    train_prompts, train_stats = load_prompts(cfg.data, tokenizer, cfg.data.train_split)
-    logger.info("train prompts: %s", train_stats.summary())
+    train_prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)  # each split logs its row counts
     eval_prompts = []
     if cfg.eval.every_steps > 0:
-        all_eval, eval_stats = load_prompts(cfg.data, tokenizer, cfg.data.eval_split)
-        logger.info("eval prompts: %s", eval_stats.summary())
+        all_eval, _ = load_prompts(cfg.data, tokenizer, cfg.data.eval_split)
         eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items)
     cuda = torch.cuda.is_available()
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda)
@@ -219,6 +186,7 @@ def restore(run: Run, state: dict) -> None:
     run.buffer.load_state_dict(state["buffer"], run.prompts_by_uid)
     run.optimizer.load_state_dict(state["optimizer"])
     ckpt.set_rng_state(state["rng"])
+    run.saved_step = run.step
 
 
 def save(run: Run) -> Path:
@@ -226,6 +194,7 @@ def save(run: Run) -> Path:
         run.run_dir, run.step, model=run.accelerator.unwrap_model(run.model), tokenizer=run.tokenizer, cfg=run.cfg,
         state=trainer_state(run), keep_last=run.cfg.checkpoint.keep_last,
     )
+    run.saved_step = run.step
     logger.info("saved %s", path)
     return path
 
@@ -290,55 +259,53 @@ def _due(step: int, every: int) -> bool:
 
 
 def train(
-    cfg: Config, *, resume: str | bool | None = None, overwrite: bool = False, stop: StopRequested | None = None
+    cfg: Config, *, resume: str | Path | bool | None = None, overwrite: bool = False, stop: StopRequested | None = None
 ) -> Path:
-    """Run (or resume) training; returns the run directory."""
-    stop = stop or StopRequested()
+    """Run (or resume) training; returns the run directory. resume: True = the latest checkpoint in
+    output_dir, or a checkpoint folder. Resuming a finished run says so and changes nothing."""
+    stop, started = stop or StopRequested(), time.monotonic()
     run_dir, resume_from = prepare_run_dir(cfg, resume, overwrite)
+    if resume_from is not None:
+        if finished(cfg, resume_from):
+            print(finished_message(cfg, run_dir, resume_from), flush=True)
+            return run_dir
+        warn_config_changes(cfg, resume_from)
     run = setup(cfg, run_dir, resume_from)
     if overwrite and resume_from is None and run_dir.exists():
         shutil.rmtree(run_dir)  # only now: bad input found by setup must not cost the old run
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
         restore(run, ckpt.load_state(resume_from))
-        _warn_config_changes(cfg, resume_from)
         logger.info("resumed from %s at step %d", resume_from, run.step)
     save_config(cfg, run_dir / ckpt.CONFIG_FILE)
     metrics_log = MetricsLogger(run_dir, cfg.logging.tracker, resume_step=run.step if resume_from else None)
-    if resume_from is None and cfg.eval.every_steps > 0:
-        metrics_log.log(0, evaluate(run))
-    bar = tqdm(total=cfg.train.max_steps, initial=run.step, disable=not cfg.logging.progress_bar, desc="dapo")
+    progress = Progress(cfg, run.step)
     try:
+        if resume_from is None and cfg.eval.every_steps > 0:
+            _log(run, metrics_log, progress, evaluate(run))
         while run.step < cfg.train.max_steps and not stop.requested:
             metrics = train_step(run)
             if _due(run.step, cfg.eval.every_steps) or (cfg.eval.every_steps > 0 and run.step == cfg.train.max_steps):
                 metrics.update(evaluate(run))
-            metrics_log.log(run.step, metrics)
+            _log(run, metrics_log, progress, metrics)
             if run.bad_steps >= cfg.train.max_bad_steps:
                 raise TrainingAborted(
                     f"{run.bad_steps} non-finite steps in a row (train.max_bad_steps); the last good checkpoint is "
                     "intact; lower train.learning_rate or check the data, then --resume"
                 )
-            bar.update(1)
-            accuracy = metrics.get("accuracy", metrics["train_accuracy"])
-            bar.set_postfix(
-                reward=f"{metrics['reward_mean']:.3f}", acc=f"{accuracy:.3f}", ent=f"{metrics.get('entropy', 0.0):.3f}"
-            )
             if _due(run.step, cfg.checkpoint.every_steps) and run.step < cfg.train.max_steps:
                 save(run)
-        save(run)
+        if run.saved_step != run.step:
+            save(run)
     finally:
-        bar.close()
+        progress.close()
         metrics_log.close()
+    print(run_summary(run_dir, run.step, cfg.train.max_steps, time.monotonic() - started, stop.requested), flush=True)
     if stop.requested:
         stop.report(run_dir)
     return run_dir
 
 
-def _warn_config_changes(cfg: Config, checkpoint: Path) -> None:
-    saved = read_yaml(checkpoint / ckpt.CONFIG_FILE)
-    upgrade_retired(saved, str(checkpoint / ckpt.CONFIG_FILE))
-    current = config_to_dict(cfg)
-    changed = sorted(k for k in current if current[k] != saved.get(k))
-    if changed:
-        logger.warning("resuming with a config that differs from the checkpoint's in: %s", ", ".join(changed))
+def _log(run: Run, metrics_log: MetricsLogger, progress: Progress, metrics: dict) -> None:
+    metrics_log.log(run.step, metrics)
+    progress.log(run.step, metrics)

@@ -101,3 +101,19 @@ def test_rng_state_round_trips(tmp_path):
 def test_missing_state_file_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="trainer_state.pt is missing"):
         ckpt.load_state(tmp_path)
+
+
+def test_checkpoint_files_get_the_mode_the_umask_gives_new_files(tmp_path):
+    """safetensors writes model.safetensors as 0600; the checkpoint's files follow the umask like
+    every other file of the run (0644 under the usual 022), so the weights can be shared."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        path = _save(tmp_path, 1, make_random_model())
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.iterdir()}
+    assert modes["model.safetensors"] == 0o644, modes
+    assert set(modes.values()) == {0o644}

@@ -1,10 +1,14 @@
 """Bad input: one line on stderr, exit code 2, before any model loads; --debug shows the traceback."""
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def dapo(*args, cwd):
@@ -58,10 +62,10 @@ def test_reward_plugin_that_does_not_import(tmp_path):
 
 def test_existing_run_is_not_clobbered(tmp_path):
     run_dir = tmp_path / "outputs" / "mine"
-    run_dir.mkdir(parents=True)
+    (run_dir / "checkpoint_3").mkdir(parents=True)
     (run_dir / "config.yaml").write_text("seed: 1\n")
     result = dapo("run", "output_dir=outputs/mine", cwd=tmp_path)
-    assert_one_line_error(result, "already holds a run", "--resume", "--overwrite")
+    assert_one_line_error(result, "already holds a run", "dapo-train run --resume outputs/mine", "--overwrite")
     assert (run_dir / "config.yaml").read_text() == "seed: 1\n"
 
 
@@ -69,15 +73,44 @@ def test_resume_without_checkpoint(tmp_path):
     assert_one_line_error(dapo("run", "output_dir=outputs/none", "--resume", cwd=tmp_path), "no checkpoint_<step>/")
 
 
-def test_debug_shows_the_traceback(tmp_path):
-    result = dapo("--debug", "run", "rollout.group_size=1", cwd=tmp_path)
-    assert result.returncode != 0 and "Traceback" in result.stderr
+@pytest.mark.parametrize("where", ["before the command", "after it"])
+def test_debug_shows_the_traceback(tmp_path, where):
+    args = ["--debug", "run", "rollout.group_size=1"] if where == "before the command" else [
+        "run", "rollout.group_size=1", "--debug"
+    ]
+    result = dapo(*args, cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("command", ["run", "eval", "config"])
 def test_help_lists_the_command(tmp_path, command):
     result = dapo(command, "--help", cwd=tmp_path)
     assert result.returncode == 0 and "Usage" in result.stdout
+    # Flags take no value, so help shows none (the rich help printed `--overwrite <bool>`).
+    lines = result.stdout.splitlines()
+    flags = [line for line in lines if re.search(r"(?<![\w-])--(overwrite|keys|help)\b", line)]
+    assert flags and not any("bool" in line.lower() for line in flags), flags
+
+
+def test_run_help_and_readme_describe_resume_alike(tmp_path):
+    """Bare --resume is the documented form; `--resume latest` (what the help said) is no longer shown."""
+    from dapo_train.cli import bare_resume_to_latest
+
+    result = dapo("run", "--help", cwd=tmp_path)
+    assert "--resume [RUN_DIR|CHECKPOINT]" in result.stdout and "bare --resume" in " ".join(result.stdout.split())
+    assert "--resume latest" not in result.stdout
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "dapo-train run [CONFIG] [KEY=VALUE ...] [--resume [RUN_DIR|CHECKPOINT]] [--overwrite]" in readme
+    assert bare_resume_to_latest(["run", "--resume"]) == ["run", "--resume", "latest"]
+
+
+def test_config_keys_lists_allowed_values(tmp_path):
+    result = dapo("config", "--keys", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "train.lr_scheduler = 'constant'  (allowed: constant, cosine)" in lines
+    assert "logging.tracker = 'none'  (allowed: none, tensorboard)" in lines
+    assert "dapo.dynamic_sampling = True  (allowed: true, false)" in lines
 
 
 def test_overwrite_with_bad_input_keeps_the_old_run(tmp_path):
@@ -97,15 +130,36 @@ def test_output_dir_that_cannot_be_a_folder_fails_before_loading(tmp_path):
 
 
 def test_unwritable_output_dir_is_one_clear_error(tmp_path, monkeypatch):
-    # Tests may run as root, which chmod cannot lock out, so the permission answer is stubbed.
-    from dapo_train import trainer
+    # Tests may run as root, which chmod cannot lock out, so the file system's answer is stubbed.
+    from dapo_train import rundir
     from dapo_train.config import load_config
     from dapo_train.errors import UserError
 
-    monkeypatch.setattr(trainer.os, "access", lambda path, mode: False)
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(rundir.tempfile, "mkdtemp", refuse)
     cfg = load_config(None, [f"output_dir={tmp_path / 'locked' / 'run'}"])
-    with pytest.raises(UserError, match="permission denied on .*writable folder"):
-        trainer.prepare_run_dir(cfg, None, False)
+    with pytest.raises(UserError, match=r"cannot write in .* \(Permission denied\); set output_dir=\.\.\. to a"):
+        rundir.prepare_run_dir(cfg, None, False)
+    assert not (tmp_path / "locked").exists()
+
+
+def _unwritable(path: Path) -> bool:
+    try:
+        path.mkdir()
+    except OSError:
+        return True
+    path.rmdir()
+    return False
+
+
+@pytest.mark.skipif(not Path("/sys").is_dir() or not _unwritable(Path("/sys/dapo_run")), reason="needs Linux /sys")
+def test_output_dir_in_sys_is_one_line_before_anything_loads(tmp_path):
+    """Root may write anywhere by permission bits, yet not in /sys: the check tries, not asks."""
+    result = dapo("run", "output_dir=/sys/dapo_run", cwd=tmp_path)
+    assert_one_line_error(result, "output_dir /sys/dapo_run", "cannot write in /sys", "writable folder")
+    assert "rows" not in result.stderr  # one line: no data (and so no model) was loaded
 
 
 def test_config_command_checks_rewards_like_run(tmp_path):

@@ -5,7 +5,9 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,6 +202,7 @@ def test_sampled_eval_is_reproducible_and_leaves_the_callers_rng_alone(tiny):
 # `dapo-train eval`: targets, files, comparison, errors.
 
 EVAL_OPTIONS = EvalOptions(limit=ITEMS, batch_size=8, max_new_tokens=NEW_TOKENS)
+NAME = f"test_limit{ITEMS}_len{NEW_TOKENS}"  # what EVAL_OPTIONS evaluates: 16 of 500 items, 12-token budget
 
 
 @pytest.fixture(scope="module")
@@ -236,12 +239,12 @@ def test_two_checkpoints_compared_in_one_call(run_folder, tiny, monkeypatch, cap
     completions = []
     for step, metrics in zip((1, 2), results):
         folder = run_folder / "outputs" / "run" / f"checkpoint_{step}"
-        saved = json.loads((folder / "eval_test.json").read_text())
+        saved = json.loads((folder / f"eval_{NAME}.json").read_text())
         assert saved["metrics"] == metrics
         assert saved["checkpoint"] == str(folder.relative_to(run_folder))
         assert saved["split"] == "test" and saved["time"]
         assert saved["config"]["model"]["name_or_path"] == saved["checkpoint"]
-        lines = (folder / "completions_test.jsonl").read_text().splitlines()
+        lines = (folder / f"completions_{NAME}.jsonl").read_text().splitlines()
         assert len(lines) == ITEMS and RECORD_KEYS <= set(json.loads(lines[0]))
         completions.append([json.loads(line)["completion"] for line in lines])
     assert completions[0] != completions[1]  # the perturbed weights really are another model
@@ -256,11 +259,11 @@ def test_config_only_evaluates_the_configs_model_and_writes_under_output_dir(tmp
     (tmp_path / "tiny.yaml").write_text("output_dir: out\n")  # model and data: the shipped defaults
     options = dataclasses.replace(EVAL_OPTIONS, config_path="tiny.yaml", limit=4, max_new_tokens=4, split="train")
     (metrics,) = run_eval([], options)
-    saved = json.loads((tmp_path / "out" / "eval" / "builtin-tiny" / "eval_train.json").read_text())
+    saved = json.loads((tmp_path / "out" / "eval" / "builtin-tiny" / "eval_train_limit4_len4.json").read_text())
     assert saved["metrics"] == metrics and metrics["num_items"] == 4
     assert saved["split"] == "train" and saved["settings"]["max_new_tokens"] == 4
     printed = capsys.readouterr().out
-    assert "builtin:tiny (--config)" in printed and "out/eval/builtin-tiny/eval_train.json" in printed
+    assert "builtin:tiny (--config)" in printed and "out/eval/builtin-tiny/eval_train_limit4_len4.json" in printed
 
 
 def _no_model(monkeypatch):
@@ -280,7 +283,8 @@ def test_missing_checkpoint_lists_the_folder_before_any_model_loads(run_folder, 
     ):
         run_eval(["outputs/run/checkpoint_1", "outputs/run/checkpoint_9"], EVAL_OPTIONS)
     with pytest.raises(
-        UserError, match=r"checkpoint_9 not found in run outputs/run; its checkpoints: checkpoint_1, checkpoint_2"
+        UserError, match=r"checkpoint_9 not found in the latest run, outputs/run \(trained last\); its checkpoints: "
+        r"checkpoint_1, checkpoint_2"
     ):
         run_eval(["checkpoint_9"], EVAL_OPTIONS)
     with pytest.raises(UserError, match=r"run folder, its checkpoints: checkpoint_1, checkpoint_2"):
@@ -321,15 +325,74 @@ def test_nothing_to_evaluate():
 
 def test_an_old_checkpoint_with_a_retired_key_still_evaluates_and_resumes(run_folder, tmp_path, caplog):
     """checkpoint.save_optimizer was removed; checkpoints saved before still hold it."""
-    from dapo_train.trainer import _warn_config_changes
+    from dapo_train.rundir import warn_config_changes
 
     old = tmp_path / "old_run" / "checkpoint_5"
     shutil.copytree(run_folder / "outputs" / "run" / "checkpoint_1", old)
     saved = (old / "config.yaml").read_text()
     (old / "config.yaml").write_text(saved.replace("checkpoint:\n", "checkpoint:\n  save_optimizer: true\n"))
     results = run_eval([str(old)], EVAL_OPTIONS)
-    assert len(results) == 1 and (old / "eval_test.json").is_file()
+    assert len(results) == 1 and (old / f"eval_{NAME}.json").is_file()
     assert "config key 'checkpoint.save_optimizer' is retired and ignored" in caplog.text
     caplog.clear()
-    _warn_config_changes(load_config(None, [f"output_dir={run_folder / 'outputs' / 'run'}"]), old)  # --resume's check
-    assert "retired and ignored" in caplog.text and "differs" not in caplog.text
+    warn_config_changes(load_config(None, [f"output_dir={run_folder / 'outputs' / 'run'}"]), old)  # --resume's check
+    assert "retired and ignored" in caplog.text and "settings changed" not in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# Result files are named by what was evaluated; the latest run is the one that trained last.
+
+
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        (("test", None, 1, 1.0, None), "test"),  # the whole split, greedy, the config's budget
+        (("test", 100, 1, 1.0, None), "test_limit100"),
+        (("test", None, 8, 0.9, None), "test_k8_t0.9"),
+        (("train", 100, 4, 1.0, 64), "train_limit100_k4_t1_len64"),
+    ],
+)
+def test_result_names_say_what_was_evaluated(args, name):
+    assert eval_command.result_name(*args) == name
+
+
+def test_evals_of_different_kinds_coexist(run_folder, monkeypatch):
+    """A --limit or sampled eval of a checkpoint no longer replaces its other evals."""
+    monkeypatch.chdir(run_folder)
+    folder = run_folder / "outputs" / "run" / "checkpoint_1"
+    run_eval([str(folder)], EVAL_OPTIONS)
+    first = (folder / f"eval_{NAME}.json").read_text()
+    run_eval([str(folder)], dataclasses.replace(EVAL_OPTIONS, limit=4))
+    run_eval([str(folder)], dataclasses.replace(EVAL_OPTIONS, limit=4, samples=2, temperature=0.9))
+    assert (folder / f"eval_{NAME}.json").read_text() == first
+    for name, items in ((f"test_limit4_len{NEW_TOKENS}", 4), (f"test_limit4_k2_t0.9_len{NEW_TOKENS}", 4)):
+        assert json.loads((folder / f"eval_{name}.json").read_text())["metrics"]["num_items"] == items
+        assert (folder / f"completions_{name}.jsonl").is_file()
+
+
+def _trained_run(root, name, step, when):
+    """A run folder as training leaves it, its training files dated `when` (seconds since the epoch)."""
+    run = root / "outputs" / name
+    checkpoint = run / f"checkpoint_{step}"
+    checkpoint.mkdir(parents=True)
+    for path in (run / "metrics.jsonl", checkpoint / "config.json", checkpoint / "trainer_state.pt"):
+        path.write_text("{}\n")
+        os.utime(path, (when, when))
+    return checkpoint
+
+
+def test_the_latest_run_is_the_one_that_trained_last_and_eval_does_not_change_it(tmp_path, monkeypatch):
+    from dapo_train.rundir import latest_run
+
+    monkeypatch.chdir(tmp_path)
+    older = _trained_run(tmp_path, "a", 4, when=1_000_000)
+    _trained_run(tmp_path, "b", 2, when=2_000_000)
+    (older / "eval_test.json").write_text("{}\n")  # evaluating run a now touches its checkpoint folder
+    assert latest_run() == Path("outputs/b")
+    _no_model(monkeypatch)
+    with pytest.raises(UserError) as error:
+        run_eval(["checkpoint_4"], EVAL_OPTIONS)
+    assert str(error.value) == (
+        "checkpoint_4 not found in the latest run, outputs/b (trained last); its checkpoints: checkpoint_2; runs "
+        "under outputs/, latest first: outputs/b (checkpoint_2), outputs/a (checkpoint_4); choose with --run-dir"
+    )

@@ -1,0 +1,236 @@
+"""The run folder: where a run may start, what `--resume` continues, which run is the latest.
+
+- A fresh start checks, before anything loads or is created, that output_dir can be written and
+  that the tracker can start; it refuses to replace a run that saved a checkpoint unless told
+  (--overwrite), and starts again over one that never saved any (nothing there can be resumed).
+- `--resume` continues a run with its own saved config (the checkpoint's config.yaml); KEY=VALUE
+  overrides change it and every changed key is listed, old -> new, before the model loads. A
+  CONFIG file given with `--resume` only says where the run is (its output_dir).
+- A run whose checkpoint already reached train.max_steps is finished: resuming it says so and
+  changes nothing (no re-save, no rewritten logs, its checkpoints' eval files stay).
+- The latest run is the one whose training wrote last (metrics.jsonl, checkpoint weights), which
+  `dapo-train eval` never touches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import tempfile
+from pathlib import Path
+
+from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, STATE_FILE, checkpoint_dirs, latest_checkpoint
+from dapo_train.config import Config, config_to_dict, flatten_config, load_config, read_yaml, upgrade_retired
+from dapo_train.errors import UserError
+from dapo_train.metrics import METRICS_FILE, check_tracker
+
+logger = logging.getLogger(__name__)
+
+RUNS_ROOT = Path("outputs")
+# Files training writes and eval never does: their times say when a run last trained.
+TRAINING_FILES = (METRICS_FILE,)
+CHECKPOINT_TRAINING_FILES = ("config.json", STATE_FILE)
+
+
+def resume_command(run_dir: str | Path) -> str:
+    return f"dapo-train run --resume {shlex.quote(str(run_dir))}"
+
+
+def checkpoint_step(checkpoint: Path) -> int | None:
+    match = CHECKPOINT_RE.match(checkpoint.name)
+    return int(match.group(1)) if match else None
+
+
+# --------------------------------------------------------------------------------------------
+# Starting: checks that cost nothing, before the model loads and before the folder exists.
+
+
+def check_writable(run_dir: Path) -> None:
+    """Fail before anything loads when output_dir cannot be created or written. A real probe
+    (a temporary folder made and removed), since permission bits do not tell root, read-only
+    mounts or pseudo file systems (/sys) apart."""
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"output_dir {run_dir}: {existing} exists and is not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".dapo-write-check-", dir=existing))
+    except OSError as exc:
+        raise UserError(
+            f"output_dir {run_dir}: cannot write in {existing} ({exc.strerror or exc}); "
+            "set output_dir=... to a writable folder"
+        ) from None
+
+
+def holds_run(run_dir: Path) -> bool:
+    return (run_dir / CONFIG_FILE).exists() or (run_dir / METRICS_FILE).exists()
+
+
+def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bool) -> tuple[Path, Path | None]:
+    """-> (run dir, checkpoint to resume from). Refuses to clobber a run that saved a checkpoint;
+    with --overwrite the old run is only removed later, once setup has succeeded."""
+    run_dir = Path(cfg.output_dir)
+    check_writable(run_dir)
+    check_tracker(cfg.logging.tracker)
+    if resume:
+        return run_dir, _resume_source(run_dir, resume)
+    if holds_run(run_dir) and not overwrite:
+        if checkpoint_dirs(run_dir):
+            raise UserError(
+                f"output_dir {run_dir} already holds a run; continue it with: {resume_command(run_dir)}; or pass "
+                "--overwrite to replace it, or set output_dir=... / run_name=..."
+            )
+        logger.warning("%s holds a run that never saved a checkpoint; starting it again", run_dir)
+    return run_dir, None
+
+
+def _resume_source(run_dir: Path, resume: str | Path | bool) -> Path:
+    source = latest_checkpoint(run_dir) if resume is True else Path(resume)
+    if source is None:
+        raise UserError(_no_checkpoint(run_dir))
+    if not source.is_dir():
+        raise UserError(f"--resume: checkpoint not found: {source}")
+    return source
+
+
+def _no_checkpoint(run_dir: Path) -> str:
+    if (run_dir / CONFIG_FILE).is_file():
+        return (
+            f"--resume: {run_dir} holds a run that never saved a checkpoint, so there is nothing to resume; "
+            f"start it again with: dapo-train run {shlex.quote(str(run_dir / CONFIG_FILE))}"
+        )
+    return f"--resume: no checkpoint_<step>/ in {run_dir}; start without --resume"
+
+
+def finished(cfg: Config, checkpoint: Path) -> bool:
+    """True when `checkpoint` already reached train.max_steps: resuming it would train nothing."""
+    step = checkpoint_step(checkpoint)
+    return step is not None and step >= cfg.train.max_steps
+
+
+def finished_message(cfg: Config, run_dir: Path, checkpoint: Path) -> str:
+    return (
+        f"{run_dir} is already finished: {checkpoint.name} reached train.max_steps={cfg.train.max_steps}; "
+        "nothing was changed.\n"
+        f"  evaluate it: dapo-train eval {shlex.quote(str(checkpoint))}\n"
+        f"  train further: {resume_command(run_dir)} train.max_steps=N"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Resuming: the run's own config, and every change to it named.
+
+
+def _find_resumable(resume: str, located: Config | None) -> tuple[Path, Path]:
+    """`--resume` [latest | RUN_DIR | CHECKPOINT] -> (run folder, checkpoint); `latest` looks in the
+    output_dir of `located` (CONFIG and KEY=VALUE on the defaults)."""
+    if resume == "latest":
+        run_dir = Path(located.output_dir)
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            hint = "" if run_dir.is_dir() else (
+                "; a run's name comes from its config file and overrides, so name the run instead: "
+                "dapo-train run --resume RUN_DIR [KEY=VALUE ...]"
+            )
+            raise UserError(_no_checkpoint(run_dir) + hint)
+        return run_dir, checkpoint
+    path = Path(resume)
+    if checkpoint_step(path) is not None or (path / STATE_FILE).is_file():
+        if not path.is_dir():
+            raise UserError(f"--resume: checkpoint not found: {path}")
+        return path.parent, path
+    if not path.is_dir():
+        raise UserError(f"--resume {resume}: no such run or checkpoint folder")
+    checkpoint = latest_checkpoint(path)
+    if checkpoint is None:
+        raise UserError(_no_checkpoint(path))
+    return path, checkpoint
+
+
+def resume_config(resume: str, config_path: str | None, overrides: list[str]) -> tuple[Config, Path]:
+    """The config and checkpoint `dapo-train run [CONFIG] [KEY=VALUE] --resume [RUN_DIR|CHECKPOINT]`
+    continues: the checkpoint's saved config, with output_dir the run's folder, then the KEY=VALUE
+    overrides. CONFIG only locates the run; where it differs from the saved config it says so."""
+    located = load_config(config_path, overrides) if resume == "latest" or config_path is not None else None
+    run_dir, checkpoint = _find_resumable(resume, located)
+    saved = read_yaml(checkpoint / CONFIG_FILE)
+    upgrade_retired(saved, str(checkpoint / CONFIG_FILE), notify=False)  # train's warn_config_changes says it
+    if Path(saved.get("output_dir") or run_dir).resolve() != run_dir.resolve():
+        saved["output_dir"] = str(run_dir)  # the run was moved, or the checkpoint copied: write beside it
+    cfg = load_config(None, overrides, base=saved)
+    if config_path is not None:
+        name = Path(config_path).name
+        ignored = _differences(config_to_dict(located), cfg)
+        if ignored:
+            logger.warning(
+                "%s differs from the saved config of %s, which --resume keeps: %s; to change a setting, pass "
+                "KEY=VALUE", config_path, run_dir,
+                ", ".join(f"{key} (run: {in_run!r}, {name}: {in_file!r})" for key, in_file, in_run in ignored),
+            )
+    return cfg, checkpoint
+
+
+def _differences(saved: dict, cfg: Config, skip: tuple[str, ...] = ("output_dir", "run_name")) -> list[tuple]:
+    """[(dotted key, saved value, value in cfg)] for every key whose value differs."""
+    old, new = flatten_config(saved), flatten_config(config_to_dict(cfg))
+    return [(key, old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys())
+            if key not in skip and old.get(key) != new.get(key)]
+
+
+def warn_config_changes(cfg: Config, checkpoint: Path) -> None:
+    """Name, key by key, what a resumed run changes from the settings its checkpoint trained with."""
+    path = checkpoint / CONFIG_FILE
+    saved = read_yaml(path)
+    upgrade_retired(saved, str(path))
+    saved = config_to_dict(load_config(None, [], base=saved))  # keys added since: at their defaults
+    changed = _differences(saved, cfg, skip=())
+    if Path(saved["output_dir"]).resolve() == Path(cfg.output_dir).resolve():
+        changed = [change for change in changed if change[0] != "output_dir"]
+    if changed:
+        logger.warning(
+            "resuming %s with settings changed from %s's: %s", cfg.output_dir, checkpoint.name,
+            ", ".join(f"{key} {old!r} -> {new!r}" for key, old, new in changed),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# The latest run, for bare checkpoint_N names.
+
+
+def last_trained(run_dir: Path) -> float | None:
+    """When training last wrote to `run_dir` (None: it holds no checkpoint)."""
+    checkpoints = checkpoint_dirs(run_dir)
+    if not checkpoints:
+        return None
+    files = [run_dir / name for name in TRAINING_FILES]
+    files += [checkpoint / name for checkpoint in checkpoints for name in CHECKPOINT_TRAINING_FILES]
+    times = [path.stat().st_mtime for path in files if path.is_file()]
+    return max(times) if times else None
+
+
+def runs_under(root: Path) -> dict[Path, float]:
+    """Run folders with checkpoints under `root` (and one level down: sweeps) -> last training time."""
+    if not root.is_dir():
+        return {}
+    candidates = [d for d in root.iterdir() if d.is_dir()]
+    candidates += [d for parent in candidates for d in parent.iterdir() if d.is_dir()]
+    found = {d: last_trained(d) for d in candidates}
+    return {d: when for d, when in found.items() if when is not None}
+
+
+def latest_run(root: Path = RUNS_ROOT) -> Path:
+    """The run under `root` whose training wrote last."""
+    runs = runs_under(root)
+    if not runs:
+        raise UserError(f"no run with checkpoints under {root}/; give the checkpoint's path or --run-dir RUN")
+    return max(runs, key=runs.get)
+
+
+def describe_runs(root: Path = RUNS_ROOT, most: int = 8) -> str:
+    """'outputs/a (checkpoint_2, checkpoint_4), outputs/b (checkpoint_10)', newest training first."""
+    runs = sorted(runs_under(root).items(), key=lambda item: -item[1])
+    shown = [f"{run} ({', '.join(p.name for p in checkpoint_dirs(run))})" for run, _ in runs[:most]]
+    more = f" and {len(runs) - most} more" if len(runs) > most else ""
+    return ", ".join(shown) + more or "none"

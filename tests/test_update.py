@@ -243,3 +243,24 @@ def test_eps_high_moves_the_weights_once_the_clip_can_act():
     assert any(not torch.equal(a, b) for a, b in zip(low, high))
     low, high = weights_after(0.01, 1), weights_after(0.5, 1)
     assert all(torch.equal(a, b) for a, b in zip(low, high))
+
+
+def test_num_iterations_repeats_the_updates_over_the_same_batch():
+    """dapo.num_iterations=2 with one update per pass: two optimizer steps on the same groups, the
+    second against the old log-probs recorded before the first (so its ratio leaves 1), equal to
+    two manual updates; one pass moves the weights less."""
+    base, other, single = (make_random_model(seed=10).train() for _ in range(3))
+    groups = _groups(2, seed=6)
+    twice = _ctx(base, "dapo.num_iterations=2")
+    record_old_logprobs(twice, groups)
+    metrics = policy_update(twice, groups)
+    assert metrics["optimizer_steps"] == 2 and metrics["ratio_mean"] != 1.0
+    manual, manual_groups = _ctx(other), copy.deepcopy(groups)
+    record_old_logprobs(manual, manual_groups)
+    for _ in range(2):
+        policy_update(manual, manual_groups)
+    once = _ctx(single)
+    policy_update(once, copy.deepcopy(groups))
+    for a, b in zip(base.parameters(), other.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert any(not torch.allclose(a, c) for a, c in zip(base.parameters(), single.parameters()))

@@ -111,6 +111,14 @@ def _parent(data: dict, dotted: str) -> tuple[dict | None, str]:
     return (node if isinstance(node, dict) else None), last
 
 
+def read_saved_config(path: str | Path, notify: bool = True) -> dict:
+    """An earlier run's config.yaml as this version reads it: retired keys dropped and old values
+    renamed, each notice naming the file (none with notify=False)."""
+    saved = read_yaml(path)
+    upgrade_retired(saved, str(path), notify)
+    return saved
+
+
 def upgrade_retired(data: dict, source: str, notify: bool = True) -> None:
     """Drop retired keys from a config dict and rename old values, in place, one notice each
     (none with notify=False, for a file whose notices another reading of it gives)."""

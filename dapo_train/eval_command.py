@@ -32,7 +32,7 @@ import torch
 
 from dapo_train.answers import answer_check
 from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
-from dapo_train.config import Config, config_to_dict, load_config, looks_like_path, read_yaml
+from dapo_train.config import Config, config_to_dict, load_config, looks_like_path, read_saved_config
 from dapo_train.data import Prompt, fixed_eval_subset, load_prompts
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
@@ -156,7 +156,7 @@ def target_config(target: EvalTarget, config_path: str | None, overrides: list[s
         cfg = load_config(config_path, overrides)
         return cfg if target.model is None else _with_model(cfg, target.model)
     try:
-        cfg = load_config(config_path, overrides, base=read_yaml(target.saved_config))
+        cfg = load_config(config_path, overrides, base=read_saved_config(target.saved_config))
     except ConfigError as exc:
         raise UserError(f"{exc} (config: {target.saved_config}{' + ' + config_path if config_path else ''})") from None
     return _with_model(cfg, target.model)

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, STATE_FILE, checkpoint_dirs, latest_checkpoint
-from dapo_train.config import Config, config_to_dict, flatten_config, load_config, read_yaml, upgrade_retired
+from dapo_train.config import Config, config_to_dict, flatten_config, load_config, read_saved_config
 from dapo_train.errors import UserError
 from dapo_train.metrics import METRICS_FILE, check_tracker
 
@@ -155,8 +155,7 @@ def resume_config(resume: str, config_path: str | None, overrides: list[str]) ->
     overrides. CONFIG only locates the run; where it differs from the saved config it says so."""
     located = load_config(config_path, overrides) if resume == "latest" or config_path is not None else None
     run_dir, checkpoint = _find_resumable(resume, located)
-    saved = read_yaml(checkpoint / CONFIG_FILE)
-    upgrade_retired(saved, str(checkpoint / CONFIG_FILE), notify=False)  # train's warn_config_changes says it
+    saved = read_saved_config(checkpoint / CONFIG_FILE, notify=False)  # train's warn_config_changes says it
     if Path(saved.get("output_dir") or run_dir).resolve() != run_dir.resolve():
         saved["output_dir"] = str(run_dir)  # the run was moved, or the checkpoint copied: write beside it
     cfg = load_config(None, overrides, base=saved)
@@ -181,10 +180,8 @@ def _differences(saved: dict, cfg: Config, skip: tuple[str, ...] = ("output_dir"
 
 def warn_config_changes(cfg: Config, checkpoint: Path) -> None:
     """Name, key by key, what a resumed run changes from the settings its checkpoint trained with."""
-    path = checkpoint / CONFIG_FILE
-    saved = read_yaml(path)
-    upgrade_retired(saved, str(path))
-    saved = config_to_dict(load_config(None, [], base=saved))  # keys added since: at their defaults
+    # Keys added since the checkpoint was saved take their defaults.
+    saved = config_to_dict(load_config(None, [], base=read_saved_config(checkpoint / CONFIG_FILE)))
     changed = _differences(saved, cfg, skip=())
     if Path(saved["output_dir"]).resolve() == Path(cfg.output_dir).resolve():
         changed = [change for change in changed if change[0] != "output_dir"]

@@ -26,8 +26,7 @@ from dapo_train.config import (
     config_to_dict,
     flatten_config,
     load_config,
-    read_yaml,
-    upgrade_retired,
+    read_saved_config,
 )
 from dapo_train.errors import TrainingAborted, UserError
 from dapo_train.metrics import write_json_atomic
@@ -93,8 +92,7 @@ def saved_settings(run_dir: Path) -> dict:
     """A run folder's config.yaml, flattened, as this version reads it: retired keys dropped and keys
     added since at their defaults, so an old run and a new one of the same settings compare equal."""
     path = run_dir / CONFIG_FILE
-    saved = read_yaml(path)
-    upgrade_retired(saved, str(path))
+    saved = read_saved_config(path)
     try:
         return flatten_config(config_to_dict(config_from_dict(saved)))
     except UserError as exc:

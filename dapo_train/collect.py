@@ -1,7 +1,7 @@
 """Step 1 of every optimizer step: fill the batch with informative groups (Eq. 9, 11).
 
-A generation round samples `prompts_per_step` prompts, generates G completions for each in
-batched calls (rollout.py), scores them (rewards.py) and computes group advantages (Eq. 9).
+A generation round samples `prompts_per_step` prompts, has the rollout engine generate G
+completions for each (rollout.py), scores them (rewards.py) and computes group advantages (Eq. 9).
 With dynamic sampling, groups whose filter metric does not vary are dropped and rounds repeat
 until the buffer holds `prompts_per_step` groups or `max_gen_rounds` is reached; then the step
 trains on what it has (possibly fewer groups, or none: the step is skipped) and says so in its
@@ -25,7 +25,7 @@ from dapo_train.algo import group_advantages, is_informative_group
 from dapo_train.config import Config
 from dapo_train.data import Prompt, PromptSampler
 from dapo_train.rewards import score
-from dapo_train.rollout import Completion, SamplingSettings, generate_completions
+from dapo_train.rollout import Completion, RolloutEngine, SamplingSettings
 
 
 @dataclass
@@ -147,7 +147,7 @@ class CollectStats:
 
 
 def rollout_groups(
-    model, tokenizer, reward_set, prompts: list[Prompt], cfg: Config, stats: CollectStats
+    engine: RolloutEngine, reward_set, prompts: list[Prompt], cfg: Config, stats: CollectStats
 ) -> list[Group]:
     """Generate, score and compute advantages for B prompts x G completions."""
     group_size = cfg.rollout.group_size
@@ -158,10 +158,7 @@ def rollout_groups(
         top_k=cfg.rollout.top_k,
     )
     start = time.perf_counter()
-    completions = generate_completions(
-        model, tokenizer, [p.input_ids for p in prompts for _ in range(group_size)], settings,
-        batch_size=cfg.rollout.generation_batch_size,
-    )
+    completions = engine.generate([p.input_ids for p in prompts], settings, group_size)
     stats.seconds_generate += time.perf_counter() - start
     start = time.perf_counter()
     scores = score(
@@ -222,7 +219,7 @@ def _keep(group: Group, cfg: Config, stats: CollectStats) -> bool:
 
 
 def collect_groups(
-    model, tokenizer, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config, version: int = 0
+    engine: RolloutEngine, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config, version: int = 0
 ) -> tuple[list[Group], dict]:
     """Rounds of generation until `prompts_per_step` informative groups are buffered (or rounds run out).
 
@@ -233,11 +230,10 @@ def collect_groups(
     wanted = cfg.train.prompts_per_step
     stats = CollectStats()
     carried = {id(group) for group in buffer.groups}  # generated in an earlier step
-    model.eval()  # generation with the KV cache; training mode would force use_cache off under checkpointing
     max_rounds = cfg.dapo.max_gen_rounds if cfg.dapo.dynamic_sampling else 1
     while len(buffer) < wanted and stats.rounds < max_rounds:
         stats.rounds += 1
-        groups = rollout_groups(model, tokenizer, reward_set, sampler.next_batch(wanted), cfg, stats)
+        groups = rollout_groups(engine, reward_set, sampler.next_batch(wanted), cfg, stats)
         kept = [g for g in groups if _keep(g, cfg, stats)]
         for group in kept:
             group.version = version

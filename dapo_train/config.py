@@ -95,6 +95,7 @@ def import_plugin(path: str, key: str) -> Callable:
 # Dotted key -> why it went.
 RETIRED_KEYS = {
     "checkpoint.save_optimizer": "checkpoints always hold the optimizer state (resume needs it)",
+    "train.logprob_chunk_size": "replaced by train.logprob_chunk_mib (chunks sized in MiB of logits, not rows)",
 }
 # (dotted key, old value) -> new value.
 RENAMED_VALUES = {
@@ -205,6 +206,9 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         else:
             if annotation in (float, float | None):
                 value = _as_float(value)
+            choices = fields[key].metadata.get("choices") or ()
+            if isinstance(value, bool) and annotation is str and {"on", "off"} <= set(choices):
+                value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
             if not _type_ok(value, annotation):
                 raise ConfigError(full, f"expected {_type_name(annotation)}, got {value!r} ({type(value).__name__})")
             kwargs[key] = value

@@ -213,13 +213,15 @@ def evaluate_prompts(
     if samples > 1 and temperature <= 0:
         raise ValueError(f"sampling needs temperature > 0, got {temperature}")
     settings = SamplingSettings(max_new_tokens=max_new_tokens, do_sample=samples > 1, temperature=temperature)
-    prompt_ids = [prompt.input_ids for prompt in prompts for _ in range(samples)]  # N*K rows, K per item
+    prompt_ids = [prompt.input_ids for prompt in prompts]
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
         with _seeded(seed if samples > 1 else None, device):
-            completions = generate_completions(model, tokenizer, prompt_ids, settings, batch_size=batch_size)
+            completions = generate_completions(  # N*K rows, K per item
+                model, tokenizer, prompt_ids, settings, batch_size=batch_size, group_size=samples
+            )
     finally:
         model.train(was_training)
     records = completion_records(prompts, completions, samples, check)

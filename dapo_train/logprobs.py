@@ -1,13 +1,21 @@
 """Scoring: model forward -> per-token log-probs (and entropy) of completion tokens.
 
-Memory-bounded for large vocabularies (Qwen: V = 151,936): the forward keeps logits only for the
-completion positions (`logits_to_keep`), and the log-prob of each chosen token is its logit minus
-a chunked logsumexp (selected_logprobs below), so no float32 log_softmax over (N, T, V) is ever
-materialised. Logits are divided by the rollout temperature first: the loss must see the same
-distribution the rollout sampled from.
+Two things keep the update cheap:
 
-Position ids and attention masks are built exactly as `generate` builds them for left-padded
-prompts (cumulative sum of the mask minus one), so scoring reproduces generation-time log-probs.
+- Shared prompt prefix. The G completions of a group share one prompt. With `share_prefix`,
+  `collate` lays a micro-batch out as one row per prompt: the prompt once, then each of its
+  completions, under a 4-D attention mask in which a completion sees the prompt and its own earlier
+  tokens only, with position ids restarting after the prompt for each completion. The forward's cost
+  then follows prompt + G x completion tokens instead of G x (prompt + completion), with the same
+  log-probs (float rounding aside). Needs an attention kernel that takes a 4-D mask (sdpa, eager).
+- Bounded vocabulary memory. The forward returns hidden states only (no logits); log-probs are
+  computed chunk by chunk through the LM head, and the backward recomputes each chunk's logits
+  instead of saving them (LinearHeadLogprobs), so no (N, T, V) tensor exists in forward or backward:
+  at most `chunk_mib` of float32 logits (plus their softmax) at a time.
+
+Logits are divided by the rollout temperature first: the loss must see the distribution the rollout
+sampled from. Position ids follow `generate` for left-padded prompts (cumulative sum of the mask
+minus one), so scoring reproduces generation-time log-probs.
 """
 
 from __future__ import annotations
@@ -20,37 +28,134 @@ import torch
 
 Tensor = torch.Tensor
 
+# Attention implementations that accept a prepared 4-D mask (and the mask format each wants).
+PREFIX_SHARING_ATTENTION = ("sdpa", "eager")
+
 
 @dataclass
 class TokenBatch:
-    """A collated micro-batch. N rows, P = padded prompt width, T = padded completion width."""
+    """A collated micro-batch: N samples laid out in R rows of width W; T = padded completion width.
 
-    input_ids: torch.Tensor  # (N, P+T) left-padded prompt ++ right-padded completion
-    attention_mask: torch.Tensor  # (N, P+T) 1 on prompt tokens and valid completion tokens
-    position_ids: torch.Tensor  # (N, P+T)
-    completion_ids: torch.Tensor  # (N, T)
-    completion_mask: torch.Tensor  # (N, T) float, 1 on valid completion tokens (EOS included)
+    One sample per row (R = N): left-padded prompt ++ right-padded completion, a 2-D attention mask.
+    Shared prefix: one row per run of consecutive samples with the same prompt, the prompt once and
+    then each completion; attention_mask is (R, 1, W, W) bool (True = may attend).
+    """
+
+    input_ids: Tensor  # (R, W)
+    attention_mask: Tensor  # (R, W) long, or (R, 1, W, W) bool when prefixes are shared
+    position_ids: Tensor  # (R, W)
+    completion_ids: Tensor  # (N, T)
+    completion_mask: Tensor  # (N, T) float, 1 on valid completion tokens (EOS included)
+    rows: Tensor  # (N,) long: the row holding sample i
+    positions: Tensor  # (N, T) long: the row position whose hidden state predicts completion token t
 
     def to(self, device: torch.device) -> TokenBatch:
         return TokenBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
+    @property
+    def shared_prefix(self) -> bool:
+        return self.attention_mask.dim() == 4
 
-def collate(prompts: Sequence[torch.Tensor], completions: Sequence[torch.Tensor], pad_id: int) -> TokenBatch:
+    @property
+    def forward_tokens(self) -> int:
+        """Token positions the forward computes (rows x width): the update's work."""
+        return int(self.input_ids.numel())
+
+
+def collate(
+    prompts: Sequence[Tensor], completions: Sequence[Tensor], pad_id: int, share_prefix: bool = False
+) -> TokenBatch:
     """(prompt ids (P_i,), completion ids (L_i,)) pairs -> TokenBatch; completions keep their EOS."""
     n = len(prompts)
-    width_p = max(int(p.numel()) for p in prompts)
     width_t = max(1, max(int(c.numel()) for c in completions))
+    completion_ids = torch.full((n, width_t), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros((n, width_t), dtype=torch.float32)
+    for i, completion in enumerate(completions):
+        completion_ids[i, : completion.numel()] = completion
+        completion_mask[i, : completion.numel()] = 1.0
+    if share_prefix:
+        return _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask)
+    width_p = max(int(p.numel()) for p in prompts)
     input_ids = torch.full((n, width_p + width_t), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((n, width_p + width_t), dtype=torch.long)
-    completion_mask = torch.zeros((n, width_t), dtype=torch.float32)
     for row, (prompt, completion) in enumerate(zip(prompts, completions)):
         p, c = int(prompt.numel()), int(completion.numel())
         input_ids[row, width_p - p : width_p] = prompt
         input_ids[row, width_p : width_p + c] = completion
         attention_mask[row, width_p - p : width_p + c] = 1
-        completion_mask[row, :c] = 1.0
     position_ids = (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 0)
-    return TokenBatch(input_ids, attention_mask, position_ids, input_ids[:, width_p:], completion_mask)
+    # Hidden state i predicts token i+1: completion token t is predicted at width_p - 1 + t.
+    positions = (width_p - 1 + torch.arange(width_t)).expand(n, width_t).clone()
+    return TokenBatch(input_ids, attention_mask, position_ids, completion_ids, completion_mask, torch.arange(n),
+                      positions)
+
+
+def _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask) -> TokenBatch:
+    """One row per run of consecutive samples with equal prompts: prompt, then each completion."""
+    runs: list[list[int]] = []
+    for i, prompt in enumerate(prompts):
+        if runs and torch.equal(prompts[runs[-1][0]], prompt):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    lengths = [int(prompts[run[0]].numel()) + sum(int(completions[i].numel()) for i in run) for run in runs]
+    n, width_t, width = len(prompts), completion_ids.shape[1], max(lengths)
+    input_ids = torch.full((len(runs), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(runs), width), dtype=torch.long)
+    segment = torch.full((len(runs), width), -1, dtype=torch.long)  # 0 prompt, k + 1 the run's k-th completion
+    rows = torch.zeros(n, dtype=torch.long)
+    positions = torch.zeros((n, width_t), dtype=torch.long)
+    for r, run in enumerate(runs):
+        prompt = prompts[run[0]]
+        p = int(prompt.numel())
+        input_ids[r, :p], position_ids[r, :p], segment[r, :p] = prompt, torch.arange(p), 0
+        start = p
+        for k, i in enumerate(run):
+            c = int(completions[i].numel())
+            input_ids[r, start : start + c] = completions[i]
+            position_ids[r, start : start + c] = torch.arange(p, p + c)
+            segment[r, start : start + c] = k + 1
+            rows[i] = r
+            # Token 0 is predicted by the prompt's last position, token t >= 1 by the token before it.
+            positions[i, :] = p - 1
+            positions[i, 1:c] = torch.arange(start, start + c - 1)
+            start += c
+    query, key = segment[:, :, None], segment[:, None, :]  # (R, W, 1), (R, 1, W)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    mask = causal & (query >= 0) & (key >= 0) & ((key == 0) | (key == query))
+    mask |= torch.eye(width, dtype=torch.bool)  # padding attends to itself: no empty softmax row
+    return TokenBatch(input_ids, mask[:, None], position_ids, completion_ids, completion_mask, rows, positions)
+
+
+def attention_implementation(model) -> str:
+    config = getattr(_unwrap(model), "config", None)
+    return str(getattr(config, "_attn_implementation", None) or "eager")
+
+
+def supports_shared_prefix(model) -> bool:
+    """True when the model's attention kernel takes a prepared 4-D mask."""
+    return attention_implementation(model) in PREFIX_SHARING_ATTENTION
+
+
+def _unwrap(model):
+    """The transformers model inside DDP-like wrappers (`.module`)."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
+
+
+def _model_mask(model, batch: TokenBatch) -> Tensor:
+    """The attention mask in the form the model's kernel wants: sdpa a bool 4-D mask, eager an additive one."""
+    if not batch.shared_prefix:
+        return batch.attention_mask
+    implementation = attention_implementation(model)
+    if implementation == "sdpa":
+        return batch.attention_mask
+    if implementation == "eager":
+        zero = torch.zeros((), dtype=torch.float32, device=batch.attention_mask.device)
+        return torch.where(batch.attention_mask, zero, torch.finfo(torch.float32).min)
+    raise ValueError(f"shared-prefix scoring needs an attention implementation in {PREFIX_SHARING_ATTENTION}, "
+                     f"the model uses {implementation!r}")
 
 
 def score_tokens(
@@ -58,101 +163,165 @@ def score_tokens(
     batch: TokenBatch,
     *,
     temperature: float,
-    chunk_size: int,
+    chunk_mib: float,
     with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """-> (logprobs (N, T) float32, entropy (N, T) float32 or None). Differentiable in logprobs."""
-    width_t = batch.completion_ids.shape[1]
+) -> tuple[Tensor, Tensor | None]:
+    """-> (logprobs (N, T) float32, entropy (N, T) float32 or None). Differentiable in logprobs.
+
+    The forward runs through `model` itself (so wrappers see it) but keeps no logits; the hidden
+    states at `batch.positions` go through the LM head chunk by chunk (head_logprobs)."""
     output = model(
         input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
+        attention_mask=_model_mask(model, batch),
         position_ids=batch.position_ids,
         use_cache=False,
-        logits_to_keep=width_t + 1,
+        output_hidden_states=True,
+        logits_to_keep=torch.zeros(0, dtype=torch.long, device=batch.input_ids.device),
     )
-    # Logits at position i predict token i+1: the kept T+1 positions start one before the
-    # completion, so the first T of them score the T completion tokens.
-    logits = output.logits[:, :-1, :]  # (N, T, V)
-    if temperature != 1.0:
-        logits = logits / temperature
-    logprobs = selected_logprobs(logits, batch.completion_ids, chunk_size)  # (N, T)
+    hidden = output.hidden_states[-1]  # (R, W, H), after the final norm
+    picked = hidden[batch.rows[:, None], batch.positions]  # (N, T, H)
+    return head_logprobs(_unwrap(model), picked, batch.completion_ids, temperature=temperature,
+                         chunk_mib=chunk_mib, with_entropy=with_entropy)
+
+
+# ---------------------------------------------------------------- the LM head, chunk by chunk
+
+
+def chunk_rows(vocab_size: int, chunk_mib: float) -> int:
+    """Rows per chunk so that one float32 (rows, V) block of logits is at most chunk_mib MiB."""
+    return max(1, int(chunk_mib * 2**20) // (4 * vocab_size))
+
+
+def head_logprobs(
+    model, hidden: Tensor, token_ids: Tensor, *, temperature: float, chunk_mib: float, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """log softmax(head(hidden) / temperature)[token] for hidden (..., H), token_ids (...) ->
+    (logprobs (...) float32, entropy (...) float32 or None), never holding more than one chunk of
+    logits. A plain linear head (most causal LMs, tied or not) uses LinearHeadLogprobs; any other
+    head module runs per chunk under activation checkpointing (same memory bound, generic)."""
+    if chunk_mib <= 0:
+        raise ValueError(f"chunk_mib must be > 0, got {chunk_mib}")
+    head = model.get_output_embeddings()
+    flat = hidden.reshape(-1, hidden.shape[-1])  # (M, H)
+    ids = token_ids.reshape(-1).to(torch.long)  # (M,)
+    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    if type(head) is torch.nn.Linear and not softcap:
+        rows = chunk_rows(head.weight.shape[0], chunk_mib)
+        picked, entropy = LinearHeadLogprobs.apply(flat, head.weight, head.bias, ids, 1.0 / temperature, rows,
+                                                   with_entropy)
+    else:
+        picked, entropy = _module_head_logprobs(head, flat, ids, temperature, softcap, chunk_mib, with_entropy)
+    return picked.reshape(token_ids.shape), entropy.reshape(token_ids.shape) if with_entropy else None
+
+
+def _chunk_stats(logits: Tensor, ids: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """float32 logits (c, V) -> (logsumexp (c,), picked log-prob (c,), entropy (c,) or None)."""
+    log_norm = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, ids[:, None])[:, 0] - log_norm
     entropy = None
     if with_entropy:
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach(), chunk_size)  # (N, T)
-    return logprobs, entropy
+        probs = torch.exp(logits - log_norm[:, None])
+        entropy = log_norm - (probs * logits).sum(dim=-1)
+    return log_norm, picked, entropy
 
 
-# ---------------------------------------------------------------- memory-bounded vocabulary maths
+def _compute_dtype(tensor: Tensor, weight: Tensor) -> torch.dtype:
+    """The matmul dtype: autocast's when it is on (bf16 on CUDA), else the weights'."""
+    device = tensor.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(tensor.dtype, weight.dtype)
 
 
-def _rows(logits: Tensor, chunk_size: int) -> tuple[Tensor, list[slice]]:
-    """Flatten (..., V) to (M, V) and cut M rows into slices of at most chunk_size."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    flat = logits.reshape(-1, logits.shape[-1])  # (M, V); a view when logits is contiguous
-    return flat, [slice(start, start + chunk_size) for start in range(0, flat.shape[0], chunk_size)]
+class LinearHeadLogprobs(torch.autograd.Function):
+    """Per-token log-probs through a linear LM head, `rows` positions at a time, forward and backward.
 
-
-def entropy_from_logits(logits: Tensor, chunk_size: int) -> Tensor:
-    """Per-token entropy H = logsumexp(x) - sum softmax(x) * x of the policy at each position.
-
-    logits (..., V) any float dtype -> (...) float32. Rows (flattened leading dims) are processed
-    chunk_size at a time in float32, so the extra memory is O(chunk_size * V) rather than a float32
-    copy of all logits. A diagnostic (DAPO's entropy-collapse curve, the reason for clip-higher);
-    call it under torch.no_grad(). A non-contiguous input is copied once by the flatten.
-    """
-    flat, chunks = _rows(logits, chunk_size)
-    entropy = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)  # (M,)
-    for rows in chunks:
-        block = flat[rows].to(torch.float32)  # (c, V)
-        log_norm = torch.logsumexp(block, dim=-1)  # (c,)
-        probs = torch.exp(block - log_norm[:, None])  # (c, V)
-        entropy[rows] = log_norm - (probs * block).sum(dim=-1)
-    return entropy.reshape(logits.shape[:-1])
-
-
-class _SelectedLogprobs(torch.autograd.Function):
-    """log softmax(x)[id] on (M, V) rows with a chunked forward AND backward.
-
-    Plain autograd would save each chunk's float32 copy for backward, i.e. a float32 copy of all
-    logits after all. Here only the (M,) logsumexp is saved and softmax is recomputed per chunk.
-    """
+    forward(hidden (M, H), weight (V, H), bias (V,) | None, ids (M,), inverse temperature, rows,
+    with_entropy) -> (log-probs (M,) float32, entropy (M,) float32 or empty). Saves only hidden, the
+    weight and the (M,) logsumexp; backward recomputes each chunk's logits. Gradients flow to hidden,
+    weight and bias (a tied embedding receives the head's share through the shared weight)."""
 
     @staticmethod
-    def forward(ctx, flat: Tensor, ids: Tensor, chunk_size: int) -> Tensor:  # (M, V), (M,) -> (M,)
-        log_norm = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)  # (M,)
-        for start in range(0, flat.shape[0], chunk_size):
-            log_norm[start:start + chunk_size] = torch.logsumexp(flat[start:start + chunk_size].to(torch.float32), -1)
-        ctx.save_for_backward(flat, ids, log_norm)
-        ctx.chunk_size = chunk_size
-        return flat.gather(-1, ids[:, None]).squeeze(-1).to(torch.float32) - log_norm
+    def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, scale: float) -> Tensor:
+        logits = hidden.to(dtype) @ weight.to(dtype).T  # (c, V)
+        if bias is not None:
+            logits = logits + bias.to(dtype)
+        return logits.float() * scale
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):  # (M,) -> (M, V)
-        flat, ids, log_norm = ctx.saved_tensors
-        grad = torch.empty_like(flat)  # (M, V), the logits' dtype
-        for start in range(0, flat.shape[0], ctx.chunk_size):
-            rows = slice(start, start + ctx.chunk_size)
-            upstream = grad_out[rows].to(torch.float32)[:, None]  # (c, 1)
-            block = -torch.exp(flat[rows].to(torch.float32) - log_norm[rows, None]) * upstream  # (c, V)
-            block.scatter_add_(-1, ids[rows, None], upstream)  # d/dx_id log p_id has the extra +1
-            grad[rows] = block.to(grad.dtype)
-        return grad, None, None
+    def forward(ctx, hidden, weight, bias, ids, scale: float, rows: int, with_entropy: bool):
+        dtype = _compute_dtype(hidden, weight)
+        m = hidden.shape[0]
+        log_norm = torch.empty(m, dtype=torch.float32, device=hidden.device)
+        picked = torch.empty(m, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(m if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, m, rows):
+                part = slice(start, start + rows)
+                logits = LinearHeadLogprobs._logits(hidden[part], weight, bias, dtype, scale)
+                log_norm[part], picked[part], chunk_entropy = _chunk_stats(logits, ids[part], with_entropy)
+                if with_entropy:
+                    entropy[part] = chunk_entropy
+        ctx.save_for_backward(hidden, weight, bias, ids, log_norm)
+        ctx.scale, ctx.rows, ctx.dtype = scale, rows, dtype
+        ctx.mark_non_differentiable(entropy)
+        return picked, entropy
+
+    @staticmethod
+    def backward(ctx, grad_picked, _grad_entropy):
+        hidden, weight, bias, ids, log_norm = ctx.saved_tensors
+        dtype, scale = ctx.dtype, ctx.scale
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if ctx.needs_input_grad[1] else None
+        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) \
+            if bias is not None and ctx.needs_input_grad[2] else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, hidden.shape[0], ctx.rows):
+                part = slice(start, start + ctx.rows)
+                upstream = grad_picked[part].float()[:, None]  # (c, 1)
+                logits = LinearHeadLogprobs._logits(hidden[part], weight, bias, dtype, scale)
+                # d log p_id / d logit_v = [v = id] - softmax_v; the logits are (h W^T + b) * scale.
+                grad_logits = torch.exp(logits - log_norm[part, None]).mul_(-upstream)
+                grad_logits.scatter_add_(-1, ids[part, None], upstream)
+                grad_logits = (grad_logits * scale).to(dtype)  # (c, V)
+                if grad_hidden is not None:
+                    grad_hidden[part] = (grad_logits @ weight.to(dtype)).to(hidden.dtype)
+                if grad_weight is not None:
+                    grad_weight += (grad_logits.T @ hidden[part].to(dtype)).float()
+                if grad_bias is not None:
+                    grad_bias += grad_logits.float().sum(dim=0)
+        return (
+            grad_hidden,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(bias.dtype),
+            None, None, None, None,
+        )
 
 
-def selected_logprobs(logits: Tensor, token_ids: Tensor, chunk_size: int) -> Tensor:
-    """log pi(token | context) for the chosen tokens: the log-probs in the ratio of Eq. 10.
+def _module_head_logprobs(head, flat: Tensor, ids: Tensor, temperature: float, softcap, chunk_mib: float,
+                          with_entropy: bool) -> tuple[Tensor, Tensor]:
+    """Any head module: each chunk's logits are recomputed in backward (activation checkpointing)."""
+    from torch.utils.checkpoint import checkpoint
 
-    logits (N, T, V) any float dtype (already divided by the sampling temperature), token_ids
-    (N, T) integer -> (N, T) float32. Equals log_softmax(logits).gather(token_ids) but never
-    materialises a float32 (N, T, V): logsumexp and its backward run chunk_size rows at a time.
-    Differentiable with respect to logits. A non-contiguous input (e.g. logits[:, :-1]) is copied
-    once, in its own dtype, by the flatten.
-    """
-    if token_ids.shape != logits.shape[:-1]:
-        raise ValueError(f"selected_logprobs: token_ids shape {tuple(token_ids.shape)} "
-                         f"!= logits {tuple(logits.shape[:-1])}")
-    flat, _ = _rows(logits, chunk_size)
-    picked = _SelectedLogprobs.apply(flat, token_ids.reshape(-1).to(torch.long), chunk_size)  # (M,)
-    return picked.reshape(token_ids.shape)
+    def chunk_logprobs(hidden: Tensor, chunk_ids: Tensor) -> Tensor:
+        logits = head(hidden).float()
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        logits = logits / temperature
+        return logits.gather(-1, chunk_ids[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+
+    vocab = head.weight.shape[0] if hasattr(head, "weight") else head(flat[:1]).shape[-1]
+    rows = chunk_rows(vocab, chunk_mib)
+    picked, entropy = [], []
+    for start in range(0, flat.shape[0], rows):
+        part = slice(start, start + rows)
+        picked.append(checkpoint(chunk_logprobs, flat[part], ids[part], use_reentrant=False))
+        if with_entropy:
+            with torch.no_grad():
+                logits = head(flat[part].detach()).float()
+                if softcap:
+                    logits = torch.tanh(logits / softcap) * softcap
+                entropy.append(_chunk_stats(logits / temperature, ids[part], True)[2])
+    empty = flat.new_zeros(0, dtype=torch.float32)
+    return torch.cat(picked) if picked else empty, torch.cat(entropy) if entropy else empty

@@ -1,21 +1,41 @@
-"""Rollout: prompts -> sampled completions with exact token masks.
+"""Rollout: prompts -> sampled completions with exact token masks, behind an engine interface.
 
-Batched, left-padded `generate` (never one prompt at a time), with the sampling settings passed
-explicitly: a checkpoint's generation_config (Qwen2.5 ships a repetition penalty and its own
-top_p/top_k) must not silently change the distribution the loss assumes.
+`collect` talks to a RolloutEngine (generate G completions for each prompt; take new weights after
+each step's updates), chosen by `rollout.engine` from ROLLOUT_ENGINES. Built in:
 
-A completion's valid tokens run up to AND including the first EOS, where EOS is any id of the
-model's generation_config.eos_token_id. Qwen's pad id (<|endoftext|>) is also an EOS id, so the
-mask is found from the first EOS position, never by comparing with the pad id. A row with no EOS
-within max_new_tokens is truncated. The EOS is in the loss, so the model learns to stop.
+- `hf` (default): a decode loop over the transformers model's forward. Each prompt is prefilled
+  ONCE and its KV cache repeated for its G completions; rows leave the batch (and the cache) as
+  soon as they emit EOS, so no work is spent on finished rows. On CUDA it samples from a bfloat16
+  copy of the weights, refreshed after every step's updates, and with `rollout.compile` it runs
+  transformers' static-cache, compiled (CUDA-graph) decode instead, batch rows bucketed to powers
+  of two so dynamic sampling's rounds reuse a few compiled shapes.
+- `hf-generate`: plain `model.generate` on G copies of each prompt: the reference the loop is
+  tested against.
+
+Another engine (vLLM, SGLang, ...) is one module: a class with the two methods of RolloutEngine,
+registered with `@register_engine("name")` (or named in the config as 'pkg.module:Class'). It gets
+the unwrapped model and the tokenizer, and must keep the semantics below.
+
+Semantics every engine keeps: the sampling settings are passed explicitly (a checkpoint's
+generation_config, e.g. Qwen2.5's repetition penalty and top_p/top_k, must not silently change the
+distribution the loss assumes); a completion's valid tokens run up to AND including the first EOS,
+where EOS is any id of generation_config.eos_token_id or the tokenizer's (Qwen's pad id is also an
+EOS id, so masks come from the first EOS position, never from comparing with the pad id); a row
+with no EOS within max_new_tokens is truncated. The EOS is in the loss, so the model learns to stop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+import inspect
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,6 +58,21 @@ class SamplingSettings:
             kwargs.update(temperature=1.0, top_p=1.0, top_k=50)
         return kwargs
 
+    def warpers(self):
+        """The logits warpers `generate` applies for these settings, in its order (temperature,
+        top-k, top-p); an empty list for greedy decoding."""
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        warpers = LogitsProcessorList()
+        if self.do_sample:
+            if self.temperature != 1.0:
+                warpers.append(TemperatureLogitsWarper(self.temperature))
+            if self.top_k > 0:
+                warpers.append(TopKLogitsWarper(self.top_k))
+            if self.top_p < 1.0:
+                warpers.append(TopPLogitsWarper(self.top_p))
+        return warpers
+
 
 @dataclass
 class Completion:
@@ -47,7 +82,7 @@ class Completion:
     completion_ids: torch.Tensor  # (L,) valid generated tokens, no padding
     truncated: bool  # no EOS within max_new_tokens
     text: str  # decoded completion, special tokens skipped
-    generation_logprobs: torch.Tensor | None = None  # (L,) from generate's raw logits / temperature
+    generation_logprobs: torch.Tensor | None = None  # (L,) from the raw logits / temperature
 
     @property
     def length(self) -> int:
@@ -79,9 +114,9 @@ def pad_token_id(model, tokenizer) -> int:
     return eos_token_ids(model, tokenizer)[0]
 
 
-def left_pad(sequences: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad 1-D id tensors -> (ids (B, P), attention_mask (B, P))."""
-    width = max(int(s.numel()) for s in sequences)
+def left_pad(sequences: Sequence[torch.Tensor], pad_id: int, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad 1-D id tensors -> (ids (B, P), attention_mask (B, P)); P is rounded up to `multiple`."""
+    width = -(-max(int(s.numel()) for s in sequences) // multiple) * multiple
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
@@ -104,7 +139,162 @@ def completion_mask(generated: torch.Tensor, eos_ids: Sequence[int]) -> tuple[to
     return mask, truncated
 
 
+def _completions(
+    prompts: Sequence[torch.Tensor], generated: torch.Tensor, eos_ids, tokenizer, logprobs: torch.Tensor | None
+) -> list[Completion]:
+    """Generated ids (N, T) of N rows (row i continues prompts[i]) -> Completions."""
+    mask, truncated = completion_mask(generated, eos_ids)
+    lengths = mask.sum(dim=1).tolist()
+    valid = [generated[row, :length] for row, length in enumerate(lengths)]
+    texts = tokenizer.batch_decode(valid, skip_special_tokens=True)
+    return [
+        Completion(
+            prompt_ids=prompts[row], completion_ids=ids, truncated=bool(truncated[row]), text=texts[row],
+            generation_logprobs=None if logprobs is None else logprobs[row, : lengths[row]].clone(),
+        )
+        for row, ids in enumerate(valid)
+    ]
+
+
+def _prompt_chunks(prompts: Sequence[Sequence[int]], group_size: int, batch_size: int) -> list[list[torch.Tensor]]:
+    """Prompts in order, cut so that a chunk's rows (prompts x group_size) stay within batch_size."""
+    per_chunk = max(1, batch_size // group_size)
+    tensors = [torch.as_tensor(list(p), dtype=torch.long) for p in prompts]
+    return [tensors[start : start + per_chunk] for start in range(0, len(tensors), per_chunk)]
+
+
+# ---------------------------------------------------------------- the decode loop
+
+
+def _cache_keyword(model) -> str:
+    """The forward's KV-cache argument: `cache` (transformers >= 5.2x) or `past_key_values` (before)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _output_cache(output):
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+def _preallocate(cache, extra: int) -> None:
+    """Give each plain dynamic layer of `cache` room for `extra` more tokens, so a decode step writes
+    its keys in place instead of concatenating (copying) the whole cache. Other cache types (sliding
+    windows, hybrid models, older transformers) are left as they are."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:
+        return
+    for index, layer in enumerate(getattr(cache, "layers", [])):
+        if type(layer) is DynamicLayer and layer.is_initialized and layer.get_seq_length() > 0:
+            cache.layers[index] = _GrowingLayer(layer, extra)
+
+
+try:
+    from transformers.cache_utils import DynamicLayer as _DynamicLayer
+except ImportError:  # transformers without per-layer caches: _preallocate does nothing
+    _DynamicLayer = object
+
+
+class _GrowingLayer(_DynamicLayer):
+    """A dynamic cache layer over a preallocated buffer: keys/values are views of its first `length` slots."""
+
+    def __init__(self, layer, extra: int) -> None:
+        super().__init__()
+        batch, heads, length, dim = layer.keys.shape
+        self.device, self.is_initialized, self.length = layer.keys.device, True, length
+        self._keys = layer.keys.new_empty((batch, heads, length + extra, dim))
+        self._values = layer.values.new_empty((batch, heads, length + extra, layer.values.shape[-1]))
+        self._keys[:, :, :length], self._values[:, :, :length] = layer.keys, layer.values
+        self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        if end > self._keys.shape[2]:  # beyond the reserved room: fall back to growing
+            self._keys = torch.cat([self._keys[:, :, : self.length], key_states], dim=2)
+            self._values = torch.cat([self._values[:, :, : self.length], value_states], dim=2)
+        else:
+            self._keys[:, :, self.length : end] = key_states
+            self._values[:, :, self.length : end] = value_states
+        self.length = end
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._keys = self._keys.repeat_interleave(repeats, dim=0)
+        self._values = self._values.repeat_interleave(repeats, dim=0)
+        self._views()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._keys, self._values = self._keys[indices], self._values[indices]
+        self._views()
+
+
 @torch.no_grad()
+def _sample_chunk(
+    model, prompts: list[torch.Tensor], group_size: int, settings: SamplingSettings, eos_ids: list[int], pad_id: int,
+    return_logprobs: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sample group_size completions for each prompt. -> (generated (B*G, T) ids, pad after the
+    first EOS; log-probs (B*G, T) or None). Row b*G + g is prompt b's g-th completion.
+
+    The prompts are prefilled once (B rows); the cache, last logits and mask are then repeated G
+    times. After each token, rows that emitted EOS are dropped from the batch and the cache."""
+    device = next(model.parameters()).device
+    input_ids, attention_mask = left_pad(prompts, pad_id)  # (B, P)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # as generate builds them
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                logits_to_keep=1)
+    cache = _output_cache(out)
+    logits = out.logits[:, -1, :]  # (B, V)
+    _preallocate(cache, settings.max_new_tokens)
+    if group_size > 1:
+        cache.batch_repeat_interleave(group_size)
+        logits = logits.repeat_interleave(group_size, dim=0)
+        attention_mask = attention_mask.repeat_interleave(group_size, dim=0)
+    rows = logits.shape[0]
+    budget = settings.max_new_tokens
+    generated = torch.full((rows, budget), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((rows, budget), dtype=torch.float32, device=device) if return_logprobs else None
+    active = torch.arange(rows, device=device)  # original row of each batch row
+    next_position = attention_mask.sum(dim=1)  # (A,) position id of the token being sampled
+    eos = torch.tensor(eos_ids, device=device)
+    warpers = settings.warpers()
+    temperature = settings.temperature if settings.do_sample else 1.0
+    for step in range(budget):
+        scores = logits.float()  # (A, V)
+        if settings.do_sample:
+            probs = torch.softmax(warpers(None, scores), dim=-1)
+            tokens = torch.multinomial(probs, num_samples=1).squeeze(1)  # (A,)
+        else:
+            tokens = scores.argmax(dim=-1)
+        generated[active, step] = tokens
+        if logprobs is not None:
+            logprobs[active, step] = torch.log_softmax(scores / temperature, dim=-1).gather(-1, tokens[:, None])[:, 0]
+        if step == budget - 1:
+            break
+        running = ~torch.isin(tokens, eos)  # (A,)
+        if not bool(running.all()):
+            if not bool(running.any()):
+                break
+            keep = running.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            active, tokens = active[keep], tokens[keep]
+            attention_mask, next_position = attention_mask[keep], next_position[keep]
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
+        out = model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=next_position[:, None],
+                    use_cache=True, **{_cache_keyword(model): cache})
+        logits = out.logits[:, -1, :]
+        next_position = next_position + 1
+    return generated.cpu(), None if logprobs is None else logprobs.cpu()
+
+
 def generate_completions(
     model,
     tokenizer,
@@ -112,53 +302,205 @@ def generate_completions(
     settings: SamplingSettings,
     *,
     batch_size: int,
+    group_size: int = 1,
     return_logprobs: bool = False,
 ) -> list[Completion]:
-    """Generate one completion per entry of `prompts` (repeat a prompt G times for a group).
+    """group_size completions for each entry of `prompts`, prompt-major (prompt 0's first).
 
-    Rows are batched `batch_size` at a time with left padding. With return_logprobs, each
-    completion carries the log-probs of its tokens under the raw logits / temperature, the
-    distribution the loss assumes (used by tests to check scoring against generation).
+    Rows are batched `batch_size` at a time (whole groups). With return_logprobs, each completion
+    carries the log-probs of its tokens under the raw logits / temperature, the distribution the
+    loss assumes (tests check scoring against it). The model should be in eval mode.
     """
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = pad_token_id(model, tokenizer)
-    device = next(model.parameters()).device
     results: list[Completion] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = [torch.as_tensor(list(p), dtype=torch.long) for p in prompts[start : start + batch_size]]
-        input_ids, attention_mask = left_pad(chunk, pad_id)
-        output = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            eos_token_id=eos_ids,
-            pad_token_id=pad_id,
-            return_dict_in_generate=True,
-            output_logits=return_logprobs,
-            **settings.generate_kwargs(),
-        )
-        generated = output.sequences[:, input_ids.shape[1] :].cpu()  # (B, T)
-        mask, truncated = completion_mask(generated, eos_ids)
-        token_logprobs = _generation_logprobs(output.logits, generated, settings) if return_logprobs else None
-        lengths = mask.sum(dim=1).tolist()
-        valid = [generated[row, :length] for row, length in enumerate(lengths)]
-        texts = tokenizer.batch_decode(valid, skip_special_tokens=True)
-        for row, ids in enumerate(valid):
-            results.append(
-                Completion(
-                    prompt_ids=chunk[row],
-                    completion_ids=ids,
-                    truncated=bool(truncated[row]),
-                    text=texts[row],
-                    generation_logprobs=None if token_logprobs is None else token_logprobs[row, : lengths[row]],
-                )
-            )
+    for chunk in _prompt_chunks(prompts, group_size, batch_size):
+        generated, logprobs = _sample_chunk(model, chunk, group_size, settings, eos_ids, pad_id, return_logprobs)
+        rows = [prompt for prompt in chunk for _ in range(group_size)]
+        results += _completions(rows, generated, eos_ids, tokenizer, logprobs)
     return results
 
 
-def _generation_logprobs(
-    logits: Sequence[torch.Tensor], generated: torch.Tensor, settings: SamplingSettings
-) -> torch.Tensor:
-    """Per-token log-probs from generate's raw logits (T tensors of (B, V)) -> (B, T) float32."""
+@torch.no_grad()
+def generate_with_hf(
+    model,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    settings: SamplingSettings,
+    *,
+    batch_size: int,
+    group_size: int = 1,
+    return_logprobs: bool = False,
+    bucket: bool = False,
+    generate_kwargs: dict | None = None,
+) -> list[Completion]:
+    """The same contract through `model.generate` on group_size copies of each prompt (left padded).
+
+    bucket: pad each call's rows up to a power of two (at most batch_size) with copies of its first
+    row, whose outputs are dropped, and the prompt width up to a multiple of BUCKET_WIDTH, so a
+    compiled decode sees few distinct shapes."""
+    eos_ids = eos_token_ids(model, tokenizer)
+    pad_id = pad_token_id(model, tokenizer)
+    device = next(model.parameters()).device
     temperature = settings.temperature if settings.do_sample else 1.0
-    stacked = torch.stack([step.float().cpu() for step in logits], dim=1) / temperature  # (B, T, V)
-    return torch.log_softmax(stacked, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
+    results: list[Completion] = []
+    for chunk in _prompt_chunks(prompts, group_size, batch_size):
+        rows = [prompt for prompt in chunk for _ in range(group_size)]
+        padded = rows + [rows[0]] * (bucket_size(len(rows), batch_size) - len(rows) if bucket else 0)
+        input_ids, attention_mask = left_pad(padded, pad_id, BUCKET_WIDTH if bucket else 1)
+        output = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), eos_token_id=eos_ids,
+            pad_token_id=pad_id, return_dict_in_generate=True, output_logits=return_logprobs,
+            **settings.generate_kwargs(), **(generate_kwargs or {}),
+        )
+        generated = output.sequences[: len(rows), input_ids.shape[1] :].cpu()  # (N, T)
+        logprobs = None
+        if return_logprobs:
+            stacked = torch.stack([step[: len(rows)].float().cpu() for step in output.logits], dim=1)  # (N, T, V)
+            logprobs = torch.log_softmax(stacked / temperature, dim=-1).gather(-1, generated[..., None])[..., 0]
+        results += _completions(rows, generated, eos_ids, tokenizer, logprobs)
+    return results
+
+
+BUCKET_WIDTH = 64  # prompt widths are padded to a multiple of this in bucketed (compiled) generation
+
+
+def bucket_size(rows: int, limit: int) -> int:
+    """The smallest power of two >= rows, capped at max(rows, limit)."""
+    size = 1
+    while size < rows:
+        size *= 2
+    return min(size, max(rows, limit))
+
+
+# ---------------------------------------------------------------- engines
+
+
+class RolloutEngine(Protocol):
+    """What collect needs from a rollout backend."""
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, group_size: int
+    ) -> list[Completion]:
+        """group_size completions per prompt, prompt-major, with the semantics of this module's docstring."""
+
+    def sync_weights(self) -> None:
+        """Take the training model's current weights; the trainer calls it after every step's updates."""
+
+
+@dataclass
+class EngineSetup:
+    """What an engine factory receives. model: the UNWRAPPED training model (float32 master weights)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    batch_size: int  # rollout.generation_batch_size: most sequences per batch
+    dtype: str  # rollout.dtype: auto | float32 | bfloat16
+    compile: str  # rollout.compile: auto | on | off
+
+
+ROLLOUT_ENGINES: dict[str, Callable[[EngineSetup], RolloutEngine]] = {}
+
+
+def register_engine(name: str):
+    """Class decorator: make `rollout.engine: <name>` build this engine from an EngineSetup."""
+
+    def register(factory):
+        ROLLOUT_ENGINES[name] = factory
+        return factory
+
+    return register
+
+
+def engine_factory(name: str) -> Callable[[EngineSetup], RolloutEngine]:
+    """The factory `rollout.engine` names (a registered name or 'pkg.module:Factory'); ConfigError if none.
+    Cheap: the trainer calls it before loading the model."""
+    from dapo_train.config import import_plugin
+    from dapo_train.errors import ConfigError
+
+    if name in ROLLOUT_ENGINES:
+        return ROLLOUT_ENGINES[name]
+    if ":" in name:
+        return import_plugin(name, "rollout.engine")
+    raise ConfigError("rollout.engine", f"unknown engine {name!r}; built in: {', '.join(ROLLOUT_ENGINES)}, "
+                      "or 'pkg.module:Factory'")
+
+
+def build_engine(rollout_cfg, model, tokenizer) -> RolloutEngine:
+    """The engine of a RolloutConfig for an UNWRAPPED model."""
+    setup = EngineSetup(model=model, tokenizer=tokenizer, batch_size=rollout_cfg.generation_batch_size,
+                        dtype=rollout_cfg.dtype, compile=rollout_cfg.compile)
+    return engine_factory(rollout_cfg.engine)(setup)
+
+
+ROLLOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def rollout_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """rollout.dtype -> the dtype the rollout's weights use. auto: bfloat16 on CUDA, float32 elsewhere."""
+    if setting == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return ROLLOUT_DTYPES[setting]
+
+
+class _HFEngineBase:
+    """Shared by the transformers engines: the sampling model, a copy in rollout.dtype when it differs
+    from the training weights (synced after each update), eval mode while generating."""
+
+    def __init__(self, setup: EngineSetup) -> None:
+        self.model, self.tokenizer, self.batch_size = setup.model, setup.tokenizer, setup.batch_size
+        device = next(self.model.parameters()).device
+        dtype = rollout_dtype(setup.dtype, device)
+        self.copy = None
+        if dtype != next(self.model.parameters()).dtype:
+            self.copy = copy.deepcopy(self.model).to(dtype).eval().requires_grad_(False)
+            logger.info("rollout: sampling from a %s copy of the weights, refreshed after every step's updates",
+                        str(dtype).removeprefix("torch."))
+        self.compiled = setup.compile == "on" or (setup.compile == "auto" and device.type == "cuda")
+
+    @property
+    def sampler(self) -> torch.nn.Module:
+        return self.copy if self.copy is not None else self.model
+
+    def sync_weights(self) -> None:
+        if self.copy is None:
+            return
+        with torch.no_grad():
+            for target, source in zip(self.copy.parameters(), self.model.parameters()):
+                target.copy_(source)
+
+    def generate(self, prompts, settings: SamplingSettings, group_size: int) -> list[Completion]:
+        model = self.sampler
+        was_training = model.training
+        model.eval()  # the KV cache; training mode would turn it off under gradient checkpointing
+        try:
+            return self._generate(model, prompts, settings, group_size)
+        finally:
+            model.train(was_training)
+
+    def _generate(self, model, prompts, settings, group_size) -> list[Completion]:
+        raise NotImplementedError
+
+
+@register_engine("hf")
+class HFEngine(_HFEngineBase):
+    """The decode loop (prefill once per group, finished rows dropped); with rollout.compile, transformers'
+    static-cache compiled generate on bucketed batch shapes."""
+
+    def _generate(self, model, prompts, settings, group_size) -> list[Completion]:
+        if self.compiled:
+            return generate_with_hf(
+                model, self.tokenizer, prompts, settings, batch_size=self.batch_size, group_size=group_size,
+                bucket=True, generate_kwargs={"cache_implementation": "static"},
+            )
+        return generate_completions(model, self.tokenizer, prompts, settings, batch_size=self.batch_size,
+                                    group_size=group_size)
+
+
+@register_engine("hf-generate")
+class HFGenerateEngine(_HFEngineBase):
+    """Plain `model.generate` on G copies of each prompt: the reference semantics."""
+
+    def _generate(self, model, prompts, settings, group_size) -> list[Completion]:
+        return generate_with_hf(model, self.tokenizer, prompts, settings, batch_size=self.batch_size,
+                                group_size=group_size)

@@ -80,6 +80,21 @@ class RolloutConfig:
     generation_batch_size: int = _opt(
         256, "Most sequences per generate call (bounds rollout memory); prompts x G are batched up to it."
     )
+    engine: str = _opt(
+        "hf",
+        "Rollout engine: hf (a decode loop over the model: each prompt prefilled once per group, finished rows "
+        "dropped), hf-generate (plain model.generate, the reference), or 'pkg.module:Factory' (see README).",
+    )
+    dtype: str = _opt(
+        "auto",
+        "Weights the rollout samples from: auto = a bfloat16 copy on CUDA (refreshed after each step's updates), "
+        "the float32 training weights on CPU.", ("auto", "float32", "bfloat16"),
+    )
+    compile: str = _opt(
+        "auto",
+        "hf engine: decode with a static KV cache and a compiled step (CUDA graphs), batch rows bucketed to powers "
+        "of two. auto = on for CUDA.", ("auto", "on", "off"),
+    )
 
 
 @dataclass
@@ -145,7 +160,17 @@ class TrainConfig:
     adam_beta2: float = _opt(0.99, "AdamW beta2.")
     max_grad_norm: float = _opt(1.0, "Gradient-norm clipping, per optimizer step (0 = off).")
     mixed_precision: str = _opt("auto", "auto = bf16 autocast on CUDA, none on CPU.", ("auto", "no", "bf16", "fp16"))
-    logprob_chunk_size: int = _opt(1024, "Tokens per chunk when computing logsumexp over the vocabulary.")
+    logprob_chunk_mib: float = _opt(
+        64.0,
+        "Log-probs go through the LM head in chunks of at most this many MiB of float32 logits (recomputed in "
+        "backward): the bound on the scoring's vocabulary memory, whatever the batch.",
+    )
+    shared_prefix: str = _opt(
+        "auto",
+        "Score each group's prompt once for all its completions (a 4-D attention mask) instead of once per "
+        "completion: same loss, less work. auto = on when the attention kernel takes a 4-D mask (sdpa, eager).",
+        ("auto", "on", "off"),
+    )
     deterministic: bool = _opt(False, "Use deterministic torch algorithms (slower; for exact resume tests).")
     num_threads: int = _opt(
         1,
@@ -252,7 +277,13 @@ def validate(cfg: Config) -> None:
     _require(t.learning_rate > 0.0, "train.learning_rate", f"got {t.learning_rate}; must be > 0")
     _require(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
     _require(t.max_grad_norm >= 0.0, "train.max_grad_norm", "must be >= 0 (0 = off)")
-    _require(t.logprob_chunk_size >= 1, "train.logprob_chunk_size", "must be >= 1")
+    _require(t.logprob_chunk_mib > 0, "train.logprob_chunk_mib", f"got {t.logprob_chunk_mib}; must be > 0")
+    _require(
+        t.shared_prefix != "on" or cfg.model.attn_implementation in (None, "sdpa", "eager"),
+        "train.shared_prefix",
+        f"'on' needs an attention kernel that takes a 4-D mask (sdpa, eager), not {cfg.model.attn_implementation}; "
+        "use auto or off",
+    )
     _require(t.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
     _require(t.num_threads >= 0, "train.num_threads", "must be >= 0 (0 = torch default)")
     _require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0 = off)")

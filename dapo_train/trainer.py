@@ -43,7 +43,7 @@ from dapo_train.metrics import MetricsLogger
 from dapo_train.modeling import gradient_checkpointing, load_model, load_tokenizer, mixed_precision
 from dapo_train.progress import Progress, run_summary
 from dapo_train.rewards import rewards_from_config
-from dapo_train.rollout import pad_token_id
+from dapo_train.rollout import RolloutEngine, build_engine, engine_factory, pad_token_id
 from dapo_train.rundir import finished, finished_message, prepare_run_dir, warn_config_changes
 from dapo_train.signals import StopRequested
 from dapo_train.update import UpdateContext, policy_update, record_old_logprobs
@@ -102,6 +102,7 @@ class Run:
     tokenizer: object
     reward_set: object
     optimizer: torch.optim.Optimizer
+    engine: RolloutEngine
     sampler: PromptSampler
     eval_prompts: list
     buffer: GroupBuffer
@@ -122,6 +123,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
     reward_set = rewards_from_config(cfg)
+    engine_factory(cfg.rollout.engine)  # an unknown engine fails here, before anything loads
     tokenizer = load_tokenizer(cfg.model)
     train_prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)  # each split logs its row counts
     eval_prompts = []
@@ -145,6 +147,8 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     )
     model, optimizer = accelerator.prepare(model, optimizer)
     pad_id = pad_token_id(accelerator.unwrap_model(model), tokenizer)
+    engine = build_engine(cfg.rollout, accelerator.unwrap_model(model), tokenizer)
+    _log_speed_settings(cfg, accelerator.unwrap_model(model), cuda)
     if cfg.train.updates_per_step > cfg.train.prompts_per_step:
         logger.warning(
             "train.updates_per_step=%d > train.prompts_per_step=%d: updates train whole groups, so a step makes "
@@ -157,13 +161,28 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         )
     return Run(
         cfg=cfg, run_dir=run_dir, accelerator=accelerator, model=model, tokenizer=tokenizer, reward_set=reward_set,
-        optimizer=optimizer, sampler=PromptSampler(train_prompts, cfg.seed),
+        optimizer=optimizer, engine=engine, sampler=PromptSampler(train_prompts, cfg.seed),
         eval_prompts=eval_prompts, buffer=GroupBuffer(),
         update_ctx=UpdateContext(
             model, optimizer, accelerator, cfg, pad_id, ref_model, lr_at=lambda step: learning_rate(cfg, step)
         ),
         prompts_by_uid={p.uid: p for p in train_prompts},
     )
+
+
+def _log_speed_settings(cfg: Config, model, cuda: bool) -> None:
+    """Say at start which speed settings act, and which cannot."""
+    from dapo_train.update import use_shared_prefix
+
+    shared = use_shared_prefix(cfg, model)
+    logger.info("update: %s", "each group's prompt scored once for all its completions (train.shared_prefix)" if shared
+                else "each completion scored with its own copy of the prompt (train.shared_prefix)")
+    if cfg.train.shared_prefix == "auto" and not shared:
+        logger.warning("train.shared_prefix=auto is off: the attention kernel %r takes no 4-D mask (sdpa and eager "
+                       "do)", getattr(getattr(model, "config", None), "_attn_implementation", None))
+    if cfg.rollout.compile == "on" and not cuda:
+        logger.warning("rollout.compile=on without CUDA: the rollout uses transformers' static KV cache, but "
+                       "transformers compiles its decode step on CUDA only")
 
 
 def trainer_state(run: Run) -> dict:
@@ -225,7 +244,7 @@ def train_step(run: Run) -> dict:
     start = time.perf_counter()
     ctx = run.update_ctx
     groups, metrics = collect_groups(
-        run.model, run.tokenizer, run.reward_set, run.sampler, run.buffer, run.cfg, version=ctx.optimizer_steps
+        run.engine, run.reward_set, run.sampler, run.buffer, run.cfg, version=ctx.optimizer_steps
     )
     # Old log-probs now, while the weights are the ones that generated: for groups trained after
     # the policy moves (any update but a lone first one) and for the carried-over surplus.
@@ -237,6 +256,7 @@ def train_step(run: Run) -> dict:
     if groups:
         update_start = time.perf_counter()
         metrics.update(policy_update(run.update_ctx, groups))
+        run.engine.sync_weights()  # the next rollout samples from the updated policy
         metrics["seconds_update"] = time.perf_counter() - update_start
     else:
         metrics["skipped_no_groups"] = 1

@@ -28,7 +28,7 @@ import torch
 from dapo_train.algo import LossSettings, loss_normalizer
 from dapo_train.collect import Group
 from dapo_train.config import Config
-from dapo_train.logprobs import TokenBatch, collate, score_tokens
+from dapo_train.logprobs import TokenBatch, collate, score_tokens, supports_shared_prefix
 
 
 @dataclass
@@ -84,9 +84,10 @@ class MicroBatch:
     has_old: torch.Tensor | None  # (N, 1) bool
 
 
-def collate_micro_batch(samples: list[TrainSample], pad_id: int, device) -> MicroBatch:
-    """Rows -> MicroBatch; a sample out of the loss gets an all-zero mask."""
-    batch = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id)
+def collate_micro_batch(samples: list[TrainSample], pad_id: int, device, share_prefix: bool = False) -> MicroBatch:
+    """Rows -> MicroBatch; a sample out of the loss gets an all-zero mask. share_prefix: consecutive
+    samples of one group share one copy of their prompt (logprobs.collate)."""
+    batch = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id, share_prefix)
     in_loss = torch.tensor([s.in_loss for s in samples], dtype=torch.float32).unsqueeze(1)  # (N, 1)
     batch.completion_mask = batch.completion_mask * in_loss
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # (N,)
@@ -125,19 +126,28 @@ class UpdateContext:
     lr_at: Callable[[int], float] | None = None
     optimizer_steps: int = 0
     loss: LossSettings = field(init=False)
+    share_prefix: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.loss = loss_settings(self.cfg)
+        self.share_prefix = use_shared_prefix(self.cfg, self.model)
 
     def score(self, model, batch: TokenBatch, with_entropy: bool = False):
         """Per-token log-probs (and entropy) of batch under `model`, at the rollout temperature."""
         return score_tokens(model, batch, temperature=self.cfg.rollout.temperature,
-                            chunk_size=self.cfg.train.logprob_chunk_size, with_entropy=with_entropy)
+                            chunk_mib=self.cfg.train.logprob_chunk_mib, with_entropy=with_entropy)
 
     def micro_batches(self, samples: list[TrainSample]) -> list[MicroBatch]:
         t = self.cfg.train
         split = split_micro_batches(samples, t.micro_batch_size, t.micro_batch_tokens)
-        return [collate_micro_batch(micro, self.pad_id, self.accelerator.device) for micro in split]
+        return [collate_micro_batch(micro, self.pad_id, self.accelerator.device, self.share_prefix) for micro in split]
+
+
+def use_shared_prefix(cfg: Config, model) -> bool:
+    """train.shared_prefix: on / off, or auto = on when the model's attention takes a 4-D mask."""
+    if cfg.train.shared_prefix == "auto":
+        return supports_shared_prefix(model)
+    return cfg.train.shared_prefix == "on"
 
 
 def record_old_logprobs(ctx: UpdateContext, groups: list[Group]) -> int:
@@ -242,10 +252,11 @@ def policy_update(ctx: UpdateContext, groups: list[Group]) -> dict:
         normalizer = loss_normalizer([micro.batch.completion_mask for micro in batches], ctx.loss.reduction)
         parts.append((batches, normalizer, [group.version for group in part]))
     pass_tokens = sum(float(micro.batch.completion_mask.sum()) for batches, _, _ in parts for micro in batches)
+    forward_tokens = sum(micro.batch.forward_tokens for batches, _, _ in parts for micro in batches)
     micro_count = sum(len(batches) for batches, _, _ in parts)
     ctx.model.train()
     step = _StepMetrics()
-    result = {"skipped_nonfinite": 0}
+    result = {"skipped_nonfinite": 0, "update_forward_tokens": forward_tokens * cfg.dapo.num_iterations}
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
     for _ in range(cfg.dapo.num_iterations):
         for batches, normalizer, versions in parts:

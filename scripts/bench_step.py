@@ -2,10 +2,13 @@
 
     python scripts/bench_step.py                    # CUDA: Qwen2.5-1.5B shape, 3 steps
     python scripts/bench_step.py --shape small      # a scaled-down shape that runs on a CPU
+    python scripts/bench_step.py --config configs/tiny-cpu.yaml --steps 10   # a config as it is
+    python scripts/bench_step.py --set rollout.compile=off   # one speed lever off, for a before/after
 
 A random model never emits EOS, so every completion runs to max_new_tokens: the worst case for
-time and memory. Prints per-step seconds (generate / update), tokens per second and peak CUDA
-memory. Needs no download: the shipped tiny tokenizer supplies ids (the model's vocabulary is
+time and memory. Prints per-step seconds by phase (generate / score / old log-probs / update),
+then a summary: completions and tokens per second, and peak memory (CUDA max allocated, CPU peak
+RSS). Needs no download: the shipped tiny tokenizer supplies ids (the model's vocabulary is
 Qwen's 151,936 rows regardless).
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -63,11 +67,14 @@ def build_model(shape: str, folder: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen1.5b")
+    parser.add_argument("--config", type=Path, help="a config file to run instead of a random shape")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--prompts-per-step", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra settings, e.g. rollout.compile=off train.shared_prefix=off (one lever off)")
     args = parser.parse_args()
 
     from dapo_train.config import load_config
@@ -75,53 +82,69 @@ def main() -> None:
     from dapo_train.trainer import train
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "model"
-        start = time.perf_counter()
-        build_model(args.shape, folder)
-        print(f"built random {args.shape} model in {time.perf_counter() - start:.1f}s")
-        cfg = load_config(
-            None,
-            [
+        overrides = [
+            f"output_dir={Path(tmp) / 'run'}",
+            f"train.max_steps={args.steps}",
+            "dapo.dynamic_sampling=false",
+            "eval.every_steps=0",
+            "logging.progress_bar=false",
+        ]
+        if args.config is None:
+            folder = Path(tmp) / "model"
+            start = time.perf_counter()
+            build_model(args.shape, folder)
+            print(f"built random {args.shape} model in {time.perf_counter() - start:.1f}s")
+            overrides += [
                 f"model.name_or_path={folder}",
-                f"output_dir={Path(tmp) / 'run'}",
-                f"train.max_steps={args.steps}",
                 f"train.prompts_per_step={args.prompts_per_step}",
                 f"rollout.group_size={args.group_size}",
                 f"train.micro_batch_size={args.micro_batch_size}",
                 f"rollout.max_new_tokens={args.max_new_tokens}",
                 "rollout.temperature=0.9",
                 "rollout.top_k=50",
-                "dapo.dynamic_sampling=false",
-                "eval.every_steps=0",
                 "rewards=[{name: accuracy}]",
                 "train.learning_rate=1e-6",
-                "logging.progress_bar=false",
-            ],
-        )
+                "train.updates_per_step=1",
+            ]
+        cfg = load_config(args.config, overrides + args.set)
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         train(cfg)
-        rows = read_metrics(cfg.output_dir)
+        rows = [row for row in read_metrics(cfg.output_dir) if "seconds_step" in row]
     keys = (
         "seconds_step",
         "seconds_generate",
+        "seconds_score",
+        "seconds_old_logprobs",
         "seconds_update",
         "generated_tokens",
         "tokens_per_second",
         "completion_length_mean",
         "micro_batches",
+        "update_forward_tokens",
     )
     for row in rows:
         print(json.dumps({"step": row["step"], **{k: round(row[k], 3) for k in keys if k in row}}))
     steady = rows[1:] or rows
+    completions = cfg.train.prompts_per_step * cfg.rollout.group_size
+
+    def mean(key: str) -> float:
+        return sum(r.get(key, 0.0) for r in steady) / len(steady)
+
     summary = {
-        "shape": args.shape,
+        "model": args.shape if args.config is None else str(args.config),
+        "settings": args.set,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "mean_step_s": sum(r["seconds_step"] for r in steady) / len(steady),
-        "mean_tokens_per_s": sum(r["tokens_per_second"] for r in steady) / len(steady),
+        "completions_per_s": completions / mean("seconds_step"),
+        "tokens_per_s": mean("tokens_per_second"),
+        "mean_step_s": mean("seconds_step"),
+        "generate_s": mean("seconds_generate"),
+        "old_logprobs_s": mean("seconds_old_logprobs"),
+        "update_s": mean("seconds_update"),
         "peak_cuda_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
-    print(json.dumps(summary))
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}))
 
 
 if __name__ == "__main__":

@@ -118,6 +118,7 @@ def test_every_choice_list_is_its_registrys_keys():
     from dapo_train.eval_command import AUTOCAST_DTYPES
     from dapo_train.metrics import TRACKERS
     from dapo_train.modeling import DTYPES, GRADIENT_CHECKPOINTING
+    from dapo_train.rollout import ROLLOUT_DTYPES
     from dapo_train.trainer import LR_SCHEDULES
 
     registries = {
@@ -128,6 +129,9 @@ def test_every_choice_list_is_its_registrys_keys():
         "model.dtype": {"auto", *DTYPES},  # auto = float32 master weights
         "model.gradient_checkpointing": set(GRADIENT_CHECKPOINTING),
         "train.mixed_precision": {"auto", *AUTOCAST_DTYPES},  # auto = modeling.mixed_precision's pick
+        "rollout.dtype": {"auto", *ROLLOUT_DTYPES},
+        "train.shared_prefix": {"auto", "on", "off"},  # switches: auto = when the attention kernel allows
+        "rollout.compile": {"auto", "on", "off"},
     }
     choices = {}
     defaults = Config()
@@ -137,6 +141,15 @@ def test_every_choice_list_is_its_registrys_keys():
             if f.metadata.get("choices"):
                 choices[f"{section.name}.{f.name}"] = set(f.metadata["choices"])
     assert choices == registries
+
+
+def test_a_bare_on_or_off_reads_as_the_switch_value(tmp_path):
+    """YAML 1.1 reads `on` / `off` as booleans; a switch setting takes them as the words."""
+    (tmp_path / "c.yaml").write_text("train:\n  shared_prefix: off\nrollout:\n  compile: on\n")
+    cfg = load_config(tmp_path / "c.yaml", ["model.gradient_checkpointing=off"])
+    assert (cfg.train.shared_prefix, cfg.rollout.compile, cfg.model.gradient_checkpointing) == ("off", "on", "off")
+    with pytest.raises(ConfigError, match="rollout.top_p"):
+        load_config(None, ["rollout.top_p=on"])  # not a switch: still a type error
 
 
 RETIRED_NOTICE = "config key 'checkpoint.save_optimizer' is retired and ignored"

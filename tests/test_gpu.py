@@ -1,13 +1,14 @@
-"""The CUDA-only paths a speed change can break, on the shipped tiny model: the chunked vocabulary
-kernels on bf16 logits, and a short run with the CUDA defaults (bf16 autocast, gradient
-checkpointing). Marked `gpu` and skipped without CUDA (`pytest -m gpu` selects them)."""
+"""The CUDA-only paths a speed change can break, on the shipped tiny model: the chunked LM-head
+kernel under bf16 autocast, the rollout's bf16 copy and compiled static-cache decode, and a short
+run with the CUDA defaults (bf16 autocast, gradient checkpointing, compiled bf16 rollout).
+Marked `gpu` and skipped without CUDA (`pytest -m gpu` selects them)."""
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from dapo_train.config import load_config
-from dapo_train.logprobs import entropy_from_logits, selected_logprobs
+from dapo_train.logprobs import head_logprobs
 from dapo_train.metrics import read_metrics
 from dapo_train.modeling import gradient_checkpointing, mixed_precision
 from dapo_train.trainer import train
@@ -15,25 +16,49 @@ from dapo_train.trainer import train
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def test_vocabulary_kernels_on_cuda_bf16_logits_match_float64():
-    """Chosen-token log-probs, their gradient and the entropy from bf16 logits on the GPU equal the
-    float64 reference of the same (bf16-rounded) logits to float32 precision."""
+def test_the_lm_head_kernel_under_cuda_bf16_autocast_matches_float64():
+    """Chosen-token log-probs and their gradients through the chunked LM head, under bf16 autocast
+    on the GPU, equal the float64 reference of the same bf16-rounded operands to bf16 precision."""
     g = torch.Generator().manual_seed(0)
-    logits = (3 * torch.randn(2, 7, 1000, generator=g)).to(torch.bfloat16)
+    head = torch.nn.Linear(64, 1000, bias=False)
+    hidden = torch.randn(2, 7, 64, generator=g)
     ids = torch.randint(0, 1000, (2, 7), generator=g)
-    weights = torch.randn(2, 7, generator=g)
-    reference = logits.double().requires_grad_(True)
-    expected = torch.log_softmax(reference, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    (expected * weights.double()).sum().backward()
-    ours = logits.cuda().requires_grad_(True)
-    got = selected_logprobs(ours, ids.cuda(), chunk_size=5)
-    (got * weights.cuda()).sum().backward()
-    assert got.dtype == torch.float32
-    torch.testing.assert_close(got.double().cpu(), expected.detach(), atol=1e-4, rtol=0)
-    torch.testing.assert_close(ours.grad.double().cpu(), reference.grad, atol=1e-2, rtol=1e-2)  # grad is bf16
-    probs = torch.softmax(reference.detach(), -1)
-    entropy = -(probs * torch.log_softmax(reference.detach(), -1)).sum(-1)
-    torch.testing.assert_close(entropy_from_logits(logits.cuda(), 3).double().cpu(), entropy, atol=1e-4, rtol=0)
+
+    class Model(torch.nn.Module):
+        config = None
+
+        def get_output_embeddings(self):
+            return head
+
+    ref_hidden = hidden.bfloat16().double().requires_grad_(True)
+    expected = torch.log_softmax(ref_hidden @ head.weight.detach().bfloat16().double().T, -1)
+    expected = expected.gather(-1, ids[..., None])[..., 0]
+    expected.sum().backward()
+    head.cuda()
+    ours = hidden.cuda().requires_grad_(True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got, entropy = head_logprobs(Model(), ours, ids.cuda(), temperature=1.0, chunk_mib=0.01, with_entropy=True)
+    got.sum().backward()
+    assert got.dtype == torch.float32 and entropy.shape == (2, 7)
+    torch.testing.assert_close(got.double().cpu(), expected.detach(), atol=1e-3, rtol=0)
+    torch.testing.assert_close(ours.grad.double().cpu(), ref_hidden.grad, atol=2e-2, rtol=2e-2)
+
+
+def test_the_cuda_rollout_samples_from_a_bf16_copy_with_the_compiled_static_cache():
+    from dapo_train.data import load_prompts
+    from dapo_train.modeling import load_model, load_tokenizer
+    from dapo_train.rollout import SamplingSettings, build_engine
+
+    cfg = load_config(None, [])
+    tokenizer = load_tokenizer(cfg.model)
+    prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)
+    model = load_model(cfg.model, torch.device("cuda"))
+    engine = build_engine(cfg.rollout, model, tokenizer)  # auto: bf16 copy, compiled
+    assert engine.compiled and next(engine.sampler.parameters()).dtype == torch.bfloat16
+    for _ in range(2):  # a second call with the same shapes reuses the compiled step
+        completions = engine.generate([p.input_ids for p in prompts[:6]], SamplingSettings(48), group_size=4)
+        assert len(completions) == 24 and all(1 <= c.length <= 48 for c in completions)
+    assert any(not c.truncated for c in completions)
 
 
 def test_a_short_run_with_the_cuda_defaults(tmp_path):

@@ -1,5 +1,5 @@
-"""The memory-bounded vocabulary maths of dapo_train.logprobs: chunked entropy and the chosen
-tokens' log-probs with a chunked backward, against plain log_softmax."""
+"""The memory-bounded LM-head maths of dapo_train.logprobs: chosen tokens' log-probs (and entropy)
+through the head chunk by chunk, with a recomputing backward, against plain log_softmax."""
 
 import math
 
@@ -8,77 +8,127 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo_train.logprobs import entropy_from_logits, selected_logprobs
+from dapo_train.logprobs import LinearHeadLogprobs, chunk_rows, head_logprobs
 
-FAST = settings(max_examples=50, deadline=None)
-
-
-@pytest.mark.parametrize("chunk", [1, 3, 4, 100])
-def test_entropy_matches_reference(chunk):
-    logits = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(0))
-    expected = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
-    out = entropy_from_logits(logits, chunk)
-    assert out.shape == (2, 5) and torch.allclose(out, expected, atol=1e-5)
+FAST = settings(max_examples=40, deadline=None)
 
 
-def test_entropy_hand_values():
-    # Uniform over V = 8: log 8. One logit 100 above the rest: essentially certain, entropy ~ 0.
-    uniform = torch.zeros(3, 8, dtype=torch.bfloat16)
-    out = entropy_from_logits(uniform, 2)
-    assert out.dtype == torch.float32 and torch.allclose(out, torch.full((3,), math.log(8)), atol=1e-6)
-    peaked = torch.zeros(1, 8)
-    peaked[0, 3] = 100.0
-    assert entropy_from_logits(peaked, 1).item() == pytest.approx(0.0, abs=1e-6)
+class _Head(torch.nn.Module):
+    """A causal LM's two members head_logprobs reads: the output embeddings and the config."""
+
+    def __init__(self, head: torch.nn.Module, softcap: float | None = None):
+        super().__init__()
+        self.head = head
+        self.config = type("Config", (), {"final_logit_softcapping": softcap})()
+
+    def get_output_embeddings(self):
+        return self.head
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 7, 100])
-def test_selected_logprobs_value_and_gradient(chunk):
-    g = torch.Generator().manual_seed(chunk)
-    logits = torch.randn(3, 4, 9, generator=g, dtype=torch.float64).float()
-    ids = torch.randint(0, 9, (3, 4), generator=g)
-    weights = torch.randn(3, 4, generator=g)  # a non-uniform upstream gradient
-    ours = logits.clone().requires_grad_(True)
-    theirs = logits.clone().requires_grad_(True)
-    out = selected_logprobs(ours, ids, chunk)
-    expected = torch.log_softmax(theirs, -1).gather(-1, ids[..., None]).squeeze(-1)
-    assert out.dtype == torch.float32 and torch.allclose(out, expected, atol=1e-5)
-    (out * weights).sum().backward()
-    (expected * weights).sum().backward()
-    assert torch.allclose(ours.grad, theirs.grad, atol=1e-5)
+def _reference(head, hidden, ids, temperature, softcap=None):
+    logits = head(hidden).float()
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits / temperature
+    logprobs = torch.log_softmax(logits, -1)
+    entropy = -(logprobs.exp() * logprobs).sum(-1)
+    return logprobs.gather(-1, ids[..., None])[..., 0], entropy
 
 
-def test_selected_logprobs_saves_no_float32_copy_for_backward():
-    # Plain autograd over chunks would keep every chunk's float32 copy (M * V * 4 bytes) alive
-    # until backward; ours may keep only the bf16 logits themselves plus (M,) vectors.
-    logits = torch.randn(4, 16, 64).to(torch.bfloat16).requires_grad_(True)
+def _compare(head, softcap=None, chunk_mib=1e-9, temperature=0.7, seed=0, vocab=11):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(3, 5, 8, generator=g)
+    ids = torch.randint(0, vocab, (3, 5), generator=g)
+    upstream = torch.randn(3, 5, generator=g)  # a non-uniform upstream gradient
+    ours_hidden, theirs_hidden = hidden.clone().requires_grad_(True), hidden.clone().requires_grad_(True)
+    got, entropy = head_logprobs(_Head(head, softcap), ours_hidden, ids, temperature=temperature,
+                                 chunk_mib=chunk_mib, with_entropy=True)
+    (got * upstream).sum().backward()
+    ours_grads = [p.grad.clone() for p in head.parameters()]
+    head.zero_grad()
+    expected, expected_entropy = _reference(head, theirs_hidden, ids, temperature, softcap)
+    (expected * upstream).sum().backward()
+    assert got.dtype == torch.float32 and got.shape == (3, 5)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy, expected_entropy.detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours_hidden.grad, theirs_hidden.grad, atol=1e-5, rtol=0)
+    for ours, theirs in zip(ours_grads, [p.grad for p in head.parameters()]):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_mib", [1e-9, 100 * 11 * 4 / 2**20, 64.0])  # 1 row, 100 rows, everything
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_head_value_entropy_and_gradients(chunk_mib, bias):
+    torch.manual_seed(0)
+    _compare(torch.nn.Linear(8, 11, bias=bias), chunk_mib=chunk_mib)
+
+
+def test_any_other_head_module_and_logit_softcapping():
+    """A head that is not a plain Linear (here a Linear subclass with a scale) and final-logit
+    softcapping take the generic, checkpointed path with the same results."""
+
+    class ScaledLinear(torch.nn.Linear):
+        def forward(self, x):
+            return 2.0 * super().forward(x)
+
+    torch.manual_seed(1)
+    _compare(ScaledLinear(8, 11))
+    _compare(torch.nn.Linear(8, 11), softcap=3.0, seed=2)
+
+
+def test_chunk_rows_bound_the_float32_logits():
+    assert chunk_rows(151936, 64) == 64 * 2**20 // (4 * 151936) == 110
+    assert chunk_rows(1000, 1e-9) == 1  # never less than a row
+
+
+def test_only_hidden_states_weights_and_one_value_per_row_are_saved_for_backward():
+    """The backward recomputes each chunk's logits: nothing of size rows x V is saved, unlike
+    autograd through a (M, V) log_softmax."""
+    rows, width, vocab = 64, 16, 4096
+    hidden = torch.randn(rows, width, requires_grad=True)
+    weight = torch.randn(vocab, width, requires_grad=True)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = selected_logprobs(logits, torch.zeros(4, 16, dtype=torch.long), 8)
-    rows = 4 * 16
-    allowed = logits.numel() * 2 + rows * (8 + 4) + 1024  # bf16 logits + int64 ids + float32 logsumexp
-    assert sum(t.numel() * t.element_size() for t in saved) <= allowed
+        out, _ = LinearHeadLogprobs.apply(hidden, weight, None, torch.zeros(rows, dtype=torch.long), 1.0, 8, False)
+    allowed = hidden.numel() * 4 + weight.numel() * 4 + rows * (8 + 4)  # hidden, weight, ids, logsumexp
+    assert sum(t.numel() * t.element_size() for t in saved) <= allowed < rows * vocab * 4
     out.sum().backward()
+    assert hidden.grad is not None and weight.grad is not None
 
 
-def test_selected_logprobs_bf16_and_chunk_checks():
-    logits = torch.randn(2, 3, 5).to(torch.bfloat16).requires_grad_(True)
-    ids = torch.zeros(2, 3, dtype=torch.long)
-    out = selected_logprobs(logits, ids, 4)
-    expected = torch.log_softmax(logits.detach().float(), -1)[..., 0]
-    assert out.dtype == torch.float32 and torch.allclose(out, expected, atol=1e-5)
-    out.sum().backward()
-    assert logits.grad.dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="chunk_size"):
-        selected_logprobs(logits, ids, 0)
-    with pytest.raises(ValueError, match="token_ids"):
-        selected_logprobs(logits, ids[:, :2], 4)
+def test_bf16_autocast_computes_the_head_in_bf16_and_returns_float32():
+    torch.manual_seed(3)
+    head = torch.nn.Linear(8, 11, bias=False)
+    hidden = torch.randn(2, 4, 8, requires_grad=True)
+    ids = torch.randint(0, 11, (2, 4))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, _ = head_logprobs(_Head(head), hidden, ids, temperature=1.0, chunk_mib=1e-9)
+    got.sum().backward()
+    bf16_logits = (hidden.detach().bfloat16() @ head.weight.detach().bfloat16().T).float()
+    expected = torch.log_softmax(bf16_logits, -1).gather(-1, ids[..., None])[..., 0]
+    assert got.dtype == torch.float32 and hidden.grad.dtype == torch.float32
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_uniform_logits_have_log_v_entropy_and_bad_chunks_are_refused():
+    head = torch.nn.Linear(4, 8, bias=False)
+    torch.nn.init.zeros_(head.weight)
+    _, entropy = head_logprobs(_Head(head), torch.randn(3, 4), torch.zeros(3, dtype=torch.long), temperature=1.0,
+                               chunk_mib=1.0, with_entropy=True)
+    torch.testing.assert_close(entropy, torch.full((3,), math.log(8)))
+    with pytest.raises(ValueError, match="chunk_mib"):
+        head_logprobs(_Head(head), torch.randn(3, 4), torch.zeros(3, dtype=torch.long), temperature=1.0, chunk_mib=0)
 
 
 @FAST
 @given(st.integers(1, 4), st.integers(1, 6), st.integers(2, 30), st.integers(1, 10), st.integers(0, 10_000))
-def test_property_selected_logprobs(n, t, v, chunk, seed):
+def test_property_head_logprobs(n, t, vocab, rows, seed):
     g = torch.Generator().manual_seed(seed)
-    logits = 3 * torch.randn(n, t, v, generator=g)
-    ids = torch.randint(0, v, (n, t), generator=g)
-    expected = torch.log_softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)
-    assert torch.allclose(selected_logprobs(logits, ids, chunk), expected, atol=1e-5)
+    head = torch.nn.Linear(5, vocab, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(3 * torch.randn(vocab, 5, generator=g))
+    hidden = torch.randn(n, t, 5, generator=g)
+    ids = torch.randint(0, vocab, (n, t), generator=g)
+    got, _ = head_logprobs(_Head(head), hidden, ids, temperature=1.0, chunk_mib=rows * vocab * 4 / 2**20)
+    expected, _ = _reference(head, hidden, ids, 1.0)
+    torch.testing.assert_close(got, expected.detach(), atol=1e-5, rtol=0)

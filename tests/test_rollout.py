@@ -1,11 +1,25 @@
-"""Rollout masks, explicit sampling settings, and scoring that reproduces generation log-probs."""
+"""Rollout: masks, explicit sampling settings, the decode loop against `generate` (prefill once
+per group, finished rows dropped), scoring that reproduces generation log-probs, and engines."""
 
+import pytest
 import torch
 
+from dapo_train.config import load_config
+from dapo_train.errors import ConfigError
 from dapo_train.logprobs import collate, score_tokens
-from dapo_train.rollout import SamplingSettings, completion_mask, eos_token_ids, generate_completions
+from dapo_train.rollout import (
+    ROLLOUT_ENGINES,
+    SamplingSettings,
+    bucket_size,
+    build_engine,
+    completion_mask,
+    engine_factory,
+    eos_token_ids,
+    generate_completions,
+    generate_with_hf,
+)
 
-from conftest import EOS2_ID, EOS_ID
+from conftest import EOS2_ID, EOS_ID, make_random_model
 
 
 def test_mask_includes_first_eos_and_excludes_padding_that_is_also_eos():
@@ -41,20 +55,120 @@ def test_rollout_ignores_the_checkpoints_sampling_defaults(random_model):
         torch.testing.assert_close(processed, raw / 0.7)
 
 
-def test_scoring_reproduces_generation_logprobs_with_left_padding(random_model, id_tokenizer):
-    prompts = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]  # different lengths -> left padding
+PROMPTS = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]  # different lengths -> left padding
+
+
+@pytest.mark.parametrize("share_prefix", [False, True])
+@pytest.mark.parametrize("generate", [generate_completions, generate_with_hf])
+def test_scoring_reproduces_generation_logprobs_with_left_padding(random_model, id_tokenizer, generate, share_prefix):
     torch.manual_seed(1)
     settings = SamplingSettings(max_new_tokens=12, temperature=0.9)
-    completions = generate_completions(
-        random_model, id_tokenizer, [p for p in prompts for _ in range(3)], settings, batch_size=9, return_logprobs=True
-    )
-    batch = collate([c.prompt_ids for c in completions], [c.completion_ids for c in completions], pad_id=EOS2_ID)
+    completions = generate(random_model, id_tokenizer, PROMPTS, settings, batch_size=9, group_size=3,
+                           return_logprobs=True)
+    assert [c.prompt_ids.tolist() for c in completions] == [p for p in PROMPTS for _ in range(3)]
+    batch = collate([c.prompt_ids for c in completions], [c.completion_ids for c in completions], EOS2_ID, share_prefix)
+    assert batch.input_ids.shape[0] == (3 if share_prefix else 9)  # one row per group when the prompt is shared
     with torch.no_grad():
-        logprobs, _ = score_tokens(random_model, batch, temperature=0.9, chunk_size=7)
+        logprobs, _ = score_tokens(random_model, batch, temperature=0.9, chunk_mib=1e-4)
     for row, c in enumerate(completions):
         assert c.length >= 1
         torch.testing.assert_close(logprobs[row, : c.length], c.generation_logprobs, atol=1e-4, rtol=0)
         assert batch.completion_mask[row].sum() == c.length  # EOS counted, padding not
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The shipped model, tokenizer and five training prompts: a model that stops at varied lengths."""
+    from dapo_train.data import load_prompts
+    from dapo_train.modeling import load_model, load_tokenizer
+
+    cfg = load_config(None, [])
+    tokenizer = load_tokenizer(cfg.model)
+    prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)
+    return load_model(cfg.model, torch.device("cpu")).eval(), tokenizer, [p.input_ids for p in prompts[:5]]
+
+
+@pytest.mark.parametrize("batch_size", [3, 64])
+def test_the_decode_loop_is_greedy_generate(tiny, batch_size):
+    """Greedy decoding is deterministic: the loop (each prompt prefilled once, its cache repeated,
+    finished rows dropped, calls of at most batch_size rows) yields exactly what model.generate yields."""
+    model, tokenizer, prompts = tiny
+    settings = SamplingSettings(max_new_tokens=48, do_sample=False)
+    ours = generate_completions(model, tokenizer, prompts, settings, batch_size=batch_size, group_size=2)
+    theirs = generate_with_hf(model, tokenizer, prompts, settings, batch_size=batch_size, group_size=2)
+    assert [c.completion_ids.tolist() for c in ours] == [c.completion_ids.tolist() for c in theirs]
+    assert [c.truncated for c in ours] == [c.truncated for c in theirs]
+    assert [c.text for c in ours] == [c.text for c in theirs]
+    assert len({c.length for c in ours}) > 1  # rows did finish at different times
+
+
+def test_the_loop_prefills_each_prompt_once_and_drops_finished_rows(tiny):
+    """Forward calls see B prompt rows for the prefill (not B x G), then exactly the rows still running."""
+    model, tokenizer, prompts = tiny
+    shapes = []
+    hook = model.model.register_forward_hook(
+        lambda module, args, kwargs, out: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        torch.manual_seed(0)
+        completions = generate_completions(model, tokenizer, prompts, SamplingSettings(48), batch_size=64,
+                                           group_size=4)
+    finally:
+        hook.remove()
+    assert shapes[0] == (5, max(len(p) for p in prompts))  # five prompts, prefilled once each
+    decode_rows = [rows for rows, _ in shapes[1:]]
+    running = [sum(c.length > step for c in completions) for step in range(1, 48)]
+    assert decode_rows == running[: len(decode_rows)]
+    assert decode_rows[-1] < 20 and len(decode_rows) == min(47, max(c.length for c in completions) - 1)
+
+
+def test_top_k_one_and_a_tiny_top_p_sample_the_greedy_token(random_model, id_tokenizer):
+    greedy = generate_completions(random_model, id_tokenizer, PROMPTS, SamplingSettings(8, do_sample=False),
+                                  batch_size=16)
+    for settings in (SamplingSettings(8, temperature=1.3, top_k=1), SamplingSettings(8, temperature=1.3, top_p=1e-6)):
+        torch.manual_seed(0)
+        sampled = generate_completions(random_model, id_tokenizer, PROMPTS, settings, batch_size=16)
+        assert [c.completion_ids.tolist() for c in sampled] == [c.completion_ids.tolist() for c in greedy]
+
+
+def test_bucketed_generate_pads_rows_and_width_but_returns_the_same_completions(id_tokenizer):
+    model = make_random_model(seed=5)
+    settings = SamplingSettings(max_new_tokens=6, do_sample=False)
+    plain = generate_with_hf(model, id_tokenizer, PROMPTS, settings, batch_size=64)
+    bucketed = generate_with_hf(model, id_tokenizer, PROMPTS, settings, batch_size=64, bucket=True,
+                                generate_kwargs={"cache_implementation": "static"})
+    assert [c.completion_ids.tolist() for c in bucketed] == [c.completion_ids.tolist() for c in plain]
+    assert [bucket_size(n, 256) for n in (1, 3, 4, 5, 100, 300)] == [1, 4, 4, 8, 128, 300]
+    assert bucket_size(100, 64) == 100  # never fewer rows than asked, never more than the batch allows
+
+
+def test_a_bfloat16_rollout_copy_follows_the_training_weights(id_tokenizer):
+    model = make_random_model(seed=6)
+    cfg = load_config(None, ["rollout.dtype=bfloat16"])
+    engine = build_engine(cfg.rollout, model, id_tokenizer)
+    assert engine.copy is not None and next(engine.copy.parameters()).dtype == torch.bfloat16
+    assert engine.sampler is engine.copy
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    stale = next(engine.copy.parameters()).clone()
+    engine.sync_weights()
+    for copied, master in zip(engine.copy.parameters(), model.parameters()):
+        assert torch.equal(copied, master.detach().to(torch.bfloat16))
+    assert not torch.equal(stale, next(engine.copy.parameters()))
+    completions = engine.generate(PROMPTS, SamplingSettings(5), group_size=2)
+    assert len(completions) == 6 and all(c.length >= 1 for c in completions)
+    float32 = build_engine(load_config(None, []).rollout, model, id_tokenizer)  # auto on CPU: the weights themselves
+    assert float32.copy is None and float32.sampler is model
+
+
+def test_engines_are_chosen_by_name_and_unknown_ones_refused():
+    assert {"hf", "hf-generate"} <= set(ROLLOUT_ENGINES)
+    with pytest.raises(ConfigError, match="rollout.engine.*unknown engine 'vllm'"):
+        engine_factory("vllm")
+    with pytest.raises(ConfigError, match="rollout.engine"):
+        engine_factory("no_such_module:Engine")
+    assert engine_factory("engine_plugin:CountingEngine").__name__ == "CountingEngine"
 
 
 def test_truncated_rows_are_flagged_and_keep_all_tokens(random_model, id_tokenizer):
@@ -66,3 +180,30 @@ def test_truncated_rows_are_flagged_and_keep_all_tokens(random_model, id_tokeniz
     completions = generate_completions(random_model, id_tokenizer, [[3, 4], [5, 6, 7]], settings, batch_size=2)
     assert [c.truncated for c in completions] == [True, True]
     assert [c.length for c in completions] == [5, 5]
+
+
+def test_a_plugin_engine_serves_the_trainer_and_gets_the_weights_after_each_step(tmp_path):
+    """rollout.engine='engine_plugin:CountingEngine' (a module outside the package): the trainer's
+    rollouts go through it, and it is told to take new weights after every step's updates."""
+    import engine_plugin
+
+    from dapo_train.trainer import train
+
+    cfg = load_config(None, [
+        "rollout.engine=engine_plugin:CountingEngine", "train.max_steps=2", "train.prompts_per_step=2",
+        "rollout.group_size=4", "train.micro_batch_size=4", "rollout.max_new_tokens=16", "eval.every_steps=0",
+        "rewards=[{name: accuracy}]",
+        "dapo.dynamic_sampling=false", "logging.progress_bar=false", f"output_dir={tmp_path / 'run'}",
+    ])
+    train(cfg)
+    assert engine_plugin.CALLS == ["generate 2x4", "sync", "generate 2x4", "sync"]
+
+
+def test_an_unknown_engine_stops_the_run_before_the_model_loads(tmp_path, monkeypatch):
+    from dapo_train import trainer
+
+    monkeypatch.setattr(trainer, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    cfg = load_config(None, ["rollout.engine=vllm", f"output_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match="rollout.engine"):
+        trainer.train(cfg)
+    assert not (tmp_path / "run").exists()

@@ -14,7 +14,7 @@ from dapo_train.data import Prompt, PromptSampler, load_prompts
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluate import completion_records, summarize_records
 from dapo_train.rewards import build_rewards, rewards_from_config, score
-from dapo_train.rollout import Completion
+from dapo_train.rollout import Completion, build_engine
 
 from conftest import EOS2_ID, EOS_ID, IdTokenizer, make_random_model
 
@@ -65,7 +65,8 @@ def _collect(prompts: list[Prompt], *overrides: str):
                              "train.micro_batch_size=4", "dapo.max_gen_rounds=2", *overrides])
     model, tokenizer = make_random_model(seed=2), IdTokenizer(EOS_ID, EOS2_ID)
     torch.manual_seed(0)
-    return collect_groups(model, tokenizer, rewards_from_config(cfg), PromptSampler(prompts, 0), GroupBuffer(), cfg)
+    engine = build_engine(cfg.rollout, model, tokenizer)
+    return collect_groups(engine, rewards_from_config(cfg), PromptSampler(prompts, 0), GroupBuffer(), cfg)
 
 
 def test_dynamic_sampling_filters_on_the_tasks_correct_bits():

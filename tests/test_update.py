@@ -41,7 +41,20 @@ def _samples(n: int, seed: int = 0) -> list[TrainSample]:
     return out
 
 
-def _grads_after(model, samples, micro_size: int, *, lr: float = 1e-3):
+def _group_samples(groups: int, size: int, seed: int = 0) -> list[TrainSample]:
+    """groups x size completions; the completions of a group share one prompt tensor, as collect makes them."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(groups):
+        prompt = torch.randint(3, 60, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g)
+        for j in range(size):
+            body = torch.randint(3, 60, (int(torch.randint(1, 10, (1,), generator=g)),), generator=g)
+            completion = torch.cat([body, torch.tensor([EOS_ID])]) if j % 3 else body
+            out.append(TrainSample(prompt, completion, advantage=float(torch.randn(1, generator=g)), in_loss=j != 2))
+    return out
+
+
+def _grads_after(model, samples, micro_size: int, *, lr: float = 1e-3, share_prefix: bool = False):
     """Gradients and AdamW-updated weights after one step. (Adam's first step is about
     lr * g / (|g| + eps), so gradients near eps amplify float32 noise; lr 1e-3 keeps that
     well inside the 1e-5 tolerance while the gradients themselves are compared directly.)"""
@@ -51,7 +64,8 @@ def _grads_after(model, samples, micro_size: int, *, lr: float = 1e-3):
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     accelerator = Accelerator(cpu=True)
     ctx = UpdateContext(model, optimizer, accelerator, cfg, pad_id=EOS2_ID)
-    micro = [collate_micro_batch(m, EOS2_ID, accelerator.device) for m in split_micro_batches(samples, micro_size)]
+    micro = [collate_micro_batch(m, EOS2_ID, accelerator.device, share_prefix)
+             for m in split_micro_batches(samples, micro_size)]
     normalizer = loss_normalizer([m.batch.completion_mask for m in micro], "token")
     metrics = accumulate_gradients(ctx, micro, normalizer)
     grads = [p.grad.clone() for p in model.parameters()]
@@ -73,6 +87,44 @@ def test_micro_batches_give_the_gradient_and_update_of_one_batch(micro_size):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     assert metrics_1["loss"] == pytest.approx(metrics_k["loss"], abs=1e-6)
     assert metrics_1["num_tokens"] == metrics_k["num_tokens"] == sum(s.completion_ids.numel() for s in samples)
+
+
+@pytest.mark.parametrize("micro_size", [12, 5, 4])
+def test_a_shared_prompt_prefix_gives_the_same_gradient_and_update(micro_size):
+    """Each group's prompt scored once for its completions (a 4-D mask) against one row per
+    completion: same gradients and AdamW step within 1e-5, also when micro-batches of 5 cut through
+    groups of 4; the forward computes far fewer token positions."""
+    samples = _group_samples(groups=3, size=4)
+    base = make_random_model(seed=3).train()
+    grads_a, params_a, metrics_a, _ = _grads_after(copy.deepcopy(base), samples, 12)
+    grads_b, params_b, metrics_b, n = _grads_after(copy.deepcopy(base), samples, micro_size, share_prefix=True)
+    assert n == -(-12 // micro_size)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    for a, b in zip(params_a, params_b):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert metrics_a["loss"] == pytest.approx(metrics_b["loss"], abs=1e-6)
+    assert metrics_a["entropy"] == pytest.approx(metrics_b["entropy"], abs=1e-5)
+    plain = collate_micro_batch(samples, EOS2_ID, "cpu").batch
+    shared = collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True).batch
+    assert shared.input_ids.shape[0] == 3 and shared.forward_tokens < plain.forward_tokens
+
+
+def test_shared_prefix_setting_changes_the_work_not_the_update():
+    """train.shared_prefix=off vs on in a whole policy update: the same weights, fewer forward tokens."""
+    groups = _groups(2, seed=1, size=6)
+    results = {}
+    for setting in ("off", "on"):
+        model = make_random_model(seed=3).train()
+        cfg = load_config(None, ["train.prompts_per_step=2", "rollout.group_size=6", "train.micro_batch_size=4",
+                                 "train.updates_per_step=1", f"train.shared_prefix={setting}"])
+        ctx = UpdateContext(model, torch.optim.AdamW(model.parameters(), lr=1e-3), Accelerator(cpu=True), cfg, EOS2_ID)
+        assert ctx.share_prefix == (setting == "on")
+        metrics = policy_update(ctx, copy.deepcopy(groups))
+        results[setting] = (metrics, [p.detach().clone() for p in model.parameters()])
+    assert results["on"][0]["update_forward_tokens"] < 0.8 * results["off"][0]["update_forward_tokens"]
+    for a, b in zip(results["off"][1], results["on"][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
 def test_token_budget_bounds_padded_tokens_and_keeps_order():

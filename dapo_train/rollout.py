@@ -235,6 +235,15 @@ class _GrowingLayer(_DynamicLayer):
         self._views()
 
 
+def draw_tokens(scores: torch.Tensor, warpers) -> torch.Tensor:
+    """One token per row from softmax(warpers(scores)), scores (A, V) float32 -> (A,) ids.
+
+    The Gumbel-max trick, argmax(s - log E) with E ~ Exp(1): the categorical distribution that
+    generate's multinomial draws from, in one cheap pass (filtered tokens stay at -inf)."""
+    warped = warpers(None, scores)
+    return (warped - torch.empty_like(warped).exponential_().log()).argmax(dim=-1)
+
+
 @torch.no_grad()
 def _sample_chunk(
     model, prompts: list[torch.Tensor], group_size: int, settings: SamplingSettings, eos_ids: list[int], pad_id: int,
@@ -269,11 +278,7 @@ def _sample_chunk(
     temperature = settings.temperature if settings.do_sample else 1.0
     for step in range(budget):
         scores = logits.float()  # (A, V)
-        if settings.do_sample:
-            probs = torch.softmax(warpers(None, scores), dim=-1)
-            tokens = torch.multinomial(probs, num_samples=1).squeeze(1)  # (A,)
-        else:
-            tokens = scores.argmax(dim=-1)
+        tokens = draw_tokens(scores, warpers) if settings.do_sample else scores.argmax(dim=-1)  # (A,)
         generated[active, step] = tokens
         if logprobs is not None:
             logprobs[active, step] = torch.log_softmax(scores / temperature, dim=-1).gather(-1, tokens[:, None])[:, 0]

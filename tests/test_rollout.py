@@ -13,6 +13,7 @@ from dapo_train.rollout import (
     bucket_size,
     build_engine,
     completion_mask,
+    draw_tokens,
     engine_factory,
     eos_token_ids,
     generate_completions,
@@ -120,6 +121,20 @@ def test_the_loop_prefills_each_prompt_once_and_drops_finished_rows(tiny):
     running = [sum(c.length > step for c in completions) for step in range(1, 48)]
     assert decode_rows == running[: len(decode_rows)]
     assert decode_rows[-1] < 20 and len(decode_rows) == min(47, max(c.length for c in completions) - 1)
+
+
+def test_draws_follow_the_warped_softmax():
+    """20,000 draws from one row of scores: frequencies match softmax(scores / T) to 0.015, and
+    with top_k = 2 only the two best tokens appear, renormalised."""
+    scores = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]]).expand(20_000, 5).contiguous()
+    torch.manual_seed(0)
+    for settings in (SamplingSettings(1, temperature=0.7), SamplingSettings(1, temperature=1.5, top_k=2)):
+        drawn = draw_tokens(scores, settings.warpers())
+        frequencies = torch.bincount(drawn, minlength=5).float() / drawn.numel()
+        logits = scores[0] / settings.temperature
+        if settings.top_k:
+            logits = torch.where(logits >= logits.topk(settings.top_k).values[-1], logits, -torch.inf)
+        torch.testing.assert_close(frequencies, torch.softmax(logits, -1), atol=0.015, rtol=0)
 
 
 def test_top_k_one_and_a_tiny_top_p_sample_the_greedy_token(random_model, id_tokenizer):

@@ -176,26 +176,24 @@ def _output_cache(output):
     return cache if cache is not None else output.past_key_values
 
 
-def _preallocate(cache, extra: int) -> None:
-    """Give each plain dynamic layer of `cache` room for `extra` more tokens, so a decode step writes
-    its keys in place instead of concatenating (copying) the whole cache. Other cache types (sliding
-    windows, hybrid models, older transformers) are left as they are."""
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError:
-        return
-    for index, layer in enumerate(getattr(cache, "layers", [])):
-        if type(layer) is DynamicLayer and layer.is_initialized and layer.get_seq_length() > 0:
-            cache.layers[index] = _GrowingLayer(layer, extra)
-
-
 try:
     from transformers.cache_utils import DynamicLayer as _DynamicLayer
 except ImportError:  # transformers without per-layer caches: _preallocate does nothing
-    _DynamicLayer = object
+    _DynamicLayer = None
 
 
-class _GrowingLayer(_DynamicLayer):
+def _preallocate(cache, extra: int) -> None:
+    """Give each plain dynamic layer of `cache` room for `extra` more tokens, so a decode step writes
+    its keys in place instead of concatenating (copying) the whole cache each step. Other cache types
+    (sliding windows, hybrid models, older transformers) are left as they are."""
+    if _DynamicLayer is None:
+        return
+    for index, layer in enumerate(getattr(cache, "layers", [])):
+        if type(layer) is _DynamicLayer and layer.is_initialized and layer.get_seq_length() > 0:
+            cache.layers[index] = _GrowingLayer(layer, extra)
+
+
+class _GrowingLayer(_DynamicLayer or object):
     """A dynamic cache layer over a preallocated buffer: keys/values are views of its first `length` slots."""
 
     def __init__(self, layer, extra: int) -> None:
@@ -211,13 +209,9 @@ class _GrowingLayer(_DynamicLayer):
         self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
 
     def update(self, key_states, value_states, *args, **kwargs):
-        end = self.length + key_states.shape[-2]
-        if end > self._keys.shape[2]:  # beyond the reserved room: fall back to growing
-            self._keys = torch.cat([self._keys[:, :, : self.length], key_states], dim=2)
-            self._values = torch.cat([self._values[:, :, : self.length], value_states], dim=2)
-        else:
-            self._keys[:, :, self.length : end] = key_states
-            self._values[:, :, self.length : end] = value_states
+        end = self.length + key_states.shape[-2]  # the decode loop never writes past the room it reserved
+        self._keys[:, :, self.length : end] = key_states
+        self._values[:, :, self.length : end] = value_states
         self.length = end
         self._views()
         return self.keys, self.values

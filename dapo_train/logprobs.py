@@ -7,7 +7,9 @@ Two things keep the update cheap:
   completions, under a 4-D attention mask in which a completion sees the prompt and its own earlier
   tokens only, with position ids restarting after the prompt for each completion. The forward's cost
   then follows prompt + G x completion tokens instead of G x (prompt + completion), with the same
-  log-probs (float rounding aside). Needs an attention kernel that takes a 4-D mask (sdpa, eager).
+  log-probs (float rounding aside). Needs an attention kernel that takes a 4-D mask (sdpa, eager);
+  a micro-batch whose rows would be wider than SHARED_ROW_LIMIT tokens, or that would not get
+  smaller, keeps one row per completion (long completions gain little from a shared prompt).
 - Bounded vocabulary memory. The forward returns hidden states only (no logits); log-probs are
   computed chunk by chunk through the LM head, and the backward recomputes each chunk's logits
   instead of saving them (LinearHeadLogprobs), so no (N, T, V) tensor exists in forward or backward:
@@ -30,6 +32,8 @@ Tensor = torch.Tensor
 
 # Attention implementations that accept a prepared 4-D mask (and the mask format each wants).
 PREFIX_SHARING_ATTENTION = ("sdpa", "eager")
+# Widest shared-prefix row (tokens): beyond it a micro-batch is laid out one row per completion.
+SHARED_ROW_LIMIT = 4096
 
 
 @dataclass
@@ -74,7 +78,9 @@ def collate(
         completion_ids[i, : completion.numel()] = completion
         completion_mask[i, : completion.numel()] = 1.0
     if share_prefix:
-        return _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask)
+        shared = _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask)
+        if shared is not None:
+            return shared
     width_p = max(int(p.numel()) for p in prompts)
     input_ids = torch.full((n, width_p + width_t), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((n, width_p + width_t), dtype=torch.long)
@@ -90,8 +96,10 @@ def collate(
                       positions)
 
 
-def _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask) -> TokenBatch:
-    """One row per run of consecutive samples with equal prompts: prompt, then each completion."""
+def _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask) -> TokenBatch | None:
+    """One row per run of consecutive samples with equal prompts: prompt, then each completion.
+    None when that saves no work or a row would be wider than SHARED_ROW_LIMIT (the dense 4-D mask
+    and attention grow with the square of the row): the caller then uses one row per sample."""
     runs: list[list[int]] = []
     for i, prompt in enumerate(prompts):
         if runs and torch.equal(prompts[runs[-1][0]], prompt):
@@ -100,6 +108,9 @@ def _collate_shared(prompts, completions, pad_id, completion_ids, completion_mas
             runs.append([i])
     lengths = [int(prompts[run[0]].numel()) + sum(int(completions[i].numel()) for i in run) for run in runs]
     n, width_t, width = len(prompts), completion_ids.shape[1], max(lengths)
+    plain_tokens = n * (max(int(p.numel()) for p in prompts) + width_t)
+    if width > SHARED_ROW_LIMIT or len(runs) * width >= plain_tokens:
+        return None
     input_ids = torch.full((len(runs), width), pad_id, dtype=torch.long)
     position_ids = torch.zeros((len(runs), width), dtype=torch.long)
     segment = torch.full((len(runs), width), -1, dtype=torch.long)  # 0 prompt, k + 1 the run's k-th completion

@@ -110,6 +110,18 @@ def test_a_shared_prompt_prefix_gives_the_same_gradient_and_update(micro_size):
     assert shared.input_ids.shape[0] == 3 and shared.forward_tokens < plain.forward_tokens
 
 
+def test_a_row_wider_than_the_limit_or_no_saving_keeps_one_row_per_completion(monkeypatch):
+    from dapo_train import logprobs
+
+    samples = _group_samples(groups=2, size=4)
+    assert collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True).batch.shared_prefix
+    monkeypatch.setattr(logprobs, "SHARED_ROW_LIMIT", 20)
+    batch = collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True).batch
+    assert not batch.shared_prefix and batch.input_ids.shape[0] == 8
+    one_each = [samples[0], samples[4]]  # two prompts, one completion each: nothing to share
+    assert not collate_micro_batch(one_each, EOS2_ID, "cpu", share_prefix=True).batch.shared_prefix
+
+
 def test_shared_prefix_setting_changes_the_work_not_the_update():
     """train.shared_prefix=off vs on in a whole policy update: the same weights, fewer forward tokens."""
     groups = _groups(2, seed=1, size=6)

@@ -89,13 +89,15 @@ def test_micro_batches_give_the_gradient_and_update_of_one_batch(micro_size):
     assert metrics_1["num_tokens"] == metrics_k["num_tokens"] == sum(s.completion_ids.numel() for s in samples)
 
 
-@pytest.mark.parametrize("micro_size", [12, 5, 4])
-def test_a_shared_prompt_prefix_gives_the_same_gradient_and_update(micro_size):
+@pytest.mark.parametrize("micro_size,kernel", [(12, "sdpa"), (5, "sdpa"), (4, "sdpa"), (5, "eager")])
+def test_a_shared_prompt_prefix_gives_the_same_gradient_and_update(micro_size, kernel):
     """Each group's prompt scored once for its completions (a 4-D mask) against one row per
     completion: same gradients and AdamW step within 1e-5, also when micro-batches of 5 cut through
-    groups of 4; the forward computes far fewer token positions."""
+    groups of 4, with sdpa's boolean mask and eager's additive one; the forward computes far fewer
+    token positions."""
     samples = _group_samples(groups=3, size=4)
     base = make_random_model(seed=3).train()
+    base.set_attn_implementation(kernel)
     grads_a, params_a, metrics_a, _ = _grads_after(copy.deepcopy(base), samples, 12)
     grads_b, params_b, metrics_b, n = _grads_after(copy.deepcopy(base), samples, micro_size, share_prefix=True)
     assert n == -(-12 // micro_size)
@@ -120,6 +122,23 @@ def test_a_row_wider_than_the_limit_or_no_saving_keeps_one_row_per_completion(mo
     assert not batch.shared_prefix and batch.input_ids.shape[0] == 8
     one_each = [samples[0], samples[4]]  # two prompts, one completion each: nothing to share
     assert not collate_micro_batch(one_each, EOS2_ID, "cpu", share_prefix=True).batch.shared_prefix
+
+
+def test_shared_prefix_follows_the_attention_kernel():
+    """auto is on for kernels that take a 4-D mask and off for the others; asking for `on` with
+    flash-attention is refused when the config loads."""
+    from dapo_train.errors import ConfigError
+    from dapo_train.update import use_shared_prefix
+
+    def fake(kernel):
+        return SimpleNamespace(config=SimpleNamespace(_attn_implementation=kernel))
+
+    auto = load_config(None, [])
+    assert use_shared_prefix(auto, fake("sdpa")) and use_shared_prefix(auto, fake("eager"))
+    assert not use_shared_prefix(auto, fake("flash_attention_2"))
+    assert not use_shared_prefix(load_config(None, ["train.shared_prefix=off"]), fake("sdpa"))
+    with pytest.raises(ConfigError, match="train.shared_prefix"):
+        load_config(None, ["train.shared_prefix=on", "model.attn_implementation=flash_attention_2"])
 
 
 def test_shared_prefix_setting_changes_the_work_not_the_update():

@@ -303,62 +303,58 @@ def generate_completions(
     batch_size: int,
     group_size: int = 1,
     return_logprobs: bool = False,
+    via_generate: bool = False,
+    bucket: bool = False,
+    generate_kwargs: dict | None = None,
 ) -> list[Completion]:
     """group_size completions for each entry of `prompts`, prompt-major (prompt 0's first).
 
     Rows are batched `batch_size` at a time (whole groups). With return_logprobs, each completion
     carries the log-probs of its tokens under the raw logits / temperature, the distribution the
     loss assumes (tests check scoring against it). The model should be in eval mode.
+
+    By default the decode loop (_sample_chunk) runs; via_generate uses `model.generate` on
+    group_size copies of each prompt instead (generate_kwargs passed on), and with bucket each call's
+    rows are padded up to a power of two (at most batch_size) with copies of its first row, whose
+    outputs are dropped, and the prompt width up to a multiple of BUCKET_WIDTH, so a compiled decode
+    sees few distinct shapes.
     """
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = pad_token_id(model, tokenizer)
     results: list[Completion] = []
     for chunk in _prompt_chunks(prompts, group_size, batch_size):
-        generated, logprobs = _sample_chunk(model, chunk, group_size, settings, eos_ids, pad_id, return_logprobs)
         rows = [prompt for prompt in chunk for _ in range(group_size)]
+        if via_generate:
+            padded = rows + [rows[0]] * (bucket_size(len(rows), batch_size) - len(rows) if bucket else 0)
+            generated, logprobs = _generate_chunk(model, padded, settings, eos_ids, pad_id, return_logprobs,
+                                                  BUCKET_WIDTH if bucket else 1, generate_kwargs or {})
+            generated = generated[: len(rows)]
+            logprobs = None if logprobs is None else logprobs[: len(rows)]
+        else:
+            generated, logprobs = _sample_chunk(model, chunk, group_size, settings, eos_ids, pad_id, return_logprobs)
         results += _completions(rows, generated, eos_ids, tokenizer, logprobs)
     return results
 
 
 @torch.no_grad()
-def generate_with_hf(
-    model,
-    tokenizer,
-    prompts: Sequence[Sequence[int]],
-    settings: SamplingSettings,
-    *,
-    batch_size: int,
-    group_size: int = 1,
-    return_logprobs: bool = False,
-    bucket: bool = False,
-    generate_kwargs: dict | None = None,
-) -> list[Completion]:
-    """The same contract through `model.generate` on group_size copies of each prompt (left padded).
-
-    bucket: pad each call's rows up to a power of two (at most batch_size) with copies of its first
-    row, whose outputs are dropped, and the prompt width up to a multiple of BUCKET_WIDTH, so a
-    compiled decode sees few distinct shapes."""
-    eos_ids = eos_token_ids(model, tokenizer)
-    pad_id = pad_token_id(model, tokenizer)
+def _generate_chunk(
+    model, rows: list[torch.Tensor], settings: SamplingSettings, eos_ids: list[int], pad_id: int,
+    return_logprobs: bool, width_multiple: int, generate_kwargs: dict,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`model.generate` on left-padded rows -> (generated (N, T) ids, log-probs (N, T) or None)."""
     device = next(model.parameters()).device
+    input_ids, attention_mask = left_pad(rows, pad_id, width_multiple)
+    output = model.generate(
+        input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), eos_token_id=eos_ids,
+        pad_token_id=pad_id, return_dict_in_generate=True, output_logits=return_logprobs,
+        **settings.generate_kwargs(), **generate_kwargs,
+    )
+    generated = output.sequences[:, input_ids.shape[1] :].cpu()  # (N, T)
+    if not return_logprobs:
+        return generated, None
     temperature = settings.temperature if settings.do_sample else 1.0
-    results: list[Completion] = []
-    for chunk in _prompt_chunks(prompts, group_size, batch_size):
-        rows = [prompt for prompt in chunk for _ in range(group_size)]
-        padded = rows + [rows[0]] * (bucket_size(len(rows), batch_size) - len(rows) if bucket else 0)
-        input_ids, attention_mask = left_pad(padded, pad_id, BUCKET_WIDTH if bucket else 1)
-        output = model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), eos_token_id=eos_ids,
-            pad_token_id=pad_id, return_dict_in_generate=True, output_logits=return_logprobs,
-            **settings.generate_kwargs(), **(generate_kwargs or {}),
-        )
-        generated = output.sequences[: len(rows), input_ids.shape[1] :].cpu()  # (N, T)
-        logprobs = None
-        if return_logprobs:
-            stacked = torch.stack([step[: len(rows)].float().cpu() for step in output.logits], dim=1)  # (N, T, V)
-            logprobs = torch.log_softmax(stacked / temperature, dim=-1).gather(-1, generated[..., None])[..., 0]
-        results += _completions(rows, generated, eos_ids, tokenizer, logprobs)
-    return results
+    stacked = torch.stack([step.float().cpu() for step in output.logits], dim=1) / temperature  # (N, T, V)
+    return generated, torch.log_softmax(stacked, dim=-1).gather(-1, generated[..., None])[..., 0]
 
 
 BUCKET_WIDTH = 64  # prompt widths are padded to a multiple of this in bucketed (compiled) generation
@@ -487,13 +483,9 @@ class HFEngine(_HFEngineBase):
     static-cache compiled generate on bucketed batch shapes."""
 
     def _generate(self, model, prompts, settings, group_size) -> list[Completion]:
-        if self.compiled:
-            return generate_with_hf(
-                model, self.tokenizer, prompts, settings, batch_size=self.batch_size, group_size=group_size,
-                bucket=True, generate_kwargs={"cache_implementation": "static"},
-            )
+        compiled = {"via_generate": True, "bucket": True, "generate_kwargs": {"cache_implementation": "static"}}
         return generate_completions(model, self.tokenizer, prompts, settings, batch_size=self.batch_size,
-                                    group_size=group_size)
+                                    group_size=group_size, **(compiled if self.compiled else {}))
 
 
 @register_engine("hf-generate")
@@ -501,5 +493,5 @@ class HFGenerateEngine(_HFEngineBase):
     """Plain `model.generate` on G copies of each prompt: the reference semantics."""
 
     def _generate(self, model, prompts, settings, group_size) -> list[Completion]:
-        return generate_with_hf(model, self.tokenizer, prompts, settings, batch_size=self.batch_size,
-                                group_size=group_size)
+        return generate_completions(model, self.tokenizer, prompts, settings, batch_size=self.batch_size,
+                                    group_size=group_size, via_generate=True)

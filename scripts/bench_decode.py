@@ -51,7 +51,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dapo_train.rollout import SamplingSettings, build_engine, generate_with_hf
+    from dapo_train.rollout import SamplingSettings, build_engine, generate_completions
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -67,9 +67,10 @@ def main() -> None:
     def variants(prompts, budget):
         settings = SamplingSettings(max_new_tokens=budget)
         return {
-            "generate": lambda: generate_with_hf(sampler, tokenizer, prompts, settings, batch_size=len(prompts)),
-            "generate-static": lambda: generate_with_hf(
-                sampler, tokenizer, prompts, settings, batch_size=len(prompts),
+            "generate": lambda: generate_completions(sampler, tokenizer, prompts, settings, batch_size=len(prompts),
+                                                     via_generate=True),
+            "generate-static": lambda: generate_completions(
+                sampler, tokenizer, prompts, settings, batch_size=len(prompts), via_generate=True,
                 generate_kwargs={"cache_implementation": "static"},
             ),
             "engine": lambda: engine.generate(prompts, settings, group_size=1),

@@ -17,7 +17,6 @@ from dapo_train.rollout import (
     engine_factory,
     eos_token_ids,
     generate_completions,
-    generate_with_hf,
 )
 
 from conftest import EOS2_ID, EOS_ID, make_random_model
@@ -60,12 +59,13 @@ PROMPTS = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]  # different lengt
 
 
 @pytest.mark.parametrize("share_prefix", [False, True])
-@pytest.mark.parametrize("generate", [generate_completions, generate_with_hf])
-def test_scoring_reproduces_generation_logprobs_with_left_padding(random_model, id_tokenizer, generate, share_prefix):
+@pytest.mark.parametrize("via_generate", [False, True])
+def test_scoring_reproduces_generation_logprobs_with_left_padding(random_model, id_tokenizer, via_generate,
+                                                                  share_prefix):
     torch.manual_seed(1)
     settings = SamplingSettings(max_new_tokens=12, temperature=0.9)
-    completions = generate(random_model, id_tokenizer, PROMPTS, settings, batch_size=9, group_size=3,
-                           return_logprobs=True)
+    completions = generate_completions(random_model, id_tokenizer, PROMPTS, settings, batch_size=9, group_size=3,
+                                       return_logprobs=True, via_generate=via_generate)
     assert [c.prompt_ids.tolist() for c in completions] == [p for p in PROMPTS for _ in range(3)]
     batch = collate([c.prompt_ids for c in completions], [c.completion_ids for c in completions], EOS2_ID, share_prefix)
     assert batch.input_ids.shape[0] == (3 if share_prefix else 9)  # one row per group when the prompt is shared
@@ -96,7 +96,8 @@ def test_the_decode_loop_is_greedy_generate(tiny, batch_size):
     model, tokenizer, prompts = tiny
     settings = SamplingSettings(max_new_tokens=48, do_sample=False)
     ours = generate_completions(model, tokenizer, prompts, settings, batch_size=batch_size, group_size=2)
-    theirs = generate_with_hf(model, tokenizer, prompts, settings, batch_size=batch_size, group_size=2)
+    theirs = generate_completions(model, tokenizer, prompts, settings, batch_size=batch_size, group_size=2,
+                                  via_generate=True)
     assert [c.completion_ids.tolist() for c in ours] == [c.completion_ids.tolist() for c in theirs]
     assert [c.truncated for c in ours] == [c.truncated for c in theirs]
     assert [c.text for c in ours] == [c.text for c in theirs]
@@ -149,9 +150,9 @@ def test_top_k_one_and_a_tiny_top_p_sample_the_greedy_token(random_model, id_tok
 def test_bucketed_generate_pads_rows_and_width_but_returns_the_same_completions(id_tokenizer):
     model = make_random_model(seed=5)
     settings = SamplingSettings(max_new_tokens=6, do_sample=False)
-    plain = generate_with_hf(model, id_tokenizer, PROMPTS, settings, batch_size=64)
-    bucketed = generate_with_hf(model, id_tokenizer, PROMPTS, settings, batch_size=64, bucket=True,
-                                generate_kwargs={"cache_implementation": "static"})
+    plain = generate_completions(model, id_tokenizer, PROMPTS, settings, batch_size=64, via_generate=True)
+    bucketed = generate_completions(model, id_tokenizer, PROMPTS, settings, batch_size=64, via_generate=True,
+                                    bucket=True, generate_kwargs={"cache_implementation": "static"})
     assert [c.completion_ids.tolist() for c in bucketed] == [c.completion_ids.tolist() for c in plain]
     assert [bucket_size(n, 256) for n in (1, 3, 4, 5, 100, 300)] == [1, 4, 4, 8, 128, 300]
     assert bucket_size(100, 64) == 100  # never fewer rows than asked, never more than the batch allows

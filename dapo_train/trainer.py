@@ -39,7 +39,7 @@ from dapo_train.config import Config, save_config
 from dapo_train.data import PromptSampler, fixed_eval_subset, load_prompts
 from dapo_train.errors import TrainingAborted
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
-from dapo_train.metrics import MetricsLogger
+from dapo_train.metrics import MetricsLogger, start_trackers
 from dapo_train.modeling import gradient_checkpointing, load_model, load_tokenizer, mixed_precision
 from dapo_train.progress import Progress, run_summary
 from dapo_train.rewards import rewards_from_config
@@ -129,7 +129,10 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         all_eval, _ = load_prompts(cfg.data, tokenizer, cfg.data.eval_split)
         eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items)
     cuda = torch.cuda.is_available()
-    accelerator = Accelerator(mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda)
+    accelerator = Accelerator(
+        mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda, log_with=cfg.logging.trackers or None,
+        project_dir=str(run_dir),
+    )
     model_cfg = cfg.model if resume_from is None else dataclasses.replace(cfg.model, name_or_path=str(resume_from))
     model = load_model(model_cfg, accelerator.device)
     if gradient_checkpointing(cfg, cuda):
@@ -278,7 +281,9 @@ def train(
         restore(run, ckpt.load_state(resume_from))
         logger.info("resumed from %s at step %d", resume_from, run.step)
     save_config(cfg, run_dir / ckpt.CONFIG_FILE)
-    metrics_log = MetricsLogger(run_dir, cfg.logging.tracker, resume_step=run.step if resume_from else None)
+    metrics_log = MetricsLogger(
+        run_dir, start_trackers(run.accelerator, cfg), resume_step=run.step if resume_from else None
+    )
     progress = Progress(cfg, run.step)
     try:
         if resume_from is None and cfg.eval.every_steps > 0:

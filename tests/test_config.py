@@ -124,7 +124,7 @@ def test_every_choice_list_is_its_registrys_keys():
         "dapo.loss_reduction": set(LOSS_REDUCTIONS),
         "dapo.advantage_std": set(ADVANTAGE_STDS),
         "train.lr_scheduler": set(LR_SCHEDULES),
-        "logging.tracker": set(TRACKERS),
+        "logging.trackers": set(TRACKERS),
         "model.dtype": {"auto", *DTYPES},  # auto = float32 master weights
         "model.gradient_checkpointing": set(GRADIENT_CHECKPOINTING),
         "train.mixed_precision": {"auto", *AUTOCAST_DTYPES},  # auto = modeling.mixed_precision's pick
@@ -160,3 +160,34 @@ def test_a_retired_key_in_an_old_runs_config_is_read_with_a_notice(tmp_path, cap
     assert f"KEY=VALUE: {RETIRED_NOTICE}" in caplog.text
     with pytest.raises(ConfigError, match="checkpoint.save_optimiser"):  # a typo is still an unknown key
         load_config(None, ["checkpoint.save_optimiser=false"])
+
+
+@pytest.mark.parametrize(
+    "override, key, message",
+    [
+        ("logging.trackers=[tensorbord]", "logging.trackers", "allowed: tensorboard, wandb"),
+        ("logging.trackers=[wandb, wandb]", "logging.trackers", "named twice"),
+    ],
+)
+def test_bad_nested_and_list_values_name_their_key(override, key, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert info.value.key == key and message in str(info.value)
+
+
+def test_the_old_logging_tracker_key_is_read_as_trackers_with_a_notice(tmp_path, caplog):
+    """logging.tracker (one name or none) became logging.trackers (a list): an old run folder's
+    config.yaml, a file and an override all still work, one notice each."""
+    cfg = load_config(None, [])
+    save_config(cfg, tmp_path / "config.yaml")
+    old = (tmp_path / "config.yaml").read_text().replace("  trackers: []\n", "  tracker: tensorboard\n")
+    (tmp_path / "config.yaml").write_text(old)
+    assert "tracker: tensorboard" in old and "trackers" not in old
+    assert load_config(None, [], base=read_yaml(tmp_path / "config.yaml")).logging.trackers == ["tensorboard"]
+    assert "config key 'logging.tracker' is now 'logging.trackers'" in caplog.text
+    assert load_config(str(tmp_path / "config.yaml"), []).logging.trackers == ["tensorboard"]
+    (tmp_path / "config.yaml").write_text(old.replace("tracker: tensorboard", "tracker: none"))
+    assert load_config(None, [], base=read_yaml(tmp_path / "config.yaml")).logging.trackers == []
+    caplog.clear()
+    assert load_config(None, ["logging.tracker=tensorboard"]).logging.trackers == ["tensorboard"]
+    assert caplog.text.count("is now 'logging.trackers'") == 1

@@ -36,6 +36,7 @@ from dapo_train.schema import (  # noqa: F401  (re-exported: the public config i
     DataConfig,
     EvalConfig,
     LoggingConfig,
+    LoraConfig,
     ModelConfig,
     RewardSpec,
     RolloutConfig,

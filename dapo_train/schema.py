@@ -33,6 +33,26 @@ def _opt(default: Any, help: str, choices: tuple | None = None, **kwargs: Any) -
     return field(default=default, metadata=metadata, **kwargs)
 
 
+# Qwen2 / Llama / Mistral names for every projection of a decoder layer: attention and MLP.
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoraConfig:
+    r: int = _opt(
+        0, "LoRA rank (0 = off: train every weight). With r > 0 only the adapters train (needs the peft package: "
+        "pip install 'dapo-train[lora]'), checkpoints hold the adapter, and the dapo.beta reference is the base "
+        "model with adapters disabled (no second copy).",
+    )
+    alpha: float = _opt(16.0, "LoRA alpha: the adapter's update is scaled by alpha / r.")
+    dropout: float = _opt(0.0, "Dropout on the adapter's input while training (0 = off; > 0 makes the ratio noisy).")
+    target_modules: list[str] = _opt(
+        DEFAULT_LORA_TARGETS,
+        "Layers that get adapters, by name or dotted name suffix (self_attn.q_proj); each must match a linear or "
+        "embedding layer of the model.",
+    )
+
+
 @dataclass
 class ModelConfig:
     name_or_path: str = _opt(BUILTIN_MODEL, "HF model id, local folder, or builtin:tiny (shipped).")
@@ -49,6 +69,7 @@ class ModelConfig:
     gradient_checkpointing: str = _opt(
         "auto", "Recompute activations in backward to save memory. auto = on for CUDA.", ("auto", "on", "off")
     )
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -282,6 +303,15 @@ def validate(cfg: Config) -> None:
     _require(cfg.eval.max_new_tokens >= 0, "eval.max_new_tokens", "must be >= 0")
     _require(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
     _require(cfg.checkpoint.keep_last >= 0, "checkpoint.keep_last", "must be >= 0 (0 = keep all)")
+    lora = cfg.model.lora
+    _require(lora.r >= 0, "model.lora.r", f"got {lora.r}; must be >= 0 (0 = off)")
+    _require(lora.alpha > 0.0, "model.lora.alpha", f"got {lora.alpha}; must be > 0")
+    _require(0.0 <= lora.dropout < 1.0, "model.lora.dropout", f"got {lora.dropout}; must be in [0, 1)")
+    _require(
+        bool(lora.target_modules) and all(lora.target_modules),
+        "model.lora.target_modules",
+        f"got {lora.target_modules!r}; must name at least one layer, e.g. [q_proj, v_proj]",
+    )
     _require(
         len(set(cfg.logging.trackers)) == len(cfg.logging.trackers),
         "logging.trackers", f"got {cfg.logging.trackers!r}; a tracker is named twice",

@@ -19,7 +19,6 @@ updates against the log-probs of the policy that sampled it, so the clip acts.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import random
@@ -40,7 +39,14 @@ from dapo_train.data import PromptSampler, fixed_eval_subset, load_prompts
 from dapo_train.errors import TrainingAborted
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.metrics import MetricsLogger, start_trackers
-from dapo_train.modeling import gradient_checkpointing, load_model, load_tokenizer, mixed_precision
+from dapo_train.modeling import (
+    gradient_checkpointing,
+    load_policy,
+    load_tokenizer,
+    mixed_precision,
+    reference_policy,
+    trainable_parameters,
+)
 from dapo_train.progress import Progress, run_summary
 from dapo_train.rewards import rewards_from_config
 from dapo_train.rollout import pad_token_id
@@ -133,20 +139,17 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda, log_with=cfg.logging.trackers or None,
         project_dir=str(run_dir),
     )
-    model_cfg = cfg.model if resume_from is None else dataclasses.replace(cfg.model, name_or_path=str(resume_from))
-    model = load_model(model_cfg, accelerator.device)
+    model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ref_model = None
-    if cfg.dapo.beta > 0:
-        ref_model = load_model(cfg.model, accelerator.device).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        trainable_parameters(model),
         lr=cfg.train.learning_rate,
         betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
         weight_decay=cfg.train.weight_decay,
     )
     model, optimizer = accelerator.prepare(model, optimizer)
+    ref_model, reference_scope = reference_policy(cfg, model, accelerator.unwrap_model(model), accelerator.device)
     pad_id = pad_token_id(accelerator.unwrap_model(model), tokenizer)
     if cfg.train.updates_per_step > cfg.train.prompts_per_step:
         logger.warning(
@@ -163,7 +166,8 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         optimizer=optimizer, sampler=PromptSampler(train_prompts, cfg.seed),
         eval_prompts=eval_prompts, buffer=GroupBuffer(),
         update_ctx=UpdateContext(
-            model, optimizer, accelerator, cfg, pad_id, ref_model, lr_at=lambda step: learning_rate(cfg, step)
+            model, optimizer, accelerator, cfg, pad_id, ref_model, lr_at=lambda step: learning_rate(cfg, step),
+            reference_scope=reference_scope,
         ),
         prompts_by_uid={p.uid: p for p in train_prompts},
     )

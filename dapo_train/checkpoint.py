@@ -1,9 +1,10 @@
 """Checkpoints: atomic save, discovery, pruning and the trainer state needed for exact resume.
 
-A checkpoint_<step>/ folder holds the HF model (safetensors) and tokenizer, the resolved
-config.yaml, and trainer_state.pt (step, data position, dynamic-sampling carry-over, RNG states,
-optimizer and LR schedule). It is written to a temporary sibling folder and renamed into place,
-so a crash or kill during a save leaves the previous checkpoint intact and never a half one.
+A checkpoint_<step>/ folder holds the HF model (safetensors; for a LoRA run the adapter alone,
+see lora.py) and tokenizer, the resolved config.yaml, and trainer_state.pt (step, data position,
+dynamic-sampling carry-over, RNG states, optimizer and LR schedule). It is written to a
+temporary sibling folder and renamed into place, so a crash or kill during a save leaves the
+previous checkpoint intact and never a half one.
 trainer_state.pt holds only tensors and plain containers: it loads with weights_only=True.
 """
 
@@ -86,7 +87,7 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp)
         save_config(cfg, tmp / CONFIG_FILE)
         torch.save(state, tmp / STATE_FILE)
-        _usual_file_modes(tmp)
+        usual_file_modes(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -103,7 +104,7 @@ def save_checkpoint(
     return final
 
 
-def _usual_file_modes(folder: Path) -> None:
+def usual_file_modes(folder: Path) -> None:
     """safetensors writes its file with mode 0600; give every file the mode the user's umask gives
     any new file (0644 under the usual 022), so a checkpoint can be shared like the rest of the run."""
     umask = os.umask(0)

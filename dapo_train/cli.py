@@ -134,6 +134,27 @@ def eval_cmd(
     run_eval(targets, options)
 
 
+@app.command("export")
+def export_cmd(
+    checkpoint: str = typer.Argument(..., metavar="CHECKPOINT", help="A checkpoint_<step> folder."),
+    out: str = typer.Option(..., "-o", "--output", help="Folder to write (must not exist, or be empty)."),
+    merge: bool = typer.Option(
+        False, "--merge", help="Fold a LoRA checkpoint's adapter into its base: a plain transformers folder."
+    ),
+    dtype: str = typer.Option(
+        "float32", "--dtype", help="Dtype of the weights written: float32 (exact), bfloat16 or float16 (half the size)."
+    ),
+) -> None:
+    """Write a checkpoint as a folder other tools load: with --merge a LoRA checkpoint becomes a plain
+    transformers folder (weights, config, generation_config, tokenizer) that from_pretrained and vLLM
+    load without peft; without it, the adapter alone; a full checkpoint, its model without the
+    trainer state."""
+    from dapo_train.export import export_checkpoint
+
+    _setup_logging()
+    export_checkpoint(checkpoint, out, merge=merge, dtype=dtype)
+
+
 _PATHS_HELP = "Run folders, sweep folders, or folders holding them."
 
 

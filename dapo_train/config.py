@@ -36,6 +36,7 @@ from dapo_train.schema import (  # noqa: F401  (re-exported: the public config i
     DataConfig,
     EvalConfig,
     LoggingConfig,
+    LoraConfig,
     ModelConfig,
     RewardSpec,
     RolloutConfig,
@@ -101,6 +102,11 @@ RETIRED_KEYS = {
 RENAMED_VALUES = {
     ("dapo.filter_metric", "reward"): "total",
 }
+# Old dotted key -> (new dotted key, old value -> new value); the new key must sit in the same section.
+RENAMED_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    # One hand-written TensorBoard writer became a list of accelerate trackers.
+    "logging.tracker": ("logging.trackers", lambda old: [] if old in ("none", None) else [old]),
+}
 
 
 def _parent(data: dict, dotted: str) -> tuple[dict | None, str]:
@@ -120,6 +126,22 @@ def read_saved_config(path: str | Path, notify: bool = True) -> dict:
     return saved
 
 
+def _renamed_override(item: str) -> str:
+    """`OLD=VALUE` for a renamed key -> `NEW=converted VALUE`, with the notice: the new key already
+    holds its default in the dict being overridden, and an explicit old key must win over that."""
+    key, sep, raw = item.partition("=")
+    if not sep or key.strip() not in RENAMED_KEYS:
+        return item
+    new_key, convert = RENAMED_KEYS[key.strip()]
+    try:
+        value = convert(yaml.safe_load(raw) if raw.strip() else "")
+    except yaml.YAMLError:
+        value = convert(raw)
+    new_item = f"{new_key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
+    logger.warning("KEY=VALUE: config key '%s' is now '%s': read %s as %s", key.strip(), new_key, item, new_item)
+    return new_item
+
+
 def upgrade_retired(data: dict, source: str, notify: bool = True) -> None:
     """Drop retired keys from a config dict and rename old values, in place, one notice each
     (none with notify=False, for a file whose notices another reading of it gives)."""
@@ -129,6 +151,19 @@ def upgrade_retired(data: dict, source: str, notify: bool = True) -> None:
         if node is not None and last in node:
             del node[last]
             log("%s: config key '%s' is retired and ignored: %s", source, dotted, why)
+    for dotted, (new_key, convert) in RENAMED_KEYS.items():
+        node, last = _parent(data, dotted)
+        if node is None or last not in node:
+            continue
+        old = node.pop(last)
+        new_last = new_key.rsplit(".", 1)[-1]
+        if new_last in node:
+            log("%s: config key '%s' is now '%s', which is also set; %s=%r is ignored", source, dotted, new_key,
+                dotted, old)
+        else:
+            node[new_last] = convert(old)
+            log("%s: config key '%s' is now '%s': read %s=%s as %s=%s", source, dotted, new_key, dotted, old,
+                new_key, node[new_last])
     for (dotted, old), new in RENAMED_VALUES.items():
         node, last = _parent(data, dotted)
         if node is not None and node.get(last) == old:
@@ -156,6 +191,9 @@ def _type_ok(value: Any, annotation: Any) -> bool:
         return isinstance(value, str)
     if annotation is dict or origin is dict:
         return isinstance(value, dict)
+    if origin is list:
+        (item_type,) = typing.get_args(annotation)
+        return isinstance(value, list) and all(_type_ok(item, item_type) for item in value)
     return False
 
 
@@ -199,10 +237,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         if dataclasses.is_dataclass(annotation):
             kwargs[key] = _build(annotation, value, full)
         elif typing.get_origin(annotation) is list:
-            (item_cls,) = typing.get_args(annotation)
-            if not isinstance(value, list):
-                raise ConfigError(full, f"expected a list, got {type(value).__name__}")
-            kwargs[key] = [_build(item_cls, item, f"{full}.{i}") for i, item in enumerate(value)]
+            kwargs[key] = _build_list(typing.get_args(annotation)[0], value, full)
         else:
             if annotation in (float, float | None):
                 value = _as_float(value)
@@ -213,6 +248,22 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
                 raise ConfigError(full, f"expected {_type_name(annotation)}, got {value!r} ({type(value).__name__})")
             kwargs[key] = value
     return cls(**kwargs)
+
+
+def _build_list(item_type: type, value: Any, key: str) -> list:
+    """A list field: dataclass items (rewards) are built strictly; plain items (names: trackers,
+    target modules) are type-checked, and one name alone is a list of one
+    (`logging.trackers=tensorboard`)."""
+    if isinstance(value, str) and item_type is str:
+        value = [value]
+    if not isinstance(value, list):
+        raise ConfigError(key, f"expected a list, got {type(value).__name__}")
+    if dataclasses.is_dataclass(item_type):
+        return [_build(item_type, item, f"{key}.{i}") for i, item in enumerate(value)]
+    for i, item in enumerate(value):
+        if not _type_ok(item, item_type):
+            raise ConfigError(f"{key}.{i}", f"expected {_type_name(item_type)}, got {item!r} ({type(item).__name__})")
+    return list(value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,7 +355,7 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
         upgrade_retired(from_file, str(config_path))
         deep_merge(data, from_file, prefix="")
     for item in overrides:
-        apply_override(data, item)
+        apply_override(data, _renamed_override(item))
     upgrade_retired(data, "KEY=VALUE")
     if not data.get("run_name"):
         named = [o for o in overrides if not o.startswith(("output_dir=", "run_name="))]

@@ -36,11 +36,13 @@ from dapo_train.config import Config, config_to_dict, load_config, looks_like_pa
 from dapo_train.data import Prompt, fixed_eval_subset, load_prompts
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
+from dapo_train.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
 from dapo_train.metrics import write_json_atomic, write_jsonl_atomic
 from dapo_train.modeling import check_model_path, load_model, load_tokenizer, mixed_precision
 from dapo_train.rundir import RUNS_ROOT, describe_runs, latest_run
 
-MODEL_FILES = ("config.json",)  # what makes a folder loadable by from_pretrained
+# What makes a folder loadable: a transformers model, or a LoRA adapter on its base (lora.py).
+MODEL_FILES = ("config.json", ADAPTER_CONFIG)
 _LISTING_MAX = 20
 
 # The trainer's precision (modeling.mixed_precision) -> autocast dtype on CUDA, so eval numerics match.
@@ -116,7 +118,7 @@ def _folder_target(label: str, folder: Path) -> EvalTarget:
     if not any((folder / name).is_file() for name in MODEL_FILES):
         found = ", ".join(p.name for p in checkpoint_dirs(folder))
         hint = f"; it looks like a run folder, its checkpoints: {found}" if found else f"; {folder_listing(folder)}"
-        raise UserError(f"{label} is not a checkpoint or model folder (no config.json){hint}")
+        raise UserError(f"{label} is not a checkpoint or model folder (no config.json or {ADAPTER_CONFIG}){hint}")
     return EvalTarget(label, str(folder), saved if saved.is_file() else None, folder)
 
 
@@ -258,6 +260,8 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
     if resolved.model is None:
         resolved = dataclasses.replace(resolved, label=f"{cfg.model.name_or_path} (--config)")
     split = options.split or cfg.data.eval_split
+    if resolved.folder is not None and is_adapter_folder(resolved.folder):
+        require_peft(f"{resolved.label} is a LoRA adapter checkpoint; evaluating it")
     tokenizer = load_tokenizer(cfg.model)
     prompts, _ = load_prompts(cfg.data, tokenizer, split)
     chosen = fixed_eval_subset(prompts, options.limit or 0)

@@ -1,5 +1,5 @@
-"""Run logs: metrics.jsonl (one JSON object per step), two plain text logs, and an optional
-tracker chosen by name.
+"""Run logs: metrics.jsonl (one JSON object per step), two plain text logs, and the experiment
+trackers of logging.trackers (TensorBoard, W&B, MLflow, ...) through accelerate.
 
 - metrics.jsonl: every metric of a step in one object with a `step` key; stable key names.
 - training_losses.txt: `step,loss`; accuracy_losses.txt: `step,accuracy` (first row = step 0,
@@ -16,9 +16,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from dapo_train.config import config_to_dict, flatten_config
 from dapo_train.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
@@ -53,12 +56,7 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
 
 
 class NullTracker:
-    def __init__(self, run_dir: Path | None = None) -> None:
-        pass
-
-    @staticmethod
-    def check() -> None:
-        pass
+    """No tracker configured: the same calls, doing nothing (no `if tracker:` at call sites)."""
 
     def log(self, step: int, metrics: dict) -> None:
         pass
@@ -67,47 +65,104 @@ class NullTracker:
         pass
 
 
-def _summary_writer() -> type:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise UserError("logging.tracker=tensorboard needs the tensorboard package (pip install tensorboard)") from None
-    return SummaryWriter
+@dataclass(frozen=True)
+class TrackerSpec:
+    """How one accelerate tracker is checked and told the run's name.
+
+    check: the accelerate.utils function that says whether its package imports (looked up when
+    asked: importing accelerate costs `compare` and `plot` a second). run_kwargs(run_name): the init
+    keyword arguments that name the run. rename(tracker object, run_name): for trackers whose init
+    takes no run name, names it once started."""
+
+    package: str
+    check: str
+    run_kwargs: Callable[[str], dict] = lambda run_name: {}
+    rename: Callable[[Any, str], None] | None = None
+
+    def available(self) -> bool:
+        import accelerate.utils
+
+        return bool(getattr(accelerate.utils, self.check)())
 
 
-class TensorBoardTracker:
-    @staticmethod
-    def check() -> None:
-        _summary_writer()
-
-    def __init__(self, run_dir: Path) -> None:
-        self.writer = _summary_writer()(log_dir=str(run_dir / "tensorboard"))
-
-    def log(self, step: int, metrics: dict) -> None:
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(key, value, step)
-
-    def close(self) -> None:
-        self.writer.close()
+def _set_name(run: Any, run_name: str) -> None:
+    run.name = run_name
 
 
-# Tracker name -> the class that logs to it; its `check` says, before the run folder exists,
-# whether it can start (a missing package is a UserError then, not after the model has loaded).
-TRACKERS: dict[str, type] = {
-    "none": NullTracker,
-    "tensorboard": TensorBoardTracker,
+# logging.trackers name (accelerate's LoggerType) -> its spec; schema.TRACKER_NAMES lists the same names.
+TRACKERS: dict[str, TrackerSpec] = {
+    "tensorboard": TrackerSpec("tensorboard", "is_tensorboard_available"),  # its folder is the run's
+    "wandb": TrackerSpec("wandb", "is_wandb_available", lambda run_name: {"name": run_name}),
+    "mlflow": TrackerSpec("mlflow", "is_mlflow_available", lambda run_name: {"run_name": run_name}),
+    "comet_ml": TrackerSpec(
+        "comet_ml", "is_comet_ml_available", rename=lambda experiment, run_name: experiment.set_name(run_name)
+    ),
+    "aim": TrackerSpec("aim", "is_aim_available", rename=_set_name),
+    "clearml": TrackerSpec("clearml", "is_clearml_available", lambda run_name: {"task_name": run_name}),
+    "trackio": TrackerSpec("trackio", "is_trackio_available", lambda run_name: {"name": run_name}),
 }
 
 
-def check_tracker(name: str) -> None:
-    TRACKERS[name].check()
+def check_trackers(names: list[str]) -> None:
+    """Every configured tracker's package imports; else one UserError now, before the run folder
+    exists (accelerate itself would drop a missing tracker with a debug message)."""
+    missing = [name for name in names if not TRACKERS[name].available()]
+    if missing:
+        packages = " ".join(TRACKERS[name].package for name in missing)
+        raise UserError(
+            f"logging.trackers names {', '.join(missing)}, but {packages} {'is' if len(missing) == 1 else 'are'} "
+            f"not installed: pip install {packages}, or remove {'it' if len(missing) == 1 else 'them'} from "
+            "logging.trackers"
+        )
+
+
+def tracker_hparams(cfg_dict: dict) -> dict:
+    """The resolved config as flat hyperparameters (`dapo.eps_high`, `rewards.0.weight`); a value
+    that is not a number, string or boolean (None, an empty list) becomes its JSON text, which every
+    tracker stores."""
+    return {
+        key: value if isinstance(value, (bool, int, float, str)) else json.dumps(value, ensure_ascii=False)
+        for key, value in flatten_config(cfg_dict).items()
+    }
+
+
+class AccelerateTrackers:
+    """logging.trackers through the run's Accelerator (built with log_with and project_dir = the run
+    folder): started once with the resolved config as hyperparameters, project logging.project and
+    run name run_name; each step's numeric scalars logged at its step. accelerate runs all of it on
+    the main process only."""
+
+    def __init__(self, accelerator, cfg) -> None:
+        names = cfg.logging.trackers
+        self.accelerator = accelerator
+        accelerator.init_trackers(
+            cfg.logging.project, config=tracker_hparams(config_to_dict(cfg)),
+            init_kwargs={name: TRACKERS[name].run_kwargs(cfg.run_name) for name in names},
+        )
+        for name in names:
+            if TRACKERS[name].rename is not None and accelerator.is_main_process:
+                TRACKERS[name].rename(accelerator.get_tracker(name, unwrap=True), cfg.run_name)
+
+    def log(self, step: int, metrics: dict) -> None:
+        numeric = {key: value for key, value in metrics.items() if isinstance(value, (int, float))}
+        self.accelerator.log({key: value for key, value in numeric.items() if not isinstance(value, bool)}, step=step)
+
+    def close(self) -> None:
+        """Finish every tracker (flush, close the run). Not accelerator.end_training(): that also
+        destroys the process group, which a sweep's next run in this process still needs."""
+        for tracker in self.accelerator.trackers:
+            tracker.finish()
+        self.accelerator.trackers.clear()
+
+
+def start_trackers(accelerator, cfg) -> AccelerateTrackers | NullTracker:
+    return AccelerateTrackers(accelerator, cfg) if cfg.logging.trackers else NullTracker()
 
 
 class MetricsLogger:
     """One `log(step, metrics)` call per step writes every sink."""
 
-    def __init__(self, run_dir: str | Path, tracker: str = "none", resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: str | Path, tracker=None, resume_step: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.paths = {
             "jsonl": self.run_dir / METRICS_FILE,
@@ -119,7 +174,7 @@ class MetricsLogger:
                 path.write_text("")
         else:
             self._truncate_after(resume_step)
-        self.tracker = TRACKERS[tracker](self.run_dir)
+        self.tracker = tracker or NullTracker()
 
     def _truncate_after(self, step: int) -> None:
         """Drop rows of steps > `step` (written after the checkpoint we resume from)."""

@@ -8,6 +8,8 @@ so a machine without network fails in seconds with one line (or uses the cached 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import logging
 from pathlib import Path
@@ -64,10 +66,15 @@ def load_tokenizer(model_cfg: ModelConfig):
 
 def load_model(model_cfg: ModelConfig, device: torch.device):
     """The policy in training dtype: float32 on CPU; on CUDA `auto` keeps float32 master weights
-    and lets bf16 autocast do the matmuls."""
+    and lets bf16 autocast do the matmuls. A LoRA adapter folder (a LoRA run's checkpoint) loads as
+    its base model with the adapter on top (lora.load_adapter_model)."""
     from transformers import AutoModelForCausalLM
 
+    from dapo_train import lora
+
     path = check_model_path(model_cfg.name_or_path)
+    if lora.is_adapter_folder(path):
+        return lora.load_adapter_model(model_cfg, path, device)
     dtype = torch.float32 if model_cfg.dtype == "auto" else DTYPES[model_cfg.dtype]
     kwargs = {
         "dtype": dtype, "trust_remote_code": model_cfg.trust_remote_code, "use_safetensors": None,
@@ -80,6 +87,44 @@ def load_model(model_cfg: ModelConfig, device: torch.device):
     except OSError as exc:
         raise UserError(_unreachable(path, exc)) from None
     return model.to(device)
+
+
+def load_policy(cfg: Config, device: torch.device, resume_from: Path | None = None):
+    """The model to train. Full fine-tuning: the config's model, or the checkpoint's weights when
+    resuming. LoRA (model.lora.r > 0): the config's model with fresh adapters, or with the
+    checkpoint's adapter weights when resuming. A starting model that is itself an adapter folder
+    is merged first: its weights are where this run starts."""
+    from dapo_train import lora
+
+    if resume_from is not None:
+        lora.check_resume(cfg, resume_from)
+        if cfg.model.lora.r == 0:
+            return load_model(dataclasses.replace(cfg.model, name_or_path=str(resume_from)), device)
+    model = load_model(cfg.model, device)
+    if lora.is_peft_model(model):
+        model = model.merge_and_unload().requires_grad_(True)  # peft froze the base weights
+    if cfg.model.lora.r == 0:
+        return model
+    model = lora.apply_lora(model, cfg.model.lora, cfg.model.name_or_path)
+    if resume_from is not None:
+        lora.load_adapter_weights(model, resume_from)
+    return model
+
+
+def reference_policy(cfg: Config, model: torch.nn.Module, unwrapped: torch.nn.Module, device: torch.device):
+    """dapo.beta > 0: (the reference model, the context to score it in). LoRA: the policy itself with
+    its adapters disabled (the frozen base, no second copy). Otherwise a frozen copy of the config's
+    model. beta = 0: (None, a null context)."""
+    if cfg.dapo.beta == 0:
+        return None, contextlib.nullcontext
+    if cfg.model.lora.r > 0:
+        return model, unwrapped.disable_adapter
+    return load_model(cfg.model, device).eval().requires_grad_(False), contextlib.nullcontext
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """What the optimizer updates: every weight, or with LoRA only the adapters."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def hub_offline() -> bool:

@@ -167,8 +167,10 @@ def _prompt_chunks(prompts: Sequence[Sequence[int]], group_size: int, batch_size
 
 
 def _cache_keyword(model) -> str:
-    """The forward's KV-cache argument: `cache` (transformers >= 5.2x) or `past_key_values` (before)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    """The forward's KV-cache argument: `cache` (transformers >= 5.2x) or `past_key_values` (before).
+    Read from the transformers model itself: a PEFT wrapper's forward takes **kwargs."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _output_cache(output):

@@ -1,8 +1,9 @@
 """The run folder: where a run may start, what `--resume` continues, which run is the latest.
 
 - A fresh start checks, before anything loads or is created, that output_dir can be written and
-  that the tracker can start; it refuses to replace a run that saved a checkpoint unless told
-  (--overwrite), and starts again over one that never saved any (nothing there can be resumed).
+  that the packages the trackers and LoRA need are installed; it refuses to replace a run that
+  saved a checkpoint unless told (--overwrite), and starts again over one that never saved any
+  (nothing there can be resumed).
 - `--resume` continues a run with its own saved config (the checkpoint's config.yaml); KEY=VALUE
   overrides change it and every changed key is listed, old -> new, before the model loads. A
   CONFIG file given with `--resume` only says where the run is (its output_dir).
@@ -23,7 +24,8 @@ from pathlib import Path
 from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, STATE_FILE, checkpoint_dirs, latest_checkpoint
 from dapo_train.config import Config, config_to_dict, flatten_config, load_config, read_saved_config
 from dapo_train.errors import UserError
-from dapo_train.metrics import METRICS_FILE, check_tracker
+from dapo_train.lora import check_lora_start
+from dapo_train.metrics import METRICS_FILE, check_trackers
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +75,8 @@ def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bo
     with --overwrite the old run is only removed later, once setup has succeeded."""
     run_dir = Path(cfg.output_dir)
     check_writable(run_dir)
-    check_tracker(cfg.logging.tracker)
+    check_trackers(cfg.logging.trackers)
+    check_lora_start(cfg)
     if resume:
         return run_dir, _resume_source(run_dir, resume)
     if holds_run(run_dir) and not overwrite:

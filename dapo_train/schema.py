@@ -11,6 +11,10 @@ from typing import Any
 
 from dapo_train.errors import ConfigError
 
+# The trackers accelerate speaks to (accelerate.utils.LoggerType) that logging.trackers offers;
+# dapo_train.metrics.TRACKERS says how each is checked and names its run.
+TRACKER_NAMES = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "trackio")
+
 BUILTIN_MODEL = "builtin:tiny"
 BUILTIN_DATA = "builtin:tiny-zh-math"
 
@@ -29,6 +33,26 @@ def _opt(default: Any, help: str, choices: tuple | None = None, **kwargs: Any) -
     return field(default=default, metadata=metadata, **kwargs)
 
 
+# Qwen2 / Llama / Mistral names for every projection of a decoder layer: attention and MLP.
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoraConfig:
+    r: int = _opt(
+        0, "LoRA rank (0 = off: train every weight). With r > 0 only the adapters train (needs the peft package: "
+        "pip install 'dapo-train[lora]'), checkpoints hold the adapter, and the dapo.beta reference is the base "
+        "model with adapters disabled (no second copy).",
+    )
+    alpha: float = _opt(16.0, "LoRA alpha: the adapter's update is scaled by alpha / r.")
+    dropout: float = _opt(0.0, "Dropout on the adapter's input while training (0 = off; > 0 makes the ratio noisy).")
+    target_modules: list[str] = _opt(
+        DEFAULT_LORA_TARGETS,
+        "Layers that get adapters, by name or dotted name suffix (self_attn.q_proj); each must match a linear or "
+        "embedding layer of the model.",
+    )
+
+
 @dataclass
 class ModelConfig:
     name_or_path: str = _opt(BUILTIN_MODEL, "HF model id, local folder, or builtin:tiny (shipped).")
@@ -45,6 +69,7 @@ class ModelConfig:
     gradient_checkpointing: str = _opt(
         "auto", "Recompute activations in backward to save memory. auto = on for CUDA.", ("auto", "on", "off")
     )
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -197,7 +222,18 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    tracker: str = _opt("none", "Extra metrics sink besides metrics.jsonl.", ("none", "tensorboard"))
+    trackers: list[str] = _opt(
+        [],
+        "Experiment trackers besides metrics.jsonl, through accelerate (each needs its package; e.g. "
+        "[tensorboard, wandb]; one name alone is a list of one). Offline: WANDB_MODE=offline; TensorBoard, "
+        "Aim and trackio write locally.",
+        TRACKER_NAMES,
+    )
+    project: str = _opt(
+        "dapo-train",
+        "Project the trackers file the run under (wandb/Comet/Aim/trackio project, MLflow experiment, ClearML "
+        "project; TensorBoard's folder in the run directory); the run is named run_name.",
+    )
     progress_bar: bool = _opt(True, "Show a tqdm bar over steps.")
 
 
@@ -231,17 +267,23 @@ def _require(ok: bool, key: str, message: str) -> None:
         raise ConfigError(key, message)
 
 
+def _check_choices(section: Any, prefix: str) -> None:
+    """Every field with a fixed set of values (each item, for a list) holds one of them; nested
+    sections (model.lora) are walked too."""
+    for f in dataclasses.fields(section):
+        value, key = getattr(section, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_choices(value, key + ".")
+            continue
+        choices = f.metadata.get("choices")
+        for item in value if isinstance(value, list) else [value]:
+            if choices and item not in choices:
+                raise ConfigError(key, f"got {item!r}; allowed: {', '.join(map(str, choices))}")
+
+
 def validate(cfg: Config) -> None:
     """Invariants across fields; called from Config.__post_init__."""
-    for config_field in dataclasses.fields(cfg):
-        section, prefix = getattr(cfg, config_field.name), config_field.name
-        if not dataclasses.is_dataclass(section):
-            continue
-        for f in dataclasses.fields(section):
-            choices = f.metadata.get("choices")
-            value = getattr(section, f.name)
-            if choices and value not in choices:
-                raise ConfigError(f"{prefix}.{f.name}", f"got {value!r}; allowed: {', '.join(map(str, choices))}")
+    _check_choices(cfg, "")
     d, r, t = cfg.dapo, cfg.rollout, cfg.train
     _require(0.0 <= d.eps_low < 1.0, "dapo.eps_low", f"got {d.eps_low}; must be in [0, 1)")
     _require(d.eps_high >= 0.0, "dapo.eps_high", f"got {d.eps_high}; must be >= 0")
@@ -292,5 +334,19 @@ def validate(cfg: Config) -> None:
     _require(cfg.eval.max_new_tokens >= 0, "eval.max_new_tokens", "must be >= 0")
     _require(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
     _require(cfg.checkpoint.keep_last >= 0, "checkpoint.keep_last", "must be >= 0 (0 = keep all)")
+    lora = cfg.model.lora
+    _require(lora.r >= 0, "model.lora.r", f"got {lora.r}; must be >= 0 (0 = off)")
+    _require(lora.alpha > 0.0, "model.lora.alpha", f"got {lora.alpha}; must be > 0")
+    _require(0.0 <= lora.dropout < 1.0, "model.lora.dropout", f"got {lora.dropout}; must be in [0, 1)")
+    _require(
+        bool(lora.target_modules) and all(lora.target_modules),
+        "model.lora.target_modules",
+        f"got {lora.target_modules!r}; must name at least one layer, e.g. [q_proj, v_proj]",
+    )
+    _require(
+        len(set(cfg.logging.trackers)) == len(cfg.logging.trackers),
+        "logging.trackers", f"got {cfg.logging.trackers!r}; a tracker is named twice",
+    )
+    _require(bool(cfg.logging.project.strip()), "logging.project", "must not be empty")
     # Rewards (names, args, overlong lengths) are checked by rewards.build_rewards, which `run`
     # (first thing in setup) and `config` call, before anything heavy loads.

@@ -19,7 +19,6 @@ updates against the log-probs of the policy that sampled it, so the clip acts.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import random
@@ -39,8 +38,15 @@ from dapo_train.config import Config, save_config
 from dapo_train.data import PromptSampler, fixed_eval_subset, load_prompts
 from dapo_train.errors import TrainingAborted
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
-from dapo_train.metrics import MetricsLogger
-from dapo_train.modeling import gradient_checkpointing, load_model, load_tokenizer, mixed_precision
+from dapo_train.metrics import MetricsLogger, start_trackers
+from dapo_train.modeling import (
+    gradient_checkpointing,
+    load_policy,
+    load_tokenizer,
+    mixed_precision,
+    reference_policy,
+    trainable_parameters,
+)
 from dapo_train.progress import Progress, run_summary
 from dapo_train.rewards import rewards_from_config
 from dapo_train.rollout import RolloutEngine, build_engine, engine_factory, pad_token_id
@@ -131,21 +137,21 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         all_eval, _ = load_prompts(cfg.data, tokenizer, cfg.data.eval_split)
         eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items)
     cuda = torch.cuda.is_available()
-    accelerator = Accelerator(mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda)
-    model_cfg = cfg.model if resume_from is None else dataclasses.replace(cfg.model, name_or_path=str(resume_from))
-    model = load_model(model_cfg, accelerator.device)
+    accelerator = Accelerator(
+        mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda, log_with=cfg.logging.trackers or None,
+        project_dir=str(run_dir),
+    )
+    model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ref_model = None
-    if cfg.dapo.beta > 0:
-        ref_model = load_model(cfg.model, accelerator.device).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        trainable_parameters(model),
         lr=cfg.train.learning_rate,
         betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
         weight_decay=cfg.train.weight_decay,
     )
     model, optimizer = accelerator.prepare(model, optimizer)
+    ref_model, reference_scope = reference_policy(cfg, model, accelerator.unwrap_model(model), accelerator.device)
     pad_id = pad_token_id(accelerator.unwrap_model(model), tokenizer)
     engine = build_engine(cfg.rollout, accelerator.unwrap_model(model), tokenizer)
     _log_speed_settings(cfg, accelerator.unwrap_model(model), cuda)
@@ -164,7 +170,8 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         optimizer=optimizer, engine=engine, sampler=PromptSampler(train_prompts, cfg.seed),
         eval_prompts=eval_prompts, buffer=GroupBuffer(),
         update_ctx=UpdateContext(
-            model, optimizer, accelerator, cfg, pad_id, ref_model, lr_at=lambda step: learning_rate(cfg, step)
+            model, optimizer, accelerator, cfg, pad_id, ref_model, lr_at=lambda step: learning_rate(cfg, step),
+            reference_scope=reference_scope,
         ),
         prompts_by_uid={p.uid: p for p in train_prompts},
     )
@@ -298,7 +305,9 @@ def train(
         restore(run, ckpt.load_state(resume_from))
         logger.info("resumed from %s at step %d", resume_from, run.step)
     save_config(cfg, run_dir / ckpt.CONFIG_FILE)
-    metrics_log = MetricsLogger(run_dir, cfg.logging.tracker, resume_step=run.step if resume_from else None)
+    metrics_log = MetricsLogger(
+        run_dir, start_trackers(run.accelerator, cfg), resume_step=run.step if resume_from else None
+    )
     progress = Progress(cfg, run.step)
     try:
         if resume_from is None and cfg.eval.every_steps > 0:

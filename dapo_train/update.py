@@ -19,8 +19,10 @@ gradient norm skips the update and ends the step's updates.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
@@ -115,7 +117,9 @@ class UpdateContext:
     """What an update needs besides the samples; `loss` is built from cfg.
 
     optimizer_steps counts every optimizer step of the run (the LR schedule's clock, saved in
-    checkpoints); lr_at(optimizer step) -> learning rate, None to leave the optimizer's as it is."""
+    checkpoints); lr_at(optimizer step) -> learning rate, None to leave the optimizer's as it is.
+    reference_scope() is the context ref_model scores in: with LoRA, ref_model is the policy itself
+    and the scope disables its adapters."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -125,6 +129,7 @@ class UpdateContext:
     ref_model: torch.nn.Module | None = None
     lr_at: Callable[[int], float] | None = None
     optimizer_steps: int = 0
+    reference_scope: Callable[[], AbstractContextManager] = contextlib.nullcontext
     loss: LossSettings = field(init=False)
     share_prefix: bool = field(init=False)
 
@@ -182,7 +187,7 @@ def accumulate_gradients(ctx: UpdateContext, batches: list[MicroBatch], normaliz
         logprobs, entropy = ctx.score(ctx.model, batch, with_entropy=True)
         ref_logprobs = None
         if ctx.ref_model is not None:
-            with torch.no_grad():
+            with torch.no_grad(), ctx.reference_scope():
                 ref_logprobs, _ = ctx.score(ctx.ref_model, batch)
         old_logprobs = logprobs.detach()  # on-policy rows: ratio exactly 1
         if micro.old_logprobs is not None:

@@ -109,7 +109,8 @@ def test_config_keys_lists_allowed_values(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "train.lr_scheduler = 'constant'  (allowed: constant, cosine)" in lines
-    assert "logging.tracker = 'none'  (allowed: none, tensorboard)" in lines
+    assert "logging.trackers = []  (allowed: tensorboard, wandb, mlflow, comet_ml, aim, clearml, trackio)" in lines
+    assert "model.lora.r = 0" in lines  # a nested section's keys are listed with their dotted names
     assert "dapo.dynamic_sampling = True  (allowed: true, false)" in lines
 
 

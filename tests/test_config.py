@@ -92,6 +92,8 @@ def test_exponent_floats_are_read_as_numbers(tmp_path):
 
 
 def test_shipped_configs_load_and_the_tiny_one_is_the_default():
+    import dataclasses
+
     from dapo_train.trainer import clip_can_act, total_optimizer_steps
 
     root = __import__("pathlib").Path(__file__).resolve().parent.parent / "configs"
@@ -106,7 +108,14 @@ def test_shipped_configs_load_and_the_tiny_one_is_the_default():
     assert (per_update, per_update // qwen.train.micro_batch_size, total_optimizer_steps(qwen)) == (8, 2, 300)
     paper = load_config(str(root / "qwen1.5b-paper.yaml"), [])
     assert (paper.rollout.group_size, paper.train.updates_per_step, paper.train.learning_rate) == (16, 16, 1e-6)
-    assert all(clip_can_act(cfg) for cfg in (load_config(None, []), qwen, paper))  # eps_high acts in every one
+    lora = load_config(str(root / "qwen1.5b-lora.yaml"), [])
+    assert (lora.model.lora.r, lora.model.lora.alpha, lora.model.dtype, lora.rollout.group_size) == (
+        16, 32.0, "bfloat16", 16,
+    )
+    # The qwen1.5b.yaml settings but LoRA, the learning rate and the group size (and what the group changes).
+    lora_only = {"model", "rollout", "train", "run_name", "output_dir"}
+    assert {k for k in dataclasses.asdict(qwen) if getattr(qwen, k) != getattr(lora, k)} <= lora_only
+    assert all(clip_can_act(cfg) for cfg in (load_config(None, []), qwen, paper, lora))  # eps_high acts in every one
 
 
 def test_every_choice_list_is_its_registrys_keys():
@@ -125,7 +134,7 @@ def test_every_choice_list_is_its_registrys_keys():
         "dapo.loss_reduction": set(LOSS_REDUCTIONS),
         "dapo.advantage_std": set(ADVANTAGE_STDS),
         "train.lr_scheduler": set(LR_SCHEDULES),
-        "logging.tracker": set(TRACKERS),
+        "logging.trackers": set(TRACKERS),
         "model.dtype": {"auto", *DTYPES},  # auto = float32 master weights
         "model.gradient_checkpointing": set(GRADIENT_CHECKPOINTING),
         "train.mixed_precision": {"auto", *AUTOCAST_DTYPES},  # auto = modeling.mixed_precision's pick
@@ -173,3 +182,68 @@ def test_a_retired_key_in_an_old_runs_config_is_read_with_a_notice(tmp_path, cap
     assert f"KEY=VALUE: {RETIRED_NOTICE}" in caplog.text
     with pytest.raises(ConfigError, match="checkpoint.save_optimiser"):  # a typo is still an unknown key
         load_config(None, ["checkpoint.save_optimiser=false"])
+
+
+def test_a_nested_section_and_list_values_from_yaml_and_overrides(tmp_path):
+    """model.lora is a section inside a section; target_modules and logging.trackers are lists of
+    names, set whole (`=[a, b]`), by index (`.1=x`) or as one name alone (a list of one)."""
+    from dapo_train.config import config_to_dict, flatten_config
+
+    path = tmp_path / "lora.yaml"
+    path.write_text(
+        "model:\n  lora:\n    r: 8\n    target_modules: [q_proj, v_proj]\nlogging:\n  trackers: [tensorboard]\n"
+    )
+    cfg = load_config(str(path), ["model.lora.alpha=32", "model.lora.target_modules.1=o_proj"])
+    assert (cfg.model.lora.r, cfg.model.lora.alpha, cfg.model.lora.target_modules) == (8, 32.0, ["q_proj", "o_proj"])
+    assert cfg.model.name_or_path == "builtin:tiny"  # the rest of the section keeps its defaults
+    assert cfg.logging.trackers == ["tensorboard"]
+    assert load_config(None, ["logging.trackers=tensorboard"]).logging.trackers == ["tensorboard"]
+    assert load_config(None, ["model.lora.target_modules=[gate_proj, up_proj]"]).model.lora.target_modules == [
+        "gate_proj", "up_proj",
+    ]
+    flat = flatten_config(config_to_dict(cfg))
+    assert (flat["model.lora.r"], flat["model.lora.target_modules.1"], flat["logging.trackers.0"]) == (
+        8, "o_proj", "tensorboard",
+    )
+    save_config(cfg, tmp_path / "saved.yaml")
+    assert config_from_dict(read_yaml(tmp_path / "saved.yaml")) == cfg
+    assert load_config(None, []).model.lora.target_modules is not Config().model.lora.target_modules  # no sharing
+
+
+@pytest.mark.parametrize(
+    "override, key, message",
+    [
+        ("model.lora.target_modules=[1]", "model.lora.target_modules.0", "expected str"),
+        ("model.lora.target_modules=[]", "model.lora.target_modules", "at least one layer"),
+        ("model.lora.target_modules={a: 1}", "model.lora.target_modules", "expected a list"),
+        ("model.lora.alpah=8", "model.lora.alpah", "did you mean 'model.lora.alpha'"),
+        ("model.lora=8", "model.lora", "expected a mapping"),
+        ("model.lora.r=-1", "model.lora.r", ">= 0"),
+        ("model.lora.alpha=0", "model.lora.alpha", "> 0"),
+        ("model.lora.dropout=1.0", "model.lora.dropout", "[0, 1)"),
+        ("logging.trackers=[tensorbord]", "logging.trackers", "allowed: tensorboard, wandb"),
+        ("logging.trackers=[wandb, wandb]", "logging.trackers", "named twice"),
+    ],
+)
+def test_bad_nested_and_list_values_name_their_key(override, key, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert info.value.key == key and message in str(info.value)
+
+
+def test_the_old_logging_tracker_key_is_read_as_trackers_with_a_notice(tmp_path, caplog):
+    """logging.tracker (one name or none) became logging.trackers (a list): an old run folder's
+    config.yaml, a file and an override all still work, one notice each."""
+    cfg = load_config(None, [])
+    save_config(cfg, tmp_path / "config.yaml")
+    old = (tmp_path / "config.yaml").read_text().replace("  trackers: []\n", "  tracker: tensorboard\n")
+    (tmp_path / "config.yaml").write_text(old)
+    assert "tracker: tensorboard" in old and "trackers" not in old
+    assert load_config(None, [], base=read_yaml(tmp_path / "config.yaml")).logging.trackers == ["tensorboard"]
+    assert "config key 'logging.tracker' is now 'logging.trackers'" in caplog.text
+    assert load_config(str(tmp_path / "config.yaml"), []).logging.trackers == ["tensorboard"]
+    (tmp_path / "config.yaml").write_text(old.replace("tracker: tensorboard", "tracker: none"))
+    assert load_config(None, [], base=read_yaml(tmp_path / "config.yaml")).logging.trackers == []
+    caplog.clear()
+    assert load_config(None, ["logging.tracker=tensorboard"]).logging.trackers == ["tensorboard"]
+    assert caplog.text.count("is now 'logging.trackers'") == 1

@@ -75,3 +75,21 @@ def test_a_short_run_with_the_cuda_defaults(tmp_path):
     assert 0.0 <= rows[-1]["accuracy"] <= 1.0
     weights = load_file(run / "checkpoint_2" / "model.safetensors")
     assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in weights.values())  # fp32 master weights
+
+
+def test_a_short_lora_run_with_the_cuda_defaults_and_a_bf16_base(tmp_path):
+    """configs/qwen1.5b-lora.yaml's path on the tiny model: a bfloat16 frozen base with float32
+    adapters, bf16 autocast, gradient checkpointing through peft, and the reference with adapters
+    disabled (dapo.beta > 0)."""
+    cfg = load_config(None, [
+        "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2", "train.micro_batch_size=4",
+        "train.updates_per_step=2", "train.max_steps=2", "eval.every_steps=2", "eval.num_items=8",
+        "logging.progress_bar=false", "model.dtype=bfloat16", "model.lora.r=8", "train.learning_rate=1e-3",
+        "dapo.beta=0.1", f"output_dir={tmp_path / 'run'}",
+    ])
+    run = train(cfg)
+    rows = read_metrics(run)
+    assert all(row["skipped_nonfinite"] == 0 for row in rows if "skipped_nonfinite" in row)
+    assert any(row.get("kl", 0) > 0 for row in rows)
+    adapter = load_file(run / "checkpoint_2" / "adapter_model.safetensors")
+    assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in adapter.values())

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,10 +24,13 @@ from dapo_train.collect import Group, take_counts
 from dapo_train.config import load_config
 from dapo_train.data import Prompt
 from dapo_train.distributed import full_weights, interleave, rank_seed
+from dapo_train.metrics import read_metrics
 from dapo_train.rollout import Completion
 from dapo_train.update import UpdateContext, mini_batches, policy_update, rank_mini_batches, record_old_logprobs
 
 from conftest import EOS2_ID, EOS_ID, make_random_model
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # --------------------------------------------------------------------------------------------
 # Pure rank arithmetic.
@@ -205,3 +212,71 @@ def test_two_ranks_make_exactly_the_update_of_one_process_holding_every_group(tm
             saved = load_file(tmp_path / name / "checkpoint_1" / "model.safetensors")
             for key, weight in saved.items():
                 torch.testing.assert_close(weight, one["weights"][key], atol=1e-5, rtol=0, msg=f"{name}: {key}")
+
+
+# --------------------------------------------------------------------------------------------
+# torchrun --nproc_per_node 2 -m dapo_train run, end to end.
+
+TINY = [
+    "configs/tiny-cpu.yaml", "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=4",
+    "train.updates_per_step=2", "train.micro_batch_size=4", "train.num_threads=1", "logging.progress_bar=false",
+    "rewards=[{name: accuracy}, {name: overlong, args: {cache_length: 16}}]",
+]
+
+
+def _torchrun(*args: str, **popen) -> subprocess.Popen:
+    """`torchrun --standalone --nproc_per_node 2 -m dapo_train run ...` (a free port, this checkout's package)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "dapo_train", "run", *args]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            **popen)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+def test_two_ranks_train_write_once_and_resume_exactly(tmp_path):
+    run = tmp_path / "run"
+    proc = _torchrun(*TINY, "train.max_steps=3", "checkpoint.every_steps=1", "eval.every_steps=3", "eval.num_items=6",
+                     "eval.print_samples=0", f"output_dir={run}")
+    log = _finish(proc)
+    assert proc.returncode == 0, log
+    assert "[rank 0/2] at work" in log and "[rank 1/2] at work" in log
+    rows = read_metrics(run)
+    assert [row["step"] for row in rows] == [0, 1, 2, 3] and {row["num_processes"] for row in rows} == {2}
+    assert rows[0]["eval/num_items"] == rows[-1]["eval/num_items"] == 6  # each rank evaluated 3, gathered
+    assert all(row["groups_kept"] > 0 for row in rows[1:])
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint_")) == [
+        "checkpoint_1", "checkpoint_2", "checkpoint_3"]
+    assert not [p for p in run.iterdir() if p.name.startswith(".tmp")]
+    assert (run / "checkpoint_3" / "trainer_state_rank1.pt").is_file()
+    assert (run / "training_losses.txt").read_text().count("\n") == 3  # one writer
+
+    proc = _torchrun("--resume", str(run / "checkpoint_2"), "eval.every_steps=0")
+    log = _finish(proc)
+    assert proc.returncode == 0, log
+    resumed = read_metrics(run)
+    assert [row["step"] for row in resumed] == [0, 1, 2, 3]
+    for key in ("loss", "reward_mean", "groups_kept", "completion_length_mean", "buffer_size"):
+        assert resumed[3][key] == pytest.approx(rows[3][key], abs=1e-6), key
+
+
+def test_ctrl_c_on_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    proc = _torchrun(*TINY, "train.max_steps=200", "eval.every_steps=0", f"output_dir={run}")
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text()):
+        assert proc.poll() is None, _finish(proc)
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends torchrun; it forwards it to the ranks
+    log = _finish(proc)
+    assert f"resume with: torchrun --nproc_per_node 2 -m dapo_train run --resume {run}" in log, log
+    checkpoints = [p for p in run.iterdir() if p.name.startswith("checkpoint_")]
+    assert len(checkpoints) == 1, log
+    step = int(checkpoints[0].name.split("_")[1])
+    assert 1 <= step < 200 and read_metrics(run)[-1]["step"] == step
+    assert (checkpoints[0] / "trainer_state_rank1.pt").is_file()

@@ -71,6 +71,22 @@ def test_mini_batches_of_ranks_are_those_of_one_process_in_rank_interleaved_orde
     assert rank_mini_batches([2, 0], 1, 2) == [[], []]
 
 
+def test_the_launch_configs_are_valid_accelerate_configs_and_the_7b_one_splits_evenly():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    kinds = {name: load_config_from_file(str(ROOT / "configs" / "accelerate" / f"{name}.yaml"))
+             for name in ("ddp", "fsdp", "deepspeed-zero2")}  # unknown keys would raise
+    assert [str(c.distributed_type).split(".")[-1] for c in kinds.values()] == ["MULTI_GPU", "FSDP", "DEEPSPEED"]
+    assert kinds["fsdp"].fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # checkpoints eval can load
+    assert kinds["deepspeed-zero2"].deepspeed_config["zero_stage"] == 2  # ZeRO-3 is refused
+    cfg = load_config(str(ROOT / "configs" / "qwen7b-fsdp.yaml"), [])
+    ranks = kinds["fsdp"].num_processes
+    # Every rank generates as many prompts, every update spreads over all ranks, eval items split evenly.
+    per_update = cfg.train.prompts_per_step // cfg.train.updates_per_step
+    assert cfg.train.prompts_per_step % ranks == 0 and per_update % ranks == 0
+    assert cfg.eval.num_items // ranks == cfg.eval.batch_size
+
+
 # --------------------------------------------------------------------------------------------
 # The update of two ranks equals the update of one process holding every group.
 

@@ -2,10 +2,11 @@
 
 A checkpoint_<step>/ folder holds the HF model (safetensors; for a LoRA run the adapter alone,
 see lora.py) and tokenizer, the resolved config.yaml, and trainer_state.pt (step, data position,
-dynamic-sampling carry-over, RNG states, optimizer and LR schedule). It is written to a
-temporary sibling folder and renamed into place, so a crash or kill during a save leaves the
-previous checkpoint intact and never a half one.
-trainer_state.pt holds only tensors and plain containers: it loads with weights_only=True.
+dynamic-sampling carry-over, RNG states, optimizer and LR schedule). A run of N processes adds
+trainer_state_rank<r>.pt for each rank r > 0 (its RNG states and carry-over, and its optimizer
+shard under FSDP/ZeRO). It is written to a temporary sibling folder and renamed into place, so a
+crash or kill during a save leaves the previous checkpoint intact and never a half one. The state
+files hold only tensors and plain containers: they load with weights_only=True.
 """
 
 from __future__ import annotations
@@ -66,24 +67,59 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _weights_finite(model) -> bool:
-    return all(torch.isfinite(p).all() for p in model.parameters())
+def _weights_finite(tensors) -> bool:
+    return all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())
 
 
-def save_checkpoint(
-    run_dir: str | Path, step: int, *, model, tokenizer, cfg: Config, state: dict, keep_last: int = 0
-) -> Path:
-    """Write checkpoint_<step>/ atomically; returns its path. Refuses NaN/inf weights."""
+def _save_failed(run_dir: Path, step: int, exc: OSError) -> UserError:
+    reason = {errno.ENOSPC: "disk full", errno.EACCES: "permission denied"}.get(exc.errno, exc.strerror or str(exc))
+    return UserError(f"could not save checkpoint_{step} in {run_dir}: {reason}; earlier checkpoints are intact")
+
+
+def temporary_dir(run_dir: str | Path, step: int) -> Path:
+    """The hidden sibling folder a checkpoint is written into before it is renamed into place; under
+    several ranks the others write their rank files into it first (save_rank_state)."""
     run_dir = Path(run_dir)
-    final = run_dir / f"checkpoint_{step}"
-    if not _weights_finite(model):
-        raise RuntimeError(f"refusing to save checkpoint_{step}: the model has NaN or inf weights")
     tmp = run_dir / f".tmp_checkpoint_{step}_{os.getpid()}"
     try:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        model.save_pretrained(tmp, safe_serialization=True)
+    except OSError as exc:
+        raise _save_failed(run_dir, step, exc) from None
+    return tmp
+
+
+def rank_state_file(rank: int) -> str:
+    return f"trainer_state_rank{rank}.pt"
+
+
+def save_rank_state(tmp: Path, rank: int, state: dict) -> None:
+    """Rank r > 0's own trainer state (RNG streams, carry-over; rank 0's is trainer_state.pt)."""
+    torch.save(state, tmp / rank_state_file(rank))
+
+
+def load_rank_state(checkpoint: str | Path, rank: int) -> dict | None:
+    """Rank r > 0's saved state, or None when the checkpoint was written by fewer processes."""
+    path = Path(checkpoint) / rank_state_file(rank)
+    return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
+
+
+def save_checkpoint(
+    run_dir: str | Path, step: int, *, model, tokenizer, cfg: Config, state: dict, keep_last: int = 0,
+    state_dict: dict | None = None, tmp: Path | None = None,
+) -> Path:
+    """Write checkpoint_<step>/ atomically; returns its path. Refuses NaN/inf weights.
+
+    state_dict: the full weights when `model` holds only a shard (FSDP, ZeRO); tmp: a temporary_dir
+    other ranks have already written their files into."""
+    run_dir = Path(run_dir)
+    final = run_dir / f"checkpoint_{step}"
+    tmp = temporary_dir(run_dir, step) if tmp is None else tmp
+    try:
+        if not _weights_finite(model.parameters() if state_dict is None else state_dict.values()):
+            raise RuntimeError(f"refusing to save checkpoint_{step}: the model has NaN or inf weights")
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         save_config(cfg, tmp / CONFIG_FILE)
         torch.save(state, tmp / STATE_FILE)
@@ -93,10 +129,7 @@ def save_checkpoint(
         os.replace(tmp, final)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = {errno.ENOSPC: "disk full", errno.EACCES: "permission denied"}.get(exc.errno, exc.strerror or str(exc))
-        raise UserError(
-            f"could not save checkpoint_{step} in {run_dir}: {reason}; earlier checkpoints are intact"
-        ) from None
+        raise _save_failed(run_dir, step, exc) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a kill -9 can still leave it: checkpoint_dirs ignores it
         raise

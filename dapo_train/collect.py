@@ -11,6 +11,11 @@ metrics. It never loops forever and never crashes on a dry spell.
 step passes from here to update.py. Surplus informative groups wait in a `GroupBuffer` for the
 next step (they are then one update stale: their old log-probs are taken under the current
 policy); the buffer is part of the checkpoint, so resume is exact.
+
+Under N ranks (distributed.py) each round's prompts are the same on every rank and each generates
+its slice; each rank buffers its own groups, but the batch is full when the groups buffered over
+ALL ranks reach `prompts_per_step`, so every rank runs the same rounds, and the step's groups are
+taken from the ranks' buffers in turn (take_counts). Metrics are over all ranks.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dapo_train import distributed
 from dapo_train.algo import group_advantages, is_informative_group
 from dapo_train.config import Config
 from dapo_train.data import Prompt, PromptSampler
@@ -121,6 +127,24 @@ class CollectStats:
     lengths: list[int] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     per_reward: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+    @classmethod
+    def merged(cls, ranks: list[CollectStats]) -> CollectStats:
+        """One step's stats over all ranks (in rank order): counts add, lists join, seconds are the
+        slowest rank's (the step waits for it)."""
+        if len(ranks) == 1:
+            return ranks[0]
+        out = cls(rounds=ranks[0].rounds)
+        for stats in ranks:
+            for name in ("kept", "dropped_all_correct", "dropped_all_wrong", "dropped_no_variance"):
+                setattr(out, name, getattr(out, name) + getattr(stats, name))
+            for name in ("seconds_generate", "seconds_score"):
+                setattr(out, name, max(getattr(out, name), getattr(stats, name)))
+            for name in ("rewards", "correct", "lengths", "truncated"):
+                getattr(out, name).extend(getattr(stats, name))
+            for name, values in stats.per_reward.items():
+                out.per_reward[name] += values
+        return out
 
     def metrics(self, wanted: int, got: int) -> dict:
         n = max(1, len(self.rewards))
@@ -231,16 +255,37 @@ def collect_groups(
     stats = CollectStats()
     carried = {id(group) for group in buffer.groups}  # generated in an earlier step
     max_rounds = cfg.dapo.max_gen_rounds if cfg.dapo.dynamic_sampling else 1
-    while len(buffer) < wanted and stats.rounds < max_rounds:
+    rank, ranks = distributed.rank(), distributed.world_size()
+    # Under N ranks every rank draws the same prompts and generates its slice; the batch is full
+    # when the groups buffered on ALL ranks are enough, so every rank runs the same rounds.
+    while distributed.all_reduce([len(buffer)])[0] < wanted and stats.rounds < max_rounds:
         stats.rounds += 1
-        groups = rollout_groups(engine, reward_set, sampler.next_batch(wanted), cfg, stats)
+        prompts = sampler.next_batch(wanted)[rank::ranks]
+        groups = rollout_groups(engine, reward_set, prompts, cfg, stats) if prompts else []
         kept = [g for g in groups if _keep(g, cfg, stats)]
         for group in kept:
             group.version = version
         buffer.add(kept)
-    taken = buffer.take(wanted)
+    counts = distributed.gather(len(buffer))
+    takes = take_counts(counts, wanted)
+    taken = buffer.take(takes[rank])
     stats.kept = len(taken)
-    metrics = stats.metrics(wanted, len(taken))
-    metrics["groups_carried"] = sum(id(group) in carried for group in taken)
-    metrics["buffer_size"] = len(buffer)
+    ranks_stats = distributed.gather((stats, sum(id(group) in carried for group in taken)))
+    metrics = CollectStats.merged([s for s, _ in ranks_stats]).metrics(wanted, sum(takes))
+    metrics["groups_carried"] = sum(carried_here for _, carried_here in ranks_stats)
+    metrics["buffer_size"] = sum(counts) - sum(takes)
     return taken, metrics
+
+
+def take_counts(counts: list[int], wanted: int) -> list[int]:
+    """How many of its buffered groups each rank trains this step, given every rank's count: `wanted`
+    in all (every buffered group if there are fewer), dealt one per rank in turn so the ranks' shares
+    differ as little as their buffers allow. One process: [min(count, wanted)]."""
+    takes = [0] * len(counts)
+    remaining = min(wanted, sum(counts))
+    while remaining:
+        for process, count in enumerate(counts):
+            if remaining and takes[process] < count:
+                takes[process] += 1
+                remaining -= 1
+    return takes

@@ -10,10 +10,11 @@ Two things keep the update cheap:
   log-probs (float rounding aside). Needs an attention kernel that takes a 4-D mask (sdpa, eager);
   a micro-batch whose rows would be wider than SHARED_ROW_LIMIT tokens, or that would not get
   smaller, keeps one row per completion (long completions gain little from a shared prompt).
-- Bounded vocabulary memory. The forward returns hidden states only (no logits); log-probs are
-  computed chunk by chunk through the LM head, and the backward recomputes each chunk's logits
-  instead of saving them (LinearHeadLogprobs), so no (N, T, V) tensor exists in forward or backward:
-  at most `chunk_mib` of float32 logits (plus their softmax) at a time.
+- Bounded vocabulary memory. The LM head is swapped, for the scoring forward, for one that takes
+  the final hidden states at the completion positions and computes log-probs chunk by chunk; the
+  backward recomputes each chunk's logits instead of saving them (LinearHeadLogprobs), so no
+  (N, T, V) tensor exists in forward or backward: at most `chunk_mib` of float32 logits (plus
+  their softmax) at a time.
 
 Logits are divided by the rollout temperature first: the loss must see the distribution the rollout
 sampled from. Position ids follow `generate` for left-padded prompts (cumulative sum of the mask
@@ -179,20 +180,40 @@ def score_tokens(
 ) -> tuple[Tensor, Tensor | None]:
     """-> (logprobs (N, T) float32, entropy (N, T) float32 or None). Differentiable in logprobs.
 
-    The forward runs through `model` itself (so wrappers see it) but keeps no logits; the hidden
-    states at `batch.positions` go through the LM head chunk by chunk (head_logprobs)."""
-    output = model(
-        input_ids=batch.input_ids,
-        attention_mask=_model_mask(model, batch),
-        position_ids=batch.position_ids,
-        use_cache=False,
-        output_hidden_states=True,
-        logits_to_keep=torch.zeros(0, dtype=torch.long, device=batch.input_ids.device),
-    )
-    hidden = output.hidden_states[-1]  # (R, W, H), after the final norm
-    picked = hidden[batch.rows[:, None], batch.positions]  # (N, T, H)
-    return head_logprobs(_unwrap(model), picked, batch.completion_ids, temperature=temperature,
-                         chunk_mib=chunk_mib, with_entropy=with_entropy)
+    The forward runs through `model` itself, so wrappers (DDP, FSDP, PEFT) see it, with the LM head's
+    forward swapped for this call by one that returns the chosen tokens' log-probs: the head runs
+    inside the model's forward (where FSDP has its weights whole) on the hidden states at
+    `batch.positions` only, chunk by chunk (head_logprobs), and no logits are ever returned."""
+    inner = _unwrap(model)
+    head = inner.get_output_embeddings()
+    config = getattr(inner, "config", None)
+    softcap = getattr(config, "final_logit_softcapping", None)
+    plain_forward = head.forward
+    scored: dict[str, Tensor | None] = {}
+
+    def chosen_logprobs(hidden: Tensor) -> Tensor:  # hidden (R, W, H): the final norm's output
+        picked = hidden[batch.rows[:, None], batch.positions]  # (N, T, H)
+        scored["logprobs"], scored["entropy"] = head_logprobs(
+            head, picked, batch.completion_ids, temperature=temperature, chunk_mib=chunk_mib,
+            with_entropy=with_entropy, softcap=softcap, head_forward=plain_forward,
+        )
+        return scored["logprobs"]
+
+    saved = head.__dict__.get("forward")  # an instance-level forward (a hook) to put back, if any
+    head.forward = chosen_logprobs
+    if softcap:
+        config.final_logit_softcapping = None  # applied in head_logprobs; the model must not apply it again
+    try:
+        model(input_ids=batch.input_ids, attention_mask=_model_mask(model, batch),
+              position_ids=batch.position_ids, use_cache=False, logits_to_keep=0)
+    finally:
+        if saved is None:
+            del head.forward
+        else:
+            head.forward = saved
+        if softcap:
+            config.final_logit_softcapping = softcap
+    return scored["logprobs"], scored["entropy"]
 
 
 # ---------------------------------------------------------------- the LM head, chunk by chunk
@@ -204,24 +225,25 @@ def chunk_rows(vocab_size: int, chunk_mib: float) -> int:
 
 
 def head_logprobs(
-    model, hidden: Tensor, token_ids: Tensor, *, temperature: float, chunk_mib: float, with_entropy: bool = False
+    head: torch.nn.Module, hidden: Tensor, token_ids: Tensor, *, temperature: float, chunk_mib: float,
+    with_entropy: bool = False, softcap: float | None = None, head_forward=None,
 ) -> tuple[Tensor, Tensor | None]:
     """log softmax(head(hidden) / temperature)[token] for hidden (..., H), token_ids (...) ->
     (logprobs (...) float32, entropy (...) float32 or None), never holding more than one chunk of
     logits. A plain linear head (most causal LMs, tied or not) uses LinearHeadLogprobs; any other
-    head module runs per chunk under activation checkpointing (same memory bound, generic)."""
+    head (head_forward: how to call it, default the module) runs per chunk under activation
+    checkpointing: the same memory bound, generic. softcap: a model's final-logit soft-capping."""
     if chunk_mib <= 0:
         raise ValueError(f"chunk_mib must be > 0, got {chunk_mib}")
-    head = model.get_output_embeddings()
     flat = hidden.reshape(-1, hidden.shape[-1])  # (M, H)
     ids = token_ids.reshape(-1).to(torch.long)  # (M,)
-    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
     if type(head) is torch.nn.Linear and not softcap:
         rows = chunk_rows(head.weight.shape[0], chunk_mib)
         picked, entropy = LinearHeadLogprobs.apply(flat, head.weight, head.bias, ids, 1.0 / temperature, rows,
                                                    with_entropy)
     else:
-        picked, entropy = _module_head_logprobs(head, flat, ids, temperature, softcap, chunk_mib, with_entropy)
+        picked, entropy = _module_head_logprobs(head_forward or head, flat, ids, temperature, softcap, chunk_mib,
+                                                with_entropy)
     return picked.reshape(token_ids.shape), entropy.reshape(token_ids.shape) if with_entropy else None
 
 
@@ -322,7 +344,8 @@ def _module_head_logprobs(head, flat: Tensor, ids: Tensor, temperature: float, s
         logits = logits / temperature
         return logits.gather(-1, chunk_ids[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
 
-    vocab = head.weight.shape[0] if hasattr(head, "weight") else head(flat[:1]).shape[-1]
+    with torch.no_grad():
+        vocab = head(flat[:1].detach()).shape[-1]
     rows = chunk_rows(vocab, chunk_mib)
     picked, entropy = [], []
     for start in range(0, flat.shape[0], rows):

@@ -43,8 +43,13 @@ class StopRequested:
     def exit_code(self) -> int:
         return 128 + (self.signum or 0)
 
-    def report(self, run_dir: Path) -> None:
-        """The exact command that continues the run: --resume RUN_DIR reads the run's own saved config."""
+    def report(self, run_dir: Path, processes: int = 1) -> None:
+        """The exact command that continues the run: --resume RUN_DIR reads the run's own saved config;
+        a run of several processes resumes under the same launcher with as many."""
         from dapo_train.rundir import resume_command
 
-        print(f"stopped early; resume with: {resume_command(run_dir)}", file=sys.stderr, flush=True)
+        command = resume_command(run_dir)
+        if processes > 1:
+            command = command.replace("dapo-train", f"torchrun --nproc_per_node {processes} -m dapo_train", 1)
+            command += f" (or accelerate launch with --num_processes {processes})"
+        print(f"stopped early; resume with: {command}", file=sys.stderr, flush=True)

@@ -32,12 +32,13 @@ import torch
 from tqdm.auto import tqdm  # eval's sample completions, written around the bar
 
 from dapo_train import checkpoint as ckpt
+from dapo_train import distributed
 from dapo_train.answers import answer_check
 from dapo_train.collect import GroupBuffer, collect_groups
 from dapo_train.config import Config, save_config
 from dapo_train.data import PromptSampler, fixed_eval_subset, load_prompts
-from dapo_train.errors import TrainingAborted
-from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
+from dapo_train.errors import TrainingAborted, UserError
+from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts, summarize_records
 from dapo_train.metrics import MetricsLogger, start_trackers
 from dapo_train.modeling import (
     gradient_checkpointing,
@@ -119,11 +120,30 @@ class Run:
     saved_step: int | None = None  # the step of the checkpoint on disk that holds these weights
 
 
-def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
-    """Validate cheap things first (rewards, data), then load the model."""
+def start_accelerator(cfg: Config, cuda: bool, run_dir: Path):
+    """The Accelerator (under torchrun / accelerate launch it joins the other ranks; its trackers
+    write under the run folder), this rank's seeds, and a log line from each rank saying what it does."""
     from accelerate import Accelerator
 
-    seed_everything(cfg.seed)
+    accelerator = Accelerator(
+        mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda, log_with=cfg.logging.trackers or None,
+        project_dir=str(run_dir),
+    )
+    distributed.check_strategy(accelerator)
+    seed = distributed.rank_seed(cfg.seed, accelerator.process_index)
+    seed_everything(seed)
+    distributed.configure_rank_logging(
+        accelerator.process_index, accelerator.num_processes,
+        f"at work: {accelerator.distributed_type.value} on {accelerator.device}, seed {seed}, generating its slice "
+        f"of each round's {cfg.train.prompts_per_step} prompts",
+    )
+    return accelerator
+
+
+def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
+    """Validate cheap things first (rewards, data), then load the model."""
+    cuda = torch.cuda.is_available()
+    accelerator = start_accelerator(cfg, cuda, run_dir)
     if cfg.train.num_threads > 0:
         torch.set_num_threads(cfg.train.num_threads)
     if cfg.train.deterministic:
@@ -136,11 +156,6 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     if cfg.eval.every_steps > 0:
         all_eval, _ = load_prompts(cfg.data, tokenizer, cfg.data.eval_split)
         eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items)
-    cuda = torch.cuda.is_available()
-    accelerator = Accelerator(
-        mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda, log_with=cfg.logging.trackers or None,
-        project_dir=str(run_dir),
-    )
     model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -153,7 +168,8 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     model, optimizer = accelerator.prepare(model, optimizer)
     ref_model, reference_scope = reference_policy(cfg, model, accelerator.unwrap_model(model), accelerator.device)
     pad_id = pad_token_id(accelerator.unwrap_model(model), tokenizer)
-    engine = build_engine(cfg.rollout, accelerator.unwrap_model(model), tokenizer)
+    with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
+        engine = build_engine(cfg.rollout, accelerator.unwrap_model(model), tokenizer)
     _log_speed_settings(cfg, accelerator.unwrap_model(model), cuda)
     if cfg.train.updates_per_step > cfg.train.prompts_per_step:
         logger.warning(
@@ -192,55 +208,101 @@ def _log_speed_settings(cfg: Config, model, cuda: bool) -> None:
                        "transformers compiles its decode step on CUDA only")
 
 
+def rank_state(run: Run) -> dict:
+    """What differs between ranks: RNG streams, the dynamic-sampling carry-over, and under FSDP/ZeRO
+    the optimizer shard. (The data order is the same on every rank: each takes its slice.)"""
+    state = {"buffer": run.buffer.state_dict(), "rng": ckpt.rng_state()}
+    if distributed.shards_optimizer(run.accelerator, run.model):
+        state["optimizer"] = run.optimizer.state_dict()
+    return state
+
+
 def trainer_state(run: Run) -> dict:
-    return {
+    """trainer_state.pt: the run's position and rank 0's own state (rank_state)."""
+    state = {
         "step": run.step,
         "bad_steps": run.bad_steps,
         "optimizer_steps": run.update_ctx.optimizer_steps,
         "sampler": run.sampler.state_dict(),
-        "buffer": run.buffer.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "rng": ckpt.rng_state(),
+        "num_processes": distributed.world_size(),
+        **rank_state(run),
     }
+    state.setdefault("optimizer", run.optimizer.state_dict())  # replicated under DDP: one copy, here
+    return state
 
 
-def restore(run: Run, state: dict) -> None:
+def restore(run: Run, state: dict, checkpoint: Path) -> None:
+    """Every rank reads trainer_state.pt; rank r > 0 its own file too. A checkpoint of another
+    number of processes resumes (the data order is shared) but does not reproduce the run."""
     run.step, run.bad_steps = int(state["step"]), int(state["bad_steps"])
     # Checkpoints from before the mini-batch regime made one optimizer step per step.
     run.update_ctx.optimizer_steps = int(state.get("optimizer_steps", run.step))
     run.sampler.load_state_dict(state["sampler"])
-    run.buffer.load_state_dict(state["buffer"], run.prompts_by_uid)
-    run.optimizer.load_state_dict(state["optimizer"])
-    ckpt.set_rng_state(state["rng"])
+    saved, ranks, rank = int(state.get("num_processes", 1)), distributed.world_size(), distributed.rank()
+    if saved != ranks:
+        if distributed.shards_optimizer(run.accelerator, run.model):
+            raise UserError(
+                f"{checkpoint} was saved by {saved} processes with a sharded optimizer (FSDP/ZeRO); resume it with "
+                f"as many (torchrun --nproc_per_node {saved}, accelerate launch --num_processes {saved})"
+            )
+        logger.warning(
+            "%s was saved by %d process(es), this run has %d: it continues, but ranks without a saved state start "
+            "with fresh RNG streams and no carried-over groups, so it will not reproduce the original run",
+            checkpoint, saved, ranks,
+        )
+    own = state if rank == 0 else ckpt.load_rank_state(checkpoint, rank)
+    if own is not None:
+        run.buffer.load_state_dict(own["buffer"], run.prompts_by_uid)
+        ckpt.set_rng_state(own["rng"])
+    run.optimizer.load_state_dict(own["optimizer"] if own is not None and "optimizer" in own else state["optimizer"])
     run.saved_step = run.step
 
 
 def save(run: Run) -> Path:
-    path = ckpt.save_checkpoint(
-        run.run_dir, run.step, model=run.accelerator.unwrap_model(run.model), tokenizer=run.tokenizer, cfg=run.cfg,
-        state=trainer_state(run), keep_last=run.cfg.checkpoint.keep_last,
-    )
+    """checkpoint_<step>/ from every rank: the full weights (gathered first under FSDP/ZeRO), then each
+    rank r > 0 writes its own state into the temporary folder, then the main process completes and
+    renames it. Every rank calls it at the same step."""
+    state_dict = distributed.full_state_dict(run.model)
+    tmp = distributed.broadcast(ckpt.temporary_dir(run.run_dir, run.step) if distributed.is_main() else None)
+    if not distributed.is_main():
+        ckpt.save_rank_state(tmp, distributed.rank(), rank_state(run))
+    distributed.barrier()
+    path = run.run_dir / f"checkpoint_{run.step}"
+    if distributed.is_main():
+        path = ckpt.save_checkpoint(
+            run.run_dir, run.step, model=run.accelerator.unwrap_model(run.model), tokenizer=run.tokenizer,
+            cfg=run.cfg, state=trainer_state(run), keep_last=run.cfg.checkpoint.keep_last, state_dict=state_dict,
+            tmp=tmp,
+        )
+        logger.info("saved %s", path)
+    distributed.barrier()
     run.saved_step = run.step
-    logger.info("saved %s", path)
     return path
 
 
 def evaluate(run: Run) -> dict:
-    """Greedy accuracy on the fixed eval subset; prints a few sample completions."""
+    """Greedy accuracy on the fixed eval subset, each rank generating its slice; prints a few sample
+    completions."""
     cfg = run.cfg
     start = time.perf_counter()
-    result = evaluate_prompts(
-        run.accelerator.unwrap_model(run.model), run.tokenizer, run.eval_prompts,
-        max_new_tokens=eval_max_new_tokens(cfg), batch_size=cfg.eval.batch_size,
-        check=answer_check(cfg.data.correctness),
-    )
-    for record in result.records[: cfg.eval.print_samples]:
-        tqdm.write(
-            f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}"
-            f"\n    {record['completion']!r}"
-        )
+    shard = run.eval_prompts[distributed.rank() :: distributed.world_size()]
+    records = []
+    with distributed.full_weights(run.accelerator, run.model) as model:
+        if shard:
+            records = evaluate_prompts(
+                model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg), batch_size=cfg.eval.batch_size,
+                check=answer_check(cfg.data.correctness),
+            ).records
+    records = distributed.interleave(distributed.gather(records))  # item order, on every rank
+    if distributed.is_main():
+        for record in records[: cfg.eval.print_samples]:
+            tqdm.write(
+                f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}"
+                f"\n    {record['completion']!r}"
+            )
     metrics = {
-        key if key == "accuracy" else f"eval/{key}": value for key, value in result.metrics.items() if key != "samples"
+        key if key == "accuracy" else f"eval/{key}": value
+        for key, value in summarize_records(records, samples=1).items() if key != "samples"
     }
     metrics["seconds_eval"] = time.perf_counter() - start
     return metrics
@@ -250,20 +312,23 @@ def train_step(run: Run) -> dict:
     """Steps 1-2 of the module docstring for one step (one rollout batch). -> the step's metrics."""
     start = time.perf_counter()
     ctx = run.update_ctx
-    groups, metrics = collect_groups(
-        run.engine, run.reward_set, run.sampler, run.buffer, run.cfg, version=ctx.optimizer_steps
-    )
-    # Old log-probs now, while the weights are the ones that generated: for groups trained after
-    # the policy moves (any update but a lone first one) and for the carried-over surplus.
-    old_start = time.perf_counter()
-    needing = (groups if clip_can_act(run.cfg) else []) + run.buffer.groups
-    metrics["old_logprob_rows"] = record_old_logprobs(ctx, needing)
-    metrics["seconds_old_logprobs"] = time.perf_counter() - old_start
+    with distributed.full_weights(run.accelerator, run.model):  # the engine's model, whole on this rank
+        groups, metrics = collect_groups(
+            run.engine, run.reward_set, run.sampler, run.buffer, run.cfg, version=ctx.optimizer_steps
+        )
+        # Old log-probs now, while the weights are the ones that generated: for groups trained after
+        # the policy moves (any update but a lone first one) and for the carried-over surplus.
+        old_start = time.perf_counter()
+        needing = (groups if clip_can_act(run.cfg) else []) + run.buffer.groups
+        model = run.accelerator.unwrap_model(run.model)
+        metrics["old_logprob_rows"] = int(distributed.all_reduce([record_old_logprobs(ctx, needing, model)])[0])
+        metrics["seconds_old_logprobs"] = time.perf_counter() - old_start
     metrics["lr"] = learning_rate(run.cfg, ctx.optimizer_steps)
-    if groups:
+    if metrics["groups_kept"]:  # over all ranks: a rank without groups of its own still joins the update
         update_start = time.perf_counter()
         metrics.update(policy_update(run.update_ctx, groups))
-        run.engine.sync_weights()  # the next rollout samples from the updated policy
+        with distributed.full_weights(run.accelerator, run.model):
+            run.engine.sync_weights()  # the next rollout samples from the updated policy
         metrics["seconds_update"] = time.perf_counter() - update_start
     else:
         metrics["skipped_no_groups"] = 1
@@ -298,21 +363,26 @@ def train(
             return run_dir
         warn_config_changes(cfg, resume_from)
     run = setup(cfg, run_dir, resume_from)
-    if overwrite and resume_from is None and run_dir.exists():
-        shutil.rmtree(run_dir)  # only now: bad input found by setup must not cost the old run
-    run_dir.mkdir(parents=True, exist_ok=True)
+    main = distributed.is_main()  # the one process that writes the run's logs and checkpoints
+    distributed.barrier()  # every rank has checked output_dir before the main process may replace it
+    if main:
+        if overwrite and resume_from is None and run_dir.exists():
+            shutil.rmtree(run_dir)  # only now: bad input found by setup must not cost the old run
+        run_dir.mkdir(parents=True, exist_ok=True)
+    distributed.barrier()
     if resume_from is not None:
-        restore(run, ckpt.load_state(resume_from))
+        restore(run, ckpt.load_state(resume_from), resume_from)
         logger.info("resumed from %s at step %d", resume_from, run.step)
-    save_config(cfg, run_dir / ckpt.CONFIG_FILE)
-    metrics_log = MetricsLogger(
-        run_dir, start_trackers(run.accelerator, cfg), resume_step=run.step if resume_from else None
-    )
-    progress = Progress(cfg, run.step)
+    if main:
+        save_config(cfg, run_dir / ckpt.CONFIG_FILE)
+    resume_step = run.step if resume_from else None
+    metrics_log = MetricsLogger(run_dir, start_trackers(run.accelerator, cfg), resume_step=resume_step) \
+        if main else _Silent()
+    progress = Progress(cfg, run.step) if main else _Silent()
     try:
         if resume_from is None and cfg.eval.every_steps > 0:
             _log(run, metrics_log, progress, evaluate(run))
-        while run.step < cfg.train.max_steps and not stop.requested:
+        while run.step < cfg.train.max_steps and not _stop_agreed(stop):
             metrics = train_step(run)
             if _due(run.step, cfg.eval.every_steps) or (cfg.eval.every_steps > 0 and run.step == cfg.train.max_steps):
                 metrics.update(evaluate(run))
@@ -329,12 +399,34 @@ def train(
     finally:
         progress.close()
         metrics_log.close()
-    print(run_summary(run_dir, run.step, cfg.train.max_steps, time.monotonic() - started, stop.requested), flush=True)
-    if stop.requested:
-        stop.report(run_dir)
+    if main:
+        print(run_summary(run_dir, run.step, cfg.train.max_steps, time.monotonic() - started, stop.requested),
+              flush=True)
+        if stop.requested:
+            stop.report(run_dir, distributed.world_size())
     return run_dir
 
 
+def _stop_agreed(stop: StopRequested) -> bool:
+    """A signal reaches the ranks at different moments (or only some of them): all stop at the same
+    step boundary, the first one at which any rank has it, with that signal's exit code."""
+    signum = int(distributed.all_reduce([stop.signum or 0], op="max")[0])
+    if signum and not stop.requested:
+        stop.request(signum)
+    return stop.requested
+
+
+class _Silent:
+    """The metrics log and progress of a rank other than the main one: the main process writes them."""
+
+    def log(self, step: int, metrics: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _log(run: Run, metrics_log: MetricsLogger, progress: Progress, metrics: dict) -> None:
+    metrics = {**metrics, "num_processes": distributed.world_size()}
     metrics_log.log(run.step, metrics)
     progress.log(run.step, metrics)

@@ -24,12 +24,6 @@ def test_the_lm_head_kernel_under_cuda_bf16_autocast_matches_float64():
     hidden = torch.randn(2, 7, 64, generator=g)
     ids = torch.randint(0, 1000, (2, 7), generator=g)
 
-    class Model(torch.nn.Module):
-        config = None
-
-        def get_output_embeddings(self):
-            return head
-
     ref_hidden = hidden.bfloat16().double().requires_grad_(True)
     expected = torch.log_softmax(ref_hidden @ head.weight.detach().bfloat16().double().T, -1)
     expected = expected.gather(-1, ids[..., None])[..., 0]
@@ -37,7 +31,7 @@ def test_the_lm_head_kernel_under_cuda_bf16_autocast_matches_float64():
     head.cuda()
     ours = hidden.cuda().requires_grad_(True)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        got, entropy = head_logprobs(Model(), ours, ids.cuda(), temperature=1.0, chunk_mib=0.01, with_entropy=True)
+        got, entropy = head_logprobs(head, ours, ids.cuda(), temperature=1.0, chunk_mib=0.01, with_entropy=True)
     got.sum().backward()
     assert got.dtype == torch.float32 and entropy.shape == (2, 7)
     torch.testing.assert_close(got.double().cpu(), expected.detach(), atol=1e-3, rtol=0)

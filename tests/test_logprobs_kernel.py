@@ -13,18 +13,6 @@ from dapo_train.logprobs import LinearHeadLogprobs, chunk_rows, head_logprobs
 FAST = settings(max_examples=40, deadline=None)
 
 
-class _Head(torch.nn.Module):
-    """A causal LM's two members head_logprobs reads: the output embeddings and the config."""
-
-    def __init__(self, head: torch.nn.Module, softcap: float | None = None):
-        super().__init__()
-        self.head = head
-        self.config = type("Config", (), {"final_logit_softcapping": softcap})()
-
-    def get_output_embeddings(self):
-        return self.head
-
-
 def _reference(head, hidden, ids, temperature, softcap=None):
     logits = head(hidden).float()
     if softcap:
@@ -41,8 +29,8 @@ def _compare(head, softcap=None, chunk_mib=1e-9, temperature=0.7, seed=0, vocab=
     ids = torch.randint(0, vocab, (3, 5), generator=g)
     upstream = torch.randn(3, 5, generator=g)  # a non-uniform upstream gradient
     ours_hidden, theirs_hidden = hidden.clone().requires_grad_(True), hidden.clone().requires_grad_(True)
-    got, entropy = head_logprobs(_Head(head, softcap), ours_hidden, ids, temperature=temperature,
-                                 chunk_mib=chunk_mib, with_entropy=True)
+    got, entropy = head_logprobs(head, ours_hidden, ids, temperature=temperature, chunk_mib=chunk_mib,
+                                 with_entropy=True, softcap=softcap)
     (got * upstream).sum().backward()
     ours_grads = [p.grad.clone() for p in head.parameters()]
     head.zero_grad()
@@ -102,7 +90,7 @@ def test_bf16_autocast_computes_the_head_in_bf16_and_returns_float32():
     hidden = torch.randn(2, 4, 8, requires_grad=True)
     ids = torch.randint(0, 11, (2, 4))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got, _ = head_logprobs(_Head(head), hidden, ids, temperature=1.0, chunk_mib=1e-9)
+        got, _ = head_logprobs(head, hidden, ids, temperature=1.0, chunk_mib=1e-9)
     got.sum().backward()
     bf16_logits = (hidden.detach().bfloat16() @ head.weight.detach().bfloat16().T).float()
     expected = torch.log_softmax(bf16_logits, -1).gather(-1, ids[..., None])[..., 0]
@@ -113,11 +101,11 @@ def test_bf16_autocast_computes_the_head_in_bf16_and_returns_float32():
 def test_uniform_logits_have_log_v_entropy_and_bad_chunks_are_refused():
     head = torch.nn.Linear(4, 8, bias=False)
     torch.nn.init.zeros_(head.weight)
-    _, entropy = head_logprobs(_Head(head), torch.randn(3, 4), torch.zeros(3, dtype=torch.long), temperature=1.0,
+    _, entropy = head_logprobs(head, torch.randn(3, 4), torch.zeros(3, dtype=torch.long), temperature=1.0,
                                chunk_mib=1.0, with_entropy=True)
     torch.testing.assert_close(entropy, torch.full((3,), math.log(8)))
     with pytest.raises(ValueError, match="chunk_mib"):
-        head_logprobs(_Head(head), torch.randn(3, 4), torch.zeros(3, dtype=torch.long), temperature=1.0, chunk_mib=0)
+        head_logprobs(head, torch.randn(3, 4), torch.zeros(3, dtype=torch.long), temperature=1.0, chunk_mib=0)
 
 
 @FAST
@@ -129,6 +117,30 @@ def test_property_head_logprobs(n, t, vocab, rows, seed):
         head.weight.copy_(3 * torch.randn(vocab, 5, generator=g))
     hidden = torch.randn(n, t, 5, generator=g)
     ids = torch.randint(0, vocab, (n, t), generator=g)
-    got, _ = head_logprobs(_Head(head), hidden, ids, temperature=1.0, chunk_mib=rows * vocab * 4 / 2**20)
+    got, _ = head_logprobs(head, hidden, ids, temperature=1.0, chunk_mib=rows * vocab * 4 / 2**20)
     expected, _ = _reference(head, hidden, ids, 1.0)
     torch.testing.assert_close(got, expected.detach(), atol=1e-5, rtol=0)
+
+
+def test_score_tokens_runs_the_head_inside_the_forward_and_restores_the_model():
+    """score_tokens swaps the LM head's forward only for its own call (the model's own forward and
+    logits are untouched afterwards) and applies a model's final-logit soft-capping exactly once."""
+    from dapo_train.logprobs import collate, score_tokens
+
+    from conftest import EOS2_ID, make_random_model
+
+    model = make_random_model(seed=1)
+    prompts = [torch.tensor([3, 4, 5]), torch.tensor([6, 7])]
+    completions = [torch.tensor([8, 9, 10]), torch.tensor([11])]
+    batch = collate(prompts, completions, EOS2_ID)
+    reference_logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                             position_ids=batch.position_ids).logits.detach()
+    model.config.final_logit_softcapping = 2.0  # Qwen2 itself ignores it; score_tokens must apply it once
+    with torch.no_grad():
+        got, _ = score_tokens(model, batch, temperature=0.5, chunk_mib=1e-9)
+    assert model.config.final_logit_softcapping == 2.0 and "forward" not in model.lm_head.__dict__
+    capped = torch.tanh(reference_logits[:, 2:-1] / 2.0) * 2.0 / 0.5  # positions predicting the completions
+    expected = torch.log_softmax(capped, -1).gather(-1, batch.completion_ids[..., None])[..., 0]
+    torch.testing.assert_close(got * batch.completion_mask, expected * batch.completion_mask, atol=1e-5, rtol=0)
+    after = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    torch.testing.assert_close(after.logits, reference_logits)

@@ -1,0 +1,298 @@
+"""Several processes on CPU (gloo): the rank arithmetic, the exact Eq. 12 update split over two
+ranks, and `torchrun --nproc_per_node 2 -m dapo_train run` end to end (resume, Ctrl-C)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from dapo_train import checkpoint as ckpt
+from dapo_train import distributed
+from dapo_train.collect import Group, take_counts
+from dapo_train.config import load_config
+from dapo_train.data import Prompt
+from dapo_train.distributed import full_weights, interleave, rank_seed
+from dapo_train.metrics import read_metrics
+from dapo_train.rollout import Completion
+from dapo_train.update import UpdateContext, mini_batches, policy_update, rank_mini_batches, record_old_logprobs
+
+from conftest import EOS2_ID, EOS_ID, make_random_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------------------------
+# Pure rank arithmetic.
+
+
+def test_slices_of_a_batch_interleave_back_into_its_order():
+    items = list(range(7))
+    assert interleave([items[0::2], items[1::2]]) == items
+    assert interleave([items[r::3] for r in range(3)]) == items
+    assert interleave([[]]) == [] and interleave([items]) == items
+
+
+def test_ranks_get_distinct_seeds_and_rank_0_keeps_the_runs():
+    assert rank_seed(5, 0) == 5
+    assert len({rank_seed(5, r) for r in range(4)}) == 4
+    assert rank_seed(5, 1) == rank_seed(5, 1) != rank_seed(6, 1)
+
+
+def test_the_batch_is_taken_from_the_ranks_buffers_in_turn():
+    assert take_counts([3], 8) == [3] and take_counts([11], 8) == [8]  # one process: min(buffer, wanted)
+    assert take_counts([6, 6], 8) == [4, 4]
+    assert take_counts([6, 2], 8) == [6, 2]  # rank 1 is short: rank 0 trains more of its own
+    assert take_counts([7, 2], 8) == [6, 2]
+    assert take_counts([1, 2, 0], 8) == [1, 2, 0]  # a dry spell: everything buffered
+    assert take_counts([5, 5, 5], 8) == [3, 3, 2]
+
+
+def test_mini_batches_of_ranks_are_those_of_one_process_in_rank_interleaved_order():
+    # One process: mini_batches over local indices.
+    assert rank_mini_batches([5], 0, 2) == [list(part) for part in mini_batches(list(range(5)), 2)]
+    # Rank 0 holds global groups 0, 2, 4 and rank 1 holds 1, 3 (each took batch[rank::2]); two
+    # updates cut the five into [0, 1] and [2, 3, 4].
+    assert rank_mini_batches([3, 2], 0, 2) == [[0], [1, 2]]
+    assert rank_mini_batches([3, 2], 1, 2) == [[0], [1]]
+    # Eight updates of eight groups on two ranks: each update is one group, on one rank.
+    assert rank_mini_batches([4, 4], 0, 8) == [[0], [], [1], [], [2], [], [3], []]
+    # A rank without groups still takes part in every update.
+    assert rank_mini_batches([2, 0], 1, 2) == [[], []]
+
+
+def test_the_launch_configs_are_valid_accelerate_configs_and_the_7b_one_splits_evenly():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    kinds = {name: load_config_from_file(str(ROOT / "configs" / "accelerate" / f"{name}.yaml"))
+             for name in ("ddp", "fsdp", "deepspeed-zero2")}  # unknown keys would raise
+    assert [str(c.distributed_type).split(".")[-1] for c in kinds.values()] == ["MULTI_GPU", "FSDP", "DEEPSPEED"]
+    assert kinds["fsdp"].fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # checkpoints eval can load
+    assert kinds["deepspeed-zero2"].deepspeed_config["zero_stage"] == 2  # ZeRO-3 is refused
+    cfg = load_config(str(ROOT / "configs" / "qwen7b-fsdp.yaml"), [])
+    ranks = kinds["fsdp"].num_processes
+    # Every rank generates as many prompts, every update spreads over all ranks, eval items split evenly.
+    per_update = cfg.train.prompts_per_step // cfg.train.updates_per_step
+    assert cfg.train.prompts_per_step % ranks == 0 and per_update % ranks == 0
+    assert cfg.eval.num_items // ranks == cfg.eval.batch_size
+
+
+# --------------------------------------------------------------------------------------------
+# The update of two ranks equals the update of one process holding every group.
+
+SCENARIOS = {
+    "one update, micro-batches of 2": ["train.updates_per_step=1", "train.micro_batch_size=2"],
+    "two updates against old log-probs": ["train.updates_per_step=2", "train.micro_batch_size=3"],
+    "two updates, sample reduction": [
+        "train.updates_per_step=2", "train.micro_batch_size=2", "dapo.loss_reduction=sample",
+    ],
+}
+# FSDP version -> settings. Outside accelerate, FSDP1's sharded gradients have no norm clipping here
+# (accelerate calls FSDP's own clip_grad_norm_); FSDP2's DTensor gradients clip as any.
+FSDP_SCENARIOS = {
+    1: ["train.updates_per_step=2", "train.micro_batch_size=3", "train.max_grad_norm=0"],
+    2: ["train.updates_per_step=2", "train.micro_batch_size=3"],
+}
+
+
+def _groups() -> list[Group]:
+    """Five groups of two completions of different lengths (some truncated), advantages of both signs."""
+    g = torch.Generator().manual_seed(11)
+    groups = []
+    for i in range(5):
+        prompt_ids = torch.randint(3, 60, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g)
+        completions = []
+        for j in range(2):
+            body = torch.randint(3, 60, (int(torch.randint(1, 14, (1,), generator=g)),), generator=g)
+            ids = torch.cat([body, torch.tensor([EOS_ID])]) if (i + j) % 3 else body
+            completions.append(Completion(prompt_ids, ids, False, ""))
+        groups.append(Group(
+            prompt=Prompt(f"train:{i}", "q", "1", "p", tuple(prompt_ids.tolist())), completions=completions,
+            rewards=torch.zeros(2), correct=torch.zeros(2, dtype=torch.bool), advantages=torch.randn(2, generator=g),
+        ))
+    return groups
+
+
+def _shard(model, version: int):
+    """FSDP over the two gloo ranks, one unit per decoder layer, as accelerate's FSDP config does on CUDA
+    (it prepares FSDP on GPUs only)."""
+    if version == 2:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer)
+        return fully_shard(model)
+    import functools
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    layer = type(model.model.layers[0])
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={layer})
+    return FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True, auto_wrap_policy=policy)
+
+
+def _update(accelerator, overrides: list[str], groups: list[Group], fsdp: int = 0, save_to: Path | None = None) -> dict:
+    """One policy_update of `groups` (old log-probs recorded first when it makes several updates)
+    from the same random model, prepared by the accelerator (DDP under two ranks) or sharded by
+    torch's FSDP version `fsdp`.
+    -> full weights by name, AdamW's first moments (the gradients' trace; not under FSDP), metrics,
+    and a greedy continuation generated under distributed.full_weights before the update. save_to:
+    the main process saves checkpoint_1 there from the gathered weights."""
+    cfg = load_config(None, ["rollout.group_size=2", "train.prompts_per_step=5", "train.learning_rate=1e-3",
+                             *overrides])
+    model = make_random_model(seed=3).train()
+    if fsdp:
+        model = _shard(model, fsdp)
+        assert distributed.sharded(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    else:
+        model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    ctx = UpdateContext(model, optimizer, accelerator, cfg, pad_id=EOS2_ID)
+    with full_weights(accelerator, model) as plain:
+        # Ranks generate different lengths (3 + rank tokens): no collective op may run per forward.
+        length = 3 + distributed.rank()
+        generated = plain.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=length, min_new_tokens=length,
+                                   do_sample=False)
+        if cfg.train.updates_per_step > 1:
+            record_old_logprobs(ctx, groups, plain)
+    metrics = policy_update(ctx, groups)
+    weights = distributed.full_state_dict(model) if fsdp else accelerator.unwrap_model(model).state_dict()
+    weights = {key: value.detach().clone() for key, value in weights.items()}
+    if save_to is not None and distributed.is_main():  # what the trainer's save does with sharded weights
+        ckpt.save_checkpoint(save_to, 1, model=accelerator.unwrap_model(model), tokenizer=SimpleNamespace(
+            save_pretrained=lambda folder: None), cfg=cfg, state={}, state_dict=dict(weights))
+    moments = [] if fsdp else [optimizer.state[p]["exp_avg"].clone() for p in optimizer.param_groups[0]["params"]]
+    return {"weights": weights, "moments": moments, "metrics": metrics, "generated": generated}
+
+
+def _rank_worker(rank: int, port: int, out: str) -> None:
+    """One of two gloo ranks: the Accelerator reads the torchrun-style environment set here."""
+    from accelerate import Accelerator
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    accelerator = Accelerator(cpu=True)
+    groups = _groups()[rank::2]
+    results = {name: _update(accelerator, overrides, groups) for name, overrides in SCENARIOS.items()}
+    for version, overrides in FSDP_SCENARIOS.items():
+        save_to = Path(out).parent / f"fsdp{version}"
+        results[f"fsdp{version}"] = _update(accelerator, overrides, groups, fsdp=version, save_to=save_to)
+    if rank == 0:
+        torch.save(results, out)
+    torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_make_exactly_the_update_of_one_process_holding_every_group(tmp_path):
+    """Rank 0 trains groups 0, 2, 4 and rank 1 groups 1, 3 (batch[rank::2]): unequal valid-token
+    counts and micro-batch counts per rank. The Eq. 12 normaliser is global and the average over
+    ranks (DDP, FSDP) is undone, so the weights after the update(s), the gradients' trace and the
+    metrics equal those of one process; generation under FSDP gathers the weights first."""
+    groups = _groups()
+    tokens = [sum(c.length for g in groups[r::2] for c in g.completions) for r in range(2)]
+    assert tokens[0] != tokens[1]
+    out = tmp_path / "ranks.pt"
+    mp.spawn(_rank_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+    ranks = torch.load(out, weights_only=False)
+    from accelerate import Accelerator
+
+    for name, overrides in [*SCENARIOS.items(), *((f"fsdp{v}", o) for v, o in FSDP_SCENARIOS.items())]:
+        one = _update(Accelerator(cpu=True), overrides, copy.deepcopy(groups))
+        two = ranks[name]
+        assert one["weights"].keys() == two["weights"].keys()
+        for key, weight in one["weights"].items():
+            torch.testing.assert_close(two["weights"][key], weight, atol=1e-5, rtol=0, msg=f"{name}: {key}")
+        for a, b in zip(one["moments"], two["moments"]):
+            torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-4, msg=name)
+        for key in ("loss", "num_tokens", "entropy", "clip_frac_high", "ratio_mean", "optimizer_steps"):
+            assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-7), (name, key)
+        assert torch.equal(two["generated"], one["generated"])  # rank 0's 3 new tokens
+        if name.startswith("fsdp"):  # the checkpoint the main process saved from the gathered shards
+            saved = load_file(tmp_path / name / "checkpoint_1" / "model.safetensors")
+            for key, weight in saved.items():
+                torch.testing.assert_close(weight, one["weights"][key], atol=1e-5, rtol=0, msg=f"{name}: {key}")
+
+
+# --------------------------------------------------------------------------------------------
+# torchrun --nproc_per_node 2 -m dapo_train run, end to end.
+
+TINY = [
+    "configs/tiny-cpu.yaml", "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=4",
+    "train.updates_per_step=2", "train.micro_batch_size=4", "train.num_threads=1", "logging.progress_bar=false",
+    "rewards=[{name: accuracy}, {name: overlong, args: {cache_length: 16}}]",
+]
+
+
+def _torchrun(*args: str, **popen) -> subprocess.Popen:
+    """`torchrun --standalone --nproc_per_node 2 -m dapo_train run ...` (a free port, this checkout's package)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "dapo_train", "run", *args]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            **popen)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+def test_two_ranks_train_write_once_and_resume_exactly(tmp_path):
+    run = tmp_path / "run"
+    proc = _torchrun(*TINY, "train.max_steps=3", "checkpoint.every_steps=1", "eval.every_steps=3", "eval.num_items=6",
+                     "eval.print_samples=0", f"output_dir={run}")
+    log = _finish(proc)
+    assert proc.returncode == 0, log
+    assert "[rank 0/2] at work" in log and "[rank 1/2] at work" in log
+    rows = read_metrics(run)
+    assert [row["step"] for row in rows] == [0, 1, 2, 3] and {row["num_processes"] for row in rows} == {2}
+    assert rows[0]["eval/num_items"] == rows[-1]["eval/num_items"] == 6  # each rank evaluated 3, gathered
+    assert all(row["groups_kept"] > 0 for row in rows[1:])
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint_")) == [
+        "checkpoint_1", "checkpoint_2", "checkpoint_3"]
+    assert not [p for p in run.iterdir() if p.name.startswith(".tmp")]
+    assert (run / "checkpoint_3" / "trainer_state_rank1.pt").is_file()
+    assert (run / "training_losses.txt").read_text().count("\n") == 3  # one writer
+
+    proc = _torchrun("--resume", str(run / "checkpoint_2"), "eval.every_steps=0")
+    log = _finish(proc)
+    assert proc.returncode == 0, log
+    resumed = read_metrics(run)
+    assert [row["step"] for row in resumed] == [0, 1, 2, 3]
+    for key in ("loss", "reward_mean", "groups_kept", "completion_length_mean", "buffer_size"):
+        assert resumed[3][key] == pytest.approx(rows[3][key], abs=1e-6), key
+
+
+def test_ctrl_c_on_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    proc = _torchrun(*TINY, "train.max_steps=200", "eval.every_steps=0", f"output_dir={run}")
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text()):
+        assert proc.poll() is None, _finish(proc)
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends torchrun; it forwards it to the ranks
+    log = _finish(proc)
+    assert f"resume with: torchrun --nproc_per_node 2 -m dapo_train run --resume {run}" in log, log
+    checkpoints = [p for p in run.iterdir() if p.name.startswith("checkpoint_")]
+    assert len(checkpoints) == 1, log
+    step = int(checkpoints[0].name.split("_")[1])
+    assert 1 <= step < 200 and read_metrics(run)[-1]["step"] == step
+    assert (checkpoints[0] / "trainer_state_rank1.pt").is_file()

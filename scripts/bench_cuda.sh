@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The prepared CUDA check of the speed levers (about 10 minutes on one H200): bench_step.py at
+# Qwen2.5-1.5B dimensions, the seed trainer's reference batch (2 prompts x G=4, micro-batch 4) and
+# 16 prompts x G=8 (micro-batch 32), each with the levers off (plain generate on G prompt copies,
+# float32 rollout weights, no compile, no shared prefix) and on (the defaults); then the decode step
+# against compiled static-cache generate alone, and the gpu-marked tests. Paste the JSON lines into
+# docs/benchmarks.md with the machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OFF="rollout.engine=hf-generate rollout.dtype=float32 rollout.compile=off train.shared_prefix=off"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+for batch in "--prompts-per-step 2 --group-size 4 --micro-batch-size 4" \
+             "--prompts-per-step 16 --group-size 8 --micro-batch-size 32"; do
+  # shellcheck disable=SC2086
+  python scripts/bench_step.py --steps 3 $batch --set $OFF | tail -1
+  # shellcheck disable=SC2086
+  python scripts/bench_step.py --steps 3 $batch | tail -1
+done
+python scripts/bench_decode.py --batch 8 128 --repeats 3 | tail -2
+python -m pytest -m gpu -q

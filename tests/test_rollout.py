@@ -223,3 +223,27 @@ def test_an_unknown_engine_stops_the_run_before_the_model_loads(tmp_path, monkey
     with pytest.raises(ConfigError, match="rollout.engine"):
         trainer.train(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_rollout_compile_switches_the_hf_engine_to_bucketed_static_cache_generate(tiny):
+    """rollout.compile=on: G copies of each prompt through generate, rows padded to a power of two
+    and the prompt width to a multiple of 64 (the static cache; compiled on CUDA); off: the loop,
+    each prompt prefilled once. Greedy completions agree."""
+    model, tokenizer, prompts = tiny
+    outputs, first_shapes = {}, {}
+    for setting in ("on", "off"):
+        engine = build_engine(load_config(None, [f"rollout.compile={setting}"]).rollout, model, tokenizer)
+        assert engine.compiled == (setting == "on")
+        shapes: list[tuple] = []
+        hook = model.model.register_forward_hook(
+            lambda module, args, kwargs, out, seen=shapes: seen.append(tuple(kwargs["input_ids"].shape)),
+            with_kwargs=True,
+        )
+        try:
+            outputs[setting] = engine.generate(prompts[:3], SamplingSettings(24, do_sample=False), group_size=2)
+        finally:
+            hook.remove()
+        first_shapes[setting] = shapes[0]
+    assert first_shapes["on"][0] == 8 and first_shapes["on"][1] % 64 == 0  # 3 x 2 rows bucketed to 8
+    assert first_shapes["off"] == (3, max(len(p) for p in prompts[:3]))
+    assert [c.completion_ids.tolist() for c in outputs["on"]] == [c.completion_ids.tolist() for c in outputs["off"]]

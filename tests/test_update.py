@@ -347,3 +347,24 @@ def test_num_iterations_repeats_the_updates_over_the_same_batch():
     for a, b in zip(base.parameters(), other.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert any(not torch.allclose(a, c) for a, c in zip(base.parameters(), single.parameters()))
+
+
+def test_logprob_chunk_mib_sets_the_rows_per_chunk_of_the_head(monkeypatch):
+    """train.logprob_chunk_mib reaches the LM-head kernel as rows per chunk (rows x V x 4 bytes <= the
+    setting), and the log-probs do not depend on it."""
+    from dapo_train import logprobs
+
+    seen = []
+    real = logprobs.LinearHeadLogprobs.apply
+    monkeypatch.setattr(logprobs.LinearHeadLogprobs, "apply", lambda *a: seen.append(a[5]) or real(*a))
+    samples = _samples(4)
+    results = []
+    for mib in (64 * 4 * 3 / 2**20, 64.0):  # 3 rows of V = 64 logits, or everything at once
+        model = make_random_model(seed=3)
+        cfg = load_config(None, ["train.prompts_per_step=1", "rollout.group_size=4", "train.micro_batch_size=4",
+                                 f"train.logprob_chunk_mib={mib}"])
+        ctx = UpdateContext(model, torch.optim.AdamW(model.parameters()), Accelerator(cpu=True), cfg, EOS2_ID)
+        with torch.no_grad():
+            results.append(ctx.score(model, collate_micro_batch(samples, EOS2_ID, "cpu").batch)[0])
+    assert seen == [3, 64 * 2**20 // (4 * 64)]
+    torch.testing.assert_close(results[0], results[1], atol=1e-6, rtol=0)

@@ -334,28 +334,20 @@ class LinearHeadLogprobs(torch.autograd.Function):
 
 def _module_head_logprobs(head, flat: Tensor, ids: Tensor, temperature: float, softcap, chunk_mib: float,
                           with_entropy: bool) -> tuple[Tensor, Tensor]:
-    """Any head module: each chunk's logits are recomputed in backward (activation checkpointing)."""
+    """Any head module: each chunk's logits are recomputed in backward (activation checkpointing);
+    the entropy comes from the same logits, without gradient."""
     from torch.utils.checkpoint import checkpoint
 
-    def chunk_logprobs(hidden: Tensor, chunk_ids: Tensor) -> Tensor:
+    def chunk_stats(hidden: Tensor, chunk_ids: Tensor) -> tuple[Tensor, Tensor]:
         logits = head(hidden).float()
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
-        logits = logits / temperature
-        return logits.gather(-1, chunk_ids[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+        _, picked, entropy = _chunk_stats(logits / temperature, chunk_ids, with_entropy)
+        return picked, (entropy.detach() if with_entropy else picked.new_zeros(0))
 
     with torch.no_grad():
         vocab = head(flat[:1].detach()).shape[-1]
     rows = chunk_rows(vocab, chunk_mib)
-    picked, entropy = [], []
-    for start in range(0, flat.shape[0], rows):
-        part = slice(start, start + rows)
-        picked.append(checkpoint(chunk_logprobs, flat[part], ids[part], use_reentrant=False))
-        if with_entropy:
-            with torch.no_grad():
-                logits = head(flat[part].detach()).float()
-                if softcap:
-                    logits = torch.tanh(logits / softcap) * softcap
-                entropy.append(_chunk_stats(logits / temperature, ids[part], True)[2])
-    empty = flat.new_zeros(0, dtype=torch.float32)
-    return torch.cat(picked) if picked else empty, torch.cat(entropy) if entropy else empty
+    parts = [checkpoint(chunk_stats, flat[start : start + rows], ids[start : start + rows], use_reentrant=False)
+             for start in range(0, flat.shape[0], rows)]
+    return torch.cat([picked for picked, _ in parts]), torch.cat([entropy for _, entropy in parts])

@@ -195,6 +195,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
 
 def _log_speed_settings(cfg: Config, model, cuda: bool) -> None:
     """Say at start which speed settings act, and which cannot."""
+    from dapo_train.logprobs import attention_implementation
     from dapo_train.update import use_shared_prefix
 
     shared = use_shared_prefix(cfg, model)
@@ -202,7 +203,7 @@ def _log_speed_settings(cfg: Config, model, cuda: bool) -> None:
                 else "each completion scored with its own copy of the prompt (train.shared_prefix)")
     if cfg.train.shared_prefix == "auto" and not shared:
         logger.warning("train.shared_prefix=auto is off: the attention kernel %r takes no 4-D mask (sdpa and eager "
-                       "do)", getattr(getattr(model, "config", None), "_attn_implementation", None))
+                       "do)", attention_implementation(model))
     if cfg.rollout.compile == "on" and not cuda:
         logger.warning("rollout.compile=on without CUDA: the rollout uses transformers' static KV cache, but "
                        "transformers compiles its decode step on CUDA only")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +98,7 @@ def main() -> None:
     results = {}
     for path in ("naive", "ours"):
         done = subprocess.run([sys.executable, __file__, "--child", path, "--chunk-mib", str(args.chunk_mib)],
-                              capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", **_env()})
+                              capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not lines:
             sys.exit(f"{path} failed:\n{done.stderr[-2000:]}")
@@ -113,12 +114,6 @@ def main() -> None:
     print(f"ratio dapo-train/naive extra memory: {ours_mib / naive_mib:.1%} (target <= 30%)")
     if logprob_error > 1e-5 or grad_error > 1e-5:
         sys.exit("the two paths disagree beyond 1e-5")
-
-
-def _env() -> dict:
-    import os
-
-    return dict(os.environ)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -102,7 +103,7 @@ def run_trl(args, model_path: str) -> dict:
     def accuracy(prompts, completions, gold, completion_ids, **_):
         return score(reward_set, completions, gold, lengths=[len(c) for c in completion_ids]).total
 
-    marks, tokens = [], []
+    marks: list[float] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, *_, **__):
@@ -123,8 +124,7 @@ def run_trl(args, model_path: str) -> dict:
     trainer = GRPOTrainer(model=model_path, reward_funcs=accuracy, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Clock()])
     trainer.train()
-    tokens = [0.0] * len(marks)  # TRL logs no per-step token count; the completions/s figure is what compares
-    return _result("TRL", args, marks, tokens)
+    return _result("TRL", args, marks, None)  # TRL logs no per-step token count; completions/s compares
 
 
 def _sync() -> None:
@@ -132,13 +132,13 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _result(side: str, args, marks: list[float], tokens: list[float]) -> dict:
+def _result(side: str, args, marks: list[float], tokens: list[float] | None) -> dict:
     if len(marks) < 3:
         raise SystemExit(f"{side}: only {len(marks)} steps timed")
     seconds = marks[-1] - marks[0]  # steps 2..N
     completions = (len(marks) - 1) * args.prompts * args.group_size
     out = {"side": side, "completions_per_s": completions / seconds, "seconds_per_step": seconds / (len(marks) - 1)}
-    if any(tokens):
+    if tokens is not None:
         out["tokens_per_s"] = sum(tokens[1:]) / seconds
     if torch.cuda.is_available():
         out["peak_cuda_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -188,9 +188,9 @@ def main() -> None:
             order = ("ours", "trl") if repeat % 2 == 0 else ("trl", "ours")
             for side in order:
                 command = [sys.executable, __file__, "--side", side, "--model-path", model_path,
-                           *(a for a in sys.argv[1:])]
+                           *sys.argv[1:]]
                 done = subprocess.run(command, capture_output=True, text=True,
-                                      env={**_env(), "OMP_NUM_THREADS": str(args.threads)})
+                                      env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
                 lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
                 if done.returncode != 0 or not lines:
                     sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
@@ -207,12 +207,6 @@ def main() -> None:
     print(f"ratio dapo-train/TRL completions/s: {statistics.median(ratios):.2f} "
           f"({statistics.median(ours):.1f}/s vs {statistics.median(trl):.1f}/s, median of {len(ratios)}, "
           f"paired ratios {min(ratios):.2f}-{max(ratios):.2f})")
-
-
-def _env() -> dict:
-    import os
-
-    return dict(os.environ)
 
 
 if __name__ == "__main__":

@@ -161,7 +161,10 @@ def loss_normalizer(masks: Sequence[Tensor], reduction: str) -> float:
     return float(sum(float(units(mask != 0)) for mask in masks))
 
 
-def _check_loss_args(logprobs, old_logprobs, advantages, mask, reduction, clip_ratio_c, ref_logprobs, beta) -> None:
+def _check_loss_args(logprobs, old_logprobs, advantages, mask, objective, reduction, clip_ratio_c, ref_logprobs,
+                     beta) -> None:
+    if objective not in POLICY_LOSSES:
+        raise ValueError(f"policy_loss: unknown objective {objective!r}; allowed: {', '.join(POLICY_LOSSES)}")
     if reduction not in LOSS_REDUCTIONS:
         raise ValueError(f"policy_loss: unknown reduction {reduction!r}; allowed: {', '.join(LOSS_REDUCTIONS)}")
     if logprobs.dim() != 2:
@@ -177,15 +180,81 @@ def _check_loss_args(logprobs, old_logprobs, advantages, mask, reduction, clip_r
         raise ValueError(f"policy_loss: beta must be >= 0 and needs ref_logprobs when > 0, got beta={beta}")
 
 
-def _clipped_token_loss(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
-                        clip_ratio_c: float | None) -> Tensor:
-    """Eq. 10 per token, (N, T) -> (N, T): -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), dual-clipped."""
+# ---------------------------------------------------------------- policy objectives (a registry)
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The policy-loss options of a run as one value (built from config dapo.* by update.py): the
+    objective by name (POLICY_LOSSES), its clip bounds, the reduction and the KL coefficient, so a new
+    option is one field here instead of one more argument at every call site."""
+
+    objective: str = "clip"
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    reduction: str = "token"
+    clip_ratio_c: float | None = None
+    beta: float = 0.0
+
+    def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+                 normalizer: float | Tensor | None = None,
+                 ref_logprobs: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+        """policy_loss with these settings."""
+        return policy_loss(
+            logprobs, old_logprobs, advantages, mask, self.eps_low, self.eps_high, objective=self.objective,
+            reduction=self.reduction, normalizer=normalizer, clip_ratio_c=self.clip_ratio_c,
+            ref_logprobs=ref_logprobs, beta=self.beta,
+        )
+
+
+# An objective: (logprobs (N, T) float32 with grad, old_logprobs (N, T), advantages (N, T) float32,
+# 0 off the mask, valid (N, T) bool, settings) -> (token_loss (N, T), its metrics: name -> 0-d tensor
+# over valid tokens). What it puts off the mask never counts: policy_loss zeroes those positions.
+PolicyObjective = Callable[[Tensor, Tensor, Tensor, Tensor, LossSettings], tuple[Tensor, dict[str, Tensor]]]
+
+# Name -> objective; config dapo.policy_loss names one. Any module (a test, a plugin) may add its own.
+POLICY_LOSSES: dict[str, PolicyObjective] = {}
+
+
+def register_policy_loss(name: str):
+    """Decorator: make `fn` the policy objective `name` (config dapo.policy_loss)."""
+
+    def add(fn: PolicyObjective) -> PolicyObjective:
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return add
+
+
+def masked_log_ratio(logprobs: Tensor, old_logprobs: Tensor, valid: Tensor) -> Tensor:
+    """log r = logprobs - old_logprobs on valid tokens, 0 elsewhere, (N, T) float32: garbage (even
+    inf/NaN) in padded old log-probs never reaches exp() or a gradient."""
+    return torch.where(valid, logprobs - old_logprobs.to(torch.float32), 0.0)
+
+
+@register_policy_loss("clip")
+def clipped_objective(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, valid: Tensor,
+                      settings: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """Eq. 10 per token, -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); with clip_ratio_c the dual
+    clip (Ye et al. 2020, as in verl) bounds an A < 0 token's loss by -A * clip_ratio_c, so a huge
+    ratio on a bad token cannot dominate. Clip fractions are of all valid tokens, so
+    clip_frac = clip_frac_high + clip_frac_low."""
+    ratio = torch.exp(masked_log_ratio(logprobs, old_logprobs, valid))  # (N, T)
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    clipped = -advantages * ratio.clamp(1.0 - settings.eps_low, 1.0 + settings.eps_high)
     token_loss = torch.maximum(unclipped, clipped)  # = -min(r A, clip(r) A)
-    if clip_ratio_c is None:
-        return token_loss
-    return torch.where(advantages < 0, torch.minimum(token_loss, -advantages * clip_ratio_c), token_loss)
+    if settings.clip_ratio_c is not None:
+        bound = -advantages * settings.clip_ratio_c
+        token_loss = torch.where(advantages < 0, torch.minimum(token_loss, bound), token_loss)
+    with torch.no_grad():
+        high = (ratio > 1.0 + settings.eps_high) & (advantages > 0)
+        low = (ratio < 1.0 - settings.eps_low) & (advantages < 0)
+        metrics = {
+            "clip_frac_high": _masked_mean(high.to(torch.float32), valid),
+            "clip_frac_low": _masked_mean(low.to(torch.float32), valid),
+            "clip_frac": _masked_mean((high | low).to(torch.float32), valid),
+        }
+    return token_loss, metrics
 
 
 def _masked_mean(values: Tensor, valid: Tensor) -> Tensor:
@@ -200,19 +269,22 @@ def policy_loss(
     eps_low: float,
     eps_high: float,
     *,
+    objective: str = "clip",
     reduction: str = "token",
     normalizer: float | Tensor | None = None,
     clip_ratio_c: float | None = None,
     ref_logprobs: Tensor | None = None,
     beta: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
-    """DAPO policy loss: decoupled clip (Eq. 10) with token-level reduction (Eq. 12).
+    """The DAPO policy loss: an objective's per-token loss (by default the decoupled clip, Eq. 10)
+    reduced over tokens (Eq. 12).
 
-    Per valid token, with r = exp(logprobs - old_logprobs):
+    Per valid token, with r = exp(logprobs - old_logprobs), the "clip" objective is
         loss_t = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)   (+ beta * k3 KL)
     Shapes: logprobs, old_logprobs, mask, ref_logprobs (N, T); advantages (N,) (broadcast over
     tokens) or (N, T). mask may be bool, int or float; non-zero = valid token.
 
+    objective: a name in POLICY_LOSSES (config dapo.policy_loss).
     reduction (registry LOSS_REDUCTIONS, config dapo.loss_reduction):
       "token":  sum of token losses / normalizer; normalizer defaults to this call's valid-token
                 count. Pass the whole optimizer step's count so k micro-batches add up to exactly
@@ -220,25 +292,25 @@ def policy_loss(
       "sample": GRPO's per-sequence mean, summed and divided by normalizer (default: this call's
                 sequences with a valid token; pass the step's count when accumulating). For ablations.
     normalizer: the step's units from loss_normalizer; None = this call's own.
-    clip_ratio_c: dual clip (Ye et al. 2020, as in verl); for A < 0 the token loss is at most
-        -A * clip_ratio_c, so a huge ratio on a bad token cannot dominate. Must be > 1.
+    clip_ratio_c: dual clip for A < 0 tokens ("clip" objective); must be > 1.
     beta > 0: adds beta * (exp(ref - logp) - (ref - logp) - 1) per token (k3 estimator of KL to
         the reference). DAPO itself uses beta = 0.
 
     Returns (loss: float32 scalar, metrics: plain floats over valid tokens, 0.0 when there are
-    none): num_tokens, clip_frac_high (r > 1 + eps_high and A > 0), clip_frac_low (r < 1 - eps_low
-    and A < 0), clip_frac (their sum), approx_kl (mean old - new), ratio_mean, and kl when
-    ref_logprobs is given. An all-masked call gives loss 0 and zero gradient.
+    none): num_tokens, the objective's own (for "clip": clip_frac_high (r > 1 + eps_high and A > 0),
+    clip_frac_low (r < 1 - eps_low and A < 0), clip_frac), approx_kl (mean old - new), ratio_mean,
+    and kl when ref_logprobs is given. An all-masked call gives loss 0 and zero gradient.
     """
-    _check_loss_args(logprobs, old_logprobs, advantages, mask, reduction, clip_ratio_c, ref_logprobs, beta)
+    _check_loss_args(logprobs, old_logprobs, advantages, mask, objective, reduction, clip_ratio_c, ref_logprobs,
+                     beta)
+    settings = LossSettings(objective, eps_low, eps_high, reduction, clip_ratio_c, beta)
     valid = mask != 0  # (N, T) bool
     logprobs = logprobs.to(torch.float32)
     advantages = advantages.to(torch.float32)
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)  # (N, T)
     advantages = torch.where(valid, advantages, 0.0)  # (N, T); padding values never reach a gradient
-    log_ratio = torch.where(valid, logprobs - old_logprobs.to(torch.float32), 0.0)  # (N, T)
-    token_loss = _clipped_token_loss(torch.exp(log_ratio), advantages, eps_low, eps_high, clip_ratio_c)  # (N, T)
+    token_loss, objective_metrics = POLICY_LOSSES[objective](logprobs, old_logprobs, advantages, valid, settings)
     kl = None
     if ref_logprobs is not None:
         ref_delta = torch.where(valid, ref_logprobs.to(torch.float32) - logprobs, 0.0)  # (N, T)
@@ -252,43 +324,18 @@ def policy_loss(
     if normalizer < 0 or (normalizer == 0 and bool(valid.any())):
         raise ValueError(f"policy_loss: normalizer must be > 0 (0 only for an all-masked call), got {normalizer}")
     loss = reduction_fns.total(token_loss, valid) / (normalizer if normalizer > 0 else 1.0)  # all-masked: 0 / 1
-    return loss, _loss_metrics(log_ratio, advantages, valid, eps_low, eps_high, kl)
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    """The policy-loss options of a run as one value (built from config dapo.* by update.py), so a
-    new option is one field here instead of one more argument at every call site."""
-
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    reduction: str = "token"
-    clip_ratio_c: float | None = None
-    beta: float = 0.0
-
-    def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-                 normalizer: float | Tensor | None = None,
-                 ref_logprobs: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
-        """policy_loss with these settings."""
-        return policy_loss(
-            logprobs, old_logprobs, advantages, mask, self.eps_low, self.eps_high, reduction=self.reduction,
-            normalizer=normalizer, clip_ratio_c=self.clip_ratio_c, ref_logprobs=ref_logprobs, beta=self.beta,
-        )
+    return loss, _loss_metrics(masked_log_ratio(logprobs, old_logprobs, valid), valid, objective_metrics, kl)
 
 
 @torch.no_grad()
-def _loss_metrics(log_ratio, advantages, valid, eps_low, eps_high, kl) -> dict[str, float]:
+def _loss_metrics(log_ratio: Tensor, valid: Tensor, objective_metrics: dict[str, Tensor],
+                  kl: Tensor | None) -> dict[str, float]:
     """Diagnostics over valid tokens, as plain floats fetched with one device sync."""
-    ratio = torch.exp(log_ratio)
-    high = (ratio > 1.0 + eps_high) & (advantages > 0)
-    low = (ratio < 1.0 - eps_low) & (advantages < 0)
     values = {
         "num_tokens": valid.sum().to(torch.float32),
-        "clip_frac_high": _masked_mean(high.to(torch.float32), valid),
-        "clip_frac_low": _masked_mean(low.to(torch.float32), valid),
-        "clip_frac": _masked_mean((high | low).to(torch.float32), valid),
+        **objective_metrics,
         "approx_kl": _masked_mean(-log_ratio, valid),
-        "ratio_mean": _masked_mean(ratio, valid),
+        "ratio_mean": _masked_mean(torch.exp(log_ratio), valid),
     }
     if kl is not None:
         values["kl"] = _masked_mean(kl, valid)

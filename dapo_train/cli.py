@@ -53,16 +53,19 @@ def config_cmd(
     args: list[str] = typer.Argument(None, metavar="[CONFIG] [KEY=VALUE]...", help="YAML config and dotted overrides."),
     keys: bool = typer.Option(False, "--keys", help="List every config key with its default, allowed values and help."),
 ) -> None:
-    """Print the resolved config (defaults <- CONFIG <- KEY=VALUE) and check its rewards; loads no model or data."""
+    """Print the resolved config (defaults <- CONFIG <- KEY=VALUE) and check its rewards and policy objective;
+    loads no model or data."""
     if keys:
         for key, default, text, allowed in describe_keys(with_choices=True):
             typer.echo(f"{key} = {default}{f'  (allowed: {allowed})' if allowed else ''}\n    {text}")
         return
     config_path, overrides = split_config_args(args or [])
     cfg = load_config(config_path, overrides)
-    from dapo_train.rewards import rewards_from_config  # the reward checks `run` does first
+    from dapo_train.rewards import rewards_from_config  # the checks `run` does first
+    from dapo_train.update import loss_settings
 
     rewards_from_config(cfg)
+    loss_settings(cfg)
     typer.echo(dump_config(cfg).rstrip())
 
 

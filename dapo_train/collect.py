@@ -1,21 +1,15 @@
-"""Step 1 of every optimizer step: fill the batch with informative groups (Eq. 9, 11).
+"""Step 1 of every step: fill the batch with informative groups (Eq. 9, 11).
 
-A generation round samples `prompts_per_step` prompts, has the rollout engine generate G
-completions for each (rollout.py), scores them (rewards.py) and computes group advantages (Eq. 9).
-With dynamic sampling, groups whose filter metric does not vary are dropped and rounds repeat
-until the buffer holds `prompts_per_step` groups or `max_gen_rounds` is reached; then the step
+A generation round (collect_round) samples prompts, has the rollout engine generate G completions
+for each (rollout.py), scores them (rewards.py), computes group advantages (Eq. 9) and, with dynamic
+sampling, drops the groups whose filter metric does not vary. Rounds repeat until the step's batch
+is full or `max_gen_rounds` is reached (plan.fill_batch, which counts over all ranks); then the step
 trains on what it has (possibly fewer groups, or none: the step is skipped) and says so in its
 metrics. It never loops forever and never crashes on a dry spell.
 
 `Group` (a prompt, its G completions, rewards, correct bits and advantages) is the record the
-step passes from here to update.py. Surplus informative groups wait in a `GroupBuffer` for the
-next step (they are then one update stale: their old log-probs are taken under the current
-policy); the buffer is part of the checkpoint, so resume is exact.
-
-Under N ranks (distributed.py) each round's prompts are the same on every rank and each generates
-its slice; each rank buffers its own groups, but the batch is full when the groups buffered over
-ALL ranks reach `prompts_per_step`, so every rank runs the same rounds, and the step's groups are
-taken from the ranks' buffers in turn (take_counts). Metrics are over all ranks.
+step passes on to the update. Surplus informative groups wait in a `GroupBuffer` for the next step;
+the buffer is part of the checkpoint, so resume is exact.
 """
 
 from __future__ import annotations
@@ -26,10 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dapo_train import distributed
 from dapo_train.algo import group_advantages, is_informative_group
 from dapo_train.config import Config
-from dapo_train.data import Prompt, PromptSampler
+from dapo_train.data import Prompt
 from dapo_train.rewards import score
 from dapo_train.rollout import Completion, RolloutEngine, SamplingSettings
 
@@ -40,8 +33,8 @@ class Group:
 
     version: optimizer steps taken before it was generated (its staleness when trained is the
     optimizer step count then minus this). old_logprobs: per completion, (L,) float32 log-probs
-    under the policy that generated it, recorded at collection time by update.record_old_logprobs
-    (None while the update can prove the ratio is 1 and needs none).
+    under the policy that generated it, recorded right after collection (old_logprobs.py; None while
+    the update can prove the ratio is 1 and needs none).
     """
 
     prompt: Prompt
@@ -82,7 +75,7 @@ class Group:
             correct=state["correct"],
             advantages=state["advantages"],
             per_reward=state["per_reward"],
-            version=int(state.get("version", 0)),  # checkpoints before the mini-batch regime lack both
+            version=int(state.get("version", 0)),  # optional in checkpoints: a missing one reads as fresh
             old_logprobs=state.get("old_logprobs"),
         )
 
@@ -116,7 +109,7 @@ class CollectStats:
     """What the step's generation rounds saw, over ALL generated groups (kept or not)."""
 
     rounds: int = 0
-    kept: int = 0
+    carried_in: int = 0  # groups buffered by earlier steps: the FIFO's first ones
     dropped_all_correct: int = 0
     dropped_all_wrong: int = 0
     dropped_no_variance: int = 0  # filter_metric total / reward:<name>: equal values, mixed correct bits
@@ -136,7 +129,7 @@ class CollectStats:
             return ranks[0]
         out = cls(rounds=ranks[0].rounds)
         for stats in ranks:
-            for name in ("kept", "dropped_all_correct", "dropped_all_wrong", "dropped_no_variance"):
+            for name in ("carried_in", "dropped_all_correct", "dropped_all_wrong", "dropped_no_variance"):
                 setattr(out, name, getattr(out, name) + getattr(stats, name))
             for name in ("seconds_generate", "seconds_score"):
                 setattr(out, name, max(getattr(out, name), getattr(stats, name)))
@@ -170,10 +163,11 @@ class CollectStats:
         return out
 
 
-def rollout_groups(
-    engine: RolloutEngine, reward_set, prompts: list[Prompt], cfg: Config, stats: CollectStats
+def collect_round(
+    engine: RolloutEngine, reward_set, prompts: list[Prompt], cfg: Config, stats: CollectStats, version: int
 ) -> list[Group]:
-    """Generate, score and compute advantages for B prompts x G completions."""
+    """One generation round: B prompts x G completions generated, scored, advantages computed (Eq. 9),
+    and the informative groups kept (Eq. 11), stamped with `version` (optimizer steps so far)."""
     group_size = cfg.rollout.group_size
     settings = SamplingSettings(
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -205,16 +199,17 @@ def rollout_groups(
     groups = []
     for b, prompt in enumerate(prompts):
         rows = slice(b * group_size, (b + 1) * group_size)
-        groups.append(
-            Group(
-                prompt=prompt,
-                completions=completions[rows],
-                rewards=rewards[b],
-                correct=correct[b],
-                advantages=advantages[b],
-                per_reward={name: values[rows] for name, values in scores.per_reward.items()},
-            )
+        group = Group(
+            prompt=prompt,
+            completions=completions[rows],
+            rewards=rewards[b],
+            correct=correct[b],
+            advantages=advantages[b],
+            per_reward={name: values[rows] for name, values in scores.per_reward.items()},
+            version=version,
         )
+        if _keep(group, cfg, stats):
+            groups.append(group)
     return groups
 
 
@@ -242,50 +237,8 @@ def _keep(group: Group, cfg: Config, stats: CollectStats) -> bool:
     return False
 
 
-def collect_groups(
-    engine: RolloutEngine, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config, version: int = 0
-) -> tuple[list[Group], dict]:
-    """Rounds of generation until `prompts_per_step` informative groups are buffered (or rounds run out).
-
-    -> (groups for this step, metrics). Without dynamic sampling there is exactly one round and
-    every group is kept (zero-variance groups then have A = 0 and only add to the token count).
-    version: the optimizer steps taken so far, stamped on the new groups.
-    """
-    wanted = cfg.train.prompts_per_step
-    stats = CollectStats()
-    carried = {id(group) for group in buffer.groups}  # generated in an earlier step
-    max_rounds = cfg.dapo.max_gen_rounds if cfg.dapo.dynamic_sampling else 1
-    rank, ranks = distributed.rank(), distributed.world_size()
-    # Under N ranks every rank draws the same prompts and generates its slice; the batch is full
-    # when the groups buffered on ALL ranks are enough, so every rank runs the same rounds.
-    while distributed.all_reduce([len(buffer)])[0] < wanted and stats.rounds < max_rounds:
-        stats.rounds += 1
-        prompts = sampler.next_batch(wanted)[rank::ranks]
-        groups = rollout_groups(engine, reward_set, prompts, cfg, stats) if prompts else []
-        kept = [g for g in groups if _keep(g, cfg, stats)]
-        for group in kept:
-            group.version = version
-        buffer.add(kept)
-    counts = distributed.gather(len(buffer))
-    takes = take_counts(counts, wanted)
-    taken = buffer.take(takes[rank])
-    stats.kept = len(taken)
-    ranks_stats = distributed.gather((stats, sum(id(group) in carried for group in taken)))
-    metrics = CollectStats.merged([s for s, _ in ranks_stats]).metrics(wanted, sum(takes))
-    metrics["groups_carried"] = sum(carried_here for _, carried_here in ranks_stats)
-    metrics["buffer_size"] = sum(counts) - sum(takes)
-    return taken, metrics
-
-
-def take_counts(counts: list[int], wanted: int) -> list[int]:
-    """How many of its buffered groups each rank trains this step, given every rank's count: `wanted`
-    in all (every buffered group if there are fewer), dealt one per rank in turn so the ranks' shares
-    differ as little as their buffers allow. One process: [min(count, wanted)]."""
-    takes = [0] * len(counts)
-    remaining = min(wanted, sum(counts))
-    while remaining:
-        for process, count in enumerate(counts):
-            if remaining and takes[process] < count:
-                takes[process] += 1
-                remaining -= 1
-    return takes
+def max_rounds(cfg: Config) -> int:
+    """Generation rounds a step may run: dapo.max_gen_rounds with dynamic sampling; without it exactly
+    one, in which every group is kept (zero-variance groups then have A = 0 and only add to the token
+    count)."""
+    return cfg.dapo.max_gen_rounds if cfg.dapo.dynamic_sampling else 1

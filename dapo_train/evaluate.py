@@ -186,7 +186,14 @@ def _seeded(seed: int | None, device: torch.device):
         yield
 
 
-def evaluate_prompts(
+def evaluate_prompts(model, tokenizer, prompts: list[Prompt], *, samples: int = 1, **options) -> EvalResult:
+    """Evaluate an already-loaded model on `prompts`, in their order: eval_records (same options),
+    summarised."""
+    records = eval_records(model, tokenizer, prompts, samples=samples, **options)
+    return EvalResult(metrics=summarize_records(records, samples), records=records)
+
+
+def eval_records(
     model,
     tokenizer,
     prompts: list[Prompt],
@@ -197,8 +204,9 @@ def evaluate_prompts(
     temperature: float = 1.0,
     seed: int | None = None,
     check: AnswerCheck = NUMERIC,
-) -> EvalResult:
-    """Evaluate an already-loaded model on `prompts`, in their order.
+) -> list[dict]:
+    """The completion records (completion_records) of an already-loaded model on `prompts`, in their
+    order; the trainer's ranks each make their share's and summarise the gathered whole once.
 
     samples == 1: greedy decoding (temperature ignored), deterministic for a fixed item list and
     batch size. samples == K > 1: K samples per item at `temperature` (top_p = 1, top_k = 0),
@@ -224,5 +232,4 @@ def evaluate_prompts(
             )
     finally:
         model.train(was_training)
-    records = completion_records(prompts, completions, samples, check)
-    return EvalResult(metrics=summarize_records(records, samples), records=records)
+    return completion_records(prompts, completions, samples, check)

@@ -124,6 +124,11 @@ class RolloutConfig:
 
 @dataclass
 class DapoConfig:
+    policy_loss: str = _opt(
+        "clip",
+        "Policy objective: clip (Eq. 10, the decoupled clip, dual-clipped with clip_ratio_c), another name "
+        "registered with dapo_train.algo.register_policy_loss, or 'pkg.module:function' (README: Adding a loss).",
+    )
     eps_low: float = _opt(0.2, "Lower clip range (Eq. 10): ratio floored at 1 - eps_low for A < 0.")
     eps_high: float = _opt(0.28, "Upper clip range (Eq. 10, clip-higher): ratio capped at 1 + eps_high for A > 0.")
     clip_ratio_c: float | None = _opt(None, "Dual-clip bound (> 1) on the loss of A < 0 tokens; None = off.")

@@ -1,31 +1,35 @@
 """The DAPO training loop (arXiv 2503.14476); the only module that knows the order of the stages.
 
-Each step (one rollout batch; train.max_steps counts these):
-  1. collect  -- sample prompts, generate G completions each, score, advantages (Eq. 9), keep
-                 informative groups (Eq. 11) until the batch is full or rounds run out (collect.py);
-                 record the old log-probs the later updates need (update.record_old_logprobs)
-  2. update   -- train.updates_per_step mini-batches x dapo.num_iterations passes, each an AdamW
-                 step on the token-level clipped loss (Eq. 10, 12), exact over micro-batches (update.py)
-  3. log      -- metrics.jsonl + training_losses.txt / accuracy_losses.txt (metrics.py); the bar or a
-                 line per step, a line per eval, a summary at the end (progress.py)
-  4. evaluate -- greedy on a fixed eval subset every eval.every_steps, step 0 first (evaluate.py)
-  5. save     -- checkpoint_<step>/ atomically every checkpoint.every_steps and at the end
+Each step (one rollout batch; train.max_steps counts these), in train_step:
+  1. collect     -- rounds of generation until the batch holds train.prompts_per_step informative
+                    groups or rounds run out: G completions per prompt, rule rewards, group
+                    advantages (Eq. 9), dynamic sampling (Eq. 11), surplus carried over (collect.py)
+  2. old logprobs -- the log-probs of the policy that sampled, for every group a later update trains
+                    after the policy moved (old_logprobs.py)
+  3. update      -- the plan across ranks (plan.py), then train.updates_per_step mini-batches x
+                    dapo.num_iterations passes, each an optimizer step on the token-level objective
+                    (Eq. 10, 12), exact over micro-batches and ranks (update.py, optim.py)
+  4. sync        -- the rollout engine takes the new weights
+  5. log         -- metrics.jsonl + training_losses.txt / accuracy_losses.txt (metrics.py); the bar or
+                    a line per step (progress.py)
+Around the steps: greedy eval on a fixed subset every eval.every_steps, step 0 first (evaluate.py),
+checkpoint_<step>/ atomically every checkpoint.every_steps and at the end (checkpoint.py).
 
-Departures from the seed trainer: EOS is in the loss, prompts are never right-truncated, eval is
-greedy on fixed items, answers are read numerically, overlong shaping exists (Eq. 13), the loss
-is normalised over the update's tokens, not per group, and each rollout batch gets several
-updates against the log-probs of the policy that sampled it, so the clip acts.
+Where this departs from the paper's recipe, on purpose: dynamic sampling runs a bounded number of
+rounds and then trains on what it kept (or skips the update) instead of sampling until full;
+informative groups beyond the batch carry over to the next step with the old log-probs of the
+policy that generated them instead of being dropped; evaluation is greedy on fixed items.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import random
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,12 +38,13 @@ from tqdm.auto import tqdm  # eval's sample completions, written around the bar
 from dapo_train import checkpoint as ckpt
 from dapo_train import distributed
 from dapo_train.answers import answer_check
-from dapo_train.collect import GroupBuffer, collect_groups
+from dapo_train.batches import Batching
+from dapo_train.collect import GroupBuffer
 from dapo_train.config import Config, save_config
-from dapo_train.data import PromptSampler, fixed_eval_subset, load_prompts
+from dapo_train.data import Prompt, PromptSampler, fixed_eval_subset, load_prompts
 from dapo_train.errors import TrainingAborted, UserError
-from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts, summarize_records
-from dapo_train.metrics import MetricsLogger, start_trackers
+from dapo_train.evaluate import eval_max_new_tokens, eval_records, summarize_records
+from dapo_train.metrics import MetricsLogger, NullTracker, start_trackers
 from dapo_train.modeling import (
     gradient_checkpointing,
     load_policy,
@@ -48,12 +53,19 @@ from dapo_train.modeling import (
     reference_policy,
     trainable_parameters,
 )
+from dapo_train.old_logprobs import clip_can_act, needing_old_logprobs, record_old_logprobs
+from dapo_train.optim import adamw
+from dapo_train.plan import StepBatch, fill_batch, plan_update, reduce_update, total
 from dapo_train.progress import Progress, run_summary
-from dapo_train.rewards import rewards_from_config
+from dapo_train.rewards import RewardSet, rewards_from_config
 from dapo_train.rollout import RolloutEngine, build_engine, engine_factory, pad_token_id
 from dapo_train.rundir import finished, finished_message, prepare_run_dir, warn_config_changes
 from dapo_train.signals import StopRequested
-from dapo_train.update import UpdateContext, policy_update, record_old_logprobs
+from dapo_train.update import Learner, Reference, loss_settings, update_metrics, update_policy
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -64,60 +76,28 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _constant(progress: float) -> float:
-    return 1.0
-
-
-def _cosine(progress: float) -> float:
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-LR_SCHEDULES = {"constant": _constant, "cosine": _cosine}
-
-
-def total_optimizer_steps(cfg: Config) -> int:
-    """The LR schedule's horizon: optimizer steps of a run whose every rollout batch is full."""
-    return cfg.train.max_steps * cfg.train.updates_per_step * cfg.dapo.num_iterations
-
-
-def learning_rate(cfg: Config, step: int) -> float:
-    """LR for OPTIMIZER step `step` (0-based, counting every update of every rollout batch): linear
-    warmup over train.warmup_steps, then constant or cosine to 0 at total_optimizer_steps.
-
-    A pure function of the step, so resuming needs no scheduler state."""
-    t = cfg.train
-    if step < t.warmup_steps:
-        return t.learning_rate * (step + 1) / t.warmup_steps
-    progress = (step - t.warmup_steps) / max(1, total_optimizer_steps(cfg) - t.warmup_steps)
-    return t.learning_rate * LR_SCHEDULES[t.lr_scheduler](progress)
-
-
-def clip_can_act(cfg: Config) -> bool:
-    """False when every update is the first and only one on its rollout batch: then the ratio is 1
-    (carried-over groups aside) and eps_low / eps_high change nothing."""
-    return min(cfg.train.updates_per_step, cfg.train.prompts_per_step) > 1 or cfg.dapo.num_iterations > 1
-
-
 @dataclass
 class Run:
     """Everything the loop touches, built once by `setup`."""
 
     cfg: Config
     run_dir: Path
-    accelerator: object
-    model: torch.nn.Module
-    tokenizer: object
-    reward_set: object
-    optimizer: torch.optim.Optimizer
+    accelerator: Accelerator
+    tokenizer: PreTrainedTokenizerBase
+    reward_set: RewardSet
+    learner: Learner  # the model (as accelerate prepared it), its optimizer, the loss
     engine: RolloutEngine
-    sampler: PromptSampler
-    eval_prompts: list
+    prompt_sampler: PromptSampler  # the training prompts' order
+    eval_prompts: list[Prompt]
     buffer: GroupBuffer
-    update_ctx: UpdateContext
-    prompts_by_uid: dict
+    prompts_by_uid: dict[str, Prompt]
     step: int = 0
     bad_steps: int = 0
     saved_step: int | None = None  # the step of the checkpoint on disk that holds these weights
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.learner.model
 
 
 def start_accelerator(cfg: Config, cuda: bool, run_dir: Path):
@@ -141,7 +121,7 @@ def start_accelerator(cfg: Config, cuda: bool, run_dir: Path):
 
 
 def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
-    """Validate cheap things first (rewards, data), then load the model."""
+    """Validate cheap things first (rewards, engine, objective, data), then load the model."""
     cuda = torch.cuda.is_available()
     accelerator = start_accelerator(cfg, cuda, run_dir)
     if cfg.train.num_threads > 0:
@@ -149,7 +129,8 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
     reward_set = rewards_from_config(cfg)
-    engine_factory(cfg.rollout.engine)  # an unknown engine fails here, before anything loads
+    engine_factory(cfg.rollout.engine)  # an unknown engine or objective fails here, before anything loads
+    loss_settings(cfg)
     tokenizer = load_tokenizer(cfg.model)
     train_prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)  # each split logs its row counts
     eval_prompts = []
@@ -159,18 +140,24 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    optimizer = torch.optim.AdamW(
-        trainable_parameters(model),
-        lr=cfg.train.learning_rate,
-        betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
-        weight_decay=cfg.train.weight_decay,
-    )
-    model, optimizer = accelerator.prepare(model, optimizer)
-    ref_model, reference_scope = reference_policy(cfg, model, accelerator.unwrap_model(model), accelerator.device)
-    pad_id = pad_token_id(accelerator.unwrap_model(model), tokenizer)
+    model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
+    unwrapped = accelerator.unwrap_model(model)
+    ref_model, reference_scope = reference_policy(cfg, model, unwrapped, accelerator.device)
+    reference = None if ref_model is None else Reference(ref_model, reference_scope)
+    learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer), reference)
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
-        engine = build_engine(cfg.rollout, accelerator.unwrap_model(model), tokenizer)
-    _log_speed_settings(cfg, accelerator.unwrap_model(model), cuda)
+        engine = build_engine(cfg.rollout, unwrapped, tokenizer)
+    _log_speed_settings(cfg, learner.batching, unwrapped, cuda)
+    _warn_inert_settings(cfg)
+    return Run(
+        cfg=cfg, run_dir=run_dir, accelerator=accelerator, tokenizer=tokenizer, reward_set=reward_set,
+        learner=learner, engine=engine, prompt_sampler=PromptSampler(train_prompts, cfg.seed),
+        eval_prompts=eval_prompts, buffer=GroupBuffer(), prompts_by_uid={p.uid: p for p in train_prompts},
+    )
+
+
+def _warn_inert_settings(cfg: Config) -> None:
+    """Say at start which settings cannot act as configured."""
     if cfg.train.updates_per_step > cfg.train.prompts_per_step:
         logger.warning(
             "train.updates_per_step=%d > train.prompts_per_step=%d: updates train whole groups, so a step makes "
@@ -181,27 +168,16 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
             "dapo.eps_low / dapo.eps_high cannot act: each rollout batch gets one on-policy update (ratio 1, "
             "carried-over groups aside); set train.updates_per_step > 1 (or dapo.num_iterations > 1) to let it act"
         )
-    return Run(
-        cfg=cfg, run_dir=run_dir, accelerator=accelerator, model=model, tokenizer=tokenizer, reward_set=reward_set,
-        optimizer=optimizer, engine=engine, sampler=PromptSampler(train_prompts, cfg.seed),
-        eval_prompts=eval_prompts, buffer=GroupBuffer(),
-        update_ctx=UpdateContext(
-            model, optimizer, accelerator, cfg, pad_id, ref_model, lr_at=lambda step: learning_rate(cfg, step),
-            reference_scope=reference_scope,
-        ),
-        prompts_by_uid={p.uid: p for p in train_prompts},
-    )
 
 
-def _log_speed_settings(cfg: Config, model, cuda: bool) -> None:
+def _log_speed_settings(cfg: Config, batching: Batching, model, cuda: bool) -> None:
     """Say at start which speed settings act, and which cannot."""
     from dapo_train.logprobs import attention_implementation
-    from dapo_train.update import use_shared_prefix
 
-    shared = use_shared_prefix(cfg, model)
-    logger.info("update: %s", "each group's prompt scored once for all its completions (train.shared_prefix)" if shared
-                else "each completion scored with its own copy of the prompt (train.shared_prefix)")
-    if cfg.train.shared_prefix == "auto" and not shared:
+    logger.info("update: %s", "each group's prompt scored once for all its completions (train.shared_prefix)"
+                if batching.share_prefix else "each completion scored with its own copy of the prompt "
+                "(train.shared_prefix)")
+    if cfg.train.shared_prefix == "auto" and not batching.share_prefix:
         logger.warning("train.shared_prefix=auto is off: the attention kernel %r takes no 4-D mask (sdpa and eager "
                        "do)", attention_implementation(model))
     if cfg.rollout.compile == "on" and not cuda:
@@ -214,7 +190,7 @@ def rank_state(run: Run) -> dict:
     the optimizer shard. (The data order is the same on every rank: each takes its slice.)"""
     state = {"buffer": run.buffer.state_dict(), "rng": ckpt.rng_state()}
     if distributed.shards_optimizer(run.accelerator, run.model):
-        state["optimizer"] = run.optimizer.state_dict()
+        state["optimizer"] = run.learner.optimizer.state_dict()
     return state
 
 
@@ -223,12 +199,12 @@ def trainer_state(run: Run) -> dict:
     state = {
         "step": run.step,
         "bad_steps": run.bad_steps,
-        "optimizer_steps": run.update_ctx.optimizer_steps,
-        "sampler": run.sampler.state_dict(),
+        "optimizer_steps": run.learner.optimizer.steps,
+        "sampler": run.prompt_sampler.state_dict(),
         "num_processes": distributed.world_size(),
         **rank_state(run),
     }
-    state.setdefault("optimizer", run.optimizer.state_dict())  # replicated under DDP: one copy, here
+    state.setdefault("optimizer", run.learner.optimizer.state_dict())  # replicated under DDP: one copy, here
     return state
 
 
@@ -236,9 +212,9 @@ def restore(run: Run, state: dict, checkpoint: Path) -> None:
     """Every rank reads trainer_state.pt; rank r > 0 its own file too. A checkpoint of another
     number of processes resumes (the data order is shared) but does not reproduce the run."""
     run.step, run.bad_steps = int(state["step"]), int(state["bad_steps"])
-    # Checkpoints from before the mini-batch regime made one optimizer step per step.
-    run.update_ctx.optimizer_steps = int(state.get("optimizer_steps", run.step))
-    run.sampler.load_state_dict(state["sampler"])
+    # A checkpoint without the counter was written by a run that made one optimizer step per step.
+    run.learner.optimizer.steps = int(state.get("optimizer_steps", run.step))
+    run.prompt_sampler.load_state_dict(state["sampler"])
     saved, ranks, rank = int(state.get("num_processes", 1)), distributed.world_size(), distributed.rank()
     if saved != ranks:
         if distributed.shards_optimizer(run.accelerator, run.model):
@@ -255,7 +231,8 @@ def restore(run: Run, state: dict, checkpoint: Path) -> None:
     if own is not None:
         run.buffer.load_state_dict(own["buffer"], run.prompts_by_uid)
         ckpt.set_rng_state(own["rng"])
-    run.optimizer.load_state_dict(own["optimizer"] if own is not None and "optimizer" in own else state["optimizer"])
+    own_optimizer = own is not None and "optimizer" in own
+    run.learner.optimizer.load_state_dict(own["optimizer"] if own_optimizer else state["optimizer"])
     run.saved_step = run.step
 
 
@@ -290,10 +267,8 @@ def evaluate(run: Run) -> dict:
     records = []
     with distributed.full_weights(run.accelerator, run.model) as model:
         if shard:
-            records = evaluate_prompts(
-                model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg), batch_size=cfg.eval.batch_size,
-                check=answer_check(cfg.data.correctness),
-            ).records
+            records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
+                                   batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness))
     records = distributed.interleave(distributed.gather(records))  # item order, on every rank
     if distributed.is_main():
         for record in records[: cfg.eval.print_samples]:
@@ -310,29 +285,18 @@ def evaluate(run: Run) -> dict:
 
 
 def train_step(run: Run) -> dict:
-    """Steps 1-2 of the module docstring for one step (one rollout batch). -> the step's metrics."""
+    """One step (one rollout batch), numbered as in the module docstring. -> the step's metrics."""
     start = time.perf_counter()
-    ctx = run.update_ctx
-    with distributed.full_weights(run.accelerator, run.model):  # the engine's model, whole on this rank
-        groups, metrics = collect_groups(
-            run.engine, run.reward_set, run.sampler, run.buffer, run.cfg, version=ctx.optimizer_steps
-        )
-        # Old log-probs now, while the weights are the ones that generated: for groups trained after
-        # the policy moves (any update but a lone first one) and for the carried-over surplus.
-        old_start = time.perf_counter()
-        needing = (groups if clip_can_act(run.cfg) else []) + run.buffer.groups
-        model = run.accelerator.unwrap_model(run.model)
-        metrics["old_logprob_rows"] = int(distributed.all_reduce([record_old_logprobs(ctx, needing, model)])[0])
-        metrics["seconds_old_logprobs"] = time.perf_counter() - old_start
-    metrics["lr"] = learning_rate(run.cfg, ctx.optimizer_steps)
+    with distributed.full_weights(run.accelerator, run.model) as model:  # whole on this rank: generation, scoring
+        batch = collect(run)  # 1
+        metrics = {**batch.metrics, **score_old_logprobs(run, batch, model)}  # 2
     if metrics["groups_kept"]:  # over all ranks: a rank without groups of its own still joins the update
         update_start = time.perf_counter()
-        metrics.update(policy_update(run.update_ctx, groups))
-        with distributed.full_weights(run.accelerator, run.model):
-            run.engine.sync_weights()  # the next rollout samples from the updated policy
+        metrics.update(update(run.learner, batch, run.cfg))  # 3
+        sync_weights(run)  # 4
         metrics["seconds_update"] = time.perf_counter() - update_start
     else:
-        metrics["skipped_no_groups"] = 1
+        metrics.update(skipped_no_groups=1, lr=run.learner.optimizer.lr)
         logger.warning(
             "step %d: no informative group after %d rounds; update skipped", run.step + 1, metrics["gen_rounds"]
         )
@@ -345,6 +309,33 @@ def train_step(run: Run) -> dict:
     metrics["seconds_step"] = time.perf_counter() - start
     metrics["tokens_per_second"] = metrics["generated_tokens"] / max(metrics["seconds_step"], 1e-9)
     return metrics
+
+
+def collect(run: Run) -> StepBatch:
+    """Step 1 (Eq. 9, 11): generation rounds until the step's batch is full, then its groups."""
+    return fill_batch(run.engine, run.reward_set, run.prompt_sampler, run.buffer, run.cfg,
+                      version=run.learner.optimizer.steps)
+
+
+def score_old_logprobs(run: Run, batch: StepBatch, model: torch.nn.Module) -> dict:
+    """Step 2: old log-probs, while `model` (the training weights, whole) is still the policy that
+    sampled, for this step's groups and the surplus carried over."""
+    start = time.perf_counter()
+    groups = needing_old_logprobs(run.cfg, batch.groups, run.buffer.groups)
+    rows = record_old_logprobs(model, groups, run.learner.batching, run.learner.scorer)
+    return {"old_logprob_rows": int(total(rows)), "seconds_old_logprobs": time.perf_counter() - start}
+
+
+def update(learner: Learner, batch: StepBatch, cfg: Config) -> dict:
+    """Step 3: the plan every rank agrees on, the optimizer steps, and their metrics over all ranks."""
+    plan = plan_update(batch, learner.batching, cfg)
+    return update_metrics(reduce_update(update_policy(learner, plan)), plan)
+
+
+def sync_weights(run: Run) -> None:
+    """Step 4: the next rollout samples from the updated policy."""
+    with distributed.full_weights(run.accelerator, run.model):
+        run.engine.sync_weights()
 
 
 def _due(step: int, every: int) -> bool:
@@ -377,9 +368,10 @@ def train(
     if main:
         save_config(cfg, run_dir / ckpt.CONFIG_FILE)
     resume_step = run.step if resume_from else None
+    # Only the main process writes the run's logs and shows progress.
     metrics_log = MetricsLogger(run_dir, start_trackers(run.accelerator, cfg), resume_step=resume_step) \
-        if main else _Silent()
-    progress = Progress(cfg, run.step) if main else _Silent()
+        if main else NullTracker()
+    progress = Progress(cfg, run.step) if main else NullTracker()
     try:
         if resume_from is None and cfg.eval.every_steps > 0:
             _log(run, metrics_log, progress, evaluate(run))
@@ -415,16 +407,6 @@ def _stop_agreed(stop: StopRequested) -> bool:
     if signum and not stop.requested:
         stop.request(signum)
     return stop.requested
-
-
-class _Silent:
-    """The metrics log and progress of a rank other than the main one: the main process writes them."""
-
-    def log(self, step: int, metrics: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _log(run: Run, metrics_log: MetricsLogger, progress: Progress, metrics: dict) -> None:

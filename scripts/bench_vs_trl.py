@@ -74,7 +74,7 @@ def run_ours(args, model_path: str) -> dict:
         f"train.num_threads={args.threads}", "logging.progress_bar=false", *args.ours,
     ])
     run = setup(cfg, Path(cfg.output_dir), None)
-    run.sampler = FixedOrder(fixed_prompts(args))
+    run.prompt_sampler = FixedOrder(fixed_prompts(args))
     marks, tokens = [], []
     for _ in range(args.steps):
         metrics = train_step(run)

@@ -71,3 +71,11 @@ def random_model():
 @pytest.fixture
 def id_tokenizer():
     return IdTokenizer(eos_token_id=EOS_ID, pad_token_id=EOS2_ID)
+
+
+def collect_step(engine, reward_set, sampler, buffer, cfg, version: int = 0):
+    """The trainer's step 1 in one process. -> (this step's groups, metrics)."""
+    from dapo_train.plan import fill_batch
+
+    batch = fill_batch(engine, reward_set, sampler, buffer, cfg, version)
+    return batch.groups, batch.metrics

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dapo_train.algo import (
+    POLICY_LOSSES,
     LossSettings,
     group_advantages,
     informative_groups,
@@ -15,6 +16,7 @@ from dapo_train.algo import (
     loss_normalizer,
     overlong_penalty,
     policy_loss,
+    register_policy_loss,
 )
 
 FAST = settings(max_examples=50, deadline=None)
@@ -293,6 +295,45 @@ def test_loss_settings_call_policy_loss_with_their_values():
     expected = policy_loss(new, old, adv, mask, 0.1, 0.5, reduction="sample", clip_ratio_c=2.0, normalizer=7)
     assert settings(new, old, adv, mask, normalizer=7) == expected
     assert settings(new, old, adv, mask, normalizer=7) != LossSettings()(new, old, adv, mask, normalizer=7)
+
+
+def _reinforce(logprobs, old_logprobs, advantages, valid, settings):
+    """A toy objective defined outside the package: plain REINFORCE, -A * log pi per token, no ratio."""
+    return -advantages * logprobs, {"toy_weight": advantages[valid].abs().mean()}
+
+
+@pytest.fixture
+def toy_objective():
+    """`toy` registered through the public decorator for one test, then removed again."""
+    register_policy_loss("toy")(_reinforce)
+    yield "toy"
+    del POLICY_LOSSES["toy"]
+
+
+def test_an_objective_registered_outside_the_package_is_the_loss(toy_objective):
+    """Two tokens with A = 2 (log-probs -1, -2) and one masked: loss = -(2 * -1 + 2 * -2) / 2 = 3 under
+    the token reduction, its gradient -A / 2 = -1 on each valid log-prob and 0 on the masked one; its
+    own metric reaches the caller beside the shared ones; the clip objective gives another loss."""
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    old = torch.tensor([[-1.5, -2.0, -3.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss, metrics = policy_loss(logprobs, old, torch.tensor([2.0]), mask, 0.2, 0.28, objective=toy_objective)
+    assert float(loss) == pytest.approx(3.0)
+    loss.backward()
+    assert logprobs.grad.tolist() == [[-1.0, -1.0, 0.0]]
+    assert metrics["toy_weight"] == pytest.approx(2.0) and metrics["num_tokens"] == 2.0
+    assert metrics["ratio_mean"] == pytest.approx((math.exp(0.5) + 1.0) / 2, rel=1e-6)  # shared, from old
+    assert "clip_frac_high" not in metrics  # the clip objective's metrics are its own
+    clip, _ = policy_loss(logprobs.detach(), old, torch.tensor([2.0]), mask, 0.2, 0.28)
+    assert float(clip) != pytest.approx(3.0)
+    settings = LossSettings(objective=toy_objective)
+    assert settings(logprobs.detach(), old, torch.tensor([2.0]), mask)[0] == pytest.approx(3.0)
+
+
+def test_an_unknown_objective_is_refused_naming_the_registered_ones():
+    new, old, adv, mask = random_batch(seed=1, n=2, t=3)
+    with pytest.raises(ValueError, match="unknown objective 'ppo'.*clip"):
+        policy_loss(new, old, adv, mask, 0.2, 0.28, objective="ppo")
 
 
 def test_per_micro_batch_mean_is_not_the_batch_loss():

@@ -170,6 +170,13 @@ def test_config_command_checks_rewards_like_run(tmp_path):
         assert_one_line_error(result, "rewards.1.args", "cache_length < max_length")
 
 
+def test_an_unregistered_policy_objective_is_one_line_before_anything_loads(tmp_path):
+    for command in ("config", "run"):
+        result = dapo(command, "dapo.policy_loss=ppo", f"output_dir={tmp_path / 'run'}", cwd=tmp_path)
+        assert_one_line_error(result, "dapo.policy_loss", "unknown objective 'ppo'", "clip")
+        assert "rows" not in result.stderr and not (tmp_path / "run").exists()  # no data, no run folder
+
+
 # --------------------------------------------------------------------------------------------
 # An existing path is a path even with '=' in it: every sweep run's folder name has one.
 

@@ -4,13 +4,13 @@ ends the step instead of crashing or looping forever."""
 
 import torch
 
-from dapo_train.collect import CollectStats, GroupBuffer, collect_groups, rollout_groups
+from dapo_train.collect import CollectStats, GroupBuffer, collect_round
 from dapo_train.config import RewardSpec, load_config
 from dapo_train.data import Prompt, PromptSampler
 from dapo_train.rewards import build_rewards
 from dapo_train.rollout import build_engine
 
-from conftest import EOS2_ID, EOS_ID, IdTokenizer, make_random_model
+from conftest import EOS2_ID, EOS_ID, IdTokenizer, collect_step, make_random_model
 
 
 def _prompts(n: int) -> list[Prompt]:
@@ -42,7 +42,7 @@ def test_rounds_run_out_and_the_step_reports_why():
     engine = build_engine(cfg.rollout, model, tokenizer)
     rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=4)
     sampler = PromptSampler(_prompts(10), seed=0)
-    groups, metrics = collect_groups(engine, rewards, sampler, GroupBuffer(), cfg)
+    groups, metrics = collect_step(engine, rewards, sampler, GroupBuffer(), cfg)
     assert groups == []
     assert metrics["gen_rounds"] == 2  # bounded by dapo.max_gen_rounds
     assert metrics["groups_dropped_all_wrong"] == 6  # 2 rounds x 3 prompts
@@ -59,7 +59,7 @@ def test_total_filter_keeps_groups_whose_reward_varies():
     rewards = build_rewards([RewardSpec(name="overlong", args={"cache_length": 5})], max_new_tokens=6)
     buffer = GroupBuffer()
     torch.manual_seed(0)
-    groups, metrics = collect_groups(engine, rewards, PromptSampler(_prompts(30), seed=0), buffer, cfg)
+    groups, metrics = collect_step(engine, rewards, PromptSampler(_prompts(30), seed=0), buffer, cfg)
     assert len(groups) == metrics["groups_kept"] > 0
     for group in groups:
         assert len(set(group.rewards.tolist())) > 1  # Eq. 11 on the total reward
@@ -80,13 +80,13 @@ def test_surplus_groups_carry_over_and_are_served_first():
     engine = build_engine(cfg.rollout, model, tokenizer)
     rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=4)
     sampler = PromptSampler(_prompts(30), seed=0)
-    stash = rollout_groups(engine, rewards, sampler.next_batch(5), cfg, CollectStats())
+    stash = collect_round(engine, rewards, sampler.next_batch(5), cfg, CollectStats(), version=0)
     buffer = GroupBuffer()
     buffer.add(stash)
-    first, metrics = collect_groups(engine, rewards, sampler, buffer, cfg, version=7)
+    first, metrics = collect_step(engine, rewards, sampler, buffer, cfg, version=7)
     assert first == stash[:3] and metrics["gen_rounds"] == 0 and buffer.groups == stash[3:]
     assert (metrics["groups_carried"], metrics["buffer_size"]) == (3, 2)
-    second, metrics = collect_groups(engine, rewards, sampler, buffer, cfg, version=9)
+    second, metrics = collect_step(engine, rewards, sampler, buffer, cfg, version=9)
     assert second[:2] == stash[3:] and len(second) == 3 and metrics["gen_rounds"] == 1 and len(buffer) == 2
     assert (metrics["groups_carried"], metrics["buffer_size"]) == (2, 2)
     assert [g.version for g in second] == [0, 0, 9] and all(g.version == 9 for g in buffer.groups)
@@ -98,7 +98,7 @@ def test_a_buffered_group_keeps_its_old_logprobs_and_version_through_a_checkpoin
     engine = build_engine(cfg.rollout, model, tokenizer)
     rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=4)
     prompts = _prompts(2)
-    groups = rollout_groups(engine, rewards, prompts, cfg, CollectStats())
+    groups = collect_round(engine, rewards, prompts, cfg, CollectStats(), version=0)
     groups[0].version, groups[0].old_logprobs = 5, [torch.randn(c.length) for c in groups[0].completions]
     buffer = GroupBuffer()
     buffer.add(groups)
@@ -114,6 +114,6 @@ def test_without_dynamic_sampling_every_group_is_kept_in_one_round():
     cfg = _cfg("dapo.dynamic_sampling=false")
     engine = build_engine(cfg.rollout, model, tokenizer)
     rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=4)
-    groups, metrics = collect_groups(engine, rewards, PromptSampler(_prompts(10), 0), GroupBuffer(), cfg)
+    groups, metrics = collect_step(engine, rewards, PromptSampler(_prompts(10), 0), GroupBuffer(), cfg)
     assert len(groups) == 3 and metrics["gen_rounds"] == 1
     assert all(float(g.advantages.abs().sum()) == 0.0 for g in groups)  # all wrong: A = 0 exactly

@@ -94,7 +94,8 @@ def test_exponent_floats_are_read_as_numbers(tmp_path):
 def test_shipped_configs_load_and_the_tiny_one_is_the_default():
     import dataclasses
 
-    from dapo_train.trainer import clip_can_act, total_optimizer_steps
+    from dapo_train.old_logprobs import clip_can_act
+    from dapo_train.optim import total_optimizer_steps
 
     root = __import__("pathlib").Path(__file__).resolve().parent.parent / "configs"
     assert load_config(str(root / "tiny-cpu.yaml"), []) == load_config(None, [])
@@ -127,8 +128,8 @@ def test_every_choice_list_is_its_registrys_keys():
     from dapo_train.eval_command import AUTOCAST_DTYPES
     from dapo_train.metrics import TRACKERS
     from dapo_train.modeling import DTYPES, GRADIENT_CHECKPOINTING
+    from dapo_train.optim import LR_SCHEDULES
     from dapo_train.rollout import ROLLOUT_DTYPES
-    from dapo_train.trainer import LR_SCHEDULES
 
     registries = {
         "dapo.loss_reduction": set(LOSS_REDUCTIONS),

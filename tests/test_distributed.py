@@ -19,14 +19,17 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from dapo_train import checkpoint as ckpt
-from dapo_train import distributed
-from dapo_train.collect import Group, take_counts
+from dapo_train import distributed, trainer
+from dapo_train.batches import mini_batches, rank_mini_batches
+from dapo_train.collect import Group
 from dapo_train.config import load_config
 from dapo_train.data import Prompt
 from dapo_train.distributed import full_weights, interleave, rank_seed
 from dapo_train.metrics import read_metrics
+from dapo_train.old_logprobs import record_old_logprobs
+from dapo_train.plan import StepBatch, take_counts
 from dapo_train.rollout import Completion
-from dapo_train.update import UpdateContext, mini_batches, policy_update, rank_mini_batches, record_old_logprobs
+from dapo_train.update import Learner
 
 from conftest import EOS2_ID, EOS_ID, make_random_model
 
@@ -143,7 +146,7 @@ def _shard(model, version: int):
 
 
 def _update(accelerator, overrides: list[str], groups: list[Group], fsdp: int = 0, save_to: Path | None = None) -> dict:
-    """One policy_update of `groups` (old log-probs recorded first when it makes several updates)
+    """One trainer update of `groups` (old log-probs recorded first when it makes several updates)
     from the same random model, prepared by the accelerator (DDP under two ranks) or sharded by
     torch's FSDP version `fsdp`.
     -> full weights by name, AdamW's first moments (the gradients' trace; not under FSDP), metrics,
@@ -158,15 +161,15 @@ def _update(accelerator, overrides: list[str], groups: list[Group], fsdp: int = 
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     else:
         model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-    ctx = UpdateContext(model, optimizer, accelerator, cfg, pad_id=EOS2_ID)
+    learner = Learner.build(cfg, model, optimizer, accelerator, EOS2_ID)
     with full_weights(accelerator, model) as plain:
         # Ranks generate different lengths (3 + rank tokens): no collective op may run per forward.
         length = 3 + distributed.rank()
         generated = plain.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=length, min_new_tokens=length,
                                    do_sample=False)
         if cfg.train.updates_per_step > 1:
-            record_old_logprobs(ctx, groups, plain)
-    metrics = policy_update(ctx, groups)
+            record_old_logprobs(plain, groups, learner.batching, learner.scorer)
+    metrics = trainer.update(learner, StepBatch(groups, distributed.gather(len(groups)), {}), cfg)
     weights = distributed.full_state_dict(model) if fsdp else accelerator.unwrap_model(model).state_dict()
     weights = {key: value.detach().clone() for key, value in weights.items()}
     if save_to is not None and distributed.is_main():  # what the trainer's save does with sharded weights

@@ -13,6 +13,7 @@ from accelerate import Accelerator
 from safetensors.torch import load_file
 
 from dapo_train import lora, trainer
+from dapo_train.batches import MiniBatch, collate_micro_batch, split_micro_batches
 from dapo_train.config import TINY_MODEL_DIR, ModelConfig, load_config, read_yaml
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.eval_command import EvalOptions, run_eval
@@ -20,7 +21,7 @@ from dapo_train.export import export_checkpoint
 from dapo_train.logprobs import collate
 from dapo_train.metrics import read_metrics
 from dapo_train.modeling import load_model
-from dapo_train.update import UpdateContext, accumulate_gradients, collate_micro_batch, split_micro_batches
+from dapo_train.update import Learner, accumulate_gradients
 
 from conftest import EOS2_ID, make_random_model
 
@@ -47,8 +48,8 @@ def _state(model) -> dict[str, torch.Tensor]:
 def _one_lora_step(**settings) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(logits before, logits after) one AdamW step of LoRA(settings) on a fixed random model and
     batch, and that batch's model inputs."""
+    from dapo_train.batches import TrainSample
     from dapo_train.config import LoraConfig
-    from dapo_train.update import TrainSample
 
     torch.manual_seed(0)
     model = lora.apply_lora(make_random_model(), LoraConfig(**{"r": 4, **settings}), "random")
@@ -60,7 +61,7 @@ def _one_lora_step(**settings) -> tuple[torch.Tensor, torch.Tensor, dict]:
     ]
     cfg = load_config(None, ["train.prompts_per_step=2", "rollout.group_size=3", "train.micro_batch_size=6"])
     optimizer = torch.optim.AdamW(lora_parameters(model), lr=1e-2)
-    ctx = UpdateContext(model, optimizer, Accelerator(cpu=True), cfg, pad_id=EOS2_ID)
+    learner = Learner.build(cfg, model, optimizer, Accelerator(cpu=True), EOS2_ID)
     [micro] = [collate_micro_batch(m, EOS2_ID, torch.device("cpu")) for m in split_micro_batches(samples, 6)]
 
     inputs = {"input_ids": micro.batch.input_ids, "attention_mask": micro.batch.attention_mask}
@@ -72,7 +73,7 @@ def _one_lora_step(**settings) -> tuple[torch.Tensor, torch.Tensor, dict]:
 
     before = logits()
     model.train()
-    accumulate_gradients(ctx, [micro], normalizer=float(micro.batch.completion_mask.sum()))
+    accumulate_gradients(learner, MiniBatch([micro], float(micro.batch.completion_mask.sum()), 1, []))
     optimizer.step()
     return before, logits(), inputs
 
@@ -172,7 +173,7 @@ def test_lora_training_changes_only_adapter_weights(kl_run):
     changed = {name for name in after if not torch.equal(after[name], before[name])}
     assert changed and changed <= adapters  # every base weight is bit-identical
     assert any(".lora_B." in name for name in changed)  # B starts at 0: the adapter now changes the output
-    optimized = {id(p) for group in run.optimizer.param_groups for p in group["params"]}
+    optimized = {id(p) for group in run.learner.optimizer.optimizer.param_groups for p in group["params"]}
     assert optimized == {id(p) for name, p in run.model.named_parameters() if name in adapters}
 
 
@@ -180,16 +181,16 @@ def test_the_reference_policy_is_the_base_model_with_adapters_disabled(kl_run):
     """No second copy: the reference is the policy object itself, and scoring it inside the
     reference scope gives exactly the log-probs of a freshly loaded base model."""
     run, _, metrics = kl_run
-    ctx = run.update_ctx
-    assert ctx.ref_model is run.model
+    learner = run.learner
+    assert learner.reference.model is run.model
     assert any(m.get("kl", 0) > 0 for m in metrics)  # the k3 term saw the policy differ from the reference
     batch = collate([torch.tensor([3, 4, 5, 6])] * 2, [torch.tensor([7, 8, 9]), torch.tensor([10, 11, 12])], 550)
     base = load_model(ModelConfig(), torch.device("cpu"))
     with torch.no_grad():
-        with ctx.reference_scope():
-            reference, _ = ctx.score(ctx.ref_model, batch)
-        policy, _ = ctx.score(run.model, batch)
-        expected, _ = ctx.score(base, batch)
+        with learner.reference.scope():
+            reference, _ = learner.scorer(learner.reference.model, batch)
+        policy, _ = learner.scorer(run.model, batch)
+        expected, _ = learner.scorer(base, batch)
     torch.testing.assert_close(reference, expected, atol=1e-6, rtol=0)
     assert not torch.allclose(policy, expected, atol=1e-4)  # the adapters did move the policy
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dapo_train.answers import ANSWER_CHECKS, answer_check
-from dapo_train.collect import GroupBuffer, collect_groups
+from dapo_train.collect import GroupBuffer
 from dapo_train.config import TINY_MODEL_DIR, RewardSpec, load_config
 from dapo_train.data import Prompt, PromptSampler, load_prompts
 from dapo_train.errors import ConfigError, UserError
@@ -16,7 +16,7 @@ from dapo_train.evaluate import completion_records, summarize_records
 from dapo_train.rewards import build_rewards, rewards_from_config, score
 from dapo_train.rollout import Completion, build_engine
 
-from conftest import EOS2_ID, EOS_ID, IdTokenizer, make_random_model
+from conftest import EOS2_ID, EOS_ID, IdTokenizer, collect_step, make_random_model
 
 WORDS = "data.correctness=word_task:same_word"
 
@@ -66,7 +66,7 @@ def _collect(prompts: list[Prompt], *overrides: str):
     model, tokenizer = make_random_model(seed=2), IdTokenizer(EOS_ID, EOS2_ID)
     torch.manual_seed(0)
     engine = build_engine(cfg.rollout, model, tokenizer)
-    return collect_groups(engine, rewards_from_config(cfg), PromptSampler(prompts, 0), GroupBuffer(), cfg)
+    return collect_step(engine, rewards_from_config(cfg), PromptSampler(prompts, 0), GroupBuffer(), cfg)
 
 
 def test_dynamic_sampling_filters_on_the_tasks_correct_bits():

@@ -8,25 +8,40 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from dapo_train import update as update_module
+from dapo_train import batches as batches_module
+from dapo_train import trainer
 from dapo_train.algo import loss_normalizer
-from dapo_train.collect import Group
-from dapo_train.config import load_config
-from dapo_train.data import Prompt
-from dapo_train.rollout import Completion
-from dapo_train.trainer import learning_rate, total_optimizer_steps
-from dapo_train.update import (
+from dapo_train.batches import (
+    MiniBatch,
     TrainSample,
-    UpdateContext,
-    accumulate_gradients,
     collate_micro_batch,
     flatten_groups,
-    policy_update,
-    record_old_logprobs,
     split_micro_batches,
+    use_shared_prefix,
 )
+from dapo_train.collect import Group
+from dapo_train.config import Config, load_config
+from dapo_train.data import Prompt
+from dapo_train.old_logprobs import record_old_logprobs
+from dapo_train.optim import learning_rate, total_optimizer_steps
+from dapo_train.plan import StepBatch
+from dapo_train.rollout import Completion
+from dapo_train.update import Learner, _means, accumulate_gradients
 
 from conftest import EOS2_ID, EOS_ID, make_random_model
+
+
+def _learner(model, cfg: Config, lr: float = 1e-3) -> Learner:
+    return Learner.build(cfg, model, torch.optim.AdamW(model.parameters(), lr=lr), Accelerator(cpu=True), EOS2_ID)
+
+
+def _train(learner: Learner, groups: list, cfg: Config) -> dict:
+    """The trainer's step 3 on these groups, in one process."""
+    return trainer.update(learner, StepBatch(groups, [len(groups)], {}), cfg)
+
+
+def _record(learner: Learner, groups: list) -> int:
+    return record_old_logprobs(learner.model, groups, learner.batching, learner.scorer)
 
 
 def _samples(n: int, seed: int = 0) -> list[TrainSample]:
@@ -61,15 +76,12 @@ def _grads_after(model, samples, micro_size: int, *, lr: float = 1e-3, share_pre
     cfg = load_config(
         None, ["train.prompts_per_step=2", "rollout.group_size=6", f"train.micro_batch_size={micro_size}"]
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    accelerator = Accelerator(cpu=True)
-    ctx = UpdateContext(model, optimizer, accelerator, cfg, pad_id=EOS2_ID)
-    micro = [collate_micro_batch(m, EOS2_ID, accelerator.device, share_prefix)
-             for m in split_micro_batches(samples, micro_size)]
+    learner = _learner(model, cfg, lr=lr)
+    micro = [collate_micro_batch(m, EOS2_ID, "cpu", share_prefix) for m in split_micro_batches(samples, micro_size)]
     normalizer = loss_normalizer([m.batch.completion_mask for m in micro], "token")
-    metrics = accumulate_gradients(ctx, micro, normalizer)
+    metrics = _means(accumulate_gradients(learner, MiniBatch(micro, normalizer, len(micro), [])))
     grads = [p.grad.clone() for p in model.parameters()]
-    optimizer.step()
+    learner.optimizer.optimizer.step()
     return grads, [p.detach().clone() for p in model.parameters()], metrics, len(micro)
 
 
@@ -128,7 +140,6 @@ def test_shared_prefix_follows_the_attention_kernel():
     """auto is on for kernels that take a 4-D mask and off for the others; asking for `on` with
     flash-attention is refused when the config loads."""
     from dapo_train.errors import ConfigError
-    from dapo_train.update import use_shared_prefix
 
     def fake(kernel):
         return SimpleNamespace(config=SimpleNamespace(_attn_implementation=kernel))
@@ -149,9 +160,9 @@ def test_shared_prefix_setting_changes_the_work_not_the_update():
         model = make_random_model(seed=3).train()
         cfg = load_config(None, ["train.prompts_per_step=2", "rollout.group_size=6", "train.micro_batch_size=4",
                                  "train.updates_per_step=1", f"train.shared_prefix={setting}"])
-        ctx = UpdateContext(model, torch.optim.AdamW(model.parameters(), lr=1e-3), Accelerator(cpu=True), cfg, EOS2_ID)
-        assert ctx.share_prefix == (setting == "on")
-        metrics = policy_update(ctx, copy.deepcopy(groups))
+        learner = _learner(model, cfg)
+        assert learner.batching.share_prefix == (setting == "on")
+        metrics = _train(learner, copy.deepcopy(groups), cfg)
         results[setting] = (metrics, [p.detach().clone() for p in model.parameters()])
     assert results["on"][0]["update_forward_tokens"] < 0.8 * results["off"][0]["update_forward_tokens"]
     for a, b in zip(results["off"][1], results["on"][1]):
@@ -184,15 +195,14 @@ def test_nonfinite_gradient_skips_the_update():
     before = [p.detach().clone() for p in model.parameters()]
     model.model.embed_tokens.weight.data[5, 0] = float("nan")  # poisons every forward using token 5
     cfg = load_config(None, ["train.prompts_per_step=1", "rollout.group_size=2", "train.micro_batch_size=2"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    ctx = UpdateContext(model, optimizer, Accelerator(cpu=True), cfg, pad_id=EOS2_ID)
+    learner = _learner(model, cfg, lr=1e-2)
 
     # A minimal group: two completions of a prompt containing token 5.
     group = SimpleNamespace(
         completions=[Completion(torch.tensor([5, 6]), torch.tensor([7, EOS_ID]), False, "") for _ in range(2)],
         advantages=torch.tensor([1.0, -1.0]), version=0, old_logprobs=None,
     )
-    metrics = policy_update(ctx, [group])
+    metrics = _train(learner, [group], cfg)
     assert metrics["skipped_nonfinite"] == 1
     for a, b in zip(before[1:], list(model.parameters())[1:]):
         assert torch.equal(a, b)  # no parameter moved
@@ -219,13 +229,10 @@ def _groups(n: int, seed: int = 0, size: int = 4) -> list[Group]:
     ]
 
 
-def _ctx(model, *overrides: str, lr: float = 1e-3) -> UpdateContext:
+def _setup(model, *overrides: str, lr: float = 1e-3) -> tuple[Learner, Config]:
     cfg = load_config(None, ["train.prompts_per_step=4", "rollout.group_size=4", "train.micro_batch_size=3",
-                             "train.updates_per_step=1",
-                             f"train.learning_rate={lr}", *overrides])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    return UpdateContext(model, optimizer, Accelerator(cpu=True), cfg, pad_id=EOS2_ID,
-                         lr_at=lambda step: learning_rate(cfg, step))
+                             "train.updates_per_step=1", f"train.learning_rate={lr}", *overrides])
+    return _learner(model, cfg, lr=lr), cfg
 
 
 def test_k_mini_batches_are_k_sequential_optimizer_steps():
@@ -234,36 +241,39 @@ def test_k_mini_batches_are_k_sequential_optimizer_steps():
     base = make_random_model(seed=5).train()
     other = copy.deepcopy(base)
     groups = _groups(4)
-    ctx = _ctx(base, "train.updates_per_step=2")
-    assert record_old_logprobs(ctx, groups) == 16
-    metrics = policy_update(ctx, groups)
-    assert metrics["optimizer_steps"] == 2 and ctx.optimizer_steps == 2
-    manual = _ctx(other)  # one update per call
+    learner, cfg = _setup(base, "train.updates_per_step=2")
+    assert _record(learner, groups) == 16
+    metrics = _train(learner, groups, cfg)
+    assert metrics["optimizer_steps"] == 2 and learner.optimizer.steps == 2
+    manual, manual_cfg = _setup(other)  # one update per call
     manual_groups = copy.deepcopy(groups)
     for part in (manual_groups[:2], manual_groups[2:]):
-        policy_update(manual, part)
-    assert manual.optimizer_steps == 2
+        _train(manual, part, manual_cfg)
+    assert manual.optimizer.steps == 2
     for a, b in zip(base.parameters(), other.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert metrics["clip_frac_high_last"] >= 0.0 and "staleness_max" in metrics
     assert metrics["staleness_max"] == 1  # the second mini-batch was generated one update ago
 
 
-def test_the_lr_schedule_counts_optimizer_steps():
+def test_the_lr_schedule_counts_optimizer_steps(monkeypatch):
     """Warmup of 4 optimizer steps, 2 updates per step: after one step the LR is 2/4 of its peak."""
+    from dapo_train import optim
+
     model = make_random_model(seed=6).train()
-    ctx = _ctx(model, "train.updates_per_step=2", "train.warmup_steps=4", "train.max_steps=3",
-               "train.lr_scheduler=cosine", lr=1e-2)
-    assert total_optimizer_steps(ctx.cfg) == 6
+    learner, cfg = _setup(model, "train.updates_per_step=2", "train.warmup_steps=4", "train.max_steps=3",
+                          "train.lr_scheduler=cosine", lr=1e-2)
+    assert total_optimizer_steps(cfg) == 6
     groups = _groups(4)
-    record_old_logprobs(ctx, groups)
+    _record(learner, groups)
     used = []
-    ctx.lr_at = lambda step: used.append(learning_rate(ctx.cfg, step)) or used[-1]
-    metrics = policy_update(ctx, groups)
+    monkeypatch.setattr(optim, "learning_rate", lambda cfg, step: used.append(learning_rate(cfg, step)) or used[-1])
+    metrics = _train(learner, groups, cfg)
     assert used == pytest.approx([1e-2 * 1 / 4, 1e-2 * 2 / 4])
-    assert metrics["lr"] == pytest.approx(5e-3) and ctx.optimizer.param_groups[0]["lr"] == pytest.approx(5e-3)
+    param_lr = learner.optimizer.optimizer.param_groups[0]["lr"]
+    assert metrics["lr"] == pytest.approx(5e-3) and param_lr == pytest.approx(5e-3)
     # After warmup the cosine runs over the remaining 6 - 4 = 2 optimizer steps: half-way at step 5.
-    assert learning_rate(ctx.cfg, 5) == pytest.approx(1e-2 * 0.5)
+    assert learning_rate(cfg, 5) == pytest.approx(1e-2 * 0.5)
 
 
 def test_a_carried_groups_ratio_is_taken_against_the_policy_that_generated_it():
@@ -272,16 +282,16 @@ def test_a_carried_groups_ratio_is_taken_against_the_policy_that_generated_it():
     forward of both models."""
     model = make_random_model(seed=7).train()
     group = _groups(1, seed=3)
-    ctx = _ctx(model)
-    record_old_logprobs(ctx, group)  # policy A
+    learner, cfg = _setup(model)
+    _record(learner, group)  # policy A
     old = torch.cat(group[0].old_logprobs)
     with torch.no_grad():  # an update happened in between: policy B
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
-    micro = ctx.micro_batches(flatten_groups(group, False))
-    new = torch.cat([ctx.score(model, m.batch)[0][m.batch.completion_mask.bool()] for m in micro]).detach()
+    micro = learner.batching.micro_batches(flatten_groups(group, False))
+    new = torch.cat([learner.scorer(model, m.batch)[0][m.batch.completion_mask.bool()] for m in micro]).detach()
     assert not torch.allclose(new, old)  # the weights really moved
-    metrics = policy_update(ctx, group)
+    metrics = _train(learner, group, cfg)
     assert metrics["ratio_mean"] == pytest.approx(float(torch.exp(new - old).mean()), rel=1e-5)
     assert metrics["approx_kl"] == pytest.approx(float((old - new).mean()), rel=1e-4, abs=1e-7)
 
@@ -290,22 +300,22 @@ def test_the_on_policy_path_scores_nothing_extra(monkeypatch):
     """One update, one pass, no carried group: the ratio is exactly 1 with no old-log-prob pass,
     only the training forwards run; with two updates one extra no-grad pass scores every row."""
     calls = []
-    real = update_module.score_tokens
+    real = batches_module.score_tokens
 
     def counting(model, batch, **kwargs):
         calls.append(torch.is_grad_enabled())
         return real(model, batch, **kwargs)
 
-    monkeypatch.setattr(update_module, "score_tokens", counting)
+    monkeypatch.setattr(batches_module, "score_tokens", counting)
     groups = _groups(4)
-    on_policy = _ctx(make_random_model(seed=8).train())
-    assert record_old_logprobs(on_policy, []) == 0
-    metrics = policy_update(on_policy, groups)
+    on_policy, cfg = _setup(make_random_model(seed=8).train())
+    assert _record(on_policy, []) == 0
+    metrics = _train(on_policy, groups, cfg)
     assert calls == [True] * 6 and metrics["ratio_mean"] == 1.0  # 16 rows in micro-batches of 3
     calls.clear()
-    two = _ctx(make_random_model(seed=8).train(), "train.updates_per_step=2")
-    record_old_logprobs(two, groups)
-    policy_update(two, groups)
+    two, two_cfg = _setup(make_random_model(seed=8).train(), "train.updates_per_step=2")
+    _record(two, groups)
+    _train(two, groups, two_cfg)
     assert calls == [False] * 6 + [True] * 6  # one no-grad pass, then the same training forwards
 
 
@@ -315,10 +325,10 @@ def test_eps_high_moves_the_weights_once_the_clip_can_act():
 
     def weights_after(eps_high: float, updates: int) -> list[torch.Tensor]:
         model = make_random_model(seed=9).train()
-        ctx = _ctx(model, f"dapo.eps_high={eps_high}", f"train.updates_per_step={updates}", lr=5e-2)
+        learner, cfg = _setup(model, f"dapo.eps_high={eps_high}", f"train.updates_per_step={updates}", lr=5e-2)
         groups = _groups(4, seed=4)
-        record_old_logprobs(ctx, groups if updates > 1 else [])
-        metrics = policy_update(ctx, groups)
+        _record(learner, groups if updates > 1 else [])
+        metrics = _train(learner, groups, cfg)
         assert (metrics["ratio_mean"] == 1.0) == (updates == 1)
         return [p.detach().clone() for p in model.parameters()]
 
@@ -334,16 +344,16 @@ def test_num_iterations_repeats_the_updates_over_the_same_batch():
     two manual updates; one pass moves the weights less."""
     base, other, single = (make_random_model(seed=10).train() for _ in range(3))
     groups = _groups(2, seed=6)
-    twice = _ctx(base, "dapo.num_iterations=2")
-    record_old_logprobs(twice, groups)
-    metrics = policy_update(twice, groups)
+    twice, twice_cfg = _setup(base, "dapo.num_iterations=2")
+    _record(twice, groups)
+    metrics = _train(twice, groups, twice_cfg)
     assert metrics["optimizer_steps"] == 2 and metrics["ratio_mean"] != 1.0
-    manual, manual_groups = _ctx(other), copy.deepcopy(groups)
-    record_old_logprobs(manual, manual_groups)
+    (manual, manual_cfg), manual_groups = _setup(other), copy.deepcopy(groups)
+    _record(manual, manual_groups)
     for _ in range(2):
-        policy_update(manual, manual_groups)
-    once = _ctx(single)
-    policy_update(once, copy.deepcopy(groups))
+        _train(manual, manual_groups, manual_cfg)
+    once, once_cfg = _setup(single)
+    _train(once, copy.deepcopy(groups), once_cfg)
     for a, b in zip(base.parameters(), other.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert any(not torch.allclose(a, c) for a, c in zip(base.parameters(), single.parameters()))
@@ -363,8 +373,36 @@ def test_logprob_chunk_mib_sets_the_rows_per_chunk_of_the_head(monkeypatch):
         model = make_random_model(seed=3)
         cfg = load_config(None, ["train.prompts_per_step=1", "rollout.group_size=4", "train.micro_batch_size=4",
                                  f"train.logprob_chunk_mib={mib}"])
-        ctx = UpdateContext(model, torch.optim.AdamW(model.parameters()), Accelerator(cpu=True), cfg, EOS2_ID)
+        learner = _learner(model, cfg)
         with torch.no_grad():
-            results.append(ctx.score(model, collate_micro_batch(samples, EOS2_ID, "cpu").batch)[0])
+            results.append(learner.scorer(model, collate_micro_batch(samples, EOS2_ID, "cpu").batch)[0])
     assert seen == [3, 64 * 2**20 // (4 * 64)]
     torch.testing.assert_close(results[0], results[1], atol=1e-6, rtol=0)
+
+
+def test_dapo_policy_loss_chooses_an_objective_from_outside_the_package(monkeypatch):
+    """dapo.policy_loss names the objective: REINFORCE from a test module (no ratio, no clip), by
+    import path, trains the same groups to other weights than the default clip; an unknown name is
+    one ConfigError naming the key and what is registered."""
+    from dapo_train import algo
+    from dapo_train.errors import ConfigError
+    from dapo_train.update import loss_settings
+
+    plugin = "objective_plugin:reinforce"
+    monkeypatch.delitem(algo.POLICY_LOSSES, plugin, raising=False)  # registered by this test only
+    weights = {}
+    for name in ("clip", plugin):
+        model = make_random_model(seed=11).train()
+        learner, cfg = _setup(model, f"dapo.policy_loss={name}", "train.updates_per_step=2", lr=5e-2)
+        assert learner.loss.objective == name
+        groups = _groups(4, seed=2)
+        _record(learner, groups)
+        metrics = _train(learner, groups, cfg)
+        assert ("clip_frac_high" in metrics) == (name == "clip")  # each objective reports its own
+        weights[name] = [p.detach().clone() for p in model.parameters()]
+    assert any(not torch.allclose(a, b) for a, b in zip(weights["clip"], weights[plugin]))
+    monkeypatch.delitem(algo.POLICY_LOSSES, plugin)
+    with pytest.raises(ConfigError, match="dapo.policy_loss.*unknown objective 'nope'.*clip"):
+        loss_settings(load_config(None, ["dapo.policy_loss=nope"]))
+    with pytest.raises(ConfigError, match="dapo.policy_loss.*cannot import module 'no_such_module'"):
+        loss_settings(load_config(None, ["dapo.policy_loss=no_such_module:fn"]))

@@ -1,0 +1,206 @@
+"""Completions laid out for a forward: samples, micro-batches, mini-batches and the records a step's
+update passes between plan.py (what crosses ranks) and update.py (the optimizer steps).
+
+A step's rollout batch (its informative groups) is cut into `train.updates_per_step` mini-batches
+of whole groups, each one optimizer step (mini_batches); each mini-batch into micro-batches, by
+count or by a padded-token budget, whose gradients accumulate (split_micro_batches). Scoring reads
+logits / the rollout temperature, the distribution the rollout sampled from (Scorer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dapo_train.collect import Group
+from dapo_train.config import Config
+from dapo_train.logprobs import TokenBatch, collate, score_tokens, supports_shared_prefix
+
+
+@dataclass
+class TrainSample:
+    """One completion ready for the loss. L = its valid tokens (EOS included)."""
+
+    prompt_ids: torch.Tensor  # (P,)
+    completion_ids: torch.Tensor  # (L,)
+    advantage: float  # Eq. 9, broadcast over its tokens
+    in_loss: bool  # False when overlong filtering masks a truncated completion
+    old_logprobs: torch.Tensor | None = None  # (L,) under the generating policy; None = on-policy
+
+
+def flatten_groups(groups: list[Group], overlong_filtering: bool) -> list[TrainSample]:
+    return [
+        TrainSample(
+            c.prompt_ids, c.completion_ids, float(group.advantages[j]), not (overlong_filtering and c.truncated),
+            None if group.old_logprobs is None else group.old_logprobs[j],
+        )
+        for group in groups
+        for j, c in enumerate(group.completions)
+    ]
+
+
+def split_micro_batches(samples: list[TrainSample], max_count: int, max_tokens: int = 0) -> list[list[TrainSample]]:
+    """Consecutive micro-batches of at most max_count samples and, if max_tokens > 0, at most
+    max_tokens padded tokens (rows x widest prompt+completion); a single sample always fits."""
+    batches: list[list[TrainSample]] = []
+    current: list[TrainSample] = []
+    widest = 0
+    for sample in samples:
+        width = int(sample.prompt_ids.numel() + sample.completion_ids.numel())
+        new_widest = max(widest, width)
+        too_many = len(current) >= max_count
+        too_wide = max_tokens > 0 and current and new_widest * (len(current) + 1) > max_tokens
+        if current and (too_many or too_wide):
+            batches.append(current)
+            current, new_widest = [], width
+        current.append(sample)
+        widest = new_widest
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class MicroBatch:
+    """Collated rows on the device. N rows, T = padded completion width."""
+
+    batch: TokenBatch
+    advantages: torch.Tensor  # (N,)
+    old_logprobs: torch.Tensor | None  # (N, T) float32, 0 where has_old is False; None if no row has any
+    has_old: torch.Tensor | None  # (N, 1) bool
+
+
+def collate_micro_batch(samples: list[TrainSample], pad_id: int, device, share_prefix: bool = False) -> MicroBatch:
+    """Rows -> MicroBatch; a sample out of the loss gets an all-zero mask. share_prefix: consecutive
+    samples of one group share one copy of their prompt (logprobs.collate)."""
+    batch = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id, share_prefix)
+    in_loss = torch.tensor([s.in_loss for s in samples], dtype=torch.float32).unsqueeze(1)  # (N, 1)
+    batch.completion_mask = batch.completion_mask * in_loss
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # (N,)
+    old = has_old = None
+    if any(s.old_logprobs is not None for s in samples):
+        old = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)  # (N, T)
+        for row, sample in enumerate(samples):
+            if sample.old_logprobs is not None:
+                old[row, : sample.old_logprobs.numel()] = sample.old_logprobs
+        has_old = torch.tensor([s.old_logprobs is not None for s in samples]).unsqueeze(1).to(device)  # (N, 1)
+        old = old.to(device)
+    return MicroBatch(batch.to(device), advantages.to(device), old, has_old)
+
+
+def use_shared_prefix(cfg: Config, model) -> bool:
+    """train.shared_prefix: on / off, or auto = on when the model's attention takes a 4-D mask."""
+    if cfg.train.shared_prefix == "auto":
+        return supports_shared_prefix(model)
+    return cfg.train.shared_prefix == "on"
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How samples become micro-batches on the device (train.micro_batch_size / micro_batch_tokens,
+    train.shared_prefix)."""
+
+    pad_id: int
+    device: torch.device
+    share_prefix: bool
+    max_count: int
+    max_tokens: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: Config, model, pad_id: int, device) -> Batching:
+        t = cfg.train
+        return cls(pad_id, device, use_shared_prefix(cfg, model), t.micro_batch_size, t.micro_batch_tokens)
+
+    def micro_batches(self, samples: list[TrainSample]) -> list[MicroBatch]:
+        split = split_micro_batches(samples, self.max_count, self.max_tokens)
+        return [collate_micro_batch(micro, self.pad_id, self.device, self.share_prefix) for micro in split]
+
+    def filler(self) -> MicroBatch:
+        """A one-token row out of the loss: the forward/backward a rank with fewer micro-batches runs
+        so that every rank makes the same collective calls; it adds exactly zero to the gradient."""
+        pad = torch.tensor([self.pad_id])
+        return collate_micro_batch([TrainSample(pad, pad, 0.0, in_loss=False)], self.pad_id, self.device)
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """Per-token log-probs and entropy of a TokenBatch under a model, from logits / the rollout
+    temperature (rollout.temperature) through the LM head in chunks (train.logprob_chunk_mib)."""
+
+    temperature: float
+    chunk_mib: float
+
+    def __call__(self, model, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logprobs (N, T) float32, differentiable; entropy (N, T) float32, detached)."""
+        return score_tokens(model, batch, temperature=self.temperature, chunk_mib=self.chunk_mib, with_entropy=True)
+
+
+def mini_batches(groups: list, updates: int) -> list[list]:
+    """Whole groups cut into min(updates, len(groups)) consecutive parts whose sizes differ by at most one."""
+    parts = max(1, min(updates, len(groups)))
+    bounds = [len(groups) * i // parts for i in range(parts + 1)]
+    return [groups[bounds[i] : bounds[i + 1]] for i in range(parts)]
+
+
+def rank_mini_batches(counts: list[int], rank: int, updates: int) -> list[list[int]]:
+    """This rank's share of each mini-batch of the step's global rollout batch, as local indices.
+
+    counts: every rank's number of groups. The global batch orders them by (local index, rank) --
+    rank 0's first group, rank 1's first, ..., then the second ones -- which is the order of one
+    process holding them all (each rank generated batch[rank::N] of the same prompts), and is cut
+    like mini_batches, so every rank makes the same optimizer steps and each mini-batch spreads over
+    the ranks. One process: its groups cut by mini_batches."""
+    order = [(index, process) for index in range(max(counts, default=0))
+             for process, count in enumerate(counts) if index < count]
+    return [[index for index, process in part if process == rank] for part in mini_batches(order, updates)]
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer step's share on this rank: its micro-batches, the Eq. 12 normaliser of the whole
+    mini-batch over all ranks, the forward/backward calls every rank makes for it (this rank pads
+    its own micro-batches with fillers), and the versions of its groups (for staleness)."""
+
+    micro_batches: list[MicroBatch]
+    normalizer: float
+    calls: int
+    versions: list[int]
+
+
+@dataclass
+class UpdatePlan:
+    """A step's updates on this rank, agreed across ranks before the first micro-batch runs (plan.py).
+
+    passes: dapo.num_iterations (each pass makes every mini-batch's optimizer step); loss_scale:
+    the number of ranks (DDP/FSDP average the ranks' gradients, Eq. 12 wants their sum); the totals
+    are over all ranks and one pass."""
+
+    mini_batches: list[MiniBatch]
+    passes: int
+    loss_scale: int
+    valid_tokens: float
+    forward_tokens: float
+    micro_batch_count: int
+
+
+@dataclass
+class UpdateSums:
+    """One optimizer step's metric sums over its micro-batches (token-weighted: value x tokens),
+    with `loss` (the summed micro-batch losses) and `num_tokens`; on this rank until plan.reduce_update
+    sums them over ranks."""
+
+    sums: dict[str, float]
+    grad_norm: float
+    lr: float
+
+
+@dataclass
+class UpdateResult:
+    """A step's optimizer steps: those applied, the one that failed (non-finite loss or gradient
+    norm: the step's updates end there), if any, and the staleness of each group an applied step
+    trained (optimizer steps between its generation and that step)."""
+
+    applied: list[UpdateSums] = field(default_factory=list)
+    failed: UpdateSums | None = None
+    staleness: list[int] = field(default_factory=list)

@@ -144,10 +144,10 @@ class UpdateContext:
         self.loss = loss_settings(self.cfg)
         self.share_prefix = use_shared_prefix(self.cfg, self.model)
 
-    def score(self, model, batch: TokenBatch, with_entropy: bool = False):
-        """Per-token log-probs (and entropy) of batch under `model`, at the rollout temperature."""
+    def score(self, model, batch: TokenBatch):
+        """Per-token log-probs and entropy of batch under `model`, at the rollout temperature."""
         return score_tokens(model, batch, temperature=self.cfg.rollout.temperature,
-                            chunk_mib=self.cfg.train.logprob_chunk_mib, with_entropy=with_entropy)
+                            chunk_mib=self.cfg.train.logprob_chunk_mib)
 
     def micro_batches(self, samples: list[TrainSample]) -> list[MicroBatch]:
         t = self.cfg.train
@@ -226,7 +226,7 @@ def accumulate_gradients(ctx: UpdateContext, batches: list[MicroBatch], normaliz
 def _micro_batch_backward(ctx: UpdateContext, micro: MicroBatch, normalizer: float, scale: int) -> dict:
     """One micro-batch's forward and backward. -> its loss and metrics (num_tokens, entropy, clip, ...)."""
     batch = micro.batch
-    logprobs, entropy = ctx.score(ctx.model, batch, with_entropy=True)
+    logprobs, entropy = ctx.score(ctx.model, batch)
     ref_logprobs = None
     if ctx.ref_model is not None:
         with torch.no_grad(), ctx.reference_scope():

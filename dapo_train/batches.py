@@ -133,7 +133,7 @@ class Scorer:
 
     def __call__(self, model, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (logprobs (N, T) float32, differentiable; entropy (N, T) float32, detached)."""
-        return score_tokens(model, batch, temperature=self.temperature, chunk_mib=self.chunk_mib, with_entropy=True)
+        return score_tokens(model, batch, temperature=self.temperature, chunk_mib=self.chunk_mib)
 
 
 def mini_batches(groups: list, updates: int) -> list[list]:

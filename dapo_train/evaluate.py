@@ -26,7 +26,7 @@ from dapo_train.answers import ANSWER_CHECKS, AnswerCheck
 from dapo_train.config import Config
 from dapo_train.data import Prompt
 from dapo_train.rewards import REWARDS
-from dapo_train.rollout import Completion, SamplingSettings, generate_completions
+from dapo_train.rollout import Completion, SamplingSettings, sample_completions
 
 NUMERIC = ANSWER_CHECKS["numeric"]
 Z_95 = 1.959963984540054  # two-sided 95% quantile of the standard normal
@@ -227,7 +227,7 @@ def eval_records(
     model.eval()
     try:
         with _seeded(seed if samples > 1 else None, device):
-            completions = generate_completions(  # N*K rows, K per item
+            completions = sample_completions(  # N*K rows, K per item
                 model, tokenizer, prompt_ids, settings, batch_size=batch_size, group_size=samples
             )
     finally:

@@ -1,4 +1,4 @@
-"""Scoring: model forward -> per-token log-probs (and entropy) of completion tokens.
+"""Scoring: model forward -> per-token log-probs and entropy of completion tokens.
 
 Two things keep the update cheap:
 
@@ -17,8 +17,8 @@ Two things keep the update cheap:
   their softmax) at a time.
 
 Logits are divided by the rollout temperature first: the loss must see the distribution the rollout
-sampled from. Position ids follow `generate` for left-padded prompts (cumulative sum of the mask
-minus one), so scoring reproduces generation-time log-probs.
+sampled from. Position ids are built by `position_ids`, as the rollout's decode loop builds them, so
+scoring reproduces generation-time log-probs.
 """
 
 from __future__ import annotations
@@ -90,11 +90,17 @@ def collate(
         input_ids[row, width_p - p : width_p] = prompt
         input_ids[row, width_p : width_p + c] = completion
         attention_mask[row, width_p - p : width_p + c] = 1
-    position_ids = (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 0)
+    position_ids = padded_position_ids(attention_mask)
     # Hidden state i predicts token i+1: completion token t is predicted at width_p - 1 + t.
     positions = (width_p - 1 + torch.arange(width_t)).expand(n, width_t).clone()
     return TokenBatch(input_ids, attention_mask, position_ids, completion_ids, completion_mask, torch.arange(n),
                       positions)
+
+
+def padded_position_ids(attention_mask: Tensor) -> Tensor:
+    """attention_mask (R, W) 0/1 -> position ids (R, W): each row counts its own tokens from 0, as
+    `generate` does for left padding; padding gets 0."""
+    return (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 0)
 
 
 def _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask) -> TokenBatch | None:
@@ -176,9 +182,8 @@ def score_tokens(
     *,
     temperature: float,
     chunk_mib: float,
-    with_entropy: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """-> (logprobs (N, T) float32, entropy (N, T) float32 or None). Differentiable in logprobs.
+) -> tuple[Tensor, Tensor]:
+    """-> (logprobs (N, T) float32, differentiable; entropy (N, T) float32, detached).
 
     The forward runs through `model` itself, so wrappers (DDP, FSDP, PEFT) see it, with the LM head's
     forward swapped for this call by one that returns the chosen tokens' log-probs: the head runs
@@ -189,13 +194,13 @@ def score_tokens(
     config = getattr(inner, "config", None)
     softcap = getattr(config, "final_logit_softcapping", None)
     plain_forward = head.forward
-    scored: dict[str, Tensor | None] = {}
+    scored: dict[str, Tensor] = {}
 
     def chosen_logprobs(hidden: Tensor) -> Tensor:  # hidden (R, W, H): the final norm's output
         picked = hidden[batch.rows[:, None], batch.positions]  # (N, T, H)
         scored["logprobs"], scored["entropy"] = head_logprobs(
-            head, picked, batch.completion_ids, temperature=temperature, chunk_mib=chunk_mib,
-            with_entropy=with_entropy, softcap=softcap, head_forward=plain_forward,
+            head, picked, batch.completion_ids, temperature=temperature, chunk_mib=chunk_mib, softcap=softcap,
+            head_forward=plain_forward,
         )
         return scored["logprobs"]
 
@@ -226,35 +231,32 @@ def chunk_rows(vocab_size: int, chunk_mib: float) -> int:
 
 def head_logprobs(
     head: torch.nn.Module, hidden: Tensor, token_ids: Tensor, *, temperature: float, chunk_mib: float,
-    with_entropy: bool = False, softcap: float | None = None, head_forward=None,
-) -> tuple[Tensor, Tensor | None]:
+    softcap: float | None = None, head_forward=None,
+) -> tuple[Tensor, Tensor]:
     """log softmax(head(hidden) / temperature)[token] for hidden (..., H), token_ids (...) ->
-    (logprobs (...) float32, entropy (...) float32 or None), never holding more than one chunk of
-    logits. A plain linear head (most causal LMs, tied or not) uses LinearHeadLogprobs; any other
-    head (head_forward: how to call it, default the module) runs per chunk under activation
-    checkpointing: the same memory bound, generic. softcap: a model's final-logit soft-capping."""
+    (logprobs (...) float32, entropy (...) float32 detached), never holding more than one chunk of
+    logits; the entropy is a cheap extra pass over each chunk next to the head's matmul. A plain
+    linear head (most causal LMs, tied or not) uses LinearHeadLogprobs; any other head (head_forward:
+    how to call it, default the module) runs per chunk under activation checkpointing: the same
+    memory bound, generic. softcap: a model's final-logit soft-capping."""
     if chunk_mib <= 0:
         raise ValueError(f"chunk_mib must be > 0, got {chunk_mib}")
     flat = hidden.reshape(-1, hidden.shape[-1])  # (M, H)
     ids = token_ids.reshape(-1).to(torch.long)  # (M,)
     if type(head) is torch.nn.Linear and not softcap:
         rows = chunk_rows(head.weight.shape[0], chunk_mib)
-        picked, entropy = LinearHeadLogprobs.apply(flat, head.weight, head.bias, ids, 1.0 / temperature, rows,
-                                                   with_entropy)
+        picked, entropy = LinearHeadLogprobs.apply(flat, head.weight, head.bias, ids, 1.0 / temperature, rows)
     else:
-        picked, entropy = _module_head_logprobs(head_forward or head, flat, ids, temperature, softcap, chunk_mib,
-                                                with_entropy)
-    return picked.reshape(token_ids.shape), entropy.reshape(token_ids.shape) if with_entropy else None
+        picked, entropy = _module_head_logprobs(head_forward or head, flat, ids, temperature, softcap, chunk_mib)
+    return picked.reshape(token_ids.shape), entropy.reshape(token_ids.shape)
 
 
-def _chunk_stats(logits: Tensor, ids: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-    """float32 logits (c, V) -> (logsumexp (c,), picked log-prob (c,), entropy (c,) or None)."""
+def _chunk_stats(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """float32 logits (c, V) -> (logsumexp (c,), picked log-prob (c,), entropy (c,))."""
     log_norm = torch.logsumexp(logits, dim=-1)
     picked = logits.gather(-1, ids[:, None])[:, 0] - log_norm
-    entropy = None
-    if with_entropy:
-        probs = torch.exp(logits - log_norm[:, None])
-        entropy = log_norm - (probs * logits).sum(dim=-1)
+    probs = torch.exp(logits - log_norm[:, None])
+    entropy = log_norm - (probs * logits).sum(dim=-1)
     return log_norm, picked, entropy
 
 
@@ -269,8 +271,8 @@ def _compute_dtype(tensor: Tensor, weight: Tensor) -> torch.dtype:
 class LinearHeadLogprobs(torch.autograd.Function):
     """Per-token log-probs through a linear LM head, `rows` positions at a time, forward and backward.
 
-    forward(hidden (M, H), weight (V, H), bias (V,) | None, ids (M,), inverse temperature, rows,
-    with_entropy) -> (log-probs (M,) float32, entropy (M,) float32 or empty). Saves only hidden, the
+    forward(hidden (M, H), weight (V, H), bias (V,) | None, ids (M,), inverse temperature, rows)
+    -> (log-probs (M,) float32, entropy (M,) float32, not differentiable). Saves only hidden, the
     weight and the (M,) logsumexp; backward recomputes each chunk's logits. Gradients flow to hidden,
     weight and bias (a tied embedding receives the head's share through the shared weight)."""
 
@@ -282,19 +284,17 @@ class LinearHeadLogprobs(torch.autograd.Function):
         return logits.float() * scale
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, ids, scale: float, rows: int, with_entropy: bool):
+    def forward(ctx, hidden, weight, bias, ids, scale: float, rows: int):
         dtype = _compute_dtype(hidden, weight)
         m = hidden.shape[0]
         log_norm = torch.empty(m, dtype=torch.float32, device=hidden.device)
         picked = torch.empty(m, dtype=torch.float32, device=hidden.device)
-        entropy = torch.empty(m if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(m, dtype=torch.float32, device=hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, m, rows):
                 part = slice(start, start + rows)
                 logits = LinearHeadLogprobs._logits(hidden[part], weight, bias, dtype, scale)
-                log_norm[part], picked[part], chunk_entropy = _chunk_stats(logits, ids[part], with_entropy)
-                if with_entropy:
-                    entropy[part] = chunk_entropy
+                log_norm[part], picked[part], entropy[part] = _chunk_stats(logits, ids[part])
         ctx.save_for_backward(hidden, weight, bias, ids, log_norm)
         ctx.scale, ctx.rows, ctx.dtype = scale, rows, dtype
         ctx.mark_non_differentiable(entropy)
@@ -328,12 +328,12 @@ class LinearHeadLogprobs(torch.autograd.Function):
             grad_hidden,
             None if grad_weight is None else grad_weight.to(weight.dtype),
             None if grad_bias is None else grad_bias.to(bias.dtype),
-            None, None, None, None,
+            None, None, None,
         )
 
 
-def _module_head_logprobs(head, flat: Tensor, ids: Tensor, temperature: float, softcap, chunk_mib: float,
-                          with_entropy: bool) -> tuple[Tensor, Tensor]:
+def _module_head_logprobs(head, flat: Tensor, ids: Tensor, temperature: float, softcap, chunk_mib: float
+                          ) -> tuple[Tensor, Tensor]:
     """Any head module: each chunk's logits are recomputed in backward (activation checkpointing);
     the entropy comes from the same logits, without gradient."""
     from torch.utils.checkpoint import checkpoint
@@ -342,8 +342,8 @@ def _module_head_logprobs(head, flat: Tensor, ids: Tensor, temperature: float, s
         logits = head(hidden).float()
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
-        _, picked, entropy = _chunk_stats(logits / temperature, chunk_ids, with_entropy)
-        return picked, (entropy.detach() if with_entropy else picked.new_zeros(0))
+        _, picked, entropy = _chunk_stats(logits / temperature, chunk_ids)
+        return picked, entropy.detach()
 
     with torch.no_grad():
         vocab = head(flat[:1].detach()).shape[-1]

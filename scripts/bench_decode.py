@@ -51,7 +51,8 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dapo_train.rollout import SamplingSettings, build_engine, generate_completions
+    from dapo_train.decoding import generate_rows
+    from dapo_train.rollout import SamplingSettings, build_engine, sample_completions
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -60,19 +61,21 @@ def main() -> None:
         tokenizer = AutoTokenizer.from_pretrained(tmp)
         model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(device).eval()
     engine = build_engine(_rollout_cfg(), model, tokenizer)
-    sampler = engine.sampler  # the weights the engine decodes with (bf16 copy on CUDA)
+    sampler = engine.rollout_model  # the weights the engine decodes with (bf16 copy on CUDA)
     g = torch.Generator().manual_seed(0)
     low = max(model.generation_config.eos_token_id) + 1
+
+    def through_generate(prompts, settings, **generate_kwargs):
+        """One model.generate call on all rows (no bucketing), through the engine's records."""
+        def decode(model, chunk, group_size, settings, eos_ids, pad_id):
+            return generate_rows(model, chunk, settings, eos_ids, pad_id, **generate_kwargs)
+        return sample_completions(sampler, tokenizer, prompts, settings, batch_size=len(prompts), decode=decode)
 
     def variants(prompts, budget):
         settings = SamplingSettings(max_new_tokens=budget)
         return {
-            "generate": lambda: generate_completions(sampler, tokenizer, prompts, settings, batch_size=len(prompts),
-                                                     via_generate=True),
-            "generate-static": lambda: generate_completions(
-                sampler, tokenizer, prompts, settings, batch_size=len(prompts), via_generate=True,
-                generate_kwargs={"cache_implementation": "static"},
-            ),
+            "generate": lambda: through_generate(prompts, settings),
+            "generate-static": lambda: through_generate(prompts, settings, cache_implementation="static"),
             "engine": lambda: engine.generate(prompts, settings, group_size=1),
         }
 

@@ -1,12 +1,12 @@
 """A rollout engine defined outside the package, named in a config as 'engine_plugin:CountingEngine':
 it wraps the built-in loop and records what the trainer asks of it."""
 
-from dapo_train.rollout import EngineSetup, HFEngine
+from dapo_train.rollout import DecodeLoopEngine, EngineSetup
 
 CALLS: list[str] = []
 
 
-class CountingEngine(HFEngine):
+class CountingEngine(DecodeLoopEngine):
     def __init__(self, setup: EngineSetup) -> None:
         super().__init__(setup)
         CALLS.clear()

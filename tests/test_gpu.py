@@ -31,7 +31,7 @@ def test_the_lm_head_kernel_under_cuda_bf16_autocast_matches_float64():
     head.cuda()
     ours = hidden.cuda().requires_grad_(True)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        got, entropy = head_logprobs(head, ours, ids.cuda(), temperature=1.0, chunk_mib=0.01, with_entropy=True)
+        got, entropy = head_logprobs(head, ours, ids.cuda(), temperature=1.0, chunk_mib=0.01)
     got.sum().backward()
     assert got.dtype == torch.float32 and entropy.shape == (2, 7)
     torch.testing.assert_close(got.double().cpu(), expected.detach(), atol=1e-3, rtol=0)
@@ -41,17 +41,20 @@ def test_the_lm_head_kernel_under_cuda_bf16_autocast_matches_float64():
 def test_the_cuda_rollout_samples_from_a_bf16_copy_with_the_compiled_static_cache():
     from dapo_train.data import load_prompts
     from dapo_train.modeling import load_model, load_tokenizer
-    from dapo_train.rollout import SamplingSettings, build_engine
+    from dapo_train.rollout import SamplingSettings, StaticCacheEngine, build_engine
 
     cfg = load_config(None, [])
     tokenizer = load_tokenizer(cfg.model)
     prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)
     model = load_model(cfg.model, torch.device("cuda"))
     engine = build_engine(cfg.rollout, model, tokenizer)  # auto: bf16 copy, compiled
-    assert engine.compiled and next(engine.sampler.parameters()).dtype == torch.bfloat16
+    assert isinstance(engine, StaticCacheEngine) and next(engine.rollout_model.parameters()).dtype == torch.bfloat16
     for _ in range(2):  # a second call with the same shapes reuses the compiled step
         completions = engine.generate([p.input_ids for p in prompts[:6]], SamplingSettings(48), group_size=4)
         assert len(completions) == 24 and all(1 <= c.length <= 48 for c in completions)
+        recorded = [c.behaviour_logprobs for c in completions]  # recorded while the compiled step ran
+        assert all(r.shape == (c.length,) and bool(torch.isfinite(r).all() and (r <= 0).all())
+                   for r, c in zip(recorded, completions))
     assert any(not c.truncated for c in completions)
 
 

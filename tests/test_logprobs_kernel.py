@@ -30,7 +30,7 @@ def _compare(head, softcap=None, chunk_mib=1e-9, temperature=0.7, seed=0, vocab=
     upstream = torch.randn(3, 5, generator=g)  # a non-uniform upstream gradient
     ours_hidden, theirs_hidden = hidden.clone().requires_grad_(True), hidden.clone().requires_grad_(True)
     got, entropy = head_logprobs(head, ours_hidden, ids, temperature=temperature, chunk_mib=chunk_mib,
-                                 with_entropy=True, softcap=softcap)
+                                 softcap=softcap)
     (got * upstream).sum().backward()
     ours_grads = [p.grad.clone() for p in head.parameters()]
     head.zero_grad()
@@ -77,7 +77,7 @@ def test_only_hidden_states_weights_and_one_value_per_row_are_saved_for_backward
     weight = torch.randn(vocab, width, requires_grad=True)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out, _ = LinearHeadLogprobs.apply(hidden, weight, None, torch.zeros(rows, dtype=torch.long), 1.0, 8, False)
+        out, _ = LinearHeadLogprobs.apply(hidden, weight, None, torch.zeros(rows, dtype=torch.long), 1.0, 8)
     allowed = hidden.numel() * 4 + weight.numel() * 4 + rows * (8 + 4)  # hidden, weight, ids, logsumexp
     assert sum(t.numel() * t.element_size() for t in saved) <= allowed < rows * vocab * 4
     out.sum().backward()
@@ -102,7 +102,7 @@ def test_uniform_logits_have_log_v_entropy_and_bad_chunks_are_refused():
     head = torch.nn.Linear(4, 8, bias=False)
     torch.nn.init.zeros_(head.weight)
     _, entropy = head_logprobs(head, torch.randn(3, 4), torch.zeros(3, dtype=torch.long), temperature=1.0,
-                               chunk_mib=1.0, with_entropy=True)
+                               chunk_mib=1.0)
     torch.testing.assert_close(entropy, torch.full((3,), math.log(8)))
     with pytest.raises(ValueError, match="chunk_mib"):
         head_logprobs(head, torch.randn(3, 4), torch.zeros(3, dtype=torch.long), temperature=1.0, chunk_mib=0)

@@ -1,25 +1,36 @@
 """Rollout: masks, explicit sampling settings, the decode loop against `generate` (prefill once
-per group, finished rows dropped), scoring that reproduces generation log-probs, and engines."""
+per group, finished rows dropped), behaviour log-probs that scoring reproduces, and engines."""
 
 import pytest
 import torch
 
 from dapo_train.config import load_config
+from dapo_train.decoding import draw_tokens
 from dapo_train.errors import ConfigError
 from dapo_train.logprobs import collate, score_tokens
 from dapo_train.rollout import (
     ROLLOUT_ENGINES,
+    EngineSetup,
     SamplingSettings,
+    StaticCacheEngine,
     bucket_size,
     build_engine,
     completion_mask,
-    draw_tokens,
     engine_factory,
     eos_token_ids,
-    generate_completions,
+    sample_completions,
 )
 
 from conftest import EOS2_ID, EOS_ID, make_random_model
+
+# The built-in decoders: rollout.engine and rollout.compile that select each.
+ENGINES = {"loop": ("hf", "off"), "static-cache": ("hf", "on"), "generate": ("hf-generate", "off")}
+
+
+def make_engine(kind: str, model, tokenizer, batch_size: int):
+    """The built-in engine `kind` (a key of ENGINES) sampling from `model` itself (float32: no copy)."""
+    name, compile = ENGINES[kind]
+    return engine_factory(name)(EngineSetup(model, tokenizer, batch_size, dtype="float32", compile=compile))
 
 
 def test_mask_includes_first_eos_and_excludes_padding_that_is_also_eos():
@@ -59,22 +70,29 @@ PROMPTS = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]  # different lengt
 
 
 @pytest.mark.parametrize("share_prefix", [False, True])
-@pytest.mark.parametrize("via_generate", [False, True])
-def test_scoring_reproduces_generation_logprobs_with_left_padding(random_model, id_tokenizer, via_generate,
-                                                                  share_prefix):
+@pytest.mark.parametrize("sampled", [True, False])
+@pytest.mark.parametrize("kind", ENGINES)
+def test_every_engine_records_the_behaviour_logprobs_that_scoring_reproduces(random_model, id_tokenizer, kind,
+                                                                             sampled, share_prefix):
+    """Each engine's behaviour log-probs (recorded while it generates) equal a scoring forward of the
+    same left-padded sequences: raw logits / temperature. top_k = 8 of 64 tokens is on, so a recorder
+    that saw generate's warped scores (after temperature or top-k) would be off by far more than 1e-4."""
     torch.manual_seed(1)
-    settings = SamplingSettings(max_new_tokens=12, temperature=0.9)
-    completions = generate_completions(random_model, id_tokenizer, PROMPTS, settings, batch_size=9, group_size=3,
-                                       return_logprobs=True, via_generate=via_generate)
+    settings = SamplingSettings(max_new_tokens=12, temperature=0.9, top_k=8) if sampled else \
+        SamplingSettings(max_new_tokens=12, do_sample=False)
+    temperature = 0.9 if sampled else 1.0
+    completions = make_engine(kind, random_model, id_tokenizer, batch_size=9).generate(PROMPTS, settings, 3)
     assert [c.prompt_ids.tolist() for c in completions] == [p for p in PROMPTS for _ in range(3)]
     batch = collate([c.prompt_ids for c in completions], [c.completion_ids for c in completions], EOS2_ID, share_prefix)
     assert batch.input_ids.shape[0] == (3 if share_prefix else 9)  # one row per group when the prompt is shared
     with torch.no_grad():
-        logprobs, _ = score_tokens(random_model, batch, temperature=0.9, chunk_mib=1e-4)
+        logprobs, _ = score_tokens(random_model, batch, temperature=temperature, chunk_mib=1e-4)
     for row, c in enumerate(completions):
-        assert c.length >= 1
-        torch.testing.assert_close(logprobs[row, : c.length], c.generation_logprobs, atol=1e-4, rtol=0)
+        assert c.length >= 1 and c.behaviour_logprobs.dtype == torch.float32
+        torch.testing.assert_close(logprobs[row, : c.length], c.behaviour_logprobs, atol=1e-4, rtol=0)
         assert batch.completion_mask[row].sum() == c.length  # EOS counted, padding not
+    if sampled:
+        assert len({c.length for c in completions}) > 1  # rows ended at different steps (greedy: none ends)
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +112,16 @@ def test_the_decode_loop_is_greedy_generate(tiny, batch_size):
     """Greedy decoding is deterministic: the loop (each prompt prefilled once, its cache repeated,
     finished rows dropped, calls of at most batch_size rows) yields exactly what model.generate yields."""
     model, tokenizer, prompts = tiny
-    settings = SamplingSettings(max_new_tokens=48, do_sample=False)
-    ours = generate_completions(model, tokenizer, prompts, settings, batch_size=batch_size, group_size=2)
-    theirs = generate_completions(model, tokenizer, prompts, settings, batch_size=batch_size, group_size=2,
-                                  via_generate=True)
+    settings = SamplingSettings(max_new_tokens=64, do_sample=False)
+    ours = make_engine("loop", model, tokenizer, batch_size).generate(prompts, settings, group_size=2)
+    theirs = make_engine("generate", model, tokenizer, batch_size).generate(prompts, settings, group_size=2)
     assert [c.completion_ids.tolist() for c in ours] == [c.completion_ids.tolist() for c in theirs]
     assert [c.truncated for c in ours] == [c.truncated for c in theirs]
     assert [c.text for c in ours] == [c.text for c in theirs]
+    for loop, generate in zip(ours, theirs):  # the loop's log-probs and those recorded while generate ran
+        torch.testing.assert_close(loop.behaviour_logprobs, generate.behaviour_logprobs, atol=1e-4, rtol=0)
     assert len({c.length for c in ours}) > 1  # rows did finish at different times
+    assert max(c.length for c in ours) < 64  # all end before the budget: generate returns fewer steps
 
 
 def test_the_loop_prefills_each_prompt_once_and_drops_finished_rows(tiny):
@@ -113,8 +133,7 @@ def test_the_loop_prefills_each_prompt_once_and_drops_finished_rows(tiny):
     )
     try:
         torch.manual_seed(0)
-        completions = generate_completions(model, tokenizer, prompts, SamplingSettings(48), batch_size=64,
-                                           group_size=4)
+        completions = make_engine("loop", model, tokenizer, 64).generate(prompts, SamplingSettings(48), group_size=4)
     finally:
         hook.remove()
     assert shapes[0] == (5, max(len(p) for p in prompts))  # five prompts, prefilled once each
@@ -139,20 +158,19 @@ def test_draws_follow_the_warped_softmax():
 
 
 def test_top_k_one_and_a_tiny_top_p_sample_the_greedy_token(random_model, id_tokenizer):
-    greedy = generate_completions(random_model, id_tokenizer, PROMPTS, SamplingSettings(8, do_sample=False),
-                                  batch_size=16)
+    greedy = sample_completions(random_model, id_tokenizer, PROMPTS, SamplingSettings(8, do_sample=False),
+                                batch_size=16)
     for settings in (SamplingSettings(8, temperature=1.3, top_k=1), SamplingSettings(8, temperature=1.3, top_p=1e-6)):
         torch.manual_seed(0)
-        sampled = generate_completions(random_model, id_tokenizer, PROMPTS, settings, batch_size=16)
+        sampled = sample_completions(random_model, id_tokenizer, PROMPTS, settings, batch_size=16)
         assert [c.completion_ids.tolist() for c in sampled] == [c.completion_ids.tolist() for c in greedy]
 
 
 def test_bucketed_generate_pads_rows_and_width_but_returns_the_same_completions(id_tokenizer):
     model = make_random_model(seed=5)
     settings = SamplingSettings(max_new_tokens=6, do_sample=False)
-    plain = generate_completions(model, id_tokenizer, PROMPTS, settings, batch_size=64, via_generate=True)
-    bucketed = generate_completions(model, id_tokenizer, PROMPTS, settings, batch_size=64, via_generate=True,
-                                    bucket=True, generate_kwargs={"cache_implementation": "static"})
+    plain = make_engine("generate", model, id_tokenizer, 64).generate(PROMPTS, settings, group_size=1)
+    bucketed = make_engine("static-cache", model, id_tokenizer, 64).generate(PROMPTS, settings, group_size=1)
     assert [c.completion_ids.tolist() for c in bucketed] == [c.completion_ids.tolist() for c in plain]
     assert [bucket_size(n, 256) for n in (1, 3, 4, 5, 100, 300)] == [1, 4, 4, 8, 128, 300]
     assert bucket_size(100, 64) == 100  # never fewer rows than asked, never more than the batch allows
@@ -163,7 +181,7 @@ def test_a_bfloat16_rollout_copy_follows_the_training_weights(id_tokenizer):
     cfg = load_config(None, ["rollout.dtype=bfloat16"])
     engine = build_engine(cfg.rollout, model, id_tokenizer)
     assert engine.copy is not None and next(engine.copy.parameters()).dtype == torch.bfloat16
-    assert engine.sampler is engine.copy
+    assert engine.rollout_model is engine.copy
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.5)
@@ -175,7 +193,7 @@ def test_a_bfloat16_rollout_copy_follows_the_training_weights(id_tokenizer):
     completions = engine.generate(PROMPTS, SamplingSettings(5), group_size=2)
     assert len(completions) == 6 and all(c.length >= 1 for c in completions)
     float32 = build_engine(load_config(None, []).rollout, model, id_tokenizer)  # auto on CPU: the weights themselves
-    assert float32.copy is None and float32.sampler is model
+    assert float32.copy is None and float32.rollout_model is model
 
 
 def test_engines_are_chosen_by_name_and_unknown_ones_refused():
@@ -193,7 +211,7 @@ def test_truncated_rows_are_flagged_and_keep_all_tokens(random_model, id_tokeniz
     random_model.lm_head.weight.data[EOS_ID] = -50.0
     random_model.lm_head.weight.data[EOS2_ID] = -50.0
     settings = SamplingSettings(max_new_tokens=5, do_sample=False)
-    completions = generate_completions(random_model, id_tokenizer, [[3, 4], [5, 6, 7]], settings, batch_size=2)
+    completions = sample_completions(random_model, id_tokenizer, [[3, 4], [5, 6, 7]], settings, batch_size=2)
     assert [c.truncated for c in completions] == [True, True]
     assert [c.length for c in completions] == [5, 5]
 
@@ -233,7 +251,7 @@ def test_rollout_compile_switches_the_hf_engine_to_bucketed_static_cache_generat
     outputs, first_shapes = {}, {}
     for setting in ("on", "off"):
         engine = build_engine(load_config(None, [f"rollout.compile={setting}"]).rollout, model, tokenizer)
-        assert engine.compiled == (setting == "on")
+        assert isinstance(engine, StaticCacheEngine) == (setting == "on")
         shapes: list[tuple] = []
         hook = model.model.register_forward_hook(
             lambda module, args, kwargs, out, seen=shapes: seen.append(tuple(kwargs["input_ids"].shape)),

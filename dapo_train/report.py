@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_train.checkpoint import CONFIG_FILE
+from dapo_train.config import config_to_dict, flatten_config
 from dapo_train.errors import UserError
 from dapo_train.metrics import read_metrics
-from dapo_train.sweep import SWEEP_FILE, key_labels, saved_settings
+from dapo_train.rundir import saved_run_config
+from dapo_train.sweep import SWEEP_FILE, key_labels
 
 # What makes seeds of one point: everything in the config but these.
 PER_RUN_KEYS = ("seed", "output_dir", "run_name")
@@ -91,7 +93,7 @@ def load_run(path: Path) -> RunRecord:
         rows = sorted(read_metrics(path), key=lambda row: row["step"])
     except (ValueError, KeyError) as exc:
         raise UserError(f"{path / 'metrics.jsonl'}: a line is not a metrics row ({exc})") from None
-    return RunRecord(path, saved_settings(path), rows)
+    return RunRecord(path, flatten_config(config_to_dict(saved_run_config(path))), rows)
 
 
 def load_runs(paths: list[str]) -> list[RunRecord]:

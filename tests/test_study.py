@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_train import trainer
+from dapo_train import sweep as sweep_module
 from dapo_train.config import load_config, save_config
 from dapo_train.errors import TrainingAborted, UserError
 from dapo_train.report import compare, compare_rows, format_compare, group_points, load_runs, make_figure, plot
@@ -153,7 +153,7 @@ NAMES = ["eps_high=0.1_seed1", "eps_high=0.1_seed2", "eps_high=0.5_seed1", "eps_
 
 
 def _sweep(tmp_path, monkeypatch, fake, args=GRID):
-    monkeypatch.setattr(trainer, "train", fake)
+    monkeypatch.setattr(sweep_module, "train", fake)  # the name run_sweep calls
     return run_sweep(plan_sweep(CONFIG, args, "1,2", str(tmp_path / "s")), StopRequested())
 
 

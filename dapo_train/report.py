@@ -22,6 +22,7 @@ from dapo_train.errors import UserError
 from dapo_train.metrics import read_metrics
 from dapo_train.rundir import saved_run_config
 from dapo_train.sweep import SWEEP_FILE, key_labels
+from dapo_train.table import aligned_table
 
 # What makes seeds of one point: everything in the config but these.
 PER_RUN_KEYS = ("seed", "output_dir", "run_name")
@@ -219,13 +220,7 @@ def format_compare(varied: list[str], rows: list[dict]) -> str:
          *(_cell(row[key], fmt) for key, (_, fmt) in COLUMNS.items())]
         for row in rows
     ]
-    widths = [max(len(line[i]) for line in [headers, *body]) for i in range(len(headers))]
-
-    def line(cells: list[str]) -> str:
-        pairs = enumerate(zip(cells, widths))
-        return "  ".join(cell.ljust(width) if i < len(left) else cell.rjust(width) for i, (cell, width) in pairs)
-
-    table = [line(headers), line(["-" * w for w in widths]), *(line(cells) for cells in body)]
+    table = aligned_table(headers, body, left=len(left))
     if any(len(row["seeds"]) > 1 for row in rows):
         table.append("mean ± sample std over a point's seeds; best acc leaves out step 0 (before training)")
     return "\n".join(table)

@@ -148,9 +148,10 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def run_summary(rows: list[dict]) -> dict[str, float | None]:
-    """One run's numbers. Eval rows carry `accuracy` (step 0 = before training; best counts only
-    steps after it); training rows are steps >= 1; wall time is training plus eval seconds."""
+def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
+    """One run's metrics rows -> its numbers in the compare table (COLUMNS). Eval rows carry
+    `accuracy` (step 0 = before training; best counts only steps after it); training rows are
+    steps >= 1; wall time is training plus eval seconds."""
     evals = [(row["step"], _number(row["accuracy"])) for row in rows if _number(row.get("accuracy")) is not None]
     train = [row for row in rows if row["step"] > 0]
     entropy = _values(train, "entropy")
@@ -195,7 +196,7 @@ def compare_rows(runs: list[RunRecord]) -> tuple[list[str], list[dict]]:
     varied, points = group_points(runs)
     rows = []
     for point in points:
-        summaries = [run_summary(run.rows) for run in point.runs]
+        summaries = [summarize_metrics(run.rows) for run in point.runs]
         runs = point.runs
         row = {"point": point.settings, "seeds": [r.seed for r in runs], "runs": [str(r.path) for r in runs]}
         row.update({key: aggregate([s[key] for s in summaries]) for key in COLUMNS})

@@ -48,7 +48,7 @@ from dapo_train.modeling import (
     reference_policy,
     trainable_parameters,
 )
-from dapo_train.progress import Progress, run_summary
+from dapo_train.progress import Progress, end_of_run_summary
 from dapo_train.rewards import rewards_from_config
 from dapo_train.rollout import RolloutEngine, build_engine, engine_factory, pad_token_id
 from dapo_train.rundir import finished, finished_message, prepare_run_dir, warn_config_changes
@@ -401,7 +401,7 @@ def train(
         progress.close()
         metrics_log.close()
     if main:
-        print(run_summary(run_dir, run.step, cfg.train.max_steps, time.monotonic() - started, stop.requested),
+        print(end_of_run_summary(run_dir, run.step, cfg.train.max_steps, time.monotonic() - started, stop.requested),
               flush=True)
         if stop.requested:
             stop.report(run_dir, distributed.world_size())

@@ -60,7 +60,7 @@ def test_the_bar_labels_eval_and_train_accuracy_apart():
         fields = dict(part.split("=") for part in progress.bar.postfix.split(", "))
     finally:
         progress.close()
-    # Before: one `acc` that was eval accuracy on eval steps and train accuracy otherwise.
+    # Eval and train accuracy under their own names: one `acc` would mean either, depending on the step.
     assert fields == {"reward": "0.500", "train_acc": "0.250", "eval_acc": "0.280", "ent": "0.600"}
 
 

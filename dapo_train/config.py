@@ -104,7 +104,7 @@ RENAMED_VALUES = {
 }
 # Old dotted key -> (new dotted key, old value -> new value); the new key must sit in the same section.
 RENAMED_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    # One hand-written TensorBoard writer became a list of accelerate trackers.
+    # One tracker name reads as a list of one; "none" as the empty list.
     "logging.tracker": ("logging.trackers", lambda old: [] if old in ("none", None) else [old]),
 }
 

@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import huggingface_hub
 import numpy as np
-from huggingface_hub.utils import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
+from dapo_train import hub
 from dapo_train.answers import answer_check
 from dapo_train.config import DataConfig, looks_like_path, resolve_data_path
 from dapo_train.errors import UserError
@@ -47,7 +46,7 @@ SPLIT_WORDS = {
     "validation": ("validation", "valid", "val", "dev"),
 }
 LOCAL_COPY_HINT = "set data.path to a local folder or file (e.g. ./gsm8k_chinese with data/train-*.parquet)"
-HUB_TIMEOUT_S = 10.0
+DATASET_REPO = hub.RepoKind("dataset", "data.path", local="path", existing="file or folder", hint=LOCAL_COPY_HINT)
 EVAL_SUBSET_SALT = "dapo-train-eval"
 
 
@@ -166,8 +165,9 @@ def _load_saved(folder: Path, split: str) -> datasets.Dataset:
 
 
 def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE, as `datasets` read it when imported, or as huggingface_hub reads it."""
     flag = getattr(datasets.config, "HF_HUB_OFFLINE", getattr(datasets.config, "HF_DATASETS_OFFLINE", False))
-    return bool(flag or huggingface_hub.constants.HF_HUB_OFFLINE)
+    return bool(flag) or hub.offline()
 
 
 def _unreachable(repo_id: str, reason: object) -> UserError:
@@ -177,27 +177,12 @@ def _unreachable(repo_id: str, reason: object) -> UserError:
     )
 
 
-def _check_hub(repo_id: str) -> None:
-    """Ask the Hub once, with a timeout, before `load_dataset` (which retries for ~25 s offline)."""
-    try:
-        huggingface_hub.dataset_info(repo_id, timeout=HUB_TIMEOUT_S)
-    except RepositoryNotFoundError as exc:
-        raise UserError(
-            f"data.path '{repo_id}' is not a local path, and the Hub has no such dataset (or it is private or "
-            f"gated: log in with `hf auth login`); {LOCAL_COPY_HINT}"
-        ) from exc
-    except HFValidationError as exc:
-        raise UserError(f"data.path '{repo_id}' is neither an existing file or folder nor a Hub dataset id") from exc
-    except HfHubHTTPError:
-        return  # the Hub answered; load_dataset reports anything else (and may use the cache)
-    except Exception as exc:  # no network, DNS, proxy or timeout: anything that is not an answer
-        raise _unreachable(repo_id, f"{type(exc).__name__}: {exc}") from exc
-
-
 def _load_hub(repo_id: str, split: str) -> datasets.Dataset:
     """A Hub dataset id; all its splits are fetched (GSM8K-zh is a few MB) to list them on error."""
-    if not _hub_offline():
-        _check_hub(repo_id)
+    # hub.probe first: without a network, load_dataset retries for ~25 s before it fails.
+    unreachable = None if _hub_offline() else hub.probe(repo_id, DATASET_REPO)
+    if unreachable is not None:
+        raise _unreachable(repo_id, hub.reason(unreachable)) from unreachable
     try:
         splits = datasets.load_dataset(repo_id)
     except ConnectionError as exc:

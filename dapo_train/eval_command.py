@@ -40,6 +40,7 @@ from dapo_train.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
 from dapo_train.metrics import write_json_atomic, write_jsonl_atomic
 from dapo_train.modeling import check_model_path, load_model, load_tokenizer, mixed_precision
 from dapo_train.rundir import RUNS_ROOT, describe_runs, latest_run
+from dapo_train.table import aligned_table
 
 # What makes a folder loadable: a transformers model, or a LoRA adapter on its base (lora.py).
 MODEL_FILES = ("config.json", ADAPTER_CONFIG)
@@ -210,13 +211,7 @@ def format_table(rows: Sequence[tuple[str, dict]], samples: int = 1) -> str:
     columns = _BASE_COLUMNS + (_SAMPLED_COLUMNS if samples > 1 else ())
     headers = ["model"] + [name.replace("K", str(samples)) for name, _ in columns]
     body = [[label] + [render(metrics, samples) for _, render in columns] for label, metrics in rows]
-    widths = [max(len(line[i]) for line in [headers, *body]) for i in range(len(headers))]
-
-    def line(cells: list[str]) -> str:
-        first = cells[0].ljust(widths[0])
-        return "  ".join([first] + [cell.rjust(width) for cell, width in zip(cells[1:], widths[1:])])
-
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(cells) for cells in body])
+    return "\n".join(aligned_table(headers, body))
 
 
 # --------------------------------------------------------------------------------------------

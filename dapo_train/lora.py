@@ -17,7 +17,6 @@ names would otherwise train fewer layers without a word (peft only fails when no
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import warnings
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 from dapo_train.checkpoint import CONFIG_FILE
-from dapo_train.config import Config, LoraConfig, ModelConfig, read_saved_config
+from dapo_train.config import Config, LoraConfig, read_saved_config
 from dapo_train.errors import ConfigError, UserError
 
 logger = logging.getLogger(__name__)
@@ -159,15 +158,12 @@ def check_resume(cfg: Config, checkpoint: Path) -> None:
             )
 
 
-def load_adapter_model(model_cfg: ModelConfig, folder: str, device: torch.device):
-    """Base model + the folder's adapter, for inference (eval, export): peft reads the adapter's own
-    settings from adapter_config.json, so any peft LoRA adapter folder loads."""
-    require_peft(f"{folder} is a LoRA adapter checkpoint; loading it")
+def attach_adapter(base: torch.nn.Module, folder: str, device: torch.device):
+    """`base` (the model adapter_base names) with the folder's adapter on top, for inference: peft
+    reads the adapter's own settings from adapter_config.json, so any peft LoRA adapter folder loads.
+    Needs peft: check it with require_peft before loading the base."""
     from peft import PeftModel
 
-    from dapo_train.modeling import load_model
-
-    base = load_model(dataclasses.replace(model_cfg, name_or_path=adapter_base(folder)), device)
     with _quiet_peft():
         return PeftModel.from_pretrained(base, folder).to(device)
 

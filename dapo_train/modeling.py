@@ -16,18 +16,18 @@ from pathlib import Path
 
 import huggingface_hub
 import torch
-from huggingface_hub.utils import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
+from dapo_train import hub, lora
 from dapo_train.config import Config, ModelConfig, looks_like_path, resolve_model_path
 from dapo_train.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-HUB_TIMEOUT_S = 10.0
 LOCAL_MODEL_HINT = (
     "download it where there is network (`hf download <id> --local-dir ./<name>`) and set model.name_or_path "
     "to that folder (e.g. ./Qwen2.5-1.5B-Instruct)"
 )
+MODEL_REPO = hub.RepoKind("model", "model.name_or_path", local="folder", existing="folder", hint=LOCAL_MODEL_HINT)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -67,14 +67,12 @@ def load_tokenizer(model_cfg: ModelConfig):
 def load_model(model_cfg: ModelConfig, device: torch.device):
     """The policy in training dtype: float32 on CPU; on CUDA `auto` keeps float32 master weights
     and lets bf16 autocast do the matmuls. A LoRA adapter folder (a LoRA run's checkpoint) loads as
-    its base model with the adapter on top (lora.load_adapter_model)."""
+    its base model with the adapter on top (_load_adapter_model)."""
     from transformers import AutoModelForCausalLM
-
-    from dapo_train import lora
 
     path = check_model_path(model_cfg.name_or_path)
     if lora.is_adapter_folder(path):
-        return lora.load_adapter_model(model_cfg, path, device)
+        return _load_adapter_model(model_cfg, path, device)
     dtype = torch.float32 if model_cfg.dtype == "auto" else DTYPES[model_cfg.dtype]
     kwargs = {
         "dtype": dtype, "trust_remote_code": model_cfg.trust_remote_code, "use_safetensors": None,
@@ -89,13 +87,19 @@ def load_model(model_cfg: ModelConfig, device: torch.device):
     return model.to(device)
 
 
+def _load_adapter_model(model_cfg: ModelConfig, folder: str, device: torch.device):
+    """Base model + the folder's adapter, for inference (eval, export). peft is checked first, so a
+    missing package fails before the base model loads."""
+    lora.require_peft(f"{folder} is a LoRA adapter checkpoint; loading it")
+    base = load_model(dataclasses.replace(model_cfg, name_or_path=lora.adapter_base(folder)), device)
+    return lora.attach_adapter(base, folder, device)
+
+
 def load_policy(cfg: Config, device: torch.device, resume_from: Path | None = None):
     """The model to train. Full fine-tuning: the config's model, or the checkpoint's weights when
     resuming. LoRA (model.lora.r > 0): the config's model with fresh adapters, or with the
     checkpoint's adapter weights when resuming. A starting model that is itself an adapter folder
     is merged first: its weights are where this run starts."""
-    from dapo_train import lora
-
     if resume_from is not None:
         lora.check_resume(cfg, resume_from)
         if cfg.model.lora.r == 0:
@@ -127,10 +131,6 @@ def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def hub_offline() -> bool:
-    return bool(huggingface_hub.constants.HF_HUB_OFFLINE)
-
-
 def _cached(repo_id: str) -> bool:
     return isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str)
 
@@ -138,27 +138,17 @@ def _cached(repo_id: str) -> bool:
 @functools.cache
 def hub_load_kwargs(path: str) -> dict:
     """Extra from_pretrained arguments for `path`. For a hub id, ask the Hub once with a timeout
-    first: without network, from_pretrained retries for ~50 s before it fails. Unreachable -> the
-    cached copy if there is one (local_files_only), else one UserError now."""
-    if Path(path).is_dir() or hub_offline():
+    first (hub.probe): without network, from_pretrained retries for ~50 s before it fails.
+    Unreachable -> the cached copy if there is one (local_files_only), else one UserError now."""
+    if Path(path).is_dir() or hub.offline():
         return {}
-    try:
-        huggingface_hub.model_info(path, timeout=HUB_TIMEOUT_S)
-    except RepositoryNotFoundError:
-        raise UserError(
-            f"model.name_or_path '{path}' is not a local folder, and the Hub has no such model (or it is private "
-            f"or gated: log in with `hf auth login`); {LOCAL_MODEL_HINT}"
-        ) from None
-    except HFValidationError:
-        raise UserError(f"model.name_or_path '{path}' is neither an existing folder nor a Hub model id") from None
-    except HfHubHTTPError:
-        return {}  # the Hub answered; from_pretrained reports anything else (and may use the cache)
-    except Exception as exc:  # no network, DNS, proxy or timeout: anything that is not an answer
-        if _cached(path):
-            logger.warning("the Hugging Face Hub is unreachable (%s); using the cached copy of %s", exc, path)
-            return {"local_files_only": True}
-        raise UserError(_unreachable(path, f"{type(exc).__name__}: {exc}")) from None
-    return {}
+    unreachable = hub.probe(path, MODEL_REPO)
+    if unreachable is None:
+        return {}
+    if _cached(path):
+        logger.warning("the Hugging Face Hub is unreachable (%s); using the cached copy of %s", unreachable, path)
+        return {"local_files_only": True}
+    raise UserError(_unreachable(path, hub.reason(unreachable)))
 
 
 def _unreachable(path: str, exc: object) -> str:
@@ -167,7 +157,7 @@ def _unreachable(path: str, exc: object) -> str:
     first = text.splitlines()[0][:200] if text else type(exc).__name__
     if Path(path).is_dir():
         return f"could not load model from {path}: {first}"
-    if hub_offline():
+    if hub.offline():
         first = "HF_HUB_OFFLINE=1 and no cached copy"
         return f"could not load model '{path}' ({first}); {LOCAL_MODEL_HINT}"
     return (

@@ -125,7 +125,7 @@ def _at(row: dict) -> str:
     return f"{row['accuracy']:.3f} (step {row['step']})"
 
 
-def run_summary(run_dir: Path, step: int, max_steps: int, wall_s: float, stopped: bool) -> str:
+def end_of_run_summary(run_dir: Path, step: int, max_steps: int, wall_s: float, stopped: bool) -> str:
     """The end-of-run report (printed): accuracy first -> best -> last, wall time, checkpoints, next."""
     head = f"stopped {run_dir} at step {step} of {max_steps}" if stopped else f"finished {run_dir}: {step} steps"
     lines = [f"{head} in {duration(wall_s)}"]

@@ -17,9 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_train.checkpoint import CONFIG_FILE
+from dapo_train.config import config_to_dict, flatten_config
 from dapo_train.errors import UserError
 from dapo_train.metrics import read_metrics
-from dapo_train.sweep import SWEEP_FILE, key_labels, saved_settings
+from dapo_train.rundir import saved_run_config
+from dapo_train.sweep import SWEEP_FILE, key_labels
+from dapo_train.table import aligned_table
 
 # What makes seeds of one point: everything in the config but these.
 PER_RUN_KEYS = ("seed", "output_dir", "run_name")
@@ -91,7 +94,7 @@ def load_run(path: Path) -> RunRecord:
         rows = sorted(read_metrics(path), key=lambda row: row["step"])
     except (ValueError, KeyError) as exc:
         raise UserError(f"{path / 'metrics.jsonl'}: a line is not a metrics row ({exc})") from None
-    return RunRecord(path, saved_settings(path), rows)
+    return RunRecord(path, flatten_config(config_to_dict(saved_run_config(path))), rows)
 
 
 def load_runs(paths: list[str]) -> list[RunRecord]:
@@ -145,9 +148,10 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def run_summary(rows: list[dict]) -> dict[str, float | None]:
-    """One run's numbers. Eval rows carry `accuracy` (step 0 = before training; best counts only
-    steps after it); training rows are steps >= 1; wall time is training plus eval seconds."""
+def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
+    """One run's metrics rows -> its numbers in the compare table (COLUMNS). Eval rows carry
+    `accuracy` (step 0 = before training; best counts only steps after it); training rows are
+    steps >= 1; wall time is training plus eval seconds."""
     evals = [(row["step"], _number(row["accuracy"])) for row in rows if _number(row.get("accuracy")) is not None]
     train = [row for row in rows if row["step"] > 0]
     entropy = _values(train, "entropy")
@@ -192,7 +196,7 @@ def compare_rows(runs: list[RunRecord]) -> tuple[list[str], list[dict]]:
     varied, points = group_points(runs)
     rows = []
     for point in points:
-        summaries = [run_summary(run.rows) for run in point.runs]
+        summaries = [summarize_metrics(run.rows) for run in point.runs]
         runs = point.runs
         row = {"point": point.settings, "seeds": [r.seed for r in runs], "runs": [str(r.path) for r in runs]}
         row.update({key: aggregate([s[key] for s in summaries]) for key in COLUMNS})
@@ -217,13 +221,7 @@ def format_compare(varied: list[str], rows: list[dict]) -> str:
          *(_cell(row[key], fmt) for key, (_, fmt) in COLUMNS.items())]
         for row in rows
     ]
-    widths = [max(len(line[i]) for line in [headers, *body]) for i in range(len(headers))]
-
-    def line(cells: list[str]) -> str:
-        pairs = enumerate(zip(cells, widths))
-        return "  ".join(cell.ljust(width) if i < len(left) else cell.rjust(width) for i, (cell, width) in pairs)
-
-    table = [line(headers), line(["-" * w for w in widths]), *(line(cells) for cells in body)]
+    table = aligned_table(headers, body, left=len(left))
     if any(len(row["seeds"]) > 1 for row in rows):
         table.append("mean ± sample std over a point's seeds; best acc leaves out step 0 (before training)")
     return "\n".join(table)

@@ -22,7 +22,14 @@ import tempfile
 from pathlib import Path
 
 from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, STATE_FILE, checkpoint_dirs, latest_checkpoint
-from dapo_train.config import Config, config_to_dict, flatten_config, load_config, read_saved_config
+from dapo_train.config import (
+    Config,
+    config_from_dict,
+    config_to_dict,
+    flatten_config,
+    load_config,
+    read_saved_config,
+)
 from dapo_train.errors import UserError
 from dapo_train.lora import check_lora_start
 from dapo_train.metrics import METRICS_FILE, check_trackers
@@ -164,7 +171,7 @@ def resume_config(resume: str, config_path: str | None, overrides: list[str]) ->
     cfg = load_config(None, overrides, base=saved)
     if config_path is not None:
         name = Path(config_path).name
-        ignored = _differences(config_to_dict(located), cfg)
+        ignored = config_differences(located, cfg, skip=("output_dir", "run_name"))
         if ignored:
             logger.warning(
                 "%s differs from the saved config of %s, which --resume keeps: %s; to change a setting, pass "
@@ -174,19 +181,30 @@ def resume_config(resume: str, config_path: str | None, overrides: list[str]) ->
     return cfg, checkpoint
 
 
-def _differences(saved: dict, cfg: Config, skip: tuple[str, ...] = ("output_dir", "run_name")) -> list[tuple]:
-    """[(dotted key, saved value, value in cfg)] for every key whose value differs."""
-    old, new = flatten_config(saved), flatten_config(config_to_dict(cfg))
-    return [(key, old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys())
-            if key not in skip and old.get(key) != new.get(key)]
+def config_differences(old: Config, new: Config, skip: tuple[str, ...] = ()) -> list[tuple[str, object, object]]:
+    """[(dotted key, value in old, value in new)] for every key whose value differs, by key; a key
+    only one side has (a reward the other lacks) pairs with None."""
+    before, after = flatten_config(config_to_dict(old)), flatten_config(config_to_dict(new))
+    return [(key, before.get(key), after.get(key)) for key in sorted(before.keys() | after.keys())
+            if key not in skip and before.get(key) != after.get(key)]
+
+
+def saved_run_config(run_dir: Path) -> Config:
+    """A run folder's config.yaml as this version reads it: retired keys dropped and keys added
+    since at their defaults, so an old run and a new one of the same settings compare equal."""
+    path = run_dir / CONFIG_FILE
+    try:
+        return config_from_dict(read_saved_config(path))
+    except UserError as exc:
+        raise UserError(f"{path}: {exc}") from None
 
 
 def warn_config_changes(cfg: Config, checkpoint: Path) -> None:
     """Name, key by key, what a resumed run changes from the settings its checkpoint trained with."""
     # Keys added since the checkpoint was saved take their defaults.
-    saved = config_to_dict(load_config(None, [], base=read_saved_config(checkpoint / CONFIG_FILE)))
-    changed = _differences(saved, cfg, skip=())
-    if Path(saved["output_dir"]).resolve() == Path(cfg.output_dir).resolve():
+    saved = load_config(None, [], base=read_saved_config(checkpoint / CONFIG_FILE))
+    changed = config_differences(saved, cfg)
+    if Path(saved.output_dir).resolve() == Path(cfg.output_dir).resolve():
         changed = [change for change in changed if change[0] != "output_dir"]
     if changed:
         logger.warning(

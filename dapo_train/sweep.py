@@ -20,16 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dapo_train.checkpoint import CONFIG_FILE, latest_checkpoint
-from dapo_train.config import (
-    Config,
-    config_from_dict,
-    config_to_dict,
-    flatten_config,
-    load_config,
-    read_saved_config,
-)
+from dapo_train.config import Config, load_config
 from dapo_train.errors import TrainingAborted, UserError
 from dapo_train.metrics import write_json_atomic
+from dapo_train.rewards import rewards_from_config
+from dapo_train.rundir import config_differences, saved_run_config
 from dapo_train.signals import StopRequested
 
 SWEEP_FILE = "sweep.json"
@@ -86,17 +81,6 @@ def parse_seeds(text: str | None) -> list[int] | None:
     if len(set(seeds)) != len(seeds):
         raise UserError(f"--seeds {text!r}: a seed is given twice")
     return seeds
-
-
-def saved_settings(run_dir: Path) -> dict:
-    """A run folder's config.yaml, flattened, as this version reads it: retired keys dropped and keys
-    added since at their defaults, so an old run and a new one of the same settings compare equal."""
-    path = run_dir / CONFIG_FILE
-    saved = read_saved_config(path)
-    try:
-        return flatten_config(config_to_dict(config_from_dict(saved)))
-    except UserError as exc:
-        raise UserError(f"{path}: {exc}") from None
 
 
 def key_labels(keys: list[str]) -> dict[str, str]:
@@ -197,8 +181,6 @@ def _split_args(args: list[str], seeds: list[int] | None) -> tuple[dict[str, lis
 def plan_sweep(config_path: str, args: list[str], seeds_text: str | None = None, sweep_dir: str | None = None) -> Sweep:
     """Build and check every point's Config (and rewards) before anything trains; merge the
     statuses an earlier run of this sweep left in sweep.json."""
-    from dapo_train.rewards import rewards_from_config  # the checks `run` does before loading a model
-
     if "=" in config_path and not Path(config_path).exists():
         raise UserError(f"sweep needs a CONFIG file first (e.g. configs/tiny-cpu.yaml), got '{config_path}'")
     seeds = parse_seeds(seeds_text)
@@ -216,7 +198,7 @@ def plan_sweep(config_path: str, args: list[str], seeds_text: str | None = None,
                 *(f"{k}={v}" for k, v in chosen.items()), *plain, f"seed={seed}", f"output_dir={run_dir}",
                 f"run_name={name}",
             ])
-            rewards_from_config(cfg)
+            rewards_from_config(cfg)  # the checks `run` does before loading a model
             sweep.points.append(SweepPoint(name, chosen, seed, cfg))
     names = [p.name for p in sweep.points]
     shared = next((name for i, name in enumerate(names) if name in names[:i]), None)
@@ -240,20 +222,18 @@ def _merge_earlier(sweep: Sweep) -> None:
         point.status = earlier.get(point.name, "pending")
         if not (point.run_dir / CONFIG_FILE).is_file():
             continue
-        saved = saved_settings(point.run_dir)
-        wanted = flatten_config(config_to_dict(point.cfg))
-        changed = sorted(k for k in wanted.keys() | saved.keys() if k != "output_dir" and wanted.get(k) != saved.get(k))
+        changed = config_differences(saved_run_config(point.run_dir), point.cfg, skip=("output_dir",))
         if changed:
             raise UserError(
-                f"{point.run_dir} holds a run with other settings ({', '.join(changed)}); use another --dir, "
-                "or delete that folder to run this point again"
+                f"{point.run_dir} holds a run with other settings ({', '.join(key for key, _, _ in changed)}); "
+                "use another --dir, or delete that folder to run this point again"
             )
 
 
 def run_sweep(sweep: Sweep, stop: StopRequested) -> int:
     """Train every unfinished point in order. -> exit code: 0, 1 when a point aborted (the others
     still ran), or stop.exit_code when a signal stopped the sweep (the run in progress saved)."""
-    from dapo_train import trainer  # looked up at call time, so tests can stand in a fake train
+    from dapo_train import trainer  # here: compare and plot import this module, not the trainer's stack
 
     sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
     sweep.save()

@@ -56,7 +56,7 @@ from dapo_train.modeling import (
 from dapo_train.old_logprobs import clip_can_act, needing_old_logprobs, record_old_logprobs
 from dapo_train.optim import adamw
 from dapo_train.plan import StepBatch, fill_batch, plan_update, reduce_update, total
-from dapo_train.progress import Progress, run_summary
+from dapo_train.progress import Progress, end_of_run_summary
 from dapo_train.rewards import RewardSet, rewards_from_config
 from dapo_train.rollout import RolloutEngine, build_engine, engine_factory, pad_token_id
 from dapo_train.rundir import finished, finished_message, prepare_run_dir, warn_config_changes
@@ -393,7 +393,7 @@ def train(
         progress.close()
         metrics_log.close()
     if main:
-        print(run_summary(run_dir, run.step, cfg.train.max_steps, time.monotonic() - started, stop.requested),
+        print(end_of_run_summary(run_dir, run.step, cfg.train.max_steps, time.monotonic() - started, stop.requested),
               flush=True)
         if stop.requested:
             stop.report(run_dir, distributed.world_size())

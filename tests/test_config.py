@@ -237,7 +237,7 @@ def test_bad_nested_and_list_values_name_their_key(override, key, message):
 
 
 def test_the_old_logging_tracker_key_is_read_as_trackers_with_a_notice(tmp_path, caplog):
-    """logging.tracker (one name or none) became logging.trackers (a list): an old run folder's
+    """logging.tracker (one name or none) reads as logging.trackers (a list): an old run folder's
     config.yaml, a file and an override all still work, one notice each."""
     cfg = load_config(None, [])
     save_config(cfg, tmp_path / "config.yaml")

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import datasets
+import huggingface_hub
 import numpy as np
 import pandas as pd
 import pytest
@@ -276,7 +277,7 @@ def test_hub_id_in_offline_mode_fails_fast_with_a_local_copy_hint(tmp_path):
 
 def test_hub_id_without_network_fails_on_the_probe_before_load_dataset(monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(data_module.huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
     def no_network(repo_id, timeout):
         raise ConnectionError("Name or service not known")
@@ -284,7 +285,7 @@ def test_hub_id_without_network_fails_on_the_probe_before_load_dataset(monkeypat
     def must_not_run(*args, **kwargs):
         raise AssertionError("load_dataset retries for ~25 s without a network; the probe must stop first")
 
-    monkeypatch.setattr(data_module.huggingface_hub, "dataset_info", no_network)
+    monkeypatch.setattr(huggingface_hub, "dataset_info", no_network)
     monkeypatch.setattr(data_module.datasets, "load_dataset", must_not_run)
     with pytest.raises(
         UserError,

@@ -324,7 +324,7 @@ def test_nothing_to_evaluate():
 
 
 def test_an_old_checkpoint_with_a_retired_key_still_evaluates_and_resumes(run_folder, tmp_path, caplog):
-    """checkpoint.save_optimizer was removed; checkpoints saved before still hold it."""
+    """checkpoint.save_optimizer is retired; old checkpoints still hold it."""
     from dapo_train.rundir import warn_config_changes
 
     old = tmp_path / "old_run" / "checkpoint_5"
@@ -357,7 +357,7 @@ def test_result_names_say_what_was_evaluated(args, name):
 
 
 def test_evals_of_different_kinds_coexist(run_folder, monkeypatch):
-    """A --limit or sampled eval of a checkpoint no longer replaces its other evals."""
+    """A --limit or sampled eval of a checkpoint leaves its other evals in place."""
     monkeypatch.chdir(run_folder)
     folder = run_folder / "outputs" / "run" / "checkpoint_1"
     run_eval([str(folder)], EVAL_OPTIONS)

@@ -3,8 +3,8 @@ folder in model.name_or_path, HF_HUB_OFFLINE=1 with a cached copy), and no warni
 
 import subprocess
 import sys
-import time
 
+import huggingface_hub
 import pytest
 
 from dapo_train import modeling
@@ -25,8 +25,8 @@ def no_network(monkeypatch):
     def must_not_run(*args, **kwargs):
         raise AssertionError("from_pretrained retries for ~50 s without a network; the probe must stop first")
 
-    monkeypatch.setattr(modeling.huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(modeling.huggingface_hub, "model_info", unreachable)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", must_not_run)
     modeling.hub_load_kwargs.cache_clear()
     yield monkeypatch
@@ -34,11 +34,9 @@ def no_network(monkeypatch):
 
 
 def test_an_unreachable_hub_fails_on_the_probe_naming_both_ways_out(no_network):
-    no_network.setattr(modeling.huggingface_hub, "try_to_load_from_cache", lambda repo_id, filename: None)
-    start = time.perf_counter()
-    with pytest.raises(UserError) as error:
+    no_network.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo_id, filename: None)
+    with pytest.raises(UserError) as error:  # from the probe: the fixture forbids from_pretrained
         modeling.load_tokenizer(ModelConfig(name_or_path=HUB_ID))
-    assert time.perf_counter() - start < 5
     message = str(error.value)
     assert message.startswith(f"could not reach model '{HUB_ID}' on the Hugging Face Hub (ConnectionError: ")
     assert "set model.name_or_path to that folder" in message and "set HF_HUB_OFFLINE=1" in message
@@ -46,7 +44,7 @@ def test_an_unreachable_hub_fails_on_the_probe_naming_both_ways_out(no_network):
 
 
 def test_an_unreachable_hub_uses_a_cached_copy(no_network):
-    no_network.setattr(modeling.huggingface_hub, "try_to_load_from_cache", lambda repo_id, filename: "/cache/x")
+    no_network.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo_id, filename: "/cache/x")
     assert modeling.hub_load_kwargs(HUB_ID) == {"local_files_only": True}
 
 
@@ -65,8 +63,8 @@ def test_offline_mode_names_the_local_folder_and_hf_hub_offline(tmp_path):
 
 
 def test_library_warnings_are_printed_once(tmp_path):
-    """transformers gives huggingface_hub's logger its own handler; with the root's, every Hub retry
-    warning was printed twice."""
+    """transformers gives huggingface_hub's logger its own handler; with the root's as well, every Hub
+    retry warning would be printed twice."""
     script = (
         "import logging\n"
         "from dapo_train.cli import _setup_logging\n"

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from dapo_train.config import load_config
-from dapo_train.progress import Progress, duration, eval_line, run_summary, step_fields
+from dapo_train.progress import Progress, duration, end_of_run_summary, eval_line, step_fields
 from dapo_train.trainer import train
 
 SMALL = [
@@ -60,7 +60,7 @@ def test_the_bar_labels_eval_and_train_accuracy_apart():
         fields = dict(part.split("=") for part in progress.bar.postfix.split(", "))
     finally:
         progress.close()
-    # Before: one `acc` that was eval accuracy on eval steps and train accuracy otherwise.
+    # Eval and train accuracy under their own names: one `acc` would mean either, depending on the step.
     assert fields == {"reward": "0.500", "train_acc": "0.250", "eval_acc": "0.280", "ent": "0.600"}
 
 
@@ -70,13 +70,13 @@ def test_the_summary_gives_accuracy_first_best_last_wall_time_checkpoints_and_ne
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     for step in (20, 40):
         (tmp_path / f"checkpoint_{step}").mkdir()
-    assert run_summary(tmp_path, 40, 40, 200.0, stopped=False).splitlines() == [
+    assert end_of_run_summary(tmp_path, 40, 40, 200.0, stopped=False).splitlines() == [
         f"finished {tmp_path}: 40 steps in 3m20s",
         "  eval accuracy (100 eval items): first 0.160 (step 0) -> best 0.300 (step 10) -> last 0.280 (step 40)",
         f"  checkpoints in {tmp_path}: checkpoint_20, checkpoint_40",
         f"  next: dapo-train eval {tmp_path / 'checkpoint_40'}   # every item of data.eval_split",
     ]
-    stopped = run_summary(tmp_path, 20, 40, 65.0, stopped=True).splitlines()
+    stopped = end_of_run_summary(tmp_path, 20, 40, 65.0, stopped=True).splitlines()
     assert stopped[0] == f"stopped {tmp_path} at step 20 of 40 in 1m05s"
     assert not any("next:" in line for line in stopped)  # the stop report says how to resume instead
 

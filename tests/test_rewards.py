@@ -1,14 +1,16 @@
 """Rule rewards: hand-computed values, the registry and import paths, and loud failures."""
 
+import ast
 import re
 import textwrap
-import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dapo_train import rewards as rewards_module
 from dapo_train.config import RewardSpec, load_config
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.rewards import REWARDS, RewardError, build_rewards, score
@@ -17,9 +19,9 @@ GOOD = "<think>\n3 元一个，24 个：3×24=72\n</think>\n<answer>\n72\n</answ
 
 # completion, gold, and the expected (correctness, accuracy, digit, hard_format, mark) values.
 FORMAT_CASES = [
-    # The taught format with the final newline the seed trainer required: everything earned.
+    # The taught format with a final newline: everything earned.
     (GOOD + "\n", 72, (2.0, 1.0, 0.5, 0.5, 0.5)),
-    # No final newline (what decoding usually gives): the seed gave hard_format 0 here; now full.
+    # No final newline (what decoding usually gives): everything earned too.
     (GOOD, 72, (2.0, 1.0, 0.5, 0.5, 0.5)),
     # Whitespace around the whole completion is fine.
     ("  \n" + GOOD + " \n\n", 72, (2.0, 1.0, 0.5, 0.5, 0.5)),
@@ -51,7 +53,8 @@ def test_rule_rewards_table(completion, gold, expected):
         assert got == pytest.approx([value]), name
 
 
-# The seed trainer's hard_format regex with its "\n$" end relaxed to surrounding whitespace.
+# The shape hard_format accepts, as the regex the README's seed trainer used, its "\n$" end relaxed to
+# surrounding whitespace: the reference the linear-time check must agree with.
 SEED_FORMAT = re.compile(r"\s*<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>\s*", re.DOTALL)
 FORMAT_PIECES = ["<think>\n", "\n</think>\n<answer>\n", "\n</answer>", "\n", " ", "7", "<think>", "</answer>\n"]
 
@@ -62,13 +65,39 @@ def test_hard_format_is_the_seed_regex_with_free_surrounding_whitespace(text):
     assert REWARDS["hard_format"].fn([text], [0]) == [0.5 if SEED_FORMAT.fullmatch(text) else 0.0]
 
 
-def test_format_rewards_are_linear_on_degenerate_repetition():
-    # 600 repeats of the tag sequence: the seed's lazy regex backtracks over every pair (~0.25 s).
-    text = "<think>\n" + "\n</think>\n<answer>\n72\n</answer>\nfoo" * 600
-    start = time.perf_counter()
-    for name in ("hard_format", "mark", "correctness", "digit"):
-        REWARDS[name].fn([text] * 10, [72] * 10)
-    assert time.perf_counter() - start < 0.5
+# 600 repeats of the tag sequence, the degenerate output a lazy ".*?" pair backtracks over pair by pair.
+REPEATED_TAGS = "<think>\n" + "\n</think>\n<answer>\n72\n</answer>" * 600
+
+
+@pytest.mark.parametrize(
+    "text, hard_format",
+    [
+        # Head first and tail last: the shape holds, the answer ".*?" spanning the other 599 blocks.
+        (REPEATED_TAGS, 0.5),
+        # Text after the last </answer>: not the shape.
+        (REPEATED_TAGS + "\nfoo", 0.0),
+    ],
+)
+def test_format_rewards_on_degenerate_repetition(text, hard_format):
+    assert REWARDS["hard_format"].fn([text], [72]) == [hard_format]
+    # Only "<think>\n" appears exactly once: 0.125; </answer> is not unique, so no trailing cost either.
+    assert REWARDS["mark"].fn([text], [72]) == [0.125]
+    assert REWARDS["correctness"].fn([text], [72]) == [2.0]  # the last closed block holds 72
+    assert REWARDS["digit"].fn([text], [72]) == [0.5]
+
+
+def test_the_format_rewards_use_no_regex():
+    """hard_format and mark are decided with str.find / count / startswith, one pass each over the
+    text, so no regex can backtrack there (the answer-extraction regexes, which correctness and
+    digit use, are checked for backtracking shapes in test_answers)."""
+    modules = set()
+    for node in ast.walk(ast.parse(Path(rewards_module.__file__).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            modules.add(node.module)
+    assert "dapo_train.answers" in modules  # the walk sees the module's imports
+    assert not modules & {"re", "regex"}
 
 
 def reward_set(*specs, max_new_tokens=100):

@@ -85,7 +85,7 @@ def test_overrides_with_resume_are_listed_key_by_key(finished_run, tmp_path, cap
 
 
 def test_a_config_given_with_resume_only_locates_the_run(finished_run, tmp_path, caplog):
-    """The old hint, `dapo-train run CONFIG output_dir=RUN --resume`: the run keeps its own settings,
+    """`dapo-train run CONFIG output_dir=RUN --resume`: the run keeps its own settings,
     and the warning names each value of CONFIG that was not applied."""
     base = tmp_path / "base.yaml"
     base.write_text("train:\n  max_steps: 40\n")

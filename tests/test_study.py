@@ -153,7 +153,7 @@ NAMES = ["eps_high=0.1_seed1", "eps_high=0.1_seed2", "eps_high=0.5_seed1", "eps_
 
 
 def _sweep(tmp_path, monkeypatch, fake, args=GRID):
-    monkeypatch.setattr(trainer, "train", fake)
+    monkeypatch.setattr(trainer, "train", fake)  # the function run_sweep calls
     return run_sweep(plan_sweep(CONFIG, args, "1,2", str(tmp_path / "s")), StopRequested())
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,9 @@ from dapo_train.batches import Batching, MicroBatch, MiniBatch, Scorer, UpdatePl
 from dapo_train.config import Config, import_plugin
 from dapo_train.errors import ConfigError
 from dapo_train.optim import PolicyOptimizer
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 
 def loss_settings(cfg: Config) -> LossSettings:
@@ -64,7 +68,7 @@ class Learner:
 
     model: torch.nn.Module
     optimizer: PolicyOptimizer
-    accelerator: object
+    accelerator: Accelerator
     loss: LossSettings
     batching: Batching
     scorer: Scorer
@@ -113,10 +117,15 @@ def accumulate_gradients(learner: Learner, mini: MiniBatch, loss_scale: int = 1)
             metrics = _micro_batch_backward(learner, micro, mini.normalizer, loss_scale)
         loss_sum += metrics.pop("loss")
         tokens = metrics.pop("num_tokens")
-        for key, value in metrics.items():
-            totals[key] = totals.get(key, 0.0) + value * tokens
+        _add_weighted(totals, metrics, tokens)
         weight_sum += tokens
     return {**totals, "loss": loss_sum, "num_tokens": weight_sum}
+
+
+def _add_weighted(totals: dict[str, float], values: dict[str, float], weight: float) -> None:
+    """totals[key] += value x weight: token-weighted sums, for micro-batches and for optimizer steps."""
+    for key, value in values.items():
+        totals[key] = totals.get(key, 0.0) + value * weight
 
 
 def _micro_batch_backward(learner: Learner, micro: MicroBatch, normalizer: float, loss_scale: int) -> dict:
@@ -154,9 +163,7 @@ def update_metrics(result: UpdateResult, plan: UpdatePlan) -> dict:
     tokens, last = 0.0, {}
     for step in result.applied:
         last = _means(step.sums)
-        for key, value in last.items():
-            if key != "num_tokens":
-                totals[key] = totals.get(key, 0.0) + value * last["num_tokens"]
+        _add_weighted(totals, {key: value for key, value in last.items() if key != "num_tokens"}, last["num_tokens"])
         tokens += last["num_tokens"]
     out = {key: value / max(tokens, 1.0) for key, value in totals.items()}
     out.update(

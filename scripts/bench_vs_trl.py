@@ -62,7 +62,8 @@ class FixedOrder:
 
 def run_ours(args, model_path: str) -> dict:
     from dapo_train.config import load_config
-    from dapo_train.trainer import setup, train_step
+    from dapo_train.session import setup
+    from dapo_train.trainer import train_step
 
     cfg = load_config(None, [
         f"model.name_or_path={model_path}", f"output_dir={tempfile.mkdtemp()}", f"seed={args.seed}",

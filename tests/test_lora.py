@@ -21,6 +21,7 @@ from dapo_train.export import export_checkpoint
 from dapo_train.logprobs import collate
 from dapo_train.metrics import read_metrics
 from dapo_train.modeling import load_model
+from dapo_train.session import setup
 from dapo_train.update import Learner, accumulate_gradients
 
 from conftest import EOS2_ID, make_random_model
@@ -158,7 +159,7 @@ def test_lora_settings_with_rank_0_say_they_cannot_act(caplog):
 def kl_run(tmp_path_factory):
     """Two LoRA steps with dapo.beta > 0 (the k3 term to the reference), in process."""
     cfg = _cfg(tmp_path_factory.mktemp("kl") / "run", "dapo.beta=0.1")
-    run = trainer.setup(cfg, tmp_path_factory.mktemp("kl_dir"), None)
+    run = setup(cfg, tmp_path_factory.mktemp("kl_dir"), None)
     before = _state(run.model)
     metrics = [trainer.train_step(run) for _ in range(2)]
     return run, before, metrics

@@ -234,9 +234,9 @@ def test_a_plugin_engine_serves_the_trainer_and_gets_the_weights_after_each_step
 
 
 def test_an_unknown_engine_stops_the_run_before_the_model_loads(tmp_path, monkeypatch):
-    from dapo_train import trainer
+    from dapo_train import session, trainer
 
-    monkeypatch.setattr(trainer, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr(session, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))
     cfg = load_config(None, ["rollout.engine=vllm", f"output_dir={tmp_path / 'run'}"])
     with pytest.raises(ConfigError, match="rollout.engine"):
         trainer.train(cfg)

@@ -192,9 +192,21 @@ def sweep_cmd(
 def compare_cmd(
     paths: list[str] = typer.Argument(..., metavar="RUN_OR_SWEEP_DIR...", help=_PATHS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list instead of a table."),
+    baseline: str = typer.Option(
+        None, "--baseline", metavar="POINT",
+        help="Pair every other point against this one, item by item: a run folder (its point) or its settings "
+        "as KEY=VALUE, e.g. eps_high=0.28 (short or dotted keys of the settings that differ).",
+    ),
 ) -> None:
     """One row per point (runs differing only in seed are one point: mean ± std): the varied keys,
-    final and best eval accuracy, clip fractions, entropy, completion length, steps and wall time."""
+    final (whole split), last and best eval accuracy, clip fractions, entropy, completion length, steps
+    and wall time. With --baseline, every point's accuracy difference to it on the same items with a
+    95% paired-bootstrap interval (McNemar's test for single runs) and its entropy difference seed by seed."""
+    if baseline is not None:
+        from dapo_train.pairing import compare_with_baseline
+
+        typer.echo(compare_with_baseline(paths, baseline, as_json))
+        return
     from dapo_train.report import compare
 
     typer.echo(compare(paths, as_json))

@@ -5,8 +5,8 @@
 - Without the bar (server logs, CI) every step logs one plain line instead.
 - Every eval logs one line: step, accuracy with its 95% interval, and the means since the last eval
   of reward, train accuracy, entropy, clip fractions and seconds per step.
-- The end of a run prints a summary: eval accuracy first -> best -> last, wall time, the
-  checkpoints, and the command to run next.
+- The end of a run prints a summary: eval accuracy first -> best -> last, the final accuracy on
+  the whole eval split (eval.final_full), wall time, the checkpoints, and the command to run next.
 Lines go through `logging` (redirected around the bar, so the bar stays one line).
 """
 
@@ -24,6 +24,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from dapo_train.checkpoint import checkpoint_dirs
 from dapo_train.config import Config
+from dapo_train.eval_items import FINAL
 from dapo_train.metrics import read_metrics
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,15 @@ def eval_line(step: int, max_steps: int, metrics: dict, since: list[dict]) -> st
     return f"{head}; since the last eval: {step_fields(since)}"
 
 
+def final_line(step: int, metrics: dict) -> str:
+    """The end-of-run eval on the whole split (eval.final_full), apart from the periodic evals."""
+    low, high = metrics[f"{FINAL.prefix}accuracy_ci95_low"], metrics[f"{FINAL.prefix}accuracy_ci95_high"]
+    return (
+        f"final eval step {step}: accuracy {metrics[FINAL.accuracy]:.3f} (95% CI {low:.3f}-{high:.3f}) on all "
+        f"{int(metrics[f'{FINAL.prefix}num_items'])} items of the eval split"
+    )
+
+
 class Progress:
     """The bar or the plain lines, and the eval lines, for one training session."""
 
@@ -103,6 +113,8 @@ class Progress:
         if "accuracy" in metrics:
             logger.info("%s", eval_line(step, self.max_steps, metrics, self.since_eval))
             self.since_eval, self.eval_accuracy = [], metrics["accuracy"]
+        if FINAL.accuracy in metrics:
+            logger.info("%s", final_line(step, metrics))
         if step > 0:
             fields = {"reward": f"{metrics['reward_mean']:.3f}", "train_acc": f"{metrics['train_accuracy']:.3f}"}
             if self.eval_accuracy is not None:
@@ -129,7 +141,8 @@ def end_of_run_summary(run_dir: Path, step: int, max_steps: int, wall_s: float, 
     """The end-of-run report (printed): accuracy first -> best -> last, wall time, checkpoints, next."""
     head = f"stopped {run_dir} at step {step} of {max_steps}" if stopped else f"finished {run_dir}: {step} steps"
     lines = [f"{head} in {duration(wall_s)}"]
-    evals = [row for row in read_metrics(run_dir) if "accuracy" in row]
+    rows = read_metrics(run_dir)
+    evals = [row for row in rows if "accuracy" in row]
     if evals:
         best = max(evals, key=lambda row: row["accuracy"])
         items = evals[-1].get("eval/num_items")
@@ -137,6 +150,9 @@ def end_of_run_summary(run_dir: Path, step: int, max_steps: int, wall_s: float, 
         lines.append(f"  eval accuracy{on}: first {_at(evals[0])} -> best {_at(best)} -> last {_at(evals[-1])}")
     else:
         lines.append("  eval accuracy: not evaluated (eval.every_steps=0)")
+    finals = [row for row in rows if FINAL.accuracy in row]
+    if finals:
+        lines.append(f"  {final_line(finals[-1]['step'], finals[-1])}")
     checkpoints = checkpoint_dirs(run_dir)
     if checkpoints:
         names = [p.name for p in checkpoints]

@@ -19,6 +19,7 @@ from pathlib import Path
 from dapo_train.checkpoint import CONFIG_FILE
 from dapo_train.config import config_to_dict, flatten_config
 from dapo_train.errors import UserError
+from dapo_train.eval_items import FINAL, PERIODIC
 from dapo_train.metrics import read_metrics
 from dapo_train.rundir import saved_run_config
 from dapo_train.sweep import SWEEP_FILE, key_labels
@@ -149,14 +150,17 @@ def _mean(values: list[float]) -> float | None:
 
 
 def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
-    """One run's metrics rows -> its numbers in the compare table (COLUMNS). Eval rows carry
-    `accuracy` (step 0 = before training; best counts only steps after it); training rows are
-    steps >= 1; wall time is training plus eval seconds."""
+    """One run's metrics rows -> its numbers in the compare table (COLUMNS). The final accuracy is
+    the end-of-run eval on the whole split (`final_accuracy`, eval.final_full); periodic eval rows
+    carry `accuracy` on the fixed subset (step 0 = before training; best counts only steps after
+    it); training rows are steps >= 1; wall time is training plus every eval's seconds."""
     evals = [(row["step"], _number(row["accuracy"])) for row in rows if _number(row.get("accuracy")) is not None]
+    finals = _values(rows, FINAL.accuracy)
     train = [row for row in rows if row["step"] > 0]
     entropy = _values(train, "entropy")
     return {
-        "final_accuracy": evals[-1][1] if evals else None,
+        "final_accuracy": finals[-1] if finals else None,
+        "last_accuracy": evals[-1][1] if evals else None,
         "best_accuracy": max((acc for step, acc in evals if step > 0), default=None),
         "clip_frac_high": _mean(_values(train, "clip_frac_high")),
         "clip_frac_low": _mean(_values(train, "clip_frac_low")),
@@ -164,13 +168,15 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
         "entropy_last": entropy[-1] if entropy else None,
         "completion_length": _mean(_values(train, "completion_length_mean")),
         "steps": float(max((row["step"] for row in rows), default=0)),
-        "wall_seconds": sum(_values(train, "seconds_step")) + sum(_values(rows, "seconds_eval")),
+        "wall_seconds": sum(_values(train, "seconds_step")) + sum(_values(rows, PERIODIC.seconds))
+        + sum(_values(rows, FINAL.seconds)),
     }
 
 
 # Summary key -> (column header, number format).
 COLUMNS = {
     "final_accuracy": ("final acc", ".3f"),
+    "last_accuracy": ("last acc", ".3f"),
     "best_accuracy": ("best acc", ".3f"),
     "clip_frac_high": ("clip high", ".4f"),
     "clip_frac_low": ("clip low", ".4f"),
@@ -194,6 +200,11 @@ def aggregate(values: list[float | None]) -> dict | None:
 def compare_rows(runs: list[RunRecord]) -> tuple[list[str], list[dict]]:
     """-> (varied keys, one row per point): what `compare --json` prints."""
     varied, points = group_points(runs)
+    return varied, point_rows(points)
+
+
+def point_rows(points: list[Point]) -> list[dict]:
+    """One compare row per point: its settings, seeds, runs and each COLUMNS number over its seeds."""
     rows = []
     for point in points:
         summaries = [summarize_metrics(run.rows) for run in point.runs]
@@ -201,7 +212,7 @@ def compare_rows(runs: list[RunRecord]) -> tuple[list[str], list[dict]]:
         row = {"point": point.settings, "seeds": [r.seed for r in runs], "runs": [str(r.path) for r in runs]}
         row.update({key: aggregate([s[key] for s in summaries]) for key in COLUMNS})
         rows.append(row)
-    return varied, rows
+    return rows
 
 
 def _cell(stat: dict | None, fmt: str) -> str:
@@ -222,8 +233,10 @@ def format_compare(varied: list[str], rows: list[dict]) -> str:
         for row in rows
     ]
     table = aligned_table(headers, body, left=len(left))
+    table.append("final acc: the whole eval split at the end (eval.final_full); last / best acc: the periodic evals "
+                 "of eval.num_items items, best leaving out step 0 (before training)")
     if any(len(row["seeds"]) > 1 for row in rows):
-        table.append("mean ± sample std over a point's seeds; best acc leaves out step 0 (before training)")
+        table.append("mean ± sample std over a point's seeds")
     return "\n".join(table)
 
 

@@ -212,11 +212,20 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    every_steps: int = _opt(10, "Evaluate every N steps (0 = off); step 0 is evaluated first.")
+    every_steps: int = _opt(
+        10, "Evaluate every N steps and at the last (0 = off); step 0 is evaluated first. Per-item records: "
+        "eval_items/step_<N>.jsonl."
+    )
     num_items: int = _opt(100, "Items of the eval split (a fixed subset: the same items every time; 0 = all).")
     batch_size: int = _opt(128, "Prompts per greedy generate call.")
     max_new_tokens: int = _opt(0, "Completion budget for eval (0 = rollout.max_new_tokens).")
     print_samples: int = _opt(2, "Sample completions printed at each eval.")
+    final_full: bool = _opt(
+        True,
+        "At the end of a run, greedy accuracy on the whole eval split (final_accuracy and final/* in the last "
+        "metrics row, per-item records in eval_items/final_<step>.jsonl); the periodic evals stay on "
+        "eval.num_items items. false: no end-of-run eval beyond those.",
+    )
 
 
 @dataclass

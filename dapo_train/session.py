@@ -60,7 +60,8 @@ class Run:
     learner: Learner  # the model (as accelerate prepared it), its optimizer, the loss
     engine: RolloutEngine
     prompt_sampler: PromptSampler  # the training prompts' order
-    eval_prompts: list[Prompt]
+    eval_prompts: list[Prompt]  # the fixed subset of every periodic eval (eval.num_items)
+    final_prompts: list[Prompt]  # the whole eval split, for the end-of-run eval (eval.final_full; else empty)
     buffer: GroupBuffer
     prompts_by_uid: dict[str, Prompt]
     step: int = 0
@@ -105,10 +106,12 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     loss_settings(cfg)
     tokenizer = load_tokenizer(cfg.model)
     train_prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)  # each split logs its row counts
-    eval_prompts = []
-    if cfg.eval.every_steps > 0:
+    all_eval = []
+    if cfg.eval.every_steps > 0 or cfg.eval.final_full:
         all_eval, _ = load_prompts(cfg.data, tokenizer, cfg.data.eval_split)
-        eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items)
+    eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items) if cfg.eval.every_steps > 0 else []
+    final_prompts = all_eval if cfg.eval.final_full else []
+    _log_final_eval_cost(cfg, len(eval_prompts), len(final_prompts))
     model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -124,7 +127,20 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     return Run(
         cfg=cfg, run_dir=run_dir, accelerator=accelerator, tokenizer=tokenizer, reward_set=reward_set,
         learner=learner, engine=engine, prompt_sampler=PromptSampler(train_prompts, cfg.seed),
-        eval_prompts=eval_prompts, buffer=GroupBuffer(), prompts_by_uid={p.uid: p for p in train_prompts},
+        eval_prompts=eval_prompts, final_prompts=final_prompts, buffer=GroupBuffer(),
+        prompts_by_uid={p.uid: p for p in train_prompts},
+    )
+
+
+def _log_final_eval_cost(cfg: Config, periodic: int, final: int) -> None:
+    """Say at start what the end-of-run eval on the whole split adds (eval.final_full): nothing when
+    the periodic eval already covers the split (its last records are reused)."""
+    if not final or periodic == final:
+        return
+    compared = f", {final / periodic:.1f}x a periodic eval of {periodic} items" if periodic else ""
+    logger.info(
+        "eval.final_full: the run ends with a greedy eval on all %d items of %r%s (eval.final_full=false skips it)",
+        final, cfg.data.eval_split, compared,
     )
 
 

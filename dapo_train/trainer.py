@@ -12,8 +12,9 @@ Each step (one rollout batch; train.max_steps counts these), in train_step:
   4. sync        -- the rollout engine takes the new weights
   5. log         -- metrics.jsonl + training_losses.txt / accuracy_losses.txt (metrics.py); the bar or
                     a line per step (progress.py)
-Around the steps: greedy eval on a fixed subset every eval.every_steps, step 0 first (evaluate.py),
-checkpoint_<step>/ atomically every checkpoint.every_steps and at the end (checkpoint.py). The Run the
+Around the steps: greedy eval on a fixed subset every eval.every_steps, step 0 first, and at the end
+on the whole eval split (eval.final_full), each eval's per-item records in eval_items/ (evaluate.py,
+eval_items.py); checkpoint_<step>/ atomically every checkpoint.every_steps and at the end (checkpoint.py). The Run the
 loop works on is built by session.setup.
 
 Where this departs from the paper's recipe, on purpose: dynamic sampling runs a bounded number of
@@ -36,7 +37,9 @@ from dapo_train import checkpoint as ckpt
 from dapo_train import distributed
 from dapo_train.answers import answer_check
 from dapo_train.config import Config, save_config
+from dapo_train.data import Prompt
 from dapo_train.errors import TrainingAborted, UserError
+from dapo_train.eval_items import FINAL, PERIODIC, EvalKind, drop_items_after, write_items
 from dapo_train.evaluate import eval_max_new_tokens, eval_records, summarize_records
 from dapo_train.metrics import MetricsLogger, NullTracker, start_trackers
 from dapo_train.old_logprobs import needing_old_logprobs, record_old_logprobs
@@ -123,29 +126,48 @@ def save(run: Run) -> Path:
     return path
 
 
-def evaluate(run: Run) -> dict:
-    """Greedy accuracy on the fixed eval subset, each rank generating its slice; prints a few sample
-    completions."""
+def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records: list[dict] | None = None
+             ) -> tuple[dict, list[dict]]:
+    """Greedy accuracy on `prompts`, each rank generating its slice (or the given `records` of these
+    prompts, already generated); the main process writes the per-item records
+    (eval_items/<kind>_<step>.jsonl) and prints a few sample completions of a periodic eval.
+    -> (metrics under the kind's keys, records in item order)."""
     cfg = run.cfg
     start = time.perf_counter()
-    shard = run.eval_prompts[distributed.rank() :: distributed.world_size()]
-    records = []
-    with distributed.full_weights(run.accelerator, run.model) as model:
-        if shard:
-            records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
-                                   batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness))
-    records = distributed.interleave(distributed.gather(records))  # item order, on every rank
+    if records is None:
+        shard, records = prompts[distributed.rank() :: distributed.world_size()], []
+        with distributed.full_weights(run.accelerator, run.model) as model:
+            if shard:
+                records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
+                                       batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness))
+        records = distributed.interleave(distributed.gather(records))  # item order, on every rank
     if distributed.is_main():
-        for record in records[: cfg.eval.print_samples]:
+        write_items(run.run_dir, kind, run.step, records)
+        shown = cfg.eval.print_samples if kind is PERIODIC else 0  # the final eval's items are the subset's and more
+        for record in records[:shown]:
             tqdm.write(
                 f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}"
                 f"\n    {record['completion']!r}"
             )
     metrics = {
-        key if key == "accuracy" else f"eval/{key}": value
+        kind.accuracy if key == "accuracy" else f"{kind.prefix}{key}": value
         for key, value in summarize_records(records, samples=1).items() if key != "samples"
     }
-    metrics["seconds_eval"] = time.perf_counter() - start
+    metrics[kind.seconds] = time.perf_counter() - start
+    return metrics, records
+
+
+def step_evals(run: Run) -> dict:
+    """The evals due after a step: the fixed subset every eval.every_steps and at the last step, and at
+    the last step the whole split too (eval.final_full), from the subset's records when the subset
+    is the whole split (eval.num_items 0 or larger)."""
+    cfg, metrics, records = run.cfg, {}, None
+    last = run.step == cfg.train.max_steps
+    if _due(run.step, cfg.eval.every_steps) or (cfg.eval.every_steps > 0 and last):
+        metrics, records = evaluate(run, run.eval_prompts)
+    if last and cfg.eval.final_full:
+        whole = records if records is not None and len(run.eval_prompts) == len(run.final_prompts) else None
+        metrics.update(evaluate(run, run.final_prompts, FINAL, whole)[0])
     return metrics
 
 
@@ -230,20 +252,20 @@ def train(
     if resume_from is not None:
         restore(run, ckpt.load_state(resume_from), resume_from)
         logger.info("resumed from %s at step %d", resume_from, run.step)
+    resume_step = run.step if resume_from else None
     if main:
         save_config(cfg, run_dir / ckpt.CONFIG_FILE)
-    resume_step = run.step if resume_from else None
+        drop_items_after(run_dir, resume_step)  # as MetricsLogger drops the rows of later steps
     # Only the main process writes the run's logs and shows progress.
     metrics_log = MetricsLogger(run_dir, start_trackers(run.accelerator, cfg), resume_step=resume_step) \
         if main else NullTracker()
     progress = Progress(cfg, run.step) if main else NullTracker()
     try:
         if resume_from is None and cfg.eval.every_steps > 0:
-            _log(run, metrics_log, progress, evaluate(run))
+            _log(run, metrics_log, progress, evaluate(run, run.eval_prompts)[0])
         while run.step < cfg.train.max_steps and not _stop_agreed(stop):
             metrics = train_step(run)
-            if _due(run.step, cfg.eval.every_steps) or (cfg.eval.every_steps > 0 and run.step == cfg.train.max_steps):
-                metrics.update(evaluate(run))
+            metrics.update(step_evals(run))
             _log(run, metrics_log, progress, metrics)
             if run.bad_steps >= cfg.train.max_bad_steps:
                 raise TrainingAborted(

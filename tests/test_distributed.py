@@ -239,7 +239,7 @@ def test_two_ranks_make_exactly_the_update_of_one_process_holding_every_group(tm
 TINY = [
     "configs/tiny-cpu.yaml", "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=4",
     "train.updates_per_step=2", "train.micro_batch_size=4", "train.num_threads=1", "logging.progress_bar=false",
-    "rewards=[{name: accuracy}, {name: overlong, args: {cache_length: 16}}]",
+    "rewards=[{name: accuracy}, {name: overlong, args: {cache_length: 16}}]", "eval.final_full=false",
 ]
 
 

@@ -30,6 +30,7 @@ SMALL = [
     "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2", "train.micro_batch_size=4",
     "train.updates_per_step=2", "train.deterministic=true", "train.num_threads=1", "logging.progress_bar=false",
     "eval.print_samples=0", "model.lora.r=4", "train.learning_rate=1e-3",
+    "eval.final_full=false",  # the end-of-run eval on all 500 items is tested in test_eval_items.py
 ]
 EVAL_ITEMS = 16
 
@@ -346,7 +347,7 @@ def test_a_short_lora_demo_run_learns(tmp_path):
     (measured: 0.16 -> 0.30; the 40-step LoRA demo is measured in the README)."""
     cfg = load_config(None, [f"output_dir={tmp_path / 'demo'}", "train.max_steps=6", "eval.every_steps=6",
                              "logging.progress_bar=false", "eval.print_samples=0", "model.lora.r=8",
-                             "train.learning_rate=1e-3"])
+                             "train.learning_rate=1e-3", "eval.final_full=false"])
     run_dir = trainer.train(cfg)
     rows = [line.split(",") for line in (run_dir / "accuracy_losses.txt").read_text().split()]
     (step0, before), (step6, after) = [(int(s), float(a)) for s, a in rows]

@@ -18,6 +18,7 @@ from dapo_train.signals import StopRequested
 SMALL = [
     "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2", "train.micro_batch_size=4",
     "train.updates_per_step=2", "train.num_threads=1", "eval.every_steps=0", "logging.progress_bar=false",
+    "eval.final_full=false",  # the end-of-run eval on all 500 items is tested in test_eval_items.py
 ]
 
 

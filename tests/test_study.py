@@ -242,18 +242,21 @@ def train_row(step, entropy, high, low, length, seconds, **extra):
 
 @pytest.fixture
 def runs(tmp_path):
-    """Point A (eps_high=0.1) with seeds 1 and 2, point B (eps_high=0.5) with one seed from an older
-    trainer that logged neither clip_frac_low nor seconds_eval."""
+    """Point A (eps_high=0.1) with seeds 1 and 2, each ending with an eval of the whole split, point B
+    (eps_high=0.5) with one seed from an older trainer that logged neither clip_frac_low nor
+    seconds_eval nor a final eval."""
     root = tmp_path / "runs"
     make_run(root / "a1", ["dapo.eps_high=0.1", "seed=1"], [
         {"step": 0, "accuracy": 0.1, "seconds_eval": 1.0},
         train_row(1, 0.9, 0.1, 0.00, 30, 2.0),
-        train_row(2, 0.7, 0.3, 0.02, 34, 2.0, accuracy=0.2, seconds_eval=1.0),
+        train_row(2, 0.7, 0.3, 0.02, 34, 2.0, accuracy=0.2, seconds_eval=1.0, final_accuracy=0.25,
+                  seconds_final_eval=2.0),
     ])
     make_run(root / "a2", ["dapo.eps_high=0.1", "seed=2"], [
         {"step": 0, "accuracy": 0.1, "seconds_eval": 1.0},
         train_row(1, 0.8, 0.4, 0.03, 40, 3.0, accuracy=0.5, seconds_eval=1.0),
-        train_row(2, 0.6, 0.4, 0.01, 44, 3.0, accuracy=0.4, seconds_eval=1.0),
+        train_row(2, 0.6, 0.4, 0.01, 44, 3.0, accuracy=0.4, seconds_eval=1.0, final_accuracy=0.35,
+                  seconds_final_eval=2.0),
     ])
     make_run(root / "b1", ["dapo.eps_high=0.5", "seed=1"], [
         {"step": 0, "accuracy": 0.6},  # training made it worse: its best is still 0.3
@@ -268,9 +271,12 @@ def test_compare_aggregates_seeds_by_hand(runs):
     assert varied == ["dapo.eps_high"]
     a, b = rows
     assert a["point"] == {"dapo.eps_high": "0.1"} and a["seeds"] == [1, 2]
-    # final accuracy: a1 ends at 0.2, a2 at 0.4 -> mean 0.3, sample std sqrt(2 * 0.1^2 / 1) = 0.1414
+    # final accuracy (the whole split at the end): 0.25 and 0.35 -> mean 0.3, sample std sqrt(2 * 0.05^2)
     assert a["final_accuracy"]["mean"] == pytest.approx(0.3)
-    assert a["final_accuracy"]["std"] == pytest.approx(math.sqrt(0.02))
+    assert a["final_accuracy"]["std"] == pytest.approx(math.sqrt(0.005))
+    # last periodic eval: a1 ends at 0.2, a2 at 0.4 -> mean 0.3, sample std sqrt(2 * 0.1^2 / 1) = 0.1414
+    assert a["last_accuracy"]["mean"] == pytest.approx(0.3)
+    assert a["last_accuracy"]["std"] == pytest.approx(math.sqrt(0.02))
     # best after step 0: a1 0.2, a2 0.5 (its step-1 eval, not its last) -> 0.35 +- 0.3 / sqrt(2)
     assert a["best_accuracy"]["mean"] == pytest.approx(0.35)
     assert a["best_accuracy"]["std"] == pytest.approx(0.3 / math.sqrt(2))
@@ -281,20 +287,22 @@ def test_compare_aggregates_seeds_by_hand(runs):
     assert a["entropy_first"]["mean"] == pytest.approx(0.85)
     assert a["entropy_last"]["mean"] == pytest.approx(0.65)
     assert a["completion_length"]["mean"] == pytest.approx(37)
-    # wall time: a1 2 + 2 s training + 1 + 1 s eval = 6, a2 3 + 3 + 1 + 1 + 1 = 9 -> 7.5
-    assert a["wall_seconds"]["mean"] == pytest.approx(7.5)
+    # wall time: a1 2 + 2 s training + 1 + 1 s eval + 2 s final eval = 8, a2 3 + 3 + 1 + 1 + 1 + 2 = 11 -> 9.5
+    assert a["wall_seconds"]["mean"] == pytest.approx(9.5)
     assert a["steps"] == {"mean": 2, "std": 0, "n": 2}
     assert b["point"] == {"dapo.eps_high": "0.5"} and b["seeds"] == [1]
-    assert b["final_accuracy"] == {"mean": 0.3, "std": None, "n": 1}
+    assert b["last_accuracy"] == {"mean": 0.3, "std": None, "n": 1}
+    assert b["final_accuracy"] is None  # no eval of the whole split: shown as "-"
     assert b["best_accuracy"]["mean"] == 0.3  # not step 0's 0.6: that is the model before training
     assert b["clip_frac_low"] is None  # never logged: shown as "-"
     assert b["wall_seconds"]["mean"] == pytest.approx(4.0)  # no seconds_eval counts as 0
 
     table = format_compare(varied, rows).splitlines()
     assert table[0].split()[:3] == ["dapo.eps_high", "seeds", "final"]
-    assert "0.300 ± 0.141" in table[2] and "0.350 ± 0.212" in table[2]
-    assert table[3].split()[:5] == ["0.5", "1", "0.300", "0.300", "0.0500"]
-    assert table[3].split()[5] == "-"
+    assert "0.300 ± 0.071  0.300 ± 0.141  0.350 ± 0.212" in table[2]  # final, last, best
+    assert table[3].split()[:6] == ["0.5", "1", "-", "0.300", "0.300", "0.0500"]
+    assert table[3].split()[6] == "-"
+    assert "final acc: the whole eval split" in table[4]  # the table says which accuracy is which
 
 
 def test_compare_json_and_run_paths(runs):
@@ -361,7 +369,7 @@ def test_a_real_sweep_trains_each_point_once(tmp_path):
     args = [
         "sweep", CONFIG, "dapo.eps_high=0.1,0.5", "train.max_steps=1", "train.prompts_per_step=2",
         "rollout.group_size=4", "train.micro_batch_size=8", "eval.every_steps=1", "eval.num_items=8",
-        "logging.progress_bar=false", "--dir", "D",
+        "eval.final_full=false", "logging.progress_bar=false", "--dir", "D",
     ]
     first = dapo(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -382,4 +390,4 @@ def test_a_real_sweep_trains_each_point_once(tmp_path):
     table = dapo("compare", "D", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.strip().splitlines()
-    assert len(lines) == 4 and [line.split()[0] for line in lines[2:]] == ["0.1", "0.5"]
+    assert len(lines) == 5 and [line.split()[0] for line in lines[2:4]] == ["0.1", "0.5"]  # + the note

@@ -14,8 +14,8 @@ Each step (one rollout batch; train.max_steps counts these), in train_step:
                     a line per step (progress.py)
 Around the steps: greedy eval on a fixed subset every eval.every_steps, step 0 first, and at the end
 on the whole eval split (eval.final_full), each eval's per-item records in eval_items/ (evaluate.py,
-eval_items.py); checkpoint_<step>/ atomically every checkpoint.every_steps and at the end (checkpoint.py). The Run the
-loop works on is built by session.setup.
+eval_items.py); checkpoint_<step>/ atomically every checkpoint.every_steps and at the end
+(checkpoint.py). The Run the loop works on is built by session.setup.
 
 Where this departs from the paper's recipe, on purpose: dynamic sampling runs a bounded number of
 rounds and then trains on what it kept (or skips the update) instead of sampling until full;

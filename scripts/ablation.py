@@ -1,17 +1,22 @@
-"""The DAPO ablation (the paper's Table 1) on the embedded task: every configs/ablation/*.yaml row
-x every seed, then one table and one plot.
+"""The DAPO ablation (the paper's Table 1) on the embedded tasks: every configs/ablation/*.yaml row x
+every seed on each task, then per task one table, one JSON file and one plot.
 
-    python scripts/ablation.py                      # 6 rows x seeds 1,2,3, two runs at a time
-    python scripts/ablation.py --seeds 1 --jobs 1   # a quicker look
+    python scripts/ablation.py                          # both tasks, 6 rows x seeds 1-5, two runs at a time
+    python scripts/ablation.py --tasks tiny --seeds 1   # a quicker look
+    python scripts/ablation.py --tasks tiny --seeds 1 --rows 1-grpo,6-dapo --set train.max_steps=2
 
-Each row adds one technique to the previous one (configs/ablation/, a test checks the diffs). Runs
-go to outputs/ablation/<row>_seed<N>/ through `dapo-train run`, two processes at a time on two
-cores (each uses one torch thread, as the demo does). Running the command again skips finished
-runs and resumes interrupted ones. The table gives, per row, the mean +- sample std over seeds of
-the final and best greedy accuracy on the whole 500-item test split (evaluated during training at
-steps 0, 20 and 40), the generated completions (dynamic sampling generates more for the same
-optimizer steps), how often the soft overlong punishment fired, and the wall time. The plot shows
-eval accuracy against both optimizer steps and generated completions.
+A row holds only its techniques' settings and is laid over the task's config (TASKS), so both tasks
+run the same six rows in their own regime; every run gets the same eval schedule (EVAL_SCHEDULE:
+the whole eval split at steps 0, 20 and 40, whose last is also the run's final eval). Runs go to
+OUT/<task>/<row>_seed<N>/ through `dapo-train run`, two processes at a time on two cores (one torch
+thread each, as the demo). Running the command again skips finished runs and resumes interrupted ones.
+
+Per row the table gives the final greedy accuracy on the whole eval split (mean +- sample std over
+seeds), its paired difference to the previous row and to row 1 with a 95% interval (item by item and
+seed by seed, the machinery of `dapo-train compare --baseline`: dapo_train/pairing.py), the generated
+completions (dynamic sampling generates more for the same optimizer steps), how often the soft
+overlong punishment fired, the truncated share, and the wall time. The plot shows eval accuracy
+against both optimizer steps and generated completions.
 """
 
 from __future__ import annotations
@@ -21,27 +26,40 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dapo_train.checkpoint import checkpoint_dirs
-from dapo_train.config import load_config, read_yaml
+from dapo_train.config import Config, config_to_dict, load_config, read_yaml, save_config
+from dapo_train.eval_items import FINAL
 from dapo_train.metrics import read_metrics
+from dapo_train.pairing import paired_comparison
+from dapo_train.report import Point, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
+TASKS = {"tiny": ROOT / "configs" / "tiny-cpu.yaml", "long": ROOT / "configs" / "tiny-long-cpu.yaml"}
+EVAL_SCHEDULE = ["eval.every_steps=20", "eval.num_items=0", "eval.print_samples=0"]
 
 
-def run_one(config: Path, seed: int, out: Path) -> Path:
+def row_config(task: Path, row: Path, overrides: list[str]) -> Config:
+    """The task's resolved config <- the row's techniques <- the eval schedule <- overrides."""
+    base = config_to_dict(load_config(str(task), ["run_name=ablation", "output_dir=ablation"]))
+    return load_config(str(row), [*EVAL_SCHEDULE, *overrides], base=base)
+
+
+def run_one(task: Path, row: Path, seed: int, out: Path, extra: list[str]) -> Path:
     """Train one row and seed unless it already finished; a run with checkpoints resumes."""
-    run_dir = out / f"{config.stem}_seed{seed}"
-    cfg = load_config(str(config), [f"seed={seed}", f"output_dir={run_dir}"])
-    final = run_dir / f"checkpoint_{cfg.train.max_steps}"
-    if final.is_dir():
+    run_dir = out / f"{row.stem}_seed{seed}"
+    cfg = row_config(task, row, [*extra, f"seed={seed}", f"output_dir={run_dir}", f"run_name={run_dir.name}"])
+    if (run_dir / f"checkpoint_{cfg.train.max_steps}").is_dir():
         return run_dir
-    command = ["dapo-train", "run", str(config), f"seed={seed}", f"output_dir={run_dir}", "logging.progress_bar=false"]
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / f"{run_dir.name}.yaml"
+    save_config(cfg, config)
+    command = ["dapo-train", "run", str(config), "logging.progress_bar=false"]
     if checkpoint_dirs(run_dir):
         command = ["dapo-train", "run", "--resume", str(run_dir), "logging.progress_bar=false"]
-    out.mkdir(parents=True, exist_ok=True)
     with open(out / f"{run_dir.name}.log", "w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -55,6 +73,7 @@ def summarize(run_dir: Path) -> dict:
     cfg = load_config(None, [], base=read_yaml(run_dir / "config.yaml"))
     rows = read_metrics(run_dir)
     evals = [(r["step"], r["accuracy"]) for r in rows if "accuracy" in r]
+    finals = [r[FINAL.accuracy] for r in rows if FINAL.accuracy in r]
     per_step = cfg.train.prompts_per_step * cfg.rollout.group_size
     completions, curve = 0, []
     for r in rows:
@@ -65,14 +84,26 @@ def summarize(run_dir: Path) -> dict:
     train_rows = [r for r in rows if r["step"] > 0]
     fired = [r["rewards/overlong/mean"] != 0 for r in train_rows if "rewards/overlong/mean" in r]
     return {
-        "final": evals[-1][1],
+        "final": finals[-1] if finals else evals[-1][1],
         "best": max(acc for step, acc in evals if step > 0),
         "completions": completions,
-        "wall": sum(r.get("seconds_step", 0) + r.get("seconds_eval", 0) for r in rows),
+        "wall": sum(r.get("seconds_step", 0) + r.get("seconds_eval", 0) + r.get(FINAL.seconds, 0) for r in rows),
         "length_max": max(r["completion_length_max"] for r in train_rows),
         "truncated": statistics.mean(r["truncated_ratio"] for r in train_rows),
         "overlong_steps": (sum(fired) / len(fired)) if fired else None,
         "curve": curve,
+    }
+
+
+def paired_to(rows: dict[str, list[Path]]) -> dict[str, dict]:
+    """Each row's final accuracy against the previous row and against row 1, item by item and seed
+    by seed (pairing.paired_comparison): the difference, its 95% interval and the rest."""
+    points = {row: Point({"row": row}, [load_run(run) for run in runs]) for row, runs in rows.items()}
+    names, labels = list(points), {"row": "row"}
+    return {
+        row: {"vs_previous": paired_comparison(points[names[i - 1]], points[row], labels),
+              "vs_first": paired_comparison(points[names[0]], points[row], labels)}
+        for i, row in enumerate(names) if i > 0
     }
 
 
@@ -82,24 +113,32 @@ def _mean_std(values: list[float], digits: int) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def table(results: dict[str, list[dict]]) -> str:
+def _difference(paired: dict | None) -> str:
+    if paired is None:
+        return "-"
+    return f"{paired['difference']:+.3f} [{paired['low']:+.3f}, {paired['high']:+.3f}]"
+
+
+def table(results: dict[str, list[dict]], paired: dict[str, dict], items: int) -> str:
     lines = [
-        "| row | seeds | final acc (500) | best acc (500) | completions | steps with overlong penalty | "
-        "longest completion | wall s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| row | seeds | final acc ({items}) | Δ vs previous row [95% CI] | Δ vs row 1 [95% CI] | completions | "
+        "steps with overlong penalty | truncated | longest completion | wall s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row, runs in results.items():
         fired = [r["overlong_steps"] for r in runs if r["overlong_steps"] is not None]
+        against = paired.get(row, {})
         lines.append(
             f"| {row} | {len(runs)} | {_mean_std([r['final'] for r in runs], 3)} | "
-            f"{_mean_std([r['best'] for r in runs], 3)} | {_mean_std([r['completions'] for r in runs], 0)} | "
-            f"{_mean_std(fired, 2) if fired else '-'} | {max(r['length_max'] for r in runs)} | "
+            f"{_difference(against.get('vs_previous'))} | {_difference(against.get('vs_first'))} | "
+            f"{_mean_std([r['completions'] for r in runs], 0)} | {_mean_std(fired, 2) if fired else '-'} | "
+            f"{_mean_std([r['truncated'] for r in runs], 3)} | {max(r['length_max'] for r in runs)} | "
             f"{_mean_std([r['wall'] for r in runs], 0)} |"
         )
     return "\n".join(lines)
 
 
-def plot(results: dict[str, list[dict]], path: Path) -> None:
+def plot(results: dict[str, list[dict]], path: Path, task: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -114,35 +153,65 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
             axis.fill_between(xs, [min(a) for a in accs], [max(a) for a in accs], alpha=0.15)
             axis.set_xlabel(label)
             axis.grid(alpha=0.3)
-    axes[0].set_ylabel("greedy accuracy, 500 test items")
+    axes[0].set_ylabel("greedy accuracy, whole eval split")
     axes[1].legend(fontsize=8)
-    fig.suptitle("DAPO ablation on the embedded task: mean over seeds, band = min-max")
+    fig.suptitle(f"DAPO ablation on the {task} task: mean over seeds, band = min-max")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
 
+def run_task(task: str, rows: list[Path], seeds: list[int], args: argparse.Namespace) -> None:
+    """All runs of one task, then its table (printed and ablation.md), ablation.json and the plot."""
+    out, started = args.out / task, time.monotonic()
+    jobs = [(row, seed) for seed in seeds for row in rows]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        run_dirs = list(pool.map(lambda job: run_one(TASKS[task], job[0], job[1], out, args.set), jobs))
+    by_row: dict[str, list[Path]] = {row.stem: [] for row in rows}
+    for (row, _), run_dir in zip(jobs, run_dirs):
+        by_row[row.stem].append(run_dir)
+    results = {row: [summarize(run) for run in runs] for row, runs in by_row.items()}
+    paired = paired_to(by_row)
+    items = next(iter(paired.values()))["vs_first"]["items"] if paired else 0
+    elapsed = time.monotonic() - started
+    text = f"{table(results, paired, items)}\n\n{len(jobs)} runs, {args.jobs} at a time: {elapsed / 60:.1f} minutes"
+    print(f"\n{task} task\n{text}", flush=True)
+    (out / "ablation.md").write_text(text + "\n")
+    (out / "ablation.json").write_text(json.dumps({"runs": results, "paired": paired, "elapsed_s": elapsed}, indent=1))
+    png = args.png_dir / f"ablation_{task}.png"
+    plot(results, png, task)
+    print(f"wrote {out / 'ablation.md'}, {out / 'ablation.json'} and {png}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", default="tiny,long", help=f"Comma list of {', '.join(TASKS)}.")
     parser.add_argument("--configs", type=Path, default=ROOT / "configs" / "ablation")
-    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--rows", default=None, help="Comma list of row names (default: every row).")
+    parser.add_argument("--seeds", default="1,2,3,4,5")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (one torch thread each).")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override for every run.")
     parser.add_argument("--out", type=Path, default=Path("outputs") / "ablation")
-    parser.add_argument("--png", type=Path, default=ROOT / "docs" / "ablation.png")
+    parser.add_argument("--png-dir", type=Path, default=ROOT / "docs")
     args = parser.parse_args(argv)
-    configs = sorted(args.configs.glob("*.yaml"))
+    rows = sorted(args.configs.glob("*.yaml"))
+    if args.rows is not None:
+        wanted = args.rows.split(",")
+        unknown = sorted(set(wanted) - {row.stem for row in rows})
+        if unknown:
+            parser.error(f"--rows: no row {', '.join(unknown)} in {args.configs}")
+        rows = [row for row in rows if row.stem in wanted]
+    tasks = args.tasks.split(",")
+    for task in tasks:
+        if task not in TASKS:
+            parser.error(f"--tasks: unknown task {task!r}; the tasks are {', '.join(TASKS)}")
+        if not TASKS[task].is_file():
+            parser.error(f"--tasks {task}: {TASKS[task]} is missing")
+        for row in rows:  # every run's config is built (and checked) before the first run starts
+            row_config(TASKS[task], row, args.set)
     seeds = [int(s) for s in args.seeds.split(",")]
-    jobs = [(config, seed) for seed in seeds for config in configs]
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        run_dirs = list(pool.map(lambda job: run_one(job[0], job[1], args.out), jobs))
-    results: dict[str, list[dict]] = {config.stem: [] for config in configs}
-    for (config, _), run_dir in zip(jobs, run_dirs):
-        results[config.stem].append(summarize(run_dir))
-    text = table(results)
-    print(text)
-    (args.out / "ablation.json").write_text(json.dumps(results, indent=1))
-    plot(results, args.png)
-    print(f"wrote {args.png} and {args.out / 'ablation.json'}")
+    for task in tasks:
+        run_task(task, rows, seeds, args)
     return 0
 
 

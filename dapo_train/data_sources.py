@@ -42,6 +42,8 @@ DATASET_REPO = hub.RepoKind("dataset", "data.path", local="path", existing="file
 # empty file's StopIteration, a damaged save_to_disk folder).
 READ_ERRORS = (datasets.exceptions.DatasetsError, pyarrow.ArrowException, ValueError, OSError, StopIteration, KeyError)
 
+# --------------------------------------------------------------------------------------------
+# Sources: each kind of data.path -> one datasets.Dataset for the requested split.
 
 
 def split_of_name(name: str) -> str | None:
@@ -86,121 +88,6 @@ def _load_files(files: dict[str, list[Path]], split: str, where: str) -> dataset
     if builder == "csv":
         _check_csv(paths, len(dataset), f"split '{split}' of {where}")
     return dataset
-
-
-@contextlib.contextmanager
-def _quiet_builders():
-    """The file builders log their parse error before raising it; the UserError made of it says it once."""
-    builders = logging.getLogger("datasets.packaged_modules")
-    level = builders.level
-    builders.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        builders.setLevel(level)
-
-
-def _first_line(exc: BaseException) -> str:
-    """What the library said, in one line: the cause datasets wraps, else the error itself."""
-    cause = exc.__cause__ or exc
-    text = str(cause).strip()
-    return f"{type(cause).__name__}: {text.splitlines()[0][:300]}" if text else type(cause).__name__
-
-
-# --------------------------------------------------------------------------------------------
-# Line by line: where a JSON Lines or CSV file goes wrong, in words datasets does not give.
-
-
-def _empty_or_not_text(path: Path, text: bool) -> str | None:
-    """'<path> is empty', or for a text format the first bytes that are not UTF-8 with their line:
-    pyarrow keeps such bytes in the column, and reading the row fails much later."""
-    if path.stat().st_size == 0 or (path.stat().st_size < 4096 and not path.read_bytes().strip()):
-        return f"{path} is empty"
-    if not text:
-        return None
-    decoder, line, offset = codecs.getincrementaldecoder("utf-8")(), 1, 0
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            try:
-                decoder.decode(chunk)
-            except UnicodeDecodeError as exc:
-                line += chunk.count(b"\n", 0, max(exc.start, 0))
-                return f"{path}:{line}: not UTF-8 text (byte {offset + max(exc.start, 0)}: {exc.reason})"
-            line, offset = line + chunk.count(b"\n"), offset + len(chunk)
-    return None
-
-
-def _json_lines(path: Path) -> tuple[str | None, int]:
-    """(the first problem of a .jsonl / .json file with its line, or None; rows read): every non-blank
-    line one JSON object, or the whole file one JSON array of objects."""
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})", 0
-        bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
-        return (None if bad is None else f"{path}: item {bad} of its JSON array is not an object (a row)"), len(rows)
-    count = 0
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            return f"{path}:{number}: not valid JSON ({exc.msg}); JSON Lines hold one object per line", count
-        if not isinstance(row, dict):
-            return f"{path}:{number}: a JSON {type(row).__name__}, where each line must be one object (a row)", count
-        count += 1
-    return None, count
-
-
-def _csv_records(path: Path) -> tuple[str | None, int]:
-    """(the first problem of a CSV file with its line, or None; data rows read), read with Python's
-    strict csv reader: a quote that ends off a field boundary, or a row whose field count is not the
-    header's, is a problem (pandas would merge the rows, or fill the missing fields with NaN)."""
-    rows = 0
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.reader(f, strict=True)
-            header = next(reader, [])
-            start = reader.line_num + 1
-            for record in reader:
-                if record and len(record) != len(header):
-                    return f"{path}:{start}: a row of {len(record)} fields, the header has {len(header)}", rows
-                rows += bool(record)
-                start = reader.line_num + 1
-    except csv.Error as exc:
-        return f"{path}:{start}: {exc} in the row that starts here; is a quote never closed?", rows
-    return None, rows
-
-
-LINE_CHECKS: dict[str, Callable[[Path], tuple[str | None, int]]] = {"json": _json_lines, "csv": _csv_records}
-
-
-def _diagnose(paths: list[Path], builder: str, exc: BaseException) -> str:
-    """Why `datasets` could not read these files: the first bad line where a line check finds one,
-    else what the library said."""
-    check = LINE_CHECKS.get(builder)
-    for path in paths if check else ():
-        problem, rows = check(path)
-        if problem or not rows:
-            return problem or f"{path} holds no rows"
-    return _first_line(exc)
-
-
-def _check_csv(paths: list[Path], loaded: int, where: str) -> None:
-    """A CSV datasets read without complaint must also read cleanly, with as many rows, line by line."""
-    total = 0
-    for path in paths:
-        problem, rows = _csv_records(path)
-        if problem:
-            raise UserError(f"could not read {where}: {problem}")
-        total += rows
-    if total != loaded:
-        raise UserError(
-            f"could not read {where}: Python's csv reader finds {total} rows, datasets {loaded}; check its quotes"
-        )
 
 
 def _load_file(path: Path, split: str) -> datasets.Dataset:
@@ -300,3 +187,118 @@ def load_split(data_cfg: DataConfig, split: str) -> datasets.Dataset:
     if _looks_local(resolved):
         raise UserError(f"data.path {resolved}: no such file or folder")
     return _load_hub(resolved, split)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading files: one line for what datasets cannot read, and the checks of what it read.
+
+
+@contextlib.contextmanager
+def _quiet_builders():
+    """The file builders log their parse error before raising it; the UserError made of it says it once."""
+    builders = logging.getLogger("datasets.packaged_modules")
+    level = builders.level
+    builders.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        builders.setLevel(level)
+
+
+def _first_line(exc: BaseException) -> str:
+    """What the library said, in one line: the cause datasets wraps, else the error itself."""
+    cause = exc.__cause__ or exc
+    text = str(cause).strip()
+    return f"{type(cause).__name__}: {text.splitlines()[0][:300]}" if text else type(cause).__name__
+
+
+def _empty_or_not_text(path: Path, text: bool) -> str | None:
+    """'<path> is empty', or for a text format the first bytes that are not UTF-8 with their line:
+    pyarrow keeps such bytes in the column, and reading the row fails much later."""
+    if path.stat().st_size == 0 or (path.stat().st_size < 4096 and not path.read_bytes().strip()):
+        return f"{path} is empty"
+    if not text:
+        return None
+    decoder, line, offset = codecs.getincrementaldecoder("utf-8")(), 1, 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:
+                line += chunk.count(b"\n", 0, max(exc.start, 0))
+                return f"{path}:{line}: not UTF-8 text (byte {offset + max(exc.start, 0)}: {exc.reason})"
+            line, offset = line + chunk.count(b"\n"), offset + len(chunk)
+    return None
+
+
+def _json_lines(path: Path) -> tuple[str | None, int]:
+    """(the first problem of a .jsonl / .json file with its line, or None; rows read): every non-blank
+    line one JSON object, or the whole file one JSON array of objects."""
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})", 0
+        bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+        return (None if bad is None else f"{path}: item {bad} of its JSON array is not an object (a row)"), len(rows)
+    count = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            return f"{path}:{number}: not valid JSON ({exc.msg}); JSON Lines hold one object per line", count
+        if not isinstance(row, dict):
+            return f"{path}:{number}: a JSON {type(row).__name__}, where each line must be one object (a row)", count
+        count += 1
+    return None, count
+
+
+def _csv_records(path: Path) -> tuple[str | None, int]:
+    """(the first problem of a CSV file with its line, or None; data rows read), read with Python's
+    strict csv reader: a quote that ends off a field boundary, or a row whose field count is not the
+    header's, is a problem (pandas would merge the rows, or fill the missing fields with NaN)."""
+    rows = 0
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.reader(f, strict=True)
+            header = next(reader, [])
+            start = reader.line_num + 1
+            for record in reader:
+                if record and len(record) != len(header):
+                    return f"{path}:{start}: a row of {len(record)} fields, the header has {len(header)}", rows
+                rows += bool(record)
+                start = reader.line_num + 1
+    except csv.Error as exc:
+        return f"{path}:{start}: {exc} in the row that starts here; is a quote never closed?", rows
+    return None, rows
+
+
+LINE_CHECKS: dict[str, Callable[[Path], tuple[str | None, int]]] = {"json": _json_lines, "csv": _csv_records}
+
+
+def _diagnose(paths: list[Path], builder: str, exc: BaseException) -> str:
+    """Why `datasets` could not read these files: the first bad line where a line check finds one,
+    else what the library said."""
+    check = LINE_CHECKS.get(builder)
+    for path in paths if check else ():
+        problem, rows = check(path)
+        if problem or not rows:
+            return problem or f"{path} holds no rows"
+    return _first_line(exc)
+
+
+def _check_csv(paths: list[Path], loaded: int, where: str) -> None:
+    """A CSV datasets read without complaint must also read cleanly, with as many rows, line by line."""
+    total = 0
+    for path in paths:
+        problem, rows = _csv_records(path)
+        if problem:
+            raise UserError(f"could not read {where}: {problem}")
+        total += rows
+    if total != loaded:
+        raise UserError(
+            f"could not read {where}: Python's csv reader finds {total} rows, datasets {loaded}; check its quotes"
+        )

@@ -247,7 +247,7 @@ def _unreachable(path: str, exc: object, what: str = "model") -> str:
     first = text.splitlines()[0][:200] if text else type(exc).__name__
     if "ignore_mismatched_sizes" in first:  # transformers logs the shapes; its exception only points at them
         first = "its weights do not have the shapes its config.json describes (the load report above lists them)"
-    if Path(path).is_dir():
+    if Path(path).is_dir() or (isinstance(exc, Exception) and not isinstance(exc, OSError)):  # not the network
         return f"could not load the {what} from {path}: {type(exc).__name__}: {first}"
     if hub.offline():
         first = "HF_HUB_OFFLINE=1 and no cached copy"

@@ -89,8 +89,7 @@ def check_writable(run_dir: Path) -> None:
     """Fail before anything loads when output_dir cannot be created or written."""
     problem = unwritable(run_dir)
     if problem is not None:
-        hint = "" if problem.endswith("not a folder") else "; set output_dir=... to a writable folder"
-        raise UserError(f"output_dir {run_dir}: {problem}{hint}")
+        raise UserError(f"output_dir {run_dir}: {problem}; set output_dir=... to a writable folder")
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -169,11 +168,11 @@ def set_aside_abandoned(run_dir: Path, step: int) -> Path | None:
         if rest:
             (folder / name).write_text(rest, encoding="utf-8")
             (run_dir / name).write_text(kept, encoding="utf-8")
-    names = [c.name for c in later]
-    moved = [", ".join(names) if len(names) <= 3 else f"{names[0]} ... {names[-1]} ({len(names)} checkpoints)"]
-    moved = moved if names else []
-    rows = logs[METRICS_FILE][1].count("\n")
-    moved += [f"{rows} metrics rows"] if rows else []
+    names, moved = [c.name for c in later], []
+    if names:
+        moved.append(", ".join(names) if len(names) <= 3 else f"{names[0]} ... {names[-1]} ({len(names)} checkpoints)")
+    if rows := logs[METRICS_FILE][1].count("\n"):
+        moved.append(f"{rows} metrics rows")
     if (run_dir / CONFIG_FILE).is_file():
         os.replace(run_dir / CONFIG_FILE, folder / CONFIG_FILE)
         moved.append(CONFIG_FILE)

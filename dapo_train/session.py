@@ -70,7 +70,7 @@ class Run:
     step: int = 0
     bad_steps: int = 0
     saved_step: int | None = None  # the step of the checkpoint on disk that holds these weights
-    started: float = field(default_factory=time.monotonic)  # this session's start (train sets it earlier)
+    started: float = field(default_factory=time.monotonic)  # when this session began (train: before setup)
     seconds_before: float = 0.0  # wall time of the sessions before this one (a resumed run's checkpoint)
 
     @property

@@ -102,7 +102,7 @@ def default_sweep_name(config_path: str, varied: dict[str, list[str]], plain: li
     fixed = dict(item.split("=", 1) for item in plain)
     labels = key_labels([*varied, *fixed])
     parts = [f"{labels[k]}={','.join(v)}" for k, v in varied.items()] + [f"{labels[k]}={v}" for k, v in fixed.items()]
-    name = _safe(f"sweep_{Path(config_path).stem}_{'_'.join(parts)}").replace(",", "-")
+    name = _safe(f"sweep_{Path(config_path).stem}_{'_'.join(parts)}")  # the commas become -
     if len(name) > 100:
         name = f"{name[:90]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
     return name

@@ -14,6 +14,7 @@ completion, including 20k characters of degenerate noise, and never raises on an
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import re
@@ -253,6 +254,28 @@ ANSWER_CHECKS = {
 }
 
 
+def _plugin_check(name: str) -> Callable[[str, str], bool]:
+    """The data.correctness plugin, checked to take (completion, gold) now and to answer True or False
+    when called: any other answer (a text, None) would grade by its truthiness without a word."""
+    fn = import_plugin(name, "data.correctness")
+    try:
+        inspect.signature(fn).bind("completion", "gold")
+    except TypeError as err:
+        raise ConfigError("data.correctness", f"{name} does not take (completion, gold): {err}") from None
+    except ValueError:
+        pass  # no signature to read (a C function): calling it will tell
+
+    def check(completion: str, gold: str) -> bool:
+        result = fn(completion, gold)
+        if getattr(result, "shape", None) == () and hasattr(result, "item"):
+            result = result.item()  # a numpy or torch scalar
+        if not isinstance(result, (bool, int)) or result not in (0, 1):
+            raise ConfigError("data.correctness", f"{name} returned {result!r} ({type(result).__name__}), not a bool")
+        return bool(result)
+
+    return check
+
+
 def answer_check(name: str) -> AnswerCheck:
     """data.correctness -> its AnswerCheck: a registered name, or a plugin 'pkg.module:function'
     (completion, gold) -> bool, whose gold is the answer cell as text and whose answer is the
@@ -260,7 +283,7 @@ def answer_check(name: str) -> AnswerCheck:
     if name in ANSWER_CHECKS:
         return ANSWER_CHECKS[name]
     if ":" in name:
-        return AnswerCheck(name, _text_gold, _answer_text, import_plugin(name, "data.correctness"))
+        return AnswerCheck(name, _text_gold, _answer_text, _plugin_check(name))
     raise ConfigError(
         "data.correctness",
         f"unknown check '{name}'; registered: {', '.join(ANSWER_CHECKS)}, or use 'pkg.module:function'",

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import random
 import re
 import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -154,8 +156,24 @@ def _prune(run_dir: Path, keep_last: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def load_state(checkpoint: str | Path) -> dict:
+# What every trainer_state.pt holds (trainer.trainer_state); a file without them is not one.
+STATE_KEYS = ("step", "bad_steps", "sampler", "buffer", "rng", "optimizer")
+
+
+def load_state(checkpoint: str | Path, mmap: bool = False) -> dict:
+    """trainer_state.pt, checked: one UserError when it is missing, damaged or not a trainer state.
+    mmap=True maps the tensors instead of reading them: a cheap check before anything loads."""
     path = Path(checkpoint) / STATE_FILE
     if not path.is_file():
         raise UserError(f"{checkpoint} is not a resumable checkpoint: {STATE_FILE} is missing")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one has no central directory
+        raise UserError(f"{path} is damaged (not a whole file of torch.save); resume from another checkpoint")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except (RuntimeError, EOFError, ValueError, OSError, pickle.UnpicklingError) as exc:
+        said = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise UserError(f"{path} is damaged ({type(exc).__name__}: {said}); resume from another checkpoint") from None
+    missing = [key for key in STATE_KEYS if key not in state] if isinstance(state, dict) else list(STATE_KEYS)
+    if missing:
+        raise UserError(f"{path} is not a trainer state (no {', '.join(missing)}); resume from another checkpoint")
+    return state

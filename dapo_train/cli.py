@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from dapo_train.config import describe_keys, dump_config, load_config
+from dapo_train.config_keys import select_keys
 from dapo_train.errors import TrainingAborted, UserError
 
 app = typer.Typer(
@@ -50,13 +51,18 @@ def split_eval_args(args: list[str]) -> tuple[list[str], list[str]]:
 
 @app.command("config")
 def config_cmd(
-    args: list[str] = typer.Argument(None, metavar="[CONFIG] [KEY=VALUE]...", help="YAML config and dotted overrides."),
-    keys: bool = typer.Option(False, "--keys", help="List every config key with its default, allowed values and help."),
+    args: list[str] = typer.Argument(
+        None, metavar="[CONFIG] [KEY=VALUE]...", help="YAML config and dotted overrides; with --keys, keys or sections."
+    ),
+    keys: bool = typer.Option(
+        False, "--keys", help="List every config key (or those named: `--keys dapo model.dtype`) with its default, "
+        "allowed values and help.",
+    ),
 ) -> None:
     """Print the resolved config (defaults <- CONFIG <- KEY=VALUE) and check its rewards and policy objective;
     loads no model or data."""
     if keys:
-        for key, default, text, allowed in describe_keys(with_choices=True):
+        for key, default, text, allowed in select_keys(describe_keys(with_choices=True), args or []):
             typer.echo(f"{key} = {default}{f'  (allowed: {allowed})' if allowed else ''}\n    {text}")
         return
     config_path, overrides = split_config_args(args or [])

@@ -7,15 +7,17 @@ naming the key and what is allowed, all before any model loads (`ConfigError`, e
 
 This module also resolves the names a config uses for things outside it: the shipped tiny world
 (`builtin:tiny`, `builtin:tiny-zh-math`, folders under dapo_train/assets/tiny/; rebuilt by
-scripts/make_tiny_model.py) and local paths versus hub ids.
+scripts/make_tiny_model.py) and local paths versus hub ids. Retired keys (old run folders' configs)
+are dapo_train.retired_keys' tables; the keys as listed to the user, dapo_train.config_keys'.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
-import difflib
 import importlib
 import logging
+import math
 import re
 import types
 import typing
@@ -25,7 +27,9 @@ from typing import Any
 
 import yaml
 
+from dapo_train.config_keys import describe_keys, reference_table, unknown_key  # noqa: F401  (re-exported)
 from dapo_train.errors import ConfigError, UserError
+from dapo_train.retired_keys import renamed_override, upgrade_retired
 from dapo_train.schema import (  # noqa: F401  (re-exported: the public config interface)
     BUILTIN_DATA,
     BUILTIN_MODEL,
@@ -85,37 +89,12 @@ def import_plugin(path: str, key: str) -> Callable:
             raise ConfigError(key, f"module '{module_name}' has no attribute '{attr}'")
         fn = getattr(fn, part)
     if not callable(fn):
-        raise ConfigError(key, f"'{path}' is a {type(fn).__name__}, not a function")
+        raise ConfigError(key, f"'{path}' is not a function but {fn!r} ({type(fn).__name__})")
     return fn
 
 
 # --------------------------------------------------------------------------------------------
-# Retired keys and values: config keys are a public interface, so an old run folder's config.yaml
-# stays readable (eval, --resume) after a key is removed or a value renamed; each gets a notice.
-
-# Dotted key -> why it went.
-RETIRED_KEYS = {
-    "checkpoint.save_optimizer": "checkpoints always hold the optimizer state (resume needs it)",
-    "train.logprob_chunk_size": "replaced by train.logprob_chunk_mib (chunks sized in MiB of logits, not rows)",
-}
-# (dotted key, old value) -> new value.
-RENAMED_VALUES = {
-    ("dapo.filter_metric", "reward"): "total",
-}
-# Old dotted key -> (new dotted key, old value -> new value); the new key must sit in the same section.
-RENAMED_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    # One tracker name reads as a list of one; "none" as the empty list.
-    "logging.tracker": ("logging.trackers", lambda old: [] if old in ("none", None) else [old]),
-}
-
-
-def _parent(data: dict, dotted: str) -> tuple[dict | None, str]:
-    """(the section holding `dotted`'s last part, that part); None when a section is missing."""
-    *parents, last = dotted.split(".")
-    node: Any = data
-    for part in parents:
-        node = node.get(part) if isinstance(node, dict) else None
-    return (node if isinstance(node, dict) else None), last
+# Earlier runs' configs.
 
 
 def read_saved_config(path: str | Path, notify: bool = True) -> dict:
@@ -124,51 +103,6 @@ def read_saved_config(path: str | Path, notify: bool = True) -> dict:
     saved = read_yaml(path)
     upgrade_retired(saved, str(path), notify)
     return saved
-
-
-def _renamed_override(item: str) -> str:
-    """`OLD=VALUE` for a renamed key -> `NEW=converted VALUE`, with the notice: the new key already
-    holds its default in the dict being overridden, and an explicit old key must win over that."""
-    key, sep, raw = item.partition("=")
-    if not sep or key.strip() not in RENAMED_KEYS:
-        return item
-    new_key, convert = RENAMED_KEYS[key.strip()]
-    try:
-        value = convert(yaml.safe_load(raw) if raw.strip() else "")
-    except yaml.YAMLError:
-        value = convert(raw)
-    new_item = f"{new_key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
-    logger.warning("KEY=VALUE: config key '%s' is now '%s': read %s as %s", key.strip(), new_key, item, new_item)
-    return new_item
-
-
-def upgrade_retired(data: dict, source: str, notify: bool = True) -> None:
-    """Drop retired keys from a config dict and rename old values, in place, one notice each
-    (none with notify=False, for a file whose notices another reading of it gives)."""
-    log = logger.warning if notify else logger.debug
-    for dotted, why in RETIRED_KEYS.items():
-        node, last = _parent(data, dotted)
-        if node is not None and last in node:
-            del node[last]
-            log("%s: config key '%s' is retired and ignored: %s", source, dotted, why)
-    for dotted, (new_key, convert) in RENAMED_KEYS.items():
-        node, last = _parent(data, dotted)
-        if node is None or last not in node:
-            continue
-        old = node.pop(last)
-        new_last = new_key.rsplit(".", 1)[-1]
-        if new_last in node:
-            log("%s: config key '%s' is now '%s', which is also set; %s=%r is ignored", source, dotted, new_key,
-                dotted, old)
-        else:
-            node[new_last] = convert(old)
-            log("%s: config key '%s' is now '%s': read %s=%s as %s=%s", source, dotted, new_key, dotted, old,
-                new_key, node[new_last])
-    for (dotted, old), new in RENAMED_VALUES.items():
-        node, last = _parent(data, dotted)
-        if node is not None and node.get(last) == old:
-            node[last] = new
-            log("%s: %s=%s is now called %s=%s", source, dotted, old, dotted, new)
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,15 +135,6 @@ def _type_name(annotation: Any) -> str:
     return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
-def _unknown_key(key: str, valid: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], [v.rsplit(".", 1)[-1] for v in valid], n=1)
-    hint = ""
-    if close:
-        parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
-        hint = f"; did you mean '{parent}{close[0]}'?"
-    return ConfigError(key, f"unknown key{hint} (valid: {', '.join(v.rsplit('.', 1)[-1] for v in valid)})")
-
-
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
@@ -232,22 +157,31 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     for key, value in data.items():
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
-            raise _unknown_key(full, [f"{prefix}.{n}" if prefix else n for n in fields])
+            raise unknown_key(full, [f"{prefix}.{n}" if prefix else n for n in fields])
         annotation = hints[key]
         if dataclasses.is_dataclass(annotation):
             kwargs[key] = _build(annotation, value, full)
         elif typing.get_origin(annotation) is list:
             kwargs[key] = _build_list(typing.get_args(annotation)[0], value, full)
         else:
-            if annotation in (float, float | None):
-                value = _as_float(value)
-            choices = fields[key].metadata.get("choices") or ()
-            if isinstance(value, bool) and annotation is str and {"on", "off"} <= set(choices):
-                value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
-            if not _type_ok(value, annotation):
-                raise ConfigError(full, f"expected {_type_name(annotation)}, got {value!r} ({type(value).__name__})")
-            kwargs[key] = value
+            kwargs[key] = _scalar(value, annotation, fields[key].metadata.get("choices") or (), full)
     return cls(**kwargs)
+
+
+def _scalar(value: Any, annotation: Any, choices: tuple, key: str) -> Any:
+    """One plain value checked against its annotation: ints and exponent texts read as floats, a
+    bare on/off as the switch word; the text 'None' where null is meant, and NaN/inf, are refused."""
+    if annotation in (float, float | None):
+        value = _as_float(value)
+    if isinstance(value, bool) and annotation is str and {"on", "off"} <= set(choices):
+        value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
+    if isinstance(value, str) and value.strip() in ("None", "none") and _type_ok(None, annotation):
+        raise ConfigError(key, f"got the text {value!r}; write null for no value ({key}=null)")
+    if not _type_ok(value, annotation):
+        raise ConfigError(key, f"expected {_type_name(annotation)}, got {value!r} ({type(value).__name__})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, f"got {value}; must be a finite number")
+    return value
 
 
 def _build_list(item_type: type, value: Any, key: str) -> list:
@@ -270,20 +204,40 @@ def _build_list(item_type: type, value: Any, key: str) -> list:
 # YAML files and KEY=VALUE overrides.
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error: plain YAML keeps
+    the last one without a word, so the first setting would be silently ignored."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, collections.abc.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' is given twice (first on line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> dict:
     """Parse a YAML config file into a dict; errors name the file, line and column."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"config file {path} is a folder; give a YAML file (a run's settings are RUN/config.yaml)")
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except UnicodeDecodeError as exc:
+        raise UserError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise UserError(f"invalid YAML in {path}{where}: {problem}") from None
     if data is None:
-        return {}
+        raise UserError(f"config file {path} is empty; for the defaults, give no CONFIG")
     if not isinstance(data, dict):
         raise UserError(f"invalid config {path}: the top level must be a mapping of sections")
     return data
@@ -355,12 +309,12 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
         upgrade_retired(from_file, str(config_path))
         deep_merge(data, from_file, prefix="")
     for item in overrides:
-        apply_override(data, _renamed_override(item))
+        apply_override(data, renamed_override(item))
     upgrade_retired(data, "KEY=VALUE")
-    if not data.get("run_name"):
+    if data.get("run_name") in (None, ""):  # anything else is the user's, and its type is checked
         named = [o for o in overrides if not o.startswith(("output_dir=", "run_name="))]
         data["run_name"] = _default_run_name(config_path, named)
-    if not data.get("output_dir"):
+    if data.get("output_dir") in (None, "") and isinstance(data["run_name"], str):
         data["output_dir"] = str(Path("outputs") / data["run_name"])
     return config_from_dict(data)
 
@@ -370,7 +324,7 @@ def deep_merge(base: dict, update: dict, prefix: str) -> None:
     for key, value in update.items():
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in base:
-            raise _unknown_key(full, [f"{prefix}.{k}" if prefix else k for k in base])
+            raise unknown_key(full, [f"{prefix}.{k}" if prefix else k for k in base])
         if isinstance(base[key], dict) and isinstance(value, dict):
             deep_merge(base[key], value, full)
         else:
@@ -404,43 +358,3 @@ def dump_config(cfg: Config) -> str:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(dump_config(cfg), encoding="utf-8")
-
-
-def reference_table() -> str:
-    """Markdown table of every key (the README embeds it; a test keeps the two in step)."""
-    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
-    for key, default, text in describe_keys():
-        default = default.replace("\n", "\\n").replace("|", "\\|")
-        if len(default) > 40:
-            default = default[:37] + "..."
-        lines.append(f"| `{key}` | `{default}` | {text.replace('|', '/')} |")
-    return "\n".join(lines)
-
-
-def describe_keys(with_choices: bool = False) -> list[tuple]:
-    """(dotted key, default, help) for every option: used by `config --keys` and the README; with
-    `with_choices`, a fourth item lists the allowed values of a key that has a fixed set ('' if none)."""
-    rows: list[tuple] = []
-
-    def walk(cls: type, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        default_obj = cls()
-        for f in dataclasses.fields(cls):
-            key = f"{prefix}{f.name}"
-            if dataclasses.is_dataclass(hints[f.name]):
-                walk(hints[f.name], key + ".")
-                continue
-            value = getattr(default_obj, f.name)
-            if f.name == "rewards":
-                value = [dataclasses.asdict(s) for s in value]
-            row = (key, repr(value) if isinstance(value, str) else str(value), f.metadata.get("help", ""))
-            rows.append(row + (_allowed(hints[f.name], f.metadata.get("choices")),) if with_choices else row)
-
-    walk(Config, "")
-    return rows
-
-
-def _allowed(annotation: Any, choices: tuple | None) -> str:
-    if choices:
-        return ", ".join(map(str, choices))
-    return "true, false" if annotation is bool else ""

@@ -1,8 +1,7 @@
 """Dataset -> Prompt records: load a split, apply the chat template, read the gold answer.
 
-Sources (`data.path`): a Hugging Face dataset id, a local folder (a `save_to_disk` output, or
-parquet/jsonl/json/csv files whose names say their split), a single such file, or
-`builtin:tiny-zh-math`. Everything goes through `datasets`.
+Sources (`data.path`: a Hub dataset id, a local folder or file, `builtin:tiny-zh-math`) are read by
+dapo_train.data_sources (load_split).
 
 The task also says what "correct" means (`data.correctness`, an answers.AnswerCheck): how a gold
 answer is read (here, for every row) and how a completion is graded against it (the rewards,
@@ -21,32 +20,23 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import datasets
 import numpy as np
 
-from dapo_train import hub
 from dapo_train.answers import answer_check
-from dapo_train.config import DataConfig, looks_like_path, resolve_data_path
+from dapo_train.config import DataConfig
+from dapo_train.data_sources import (  # noqa: F401  (re-exported: where sources were read before)
+    LOCAL_COPY_HINT,
+    load_split,
+    split_of_name,
+)
 from dapo_train.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-# File suffix -> the `datasets` builder that reads it.
-FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
-# Canonical split name -> words that name it inside a file or folder name.
-SPLIT_WORDS = {
-    "train": ("train", "training"),
-    "test": ("test", "testing"),
-    "validation": ("validation", "valid", "val", "dev"),
-}
-LOCAL_COPY_HINT = "set data.path to a local folder or file (e.g. ./gsm8k_chinese with data/train-*.parquet)"
-DATASET_REPO = hub.RepoKind("dataset", "data.path", local="path", existing="file or folder", hint=LOCAL_COPY_HINT)
 EVAL_SUBSET_SALT = "dapo-train-eval"
 
 
@@ -82,141 +72,6 @@ class PromptStats:
             f"{self.rows} rows, {self.kept} prompts kept; dropped: {self.dropped_unreadable_answer} "
             f"unreadable answer, {self.dropped_too_long} too long, {self.dropped_empty_question} empty question"
         )
-
-
-# --------------------------------------------------------------------------------------------
-# Sources: each kind of data.path -> one datasets.Dataset for the requested split.
-
-
-def split_of_name(name: str) -> str | None:
-    """The split a file or folder name states as a word ("data/train-00000-of-00001" -> train).
-
-    Words are runs of letters, so "train-0001", "gsm8k_test" and "dev.jsonl" name splits while
-    "latest" and "trainset" do not (as in the Hub's own split patterns). The file name wins over
-    its folders, nearest folder first.
-    """
-    for part in reversed(Path(name).parts):
-        words = set(re.findall(r"[a-z]+", part.lower()))
-        for split, names in SPLIT_WORDS.items():
-            if words.intersection(names):
-                return split
-    return None
-
-
-def _available(splits: list[str], where: str, split: str) -> UserError:
-    return UserError(
-        f"split '{split}' not found in {where}; splits: {', '.join(splits) or 'none'} "
-        "(set data.train_split / data.eval_split to one of them)"
-    )
-
-
-def _load_files(files: dict[str, list[Path]], split: str, where: str) -> datasets.Dataset:
-    """Read one split's files with the builder their suffix names (all must share one)."""
-    if split not in files:
-        raise _available(sorted(files), where, split)
-    builders = {FILE_BUILDERS[f.suffix.lower()] for f in files[split]}
-    if len(builders) > 1:
-        raise UserError(f"split '{split}' of {where} mixes file formats ({', '.join(sorted(builders))}); keep one")
-    try:
-        return datasets.load_dataset(builders.pop(), data_files=[str(f) for f in files[split]], split="train")
-    except datasets.exceptions.DatasetGenerationError as exc:
-        raise UserError(f"could not read split '{split}' of {where}: {exc.__cause__ or exc}") from exc
-
-
-def _load_file(path: Path, split: str) -> datasets.Dataset:
-    """A single file is the split its name states (see split_of_name), otherwise "train"."""
-    if path.suffix.lower() not in FILE_BUILDERS:
-        raise UserError(f"data.path {path}: unsupported file type; use one of {', '.join(FILE_BUILDERS)}")
-    return _load_files({split_of_name(path.name) or "train": [path]}, split, str(path))
-
-
-def _load_folder(folder: Path, split: str) -> datasets.Dataset:
-    """Split files anywhere below `folder`, grouped by the split their path states."""
-    files: dict[str, list[Path]] = {}
-    for path in sorted(folder.rglob("*")):
-        relative = path.relative_to(folder)
-        if not path.is_file() or path.suffix.lower() not in FILE_BUILDERS:
-            continue
-        if any(part.startswith(".") for part in relative.parts):
-            continue
-        name_split = split_of_name(str(relative))
-        if name_split is not None:
-            files.setdefault(name_split, []).append(path)
-    if not files:
-        raise UserError(
-            f"data.path {folder}: no split files found; expected names with train/test/validation "
-            f"(e.g. data/train-00000-of-00001.parquet, test.jsonl) of type {', '.join(FILE_BUILDERS)}"
-        )
-    return _load_files(files, split, str(folder))
-
-
-def _is_saved(path: Path) -> bool:
-    return path.is_dir() and any((path / name).is_file() for name in ("dataset_dict.json", "state.json"))
-
-
-def _load_saved(folder: Path, split: str) -> datasets.Dataset:
-    """A save_to_disk folder: a DatasetDict, or one Dataset named like a single file."""
-    saved = datasets.load_from_disk(str(folder))
-    if isinstance(saved, datasets.Dataset):
-        saved = datasets.DatasetDict({split_of_name(folder.name) or "train": saved})
-    if split not in saved:
-        raise _available(list(saved), str(folder), split)
-    return saved[split]
-
-
-def _hub_offline() -> bool:
-    """HF_HUB_OFFLINE, as `datasets` read it when imported, or as huggingface_hub reads it."""
-    flag = getattr(datasets.config, "HF_HUB_OFFLINE", getattr(datasets.config, "HF_DATASETS_OFFLINE", False))
-    return bool(flag) or hub.offline()
-
-
-def _unreachable(repo_id: str, reason: object) -> UserError:
-    cache_hint = "" if _hub_offline() else ", or set HF_HUB_OFFLINE=1 to use a copy already in the datasets cache"
-    return UserError(
-        f"could not reach dataset '{repo_id}' on the Hugging Face Hub ({reason}); {LOCAL_COPY_HINT}{cache_hint}"
-    )
-
-
-def _load_hub(repo_id: str, split: str) -> datasets.Dataset:
-    """A Hub dataset id; all its splits are fetched (GSM8K-zh is a few MB) to list them on error."""
-    # hub.probe first: without a network, load_dataset retries for ~25 s before it fails.
-    unreachable = None if _hub_offline() else hub.probe(repo_id, DATASET_REPO)
-    if unreachable is not None:
-        raise _unreachable(repo_id, hub.reason(unreachable)) from unreachable
-    try:
-        splits = datasets.load_dataset(repo_id)
-    except ConnectionError as exc:
-        raise _unreachable(repo_id, "HF_HUB_OFFLINE=1 and no cached copy" if _hub_offline() else exc) from exc
-    except datasets.exceptions.DatasetNotFoundError as exc:
-        raise UserError(f"data.path '{repo_id}': no such local path or Hub dataset; {LOCAL_COPY_HINT}") from exc
-    if split not in splits:
-        raise _available(list(splits), repo_id, split)
-    return splits[split]
-
-
-def _looks_local(path: str) -> bool:
-    """A path the user meant as a file or folder, even though it does not exist."""
-    return looks_like_path(path) or Path(path).suffix.lower() in FILE_BUILDERS
-
-
-# Local source kinds, tried in order; the first whose test accepts the path loads it.
-_LOCAL_SOURCES: tuple[tuple[Callable[[Path], bool], Callable[[Path, str], datasets.Dataset]], ...] = (
-    (_is_saved, _load_saved),
-    (Path.is_dir, _load_folder),
-    (Path.is_file, _load_file),
-)
-
-
-def load_split(data_cfg: DataConfig, split: str) -> datasets.Dataset:
-    """One split of `data.path`, whatever kind of source it is (see the module docstring)."""
-    resolved = resolve_data_path(data_cfg.path)
-    path = Path(resolved).expanduser()
-    for accepts, load in _LOCAL_SOURCES:
-        if accepts(path):
-            return load(path, split)
-    if _looks_local(resolved):
-        raise UserError(f"data.path {resolved}: no such file or folder")
-    return _load_hub(resolved, split)
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,9 +164,23 @@ def _nothing_left(stats: PromptStats, data_cfg: DataConfig, where: str, longest:
 
 def load_prompts(data_cfg: DataConfig, tokenizer: Any, split: str) -> tuple[list[Prompt], PromptStats]:
     """load_split + build_prompts, with the counts logged."""
-    prompts, stats = build_prompts(load_split(data_cfg, split), tokenizer, data_cfg, split)
-    logger.info("data %s [%s]: %s", data_cfg.path, split, stats.summary())
-    return prompts, stats
+    return load_prompt_splits(data_cfg, tokenizer, [split])[split]
+
+
+def load_prompt_splits(
+    data_cfg: DataConfig, tokenizer: Any, splits: list[str]
+) -> dict[str, tuple[list[Prompt], PromptStats]]:
+    """Several splits' prompts, each split's counts logged. Every split is read and its columns checked
+    before any is turned into prompts, so a missing eval split or column fails before the train split's
+    tokenizing (and before its log line)."""
+    loaded = {split: load_split(data_cfg, split) for split in dict.fromkeys(splits)}
+    for split, dataset in loaded.items():
+        _check_columns(dataset, data_cfg, split)
+    built = {}
+    for split, dataset in loaded.items():
+        built[split] = build_prompts(dataset, tokenizer, data_cfg, split)
+        logger.info("data %s [%s]: %s", data_cfg.path, split, built[split][1].summary())
+    return built
 
 
 # --------------------------------------------------------------------------------------------

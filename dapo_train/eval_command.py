@@ -34,17 +34,13 @@ from dapo_train.answers import answer_check
 from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
 from dapo_train.config import Config, config_to_dict, load_config, looks_like_path, read_saved_config
 from dapo_train.data import Prompt, fixed_eval_subset, load_prompts
-from dapo_train.errors import ConfigError, UserError
+from dapo_train.errors import ConfigError, UserError, folder_listing
 from dapo_train.evaluate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
 from dapo_train.metrics import write_json_atomic, write_jsonl_atomic
-from dapo_train.modeling import check_model_path, load_model, load_tokenizer, mixed_precision
+from dapo_train.modeling import MODEL_FILES, check_model_path, load_model, load_tokenizer, mixed_precision
 from dapo_train.rundir import RUNS_ROOT, describe_runs, latest_run
 from dapo_train.table import aligned_table
-
-# What makes a folder loadable: a transformers model, or a LoRA adapter on its base (lora.py).
-MODEL_FILES = ("config.json", ADAPTER_CONFIG)
-_LISTING_MAX = 20
 
 # The trainer's precision (modeling.mixed_precision) -> autocast dtype on CUDA, so eval numerics match.
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": None}
@@ -78,17 +74,6 @@ class EvalPlan:
 
 # --------------------------------------------------------------------------------------------
 # Targets: a checkpoint path, a bare checkpoint_N, a model folder or hub id, or the config's model.
-
-
-def folder_listing(path: Path) -> str:
-    """'<nearest existing folder> holds: a/, b.json, ...' for error messages."""
-    folder = path
-    while not folder.is_dir() and folder != folder.parent:
-        folder = folder.parent
-    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()) if folder.is_dir() else []
-    shown = ", ".join(entries[:_LISTING_MAX]) or "nothing"
-    more = f" and {len(entries) - _LISTING_MAX} more" if len(entries) > _LISTING_MAX else ""
-    return f"{folder if str(folder) != '.' else 'the current folder'} holds: {shown}{more}"
 
 
 def _bare_checkpoint(name: str, run_dir: str | None) -> Path:
@@ -137,6 +122,8 @@ def resolve_target(target: str | None, run_dir: str | None) -> EvalTarget:
     if target.startswith("builtin:"):
         check_model_path(target)  # a shipped model whose folder is missing fails here
         return EvalTarget(target, target)
+    if path.exists():
+        raise UserError(f"{target} is a file; give a checkpoint or model folder")
     if _looks_local(target):
         raise UserError(f"checkpoint or model folder not found: {target}; {folder_listing(path)}")
     return EvalTarget(target, target)  # a hub id; load_tokenizer reports it if unreachable

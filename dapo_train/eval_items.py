@@ -64,11 +64,15 @@ def saved_evals(run_dir: Path) -> dict[tuple[str, int], Path]:
     return found
 
 
-def drop_items_after(run_dir: Path, step: int | None) -> None:
-    """Remove the per-item files of steps after `step`; None (a fresh run): all of them."""
-    for (_, saved_step), path in saved_evals(run_dir).items():
-        if step is None or saved_step > step:
-            path.unlink()
+def items_after(run_dir: Path, step: int | None) -> list[Path]:
+    """The per-item files of evals after `step` (None: all of them)."""
+    return [path for (_, saved_step), path in saved_evals(run_dir).items() if step is None or saved_step > step]
+
+
+def drop_items(run_dir: Path) -> None:
+    """A fresh run in an old folder without checkpoints starts its records anew, as its logs do."""
+    for path in items_after(run_dir, None):
+        path.unlink()
 
 
 def read_items(path: Path) -> list[dict]:

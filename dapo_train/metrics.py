@@ -4,7 +4,8 @@ trackers of logging.trackers (TensorBoard, W&B, MLflow, ...) through accelerate.
 - metrics.jsonl: every metric of a step in one object with a `step` key; stable key names.
 - training_losses.txt: `step,loss`; accuracy_losses.txt: `step,accuracy` (first row = step 0,
   before any update) -- simple files that plotting scripts read as CSV.
-A resumed run truncates all three to the checkpoint's step, so they never hold duplicate steps.
+A resumed run appends to all three; their rows past the checkpoint's step were split off first
+(split_logs), so they never hold duplicate steps.
 
 Result files (eval_<what>.json, completions_<what>.jsonl) are written to a temporary sibling and
 renamed into place, so an interrupted eval never leaves a half-written file that a later
@@ -25,6 +26,8 @@ from dapo_train.config import config_to_dict, flatten_config
 from dapo_train.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
+# MetricsLogger's sinks: kind -> file name in the run folder.
+LOG_FILES = {"jsonl": METRICS_FILE, "loss": "training_losses.txt", "accuracy": "accuracy_losses.txt"}
 
 
 def json_safe(value):
@@ -130,14 +133,17 @@ class AccelerateTrackers:
     """logging.trackers through the run's Accelerator (built with log_with and project_dir = the run
     folder): started once with the resolved config as hyperparameters, project logging.project and
     run name run_name; each step's numeric scalars logged at its step. accelerate runs all of it on
-    the main process only."""
+    the main process only. A run resumed at step s tells TensorBoard to hide the events it logged
+    after s (purge_step): those steps are logged again, and the earlier ones stay in its files."""
 
-    def __init__(self, accelerator, cfg) -> None:
+    def __init__(self, accelerator, cfg, resume_step: int | None = None) -> None:
         names = cfg.logging.trackers
         self.accelerator = accelerator
+        init_kwargs = {name: TRACKERS[name].run_kwargs(cfg.run_name) for name in names}
+        if resume_step is not None and "tensorboard" in init_kwargs:
+            init_kwargs["tensorboard"]["purge_step"] = resume_step + 1
         accelerator.init_trackers(
-            cfg.logging.project, config=tracker_hparams(config_to_dict(cfg)),
-            init_kwargs={name: TRACKERS[name].run_kwargs(cfg.run_name) for name in names},
+            cfg.logging.project, config=tracker_hparams(config_to_dict(cfg)), init_kwargs=init_kwargs,
         )
         for name in names:
             if TRACKERS[name].rename is not None and accelerator.is_main_process:
@@ -155,8 +161,8 @@ class AccelerateTrackers:
         self.accelerator.trackers.clear()
 
 
-def start_trackers(accelerator, cfg) -> AccelerateTrackers | NullTracker:
-    return AccelerateTrackers(accelerator, cfg) if cfg.logging.trackers else NullTracker()
+def start_trackers(accelerator, cfg, resume_step: int | None = None) -> AccelerateTrackers | NullTracker:
+    return AccelerateTrackers(accelerator, cfg, resume_step) if cfg.logging.trackers else NullTracker()
 
 
 class MetricsLogger:
@@ -164,30 +170,11 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | Path, tracker=None, resume_step: int | None = None) -> None:
         self.run_dir = Path(run_dir)
-        self.paths = {
-            "jsonl": self.run_dir / METRICS_FILE,
-            "loss": self.run_dir / "training_losses.txt",
-            "accuracy": self.run_dir / "accuracy_losses.txt",
-        }
-        if resume_step is None:
-            for path in self.paths.values():
+        self.paths = {kind: self.run_dir / name for kind, name in LOG_FILES.items()}
+        for path in self.paths.values():
+            if resume_step is None or not path.exists():
                 path.write_text("")
-        else:
-            self._truncate_after(resume_step)
         self.tracker = tracker or NullTracker()
-
-    def _truncate_after(self, step: int) -> None:
-        """Drop rows of steps > `step` (written after the checkpoint we resume from)."""
-        for kind, path in self.paths.items():
-            if not path.exists():
-                path.write_text("")
-                continue
-            kept = []
-            for line in path.read_text().splitlines():
-                row_step = json.loads(line)["step"] if kind == "jsonl" else int(line.split(",")[0])
-                if row_step <= step:
-                    kept.append(line + "\n")
-            path.write_text("".join(kept))
 
     def log(self, step: int, metrics: dict) -> None:
         row = json_safe({"step": step, **metrics})
@@ -203,6 +190,28 @@ class MetricsLogger:
 
     def close(self) -> None:
         self.tracker.close()
+
+
+def _row_step(kind: str, line: str) -> int | None:
+    """The step a log line belongs to; None for a line cut short (a kill during the write)."""
+    try:
+        return int(json.loads(line)["step"]) if kind == "jsonl" else int(line.split(",")[0])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def split_logs(run_dir: str | Path, step: int) -> dict[str, tuple[str, str]]:
+    """Each log file of the run folder -> (its rows of steps <= `step`, the rest), as text: what a run
+    resumed at `step` keeps, and what came after it (a line cut short goes with the rest)."""
+    parts = {}
+    for kind, name in LOG_FILES.items():
+        path = Path(run_dir) / name
+        kept, later = [], []
+        for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+            row_step = _row_step(kind, line)
+            (kept if row_step is not None and row_step <= step else later).append(line + "\n")
+        parts[name] = ("".join(kept), "".join(later))
+    return parts
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

@@ -11,15 +11,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib.util
+import json
 import logging
 from pathlib import Path
 
 import huggingface_hub
 import torch
+from safetensors import SafetensorError
 
 from dapo_train import hub, lora
 from dapo_train.config import Config, ModelConfig, looks_like_path, resolve_model_path
-from dapo_train.errors import UserError
+from dapo_train.errors import ConfigError, UserError, folder_listing
 
 logger = logging.getLogger(__name__)
 
@@ -29,33 +32,72 @@ LOCAL_MODEL_HINT = (
 )
 MODEL_REPO = hub.RepoKind("model", "model.name_or_path", local="folder", existing="folder", hint=LOCAL_MODEL_HINT)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# What makes a folder loadable: a transformers model, or a LoRA adapter on its base (lora.py).
+MODEL_FILES = ("config.json", lora.ADAPTER_CONFIG)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+# What a damaged or mismatched model folder makes transformers (and safetensors) raise.
+LOAD_ERRORS = (OSError, ValueError, TypeError, KeyError, RuntimeError, ImportError, SafetensorError)
+# model.attn_implementation -> (the module it imports, its pip package), for kernels not built into torch.
+ATTENTION_KERNELS: dict[str, tuple[str, str] | None] = {
+    "sdpa": None, "eager": None, "flex_attention": None,
+    "flash_attention_2": ("flash_attn", "flash-attn"), "flash_attention_3": ("flash_attn_interface", "flash-attn-3"),
+}
 
 
 def check_model_path(name_or_path: str) -> str:
     """Resolve builtin names; a path-like value that does not exist is an error now, not later.
 
-    An existing folder is local; `name` or `org/name` that is not a folder is a hub id; anything else
-    (./x, /x, ~/x, a/b/c) is a local path that must exist.
+    An existing folder is local and must hold a model (config.json) or a LoRA adapter; `name` or
+    `org/name` that is not a folder is a hub id; anything else (./x, /x, ~/x, a/b/c) is a local path
+    that must exist.
     """
     resolved = resolve_model_path(name_or_path)
     local = Path(resolved).expanduser()
     if local.is_dir():
+        if not any((local / name).is_file() for name in MODEL_FILES):
+            raise UserError(
+                f"model.name_or_path {resolved} is not a model folder (no {' or '.join(MODEL_FILES)}); "
+                f"{folder_listing(local)}"
+            )
+        _check_json_files(local)
         return str(local)
+    if local.exists():
+        raise UserError(f"model.name_or_path {resolved} is a file; give the folder that holds config.json")
     if looks_like_path(resolved):
         raise UserError(f"model.name_or_path: folder not found: {resolved}")
     return resolved
+
+
+def _check_json_files(folder: Path) -> None:
+    """The folder's JSON settings parse, each an object: transformers skips a damaged
+    generation_config.json without a word (and with it the EOS ids it lists)."""
+    for name in (*MODEL_FILES, "generation_config.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            where = f":{exc.lineno}:{exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+            problem = getattr(exc, "msg", exc)
+            raise UserError(f"{path}{where} is not valid JSON ({problem}); repair or replace it") from None
+        if not isinstance(data, dict):
+            raise UserError(f"{path} holds a JSON {type(data).__name__}, not an object of settings")
 
 
 def load_tokenizer(model_cfg: ModelConfig):
     from transformers import AutoTokenizer
 
     path = check_model_path(model_cfg.name_or_path)
+    folder = Path(path)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(f"{path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); {folder_listing(folder)}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             path, trust_remote_code=model_cfg.trust_remote_code, **hub_load_kwargs(path)
         )
-    except OSError as exc:
-        raise UserError(_unreachable(path, exc)) from None
+    except LOAD_ERRORS as exc:
+        raise UserError(_unreachable(path, exc, "tokenizer")) from None
     if tokenizer.chat_template is None:
         raise UserError(f"the tokenizer of {path} has no chat template; use an instruct/chat model")
     tokenizer.padding_side = "left"
@@ -79,12 +121,61 @@ def load_model(model_cfg: ModelConfig, device: torch.device):
         **hub_load_kwargs(path),
     }
     if model_cfg.attn_implementation:
+        check_attention_kernel(model_cfg.attn_implementation, device)
         kwargs["attn_implementation"] = model_cfg.attn_implementation
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except OSError as exc:
+    except LOAD_ERRORS as exc:
         raise UserError(_unreachable(path, exc)) from None
     return model.to(device)
+
+
+def check_attention_kernel(name: str, device: torch.device) -> None:
+    """A flash-attention kernel needs its package and CUDA: say so before the weights load (transformers
+    would raise mid-load)."""
+    needs = ATTENTION_KERNELS[name]
+    if needs is None:
+        return
+    module, package = needs
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            "model.attn_implementation", f"{name} needs the {package} package, which is not installed: pip install "
+            f"{package}, or use sdpa"
+        )
+    if device.type != "cuda":
+        raise ConfigError("model.attn_implementation", f"{name} runs on CUDA only, not on {device.type}; use sdpa")
+
+
+def context_length(model_cfg: ModelConfig) -> int | None:
+    """The positions the model can attend over, from its config.json (None when it names no limit); an
+    adapter folder's are its base model's."""
+    from transformers import AutoConfig
+
+    path = check_model_path(model_cfg.name_or_path)
+    if lora.is_adapter_folder(path):
+        path = check_model_path(lora.adapter_base(path))
+    try:
+        config = AutoConfig.from_pretrained(
+            path, trust_remote_code=model_cfg.trust_remote_code, **hub_load_kwargs(path)
+        )
+    except LOAD_ERRORS as exc:
+        raise UserError(_unreachable(path, exc, "config")) from None
+    limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions", "max_sequence_length")]
+    return next((int(limit) for limit in limits if isinstance(limit, int) and limit > 0), None)
+
+
+def check_sequence_budget(cfg: Config, completion_tokens: int) -> None:
+    """A prompt of data.max_prompt_length tokens plus `completion_tokens` must fit the model's positions:
+    beyond them the model computes garbage, it does not fail."""
+    positions = context_length(cfg.model)
+    needed = cfg.data.max_prompt_length + completion_tokens
+    if positions is not None and needed > positions:
+        raise ConfigError(
+            "data.max_prompt_length",
+            f"{cfg.data.max_prompt_length} prompt + {completion_tokens} completion tokens need {needed} positions, "
+            f"but {cfg.model.name_or_path} has {positions} (max_position_embeddings); set data.max_prompt_length to "
+            f"at most {positions - completion_tokens} or lower the completion budget",
+        )
 
 
 def _load_adapter_model(model_cfg: ModelConfig, folder: str, device: torch.device):
@@ -100,10 +191,8 @@ def load_policy(cfg: Config, device: torch.device, resume_from: Path | None = No
     resuming. LoRA (model.lora.r > 0): the config's model with fresh adapters, or with the
     checkpoint's adapter weights when resuming. A starting model that is itself an adapter folder
     is merged first: its weights are where this run starts."""
-    if resume_from is not None:
-        lora.check_resume(cfg, resume_from)
-        if cfg.model.lora.r == 0:
-            return load_model(dataclasses.replace(cfg.model, name_or_path=str(resume_from)), device)
+    if resume_from is not None and cfg.model.lora.r == 0:  # rundir.prepare_run_dir checked lora.check_resume
+        return load_model(dataclasses.replace(cfg.model, name_or_path=str(resume_from)), device)
     model = load_model(cfg.model, device)
     if lora.is_peft_model(model):
         model = model.merge_and_unload().requires_grad_(True)  # peft froze the base weights
@@ -151,12 +240,15 @@ def hub_load_kwargs(path: str) -> dict:
     raise UserError(_unreachable(path, hub.reason(unreachable)))
 
 
-def _unreachable(path: str, exc: object) -> str:
-    """One line for a model that did not load: what failed and, for a hub id, how to work offline."""
+def _unreachable(path: str, exc: object, what: str = "model") -> str:
+    """One line for a model (or its tokenizer or config) that did not load: what failed and, for a hub
+    id, how to work offline."""
     text = str(exc).strip()
     first = text.splitlines()[0][:200] if text else type(exc).__name__
-    if Path(path).is_dir():
-        return f"could not load model from {path}: {first}"
+    if "ignore_mismatched_sizes" in first:  # transformers logs the shapes; its exception only points at them
+        first = "its weights do not have the shapes its config.json describes (the load report above lists them)"
+    if Path(path).is_dir() or (isinstance(exc, Exception) and not isinstance(exc, OSError)):  # not the network
+        return f"could not load the {what} from {path}: {type(exc).__name__}: {first}"
     if hub.offline():
         first = "HF_HUB_OFFLINE=1 and no cached copy"
         return f"could not load model '{path}' ({first}); {LOCAL_MODEL_HINT}"

@@ -137,10 +137,14 @@ def _at(row: dict) -> str:
     return f"{row['accuracy']:.3f} (step {row['step']})"
 
 
-def end_of_run_summary(run_dir: Path, step: int, max_steps: int, wall_s: float, stopped: bool) -> str:
-    """The end-of-run report (printed): accuracy first -> best -> last, wall time, checkpoints, next."""
+def end_of_run_summary(
+    run_dir: Path, step: int, max_steps: int, wall_s: float, stopped: bool, session_s: float | None = None
+) -> str:
+    """The end-of-run report (printed): accuracy first -> best -> last, wall time (the whole run's;
+    session_s, a resumed session's own), checkpoints, next."""
     head = f"stopped {run_dir} at step {step} of {max_steps}" if stopped else f"finished {run_dir}: {step} steps"
-    lines = [f"{head} in {duration(wall_s)}"]
+    session = f" (this session: {duration(session_s)})" if session_s is not None else ""
+    lines = [f"{head} in {duration(wall_s)}{session}"]
     rows = read_metrics(run_dir)
     evals = [row for row in rows if "accuracy" in row]
     if evals:

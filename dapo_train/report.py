@@ -21,7 +21,7 @@ from dapo_train.config import config_to_dict, flatten_config
 from dapo_train.errors import UserError
 from dapo_train.eval_items import FINAL, PERIODIC
 from dapo_train.metrics import read_metrics
-from dapo_train.rundir import saved_run_config
+from dapo_train.rundir import saved_run_config, unwritable
 from dapo_train.sweep import SWEEP_FILE, key_labels
 from dapo_train.table import aligned_table
 
@@ -45,10 +45,12 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class Point:
-    """Runs of one setting. settings: varied key -> value as text."""
+    """Runs of one setting. settings: varied key -> value as text; values: the same as the config
+    holds them (numbers, lists; `-` where a run's config lacks the key)."""
 
     settings: dict[str, str]
     runs: list[RunRecord]
+    values: dict[str, object]
 
     def label(self, labels: dict[str, str]) -> str:
         named = " ".join(f"{labels[k]}={v}" for k, v in self.settings.items()) or self.runs[0].path.name
@@ -76,6 +78,8 @@ def _sweep_runs(sweep_dir: Path) -> list[Path]:
 
 def expand(path: Path) -> list[Path]:
     """A run folder -> itself; a sweep folder -> its runs; a folder of runs or sweeps -> theirs."""
+    if path.is_file():
+        raise UserError(f"{path} is a file; give a run folder (config.yaml and metrics.jsonl) or a sweep folder")
     if not path.is_dir():
         raise UserError(f"{path}: no such folder")
     if (path / SWEEP_FILE).is_file():
@@ -122,7 +126,8 @@ def group_points(runs: list[RunRecord]) -> tuple[list[str], list[Point]]:
     keys = list(dict.fromkeys(k for run in runs for k in run.config if k not in PER_RUN_KEYS))
     members = list(groups.values())
     varied = [k for k in keys if len({_show(group[0].config.get(k, MISSING)) for group in members}) > 1]
-    points = [Point({k: _show(group[0].config.get(k, MISSING)) for k in varied}, group) for group in members]
+    values = [{k: group[0].config.get(k, MISSING) for k in varied} for group in members]
+    points = [Point({k: _show(v) for k, v in value.items()}, group, value) for group, value in zip(members, values)]
     return varied, points
 
 
@@ -209,7 +214,7 @@ def point_rows(points: list[Point]) -> list[dict]:
     for point in points:
         summaries = [summarize_metrics(run.rows) for run in point.runs]
         runs = point.runs
-        row = {"point": point.settings, "seeds": [r.seed for r in runs], "runs": [str(r.path) for r in runs]}
+        row = {"point": point.values, "seeds": [r.seed for r in runs], "runs": [str(r.path) for r in runs]}
         row.update({key: aggregate([s[key] for s in summaries]) for key in COLUMNS})
         rows.append(row)
     return rows
@@ -228,7 +233,7 @@ def format_compare(varied: list[str], rows: list[dict]) -> str:
     left = varied or ["run"]
     headers = [*left, "seeds", *(header for header, _ in COLUMNS.values())]
     body = [
-        [*(row["point"].get(k) or Path(row["runs"][0]).name for k in left), str(len(row["seeds"])),
+        [*(_show(row["point"][k]) if varied else Path(row["runs"][0]).name for k in left), str(len(row["seeds"])),
          *(_cell(row[key], fmt) for key, (_, fmt) in COLUMNS.items())]
         for row in rows
     ]
@@ -309,15 +314,22 @@ def make_figure(varied: list[str], points: list[Point]):
 
 
 def plot(paths: list[str], out: str) -> Path:
+    """Write the figure of `paths` to `out`; where it cannot be written is found before anything is read."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UserError("dapo-train plot needs matplotlib: pip install 'dapo-train[plot]'") from None
     target = Path(out)
+    problem = f"{target} is a folder" if target.is_dir() else unwritable(target.parent)
+    if problem is not None:
+        raise UserError(f"-o {out}: {problem}; choose another file")
     fig = make_figure(*group_points(load_runs(paths)))
     supported = fig.canvas.get_supported_filetypes()
     if target.suffix.lstrip(".").lower() not in supported:
         raise UserError(f"-o {out}: unknown image type; end the name in one of .{', .'.join(sorted(supported))}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=110)
+    try:
+        fig.savefig(target, dpi=110)
+    except OSError as exc:
+        raise UserError(f"-o {out}: could not write it ({exc.strerror or exc})") from None
     return target

@@ -30,6 +30,7 @@ sampled from (decoding.behaviour_distribution).
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -193,25 +194,60 @@ def register_engine(name: str):
     return register
 
 
+# What an engine must have, and what a plugin engine is told when it lacks it.
+ENGINE_METHODS = ("generate", "sync_weights")
+ENGINE_HINT = "an engine is a class (or factory) taking an EngineSetup, with generate() and sync_weights() (README)"
+
+
+def _lacks(thing: object) -> str:
+    """'generate() and sync_weights()': the engine methods `thing` does not have ('' if none)."""
+    return " and ".join(f"{method}()" for method in ENGINE_METHODS if not callable(getattr(thing, method, None)))
+
+
 def engine_factory(name: str) -> Callable[[EngineSetup], RolloutEngine]:
-    """The factory `rollout.engine` names (a registered name or 'pkg.module:Factory'); ConfigError if none.
-    Cheap: the trainer calls it before loading the model."""
+    """The factory `rollout.engine` names (a registered name or 'pkg.module:Factory'); ConfigError if none,
+    or if a plugin is a class without the engine's methods or cannot take one EngineSetup. Cheap: the
+    trainer calls it before loading the model."""
     from dapo_train.config import import_plugin
     from dapo_train.errors import ConfigError
 
     if name in ROLLOUT_ENGINES:
         return ROLLOUT_ENGINES[name]
-    if ":" in name:
-        return import_plugin(name, "rollout.engine")
-    raise ConfigError("rollout.engine", f"unknown engine {name!r}; built in: {', '.join(ROLLOUT_ENGINES)}, "
-                      "or 'pkg.module:Factory'")
+    if ":" not in name:
+        raise ConfigError("rollout.engine", f"unknown engine {name!r}; built in: {', '.join(ROLLOUT_ENGINES)}, "
+                          "or 'pkg.module:Factory'")
+    factory = import_plugin(name, "rollout.engine")
+    if isinstance(factory, type) and _lacks(factory):
+        raise ConfigError("rollout.engine", f"{name} is a class without {_lacks(factory)}; {ENGINE_HINT}")
+    try:
+        inspect.signature(factory).bind(None)
+    except TypeError:
+        raise ConfigError("rollout.engine", f"{name} cannot be called with one EngineSetup; {ENGINE_HINT}") from None
+    except ValueError:
+        pass  # no signature to read (a C function): calling it will tell
+    return factory
 
 
 def build_engine(rollout_cfg, model, tokenizer) -> RolloutEngine:
-    """The engine of a RolloutConfig for an UNWRAPPED model."""
+    """The engine of a RolloutConfig for an UNWRAPPED model. A plugin factory that fails on the
+    EngineSetup, or returns something without the engine's methods, is a ConfigError naming it."""
+    from dapo_train.errors import ConfigError
+
     setup = EngineSetup(model=model, tokenizer=tokenizer, batch_size=rollout_cfg.generation_batch_size,
                         dtype=rollout_cfg.dtype, compile=rollout_cfg.compile)
-    return engine_factory(rollout_cfg.engine)(setup)
+    name, factory = rollout_cfg.engine, engine_factory(rollout_cfg.engine)
+    if name in ROLLOUT_ENGINES:
+        return factory(setup)
+    try:
+        engine = factory(setup)
+    except Exception as exc:  # the plugin's own code, given what every engine gets
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError("rollout.engine", f"{name}(EngineSetup) failed: {type(exc).__name__}: {said}; "
+                          f"{ENGINE_HINT}") from exc
+    if _lacks(engine):
+        raise ConfigError("rollout.engine", f"{name} returned {engine!r:.60} ({type(engine).__name__}), which has no "
+                          f"{_lacks(engine)}; {ENGINE_HINT}")
+    return engine
 
 
 ROLLOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -9,6 +9,10 @@
   CONFIG file given with `--resume` only says where the run is (its output_dir).
 - A run whose checkpoint already reached train.max_steps is finished: resuming it says so and
   changes nothing (no re-save, no rewritten logs, its checkpoints' eval files stay).
+- Resuming from a checkpoint that is not the run's last abandons what came after it: the later
+  checkpoints (with their eval files), the log rows past its step and the config they ran with move
+  into abandoned_after_step<N>_<time>/ inside the run folder, never deleted, so the run folder, its
+  summary and a later `--resume RUN` follow the live trajectory alone.
 - The latest run is the one whose training wrote last (metrics.jsonl, checkpoint weights), which
   `dapo-train eval` never touches.
 """
@@ -19,9 +23,17 @@ import logging
 import os
 import shlex
 import tempfile
+import time
 from pathlib import Path
 
-from dapo_train.checkpoint import CHECKPOINT_RE, CONFIG_FILE, STATE_FILE, checkpoint_dirs, latest_checkpoint
+from dapo_train.checkpoint import (
+    CHECKPOINT_RE,
+    CONFIG_FILE,
+    STATE_FILE,
+    checkpoint_dirs,
+    latest_checkpoint,
+    load_state,
+)
 from dapo_train.config import (
     Config,
     config_from_dict,
@@ -30,13 +42,16 @@ from dapo_train.config import (
     load_config,
     read_saved_config,
 )
-from dapo_train.errors import UserError
-from dapo_train.lora import check_lora_start
-from dapo_train.metrics import METRICS_FILE, check_trackers
+from dapo_train.errors import ConfigError, UserError
+from dapo_train.eval_items import ITEMS_DIR, items_after
+from dapo_train.lora import check_lora_start, check_resume
+from dapo_train.metrics import METRICS_FILE, check_trackers, split_logs
 
 logger = logging.getLogger(__name__)
 
 RUNS_ROOT = Path("outputs")
+# Sub-folder of a run holding what a resume from an earlier checkpoint left behind (set_aside_abandoned).
+ABANDONED_PREFIX = "abandoned_after_step"
 # Files training writes and eval never does: their times say when a run last trained.
 TRAINING_FILES = (METRICS_FILE,)
 CHECKPOINT_TRAINING_FILES = ("config.json", STATE_FILE)
@@ -55,22 +70,27 @@ def checkpoint_step(checkpoint: Path) -> int | None:
 # Starting: checks that cost nothing, before the model loads and before the folder exists.
 
 
-def check_writable(run_dir: Path) -> None:
-    """Fail before anything loads when output_dir cannot be created or written. A real probe
-    (a temporary folder made and removed), since permission bits do not tell root, read-only
-    mounts or pseudo file systems (/sys) apart."""
-    existing = run_dir
+def unwritable(folder: Path) -> str | None:
+    """Why `folder` cannot be created and written in, or None. A real probe (a temporary folder made
+    and removed in the nearest existing folder), since permission bits do not tell root, read-only
+    mounts or pseudo file systems (/sys, /proc) apart."""
+    existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise UserError(f"output_dir {run_dir}: {existing} exists and is not a folder")
+        return f"{existing} exists and is not a folder"
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".dapo-write-check-", dir=existing))
     except OSError as exc:
-        raise UserError(
-            f"output_dir {run_dir}: cannot write in {existing} ({exc.strerror or exc}); "
-            "set output_dir=... to a writable folder"
-        ) from None
+        return f"cannot write in {existing} ({exc.strerror or exc})"
+    return None
+
+
+def check_writable(run_dir: Path) -> None:
+    """Fail before anything loads when output_dir cannot be created or written."""
+    problem = unwritable(run_dir)
+    if problem is not None:
+        raise UserError(f"output_dir {run_dir}: {problem}; set output_dir=... to a writable folder")
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -81,11 +101,16 @@ def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bo
     """-> (run dir, checkpoint to resume from). Refuses to clobber a run that saved a checkpoint;
     with --overwrite the old run is only removed later, once setup has succeeded."""
     run_dir = Path(cfg.output_dir)
+    if resume and overwrite:
+        raise UserError("--resume continues the run in output_dir and --overwrite replaces it: give one of them")
     check_writable(run_dir)
     check_trackers(cfg.logging.trackers)
     check_lora_start(cfg)
     if resume:
-        return run_dir, _resume_source(run_dir, resume)
+        source = _resume_source(run_dir, resume)
+        load_state(source, mmap=True)  # a damaged state fails now, not after the model loaded
+        check_resume(cfg, source)  # LoRA on/off, rank and layers cannot change: say so before the data loads
+        return run_dir, source
     if holds_run(run_dir) and not overwrite:
         if checkpoint_dirs(run_dir):
             raise UserError(
@@ -129,6 +154,51 @@ def finished_message(cfg: Config, run_dir: Path, checkpoint: Path) -> str:
     )
 
 
+def set_aside_abandoned(run_dir: Path, step: int) -> Path | None:
+    """A run resumed at `step`: move what its folder holds from after that step (later checkpoints,
+    log rows past it, the per-item records of later evals, the config they ran with) into
+    abandoned_after_step<step>_<time>/, and say
+    what moved in one line. -> that folder, or None when nothing came after `step`."""
+    later = [c for c in checkpoint_dirs(run_dir) if checkpoint_step(c) > step]
+    logs, evals = split_logs(run_dir, step), items_after(run_dir, step)
+    if not later and not evals and not any(rest for _, rest in logs.values()):
+        return None
+    folder = _new_folder(run_dir, f"{ABANDONED_PREFIX}{step}_{time.strftime('%Y%m%d-%H%M%S')}")
+    for checkpoint in later:
+        os.replace(checkpoint, folder / checkpoint.name)
+    if evals:
+        (folder / ITEMS_DIR).mkdir()
+        for path in evals:
+            os.replace(path, folder / ITEMS_DIR / path.name)
+    for name, (kept, rest) in logs.items():
+        if rest:
+            (folder / name).write_text(rest, encoding="utf-8")
+            (run_dir / name).write_text(kept, encoding="utf-8")
+    names, moved = [c.name for c in later], []
+    if names:
+        moved.append(", ".join(names) if len(names) <= 3 else f"{names[0]} ... {names[-1]} ({len(names)} checkpoints)")
+    if rows := logs[METRICS_FILE][1].count("\n"):
+        moved.append(f"{rows} metrics rows")
+    if evals:
+        moved.append(f"{len(evals)} eval record files")
+    if (run_dir / CONFIG_FILE).is_file():
+        os.replace(run_dir / CONFIG_FILE, folder / CONFIG_FILE)
+        moved.append(CONFIG_FILE)
+    logger.warning("resuming %s at step %d, before its end: moved what came after it (%s) to %s", run_dir, step,
+                   ", ".join(moved), folder)
+    return folder
+
+
+def _new_folder(parent: Path, name: str) -> Path:
+    """parent/name, made now; parent/name_2, _3, ... when it exists (two resumes in one second)."""
+    folder, number = parent / name, 1
+    while folder.exists():
+        number += 1
+        folder = parent / f"{name}_{number}"
+    folder.mkdir()
+    return folder
+
+
 # --------------------------------------------------------------------------------------------
 # Resuming: the run's own config, and every change to it named.
 
@@ -152,7 +222,8 @@ def _find_resumable(resume: str, located: Config | None) -> tuple[Path, Path]:
             raise UserError(f"--resume: checkpoint not found: {path}")
         return path.parent, path
     if not path.is_dir():
-        raise UserError(f"--resume {resume}: no such run or checkpoint folder")
+        what = "is a file, not a run or checkpoint folder" if path.exists() else "no such run or checkpoint folder"
+        raise UserError(f"--resume {resume}: {what}")
     checkpoint = latest_checkpoint(path)
     if checkpoint is None:
         raise UserError(_no_checkpoint(path))
@@ -168,7 +239,10 @@ def resume_config(resume: str, config_path: str | None, overrides: list[str]) ->
     saved = read_saved_config(checkpoint / CONFIG_FILE, notify=False)  # train's warn_config_changes says it
     if Path(saved.get("output_dir") or run_dir).resolve() != run_dir.resolve():
         saved["output_dir"] = str(run_dir)  # the run was moved, or the checkpoint copied: write beside it
-    cfg = load_config(None, overrides, base=saved)
+    try:
+        cfg = load_config(None, overrides, base=saved)
+    except ConfigError as exc:
+        raise UserError(f"{exc} (in {checkpoint / CONFIG_FILE}{' or KEY=VALUE' if overrides else ''})") from None
     if config_path is not None:
         name = Path(config_path).name
         ignored = config_differences(located, cfg, skip=("output_dir", "run_name"))
@@ -234,6 +308,7 @@ def runs_under(root: Path) -> dict[Path, float]:
         return {}
     candidates = [d for d in root.iterdir() if d.is_dir()]
     candidates += [d for parent in candidates for d in parent.iterdir() if d.is_dir()]
+    candidates = [d for d in candidates if not d.name.startswith(ABANDONED_PREFIX)]
     found = {d: last_trained(d) for d in candidates}
     return {d: when for d, when in found.items() if when is not None}
 

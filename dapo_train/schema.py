@@ -64,7 +64,10 @@ class ModelConfig:
     )
     trust_remote_code: bool = _opt(False, "Allow model code from the hub. Off for safety.")
     attn_implementation: str | None = _opt(
-        None, "Attention kernel passed to from_pretrained (sdpa, eager, flash_attention_2); None = HF default."
+        None,
+        "Attention kernel passed to from_pretrained; null = transformers' default (sdpa). flash_attention_2 and "
+        "flash_attention_3 need CUDA and their package (flash-attn, flash-attn-3).",
+        (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"),
     )
     gradient_checkpointing: str = _opt(
         "auto", "Recompute activations in backward to save memory. auto = on for CUDA.", ("auto", "on", "off")
@@ -131,7 +134,7 @@ class DapoConfig:
     )
     eps_low: float = _opt(0.2, "Lower clip range (Eq. 10): ratio floored at 1 - eps_low for A < 0.")
     eps_high: float = _opt(0.28, "Upper clip range (Eq. 10, clip-higher): ratio capped at 1 + eps_high for A > 0.")
-    clip_ratio_c: float | None = _opt(None, "Dual-clip bound (> 1) on the loss of A < 0 tokens; None = off.")
+    clip_ratio_c: float | None = _opt(None, "Dual-clip bound (> 1) on the loss of A < 0 tokens; null = off.")
     beta: float = _opt(0.0, "KL coefficient to a frozen reference (k3). 0 = no reference model (DAPO).")
     loss_reduction: str = _opt(
         "token", "token: Eq. 12 (sum over the step's tokens / their count); sample: GRPO mean of means.",
@@ -292,12 +295,39 @@ def _check_choices(section: Any, prefix: str) -> None:
         choices = f.metadata.get("choices")
         for item in value if isinstance(value, list) else [value]:
             if choices and item not in choices:
-                raise ConfigError(key, f"got {item!r}; allowed: {', '.join(map(str, choices))}")
+                allowed = ", ".join("null" if choice is None else choice for choice in choices)
+                raise ConfigError(key, f"got {item!r}; allowed: {allowed}")
+
+
+# Names that must not be empty: an empty path is the current folder, an empty column or plugin no name.
+NON_EMPTY = (
+    "model.name_or_path", "data.path", "data.prompt_field", "data.answer_field", "data.correctness",
+    "data.train_split", "data.eval_split", "rollout.engine", "dapo.policy_loss", "dapo.filter_metric",
+    "logging.project",
+)
+
+
+def _check_names(cfg: Config) -> None:
+    for key in NON_EMPTY:
+        section, name = key.split(".")
+        _require(bool(getattr(getattr(cfg, section), name).strip()), key, "must not be empty")
+
+
+def _check_seed_and_optimizer(cfg: Config) -> None:
+    """Values torch, numpy or AdamW refuse only once the model is built."""
+    t = cfg.train
+    _require(0 <= cfg.seed < 2**32, "seed", f"got {cfg.seed}; must be in [0, 2**32) (numpy's seed range)")
+    _require(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", f"got {t.adam_beta1}; must be in [0, 1)")
+    _require(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", f"got {t.adam_beta2}; must be in [0, 1)")
+    _require(t.weight_decay >= 0.0, "train.weight_decay", f"got {t.weight_decay}; must be >= 0")
+    _require(cfg.eval.print_samples >= 0, "eval.print_samples", f"got {cfg.eval.print_samples}; must be >= 0")
 
 
 def validate(cfg: Config) -> None:
     """Invariants across fields; called from Config.__post_init__."""
     _check_choices(cfg, "")
+    _check_names(cfg)
+    _check_seed_and_optimizer(cfg)
     d, r, t = cfg.dapo, cfg.rollout, cfg.train
     _require(0.0 <= d.eps_low < 1.0, "dapo.eps_low", f"got {d.eps_low}; must be in [0, 1)")
     _require(d.eps_high >= 0.0, "dapo.eps_high", f"got {d.eps_high}; must be >= 0")
@@ -361,6 +391,5 @@ def validate(cfg: Config) -> None:
         len(set(cfg.logging.trackers)) == len(cfg.logging.trackers),
         "logging.trackers", f"got {cfg.logging.trackers!r}; a tracker is named twice",
     )
-    _require(bool(cfg.logging.project.strip()), "logging.project", "must not be empty")
     # Rewards (names, args, overlong lengths) are checked by rewards.build_rewards, which `run`
     # (first thing in setup) and `config` call, before anything heavy loads.

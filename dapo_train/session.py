@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,8 +21,11 @@ from dapo_train import distributed
 from dapo_train.batches import Batching
 from dapo_train.collect import GroupBuffer
 from dapo_train.config import Config
-from dapo_train.data import Prompt, PromptSampler, fixed_eval_subset, load_prompts
+from dapo_train.data import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
+from dapo_train.evaluate import eval_max_new_tokens
 from dapo_train.modeling import (
+    check_attention_kernel,
+    check_sequence_budget,
     gradient_checkpointing,
     load_policy,
     load_tokenizer,
@@ -67,6 +71,13 @@ class Run:
     step: int = 0
     bad_steps: int = 0
     saved_step: int | None = None  # the step of the checkpoint on disk that holds these weights
+    started: float = field(default_factory=time.monotonic)  # when this session began (train: before setup)
+    seconds_before: float = 0.0  # wall time of the sessions before this one (a resumed run's checkpoint)
+
+    @property
+    def wall_seconds(self) -> float:
+        """The run's wall time so far, every session up to its checkpoint included."""
+        return self.seconds_before + time.monotonic() - self.started
 
     @property
     def model(self) -> torch.nn.Module:
@@ -104,13 +115,17 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     reward_set = rewards_from_config(cfg)
     engine_factory(cfg.rollout.engine)  # an unknown engine or objective fails here, before anything loads
     loss_settings(cfg)
+    check_sequence_budget(cfg, max(cfg.rollout.max_new_tokens, eval_max_new_tokens(cfg) if cfg.eval.every_steps else 0))
+    if cfg.model.attn_implementation:
+        check_attention_kernel(cfg.model.attn_implementation, accelerator.device)  # load_model would, after the data
     tokenizer = load_tokenizer(cfg.model)
-    train_prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)  # each split logs its row counts
-    all_eval = []
-    if cfg.eval.every_steps > 0 or cfg.eval.final_full:
-        all_eval, _ = load_prompts(cfg.data, tokenizer, cfg.data.eval_split)
-    eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items) if cfg.eval.every_steps > 0 else []
-    final_prompts = all_eval if cfg.eval.final_full else []
+    evaluating, final = cfg.eval.every_steps > 0, cfg.eval.final_full
+    wanted = [cfg.data.train_split, cfg.data.eval_split] if evaluating or final else [cfg.data.train_split]
+    splits = load_prompt_splits(cfg.data, tokenizer, wanted)  # each split logs its row counts
+    train_prompts = splits[cfg.data.train_split][0]
+    all_eval = splits[cfg.data.eval_split][0] if evaluating or final else []
+    eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items) if evaluating else []
+    final_prompts = all_eval if final else []
     _log_final_eval_cost(cfg, len(eval_prompts), len(final_prompts))
     model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):

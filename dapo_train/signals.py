@@ -4,6 +4,7 @@ stops at once (KeyboardInterrupt)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -33,6 +34,8 @@ class StopRequested:
                 raise KeyboardInterrupt
             return  # already stopping: keep the first signal's exit code and message
         self.request(signum)
+        if os.environ.get("RANK", "0") != "0":
+            return  # a Ctrl-C reaches every rank of a launcher (torchrun, accelerate launch): rank 0 says it once
         name = signal.Signals(signum).name
         print(
             f"\n{name} received: finishing this step and saving a checkpoint (Ctrl-C again to stop now)",

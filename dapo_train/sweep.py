@@ -12,6 +12,7 @@ checkpoint and starts over a run that never saved one.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -92,6 +93,19 @@ def key_labels(keys: list[str]) -> dict[str, str]:
 
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=_-]+", "-", text)
+
+
+def default_sweep_name(config_path: str, varied: dict[str, list[str]], plain: list[str]) -> str:
+    """`sweep_<config>_<key>=<v1>-<v2>[_<key>=<value> ...]`: the grid and the fixed overrides, so two
+    sweeps of one config differ in folder unless they run the same grid (seeds aside: more seeds of
+    a grid belong with it). A name past 100 characters is cut and ends in a hash of the whole."""
+    fixed = dict(item.split("=", 1) for item in plain)
+    labels = key_labels([*varied, *fixed])
+    parts = [f"{labels[k]}={','.join(v)}" for k, v in varied.items()] + [f"{labels[k]}={v}" for k, v in fixed.items()]
+    name = _safe(f"sweep_{Path(config_path).stem}_{'_'.join(parts)}")  # the commas become -
+    if len(name) > 100:
+        name = f"{name[:90]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return name
 
 
 @dataclass
@@ -187,7 +201,7 @@ def plan_sweep(config_path: str, args: list[str], seeds_text: str | None = None,
     varied, plain = _split_args(args, seeds)
     labels = key_labels(list(varied))
     base = load_config(config_path, plain)  # the plain overrides checked once; its seed is the default
-    folder = Path(sweep_dir or Path("outputs") / _safe(f"sweep_{Path(config_path).stem}_{'_'.join(labels.values())}"))
+    folder = Path(sweep_dir or Path("outputs") / default_sweep_name(config_path, varied, plain))
     sweep = Sweep(config_path, folder, list(varied), plain, seeds)
     for values in itertools.product(*varied.values()):
         chosen = dict(zip(varied, values))

@@ -39,13 +39,13 @@ from dapo_train.answers import answer_check
 from dapo_train.config import Config, save_config
 from dapo_train.data import Prompt
 from dapo_train.errors import TrainingAborted, UserError
-from dapo_train.eval_items import FINAL, PERIODIC, EvalKind, drop_items_after, write_items
+from dapo_train.eval_items import FINAL, PERIODIC, EvalKind, drop_items, write_items
 from dapo_train.evaluate import eval_max_new_tokens, eval_records, summarize_records
 from dapo_train.metrics import MetricsLogger, NullTracker, start_trackers
 from dapo_train.old_logprobs import needing_old_logprobs, record_old_logprobs
 from dapo_train.plan import StepBatch, fill_batch, plan_update, reduce_update, total
 from dapo_train.progress import Progress, end_of_run_summary
-from dapo_train.rundir import finished, finished_message, prepare_run_dir, warn_config_changes
+from dapo_train.rundir import finished, finished_message, prepare_run_dir, set_aside_abandoned, warn_config_changes
 from dapo_train.session import Run, setup
 from dapo_train.signals import StopRequested
 from dapo_train.update import Learner, update_metrics, update_policy
@@ -70,6 +70,7 @@ def trainer_state(run: Run) -> dict:
         "optimizer_steps": run.learner.optimizer.steps,
         "sampler": run.prompt_sampler.state_dict(),
         "num_processes": distributed.world_size(),
+        "wall_seconds": run.wall_seconds,
         **rank_state(run),
     }
     state.setdefault("optimizer", run.learner.optimizer.state_dict())  # replicated under DDP: one copy, here
@@ -80,6 +81,7 @@ def restore(run: Run, state: dict, checkpoint: Path) -> None:
     """Every rank reads trainer_state.pt; rank r > 0 its own file too. A checkpoint of another
     number of processes resumes (the data order is shared) but does not reproduce the run."""
     run.step, run.bad_steps = int(state["step"]), int(state["bad_steps"])
+    run.seconds_before = float(state.get("wall_seconds", 0.0))
     # A checkpoint without the counter was written by a run that made one optimizer step per step.
     run.learner.optimizer.steps = int(state.get("optimizer_steps", run.step))
     run.prompt_sampler.load_state_dict(state["sampler"])
@@ -242,6 +244,7 @@ def train(
             return run_dir
         warn_config_changes(cfg, resume_from)
     run = setup(cfg, run_dir, resume_from)
+    run.started = started
     main = distributed.is_main()  # the one process that writes the run's logs and checkpoints
     distributed.barrier()  # every rank has checked output_dir before the main process may replace it
     if main:
@@ -254,10 +257,13 @@ def train(
         logger.info("resumed from %s at step %d", resume_from, run.step)
     resume_step = run.step if resume_from else None
     if main:
+        if resume_step is None:
+            drop_items(run_dir)  # a fresh start, as MetricsLogger empties the logs
+        else:
+            set_aside_abandoned(run_dir, resume_step)  # what came after the checkpoint (evals too): moved, not lost
         save_config(cfg, run_dir / ckpt.CONFIG_FILE)
-        drop_items_after(run_dir, resume_step)  # as MetricsLogger drops the rows of later steps
     # Only the main process writes the run's logs and shows progress.
-    metrics_log = MetricsLogger(run_dir, start_trackers(run.accelerator, cfg), resume_step=resume_step) \
+    metrics_log = MetricsLogger(run_dir, start_trackers(run.accelerator, cfg, resume_step), resume_step=resume_step) \
         if main else NullTracker()
     progress = Progress(cfg, run.step) if main else NullTracker()
     try:
@@ -280,7 +286,8 @@ def train(
         progress.close()
         metrics_log.close()
     if main:
-        print(end_of_run_summary(run_dir, run.step, cfg.train.max_steps, time.monotonic() - started, stop.requested),
+        session = time.monotonic() - started if resume_from is not None else None
+        print(end_of_run_summary(run_dir, run.step, cfg.train.max_steps, run.wall_seconds, stop.requested, session),
               flush=True)
         if stop.requested:
             stop.report(run_dir, distributed.world_size())

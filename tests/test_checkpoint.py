@@ -18,7 +18,8 @@ class NoTokenizer:
 
 
 def _save(run_dir, step, model, **kw):
-    state = {"step": step, "rng": ckpt.rng_state()}
+    # The keys every trainer state holds (load_state refuses a file without them); empty where unused here.
+    state = {"step": step, "bad_steps": 0, "sampler": {}, "buffer": {}, "rng": ckpt.rng_state(), "optimizer": {}}
     return ckpt.save_checkpoint(
         run_dir, step, model=model, tokenizer=NoTokenizer(), cfg=load_config(None, []), state=state, **kw
     )

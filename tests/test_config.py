@@ -127,7 +127,7 @@ def test_every_choice_list_is_its_registrys_keys():
     from dapo_train.config import Config
     from dapo_train.eval_command import AUTOCAST_DTYPES
     from dapo_train.metrics import TRACKERS
-    from dapo_train.modeling import DTYPES, GRADIENT_CHECKPOINTING
+    from dapo_train.modeling import ATTENTION_KERNELS, DTYPES, GRADIENT_CHECKPOINTING
     from dapo_train.optim import LR_SCHEDULES
     from dapo_train.rollout import ROLLOUT_DTYPES
 
@@ -138,6 +138,7 @@ def test_every_choice_list_is_its_registrys_keys():
         "logging.trackers": set(TRACKERS),
         "model.dtype": {"auto", *DTYPES},  # auto = float32 master weights
         "model.gradient_checkpointing": set(GRADIENT_CHECKPOINTING),
+        "model.attn_implementation": {None, *ATTENTION_KERNELS},  # null = transformers' default
         "train.mixed_precision": {"auto", *AUTOCAST_DTYPES},  # auto = modeling.mixed_precision's pick
         "rollout.dtype": {"auto", *ROLLOUT_DTYPES},
         "train.shared_prefix": {"auto", "on", "off"},  # switches: auto = when the attention kernel allows

@@ -163,6 +163,30 @@ def test_a_folder_without_split_files_says_what_names_it_expects(tmp_path):
         load_split(DataConfig(path=str(tmp_path)), "train")
 
 
+def test_a_truncated_json_lines_row_names_its_file_and_line(tmp_path):
+    rows = [{"q": "1+1=?", "a": 2}, {"q": "2+2=?", "a": 4}]
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(rows[0]) + "\n" + json.dumps(rows[1])[:-6] + "\n")  # cut mid-row, as a kill leaves it
+    with pytest.raises(UserError, match=rf"could not read split 'train' of {path}: {path}:2: not valid JSON"):
+        load_split(DataConfig(path=str(path)), "train")
+
+
+def test_a_csv_quote_never_closed_is_found_not_merged(tmp_path):
+    """pandas reads the quoted 1+1 up to the next quote, two lines on, as one question: one row where
+    the file has three. Python's strict csv reader sees the quote end off a field boundary."""
+    path = tmp_path / "train.csv"
+    path.write_text('q,a\n"1+1=?,2\n2+2=?,4\n"3+3=?",6\n')
+    with pytest.raises(UserError, match=rf"{path}:2: ',' expected after '\"' in the row that starts here; is a quote "
+                                        "never closed"):
+        load_split(DataConfig(path=str(path)), "train")
+    path.write_text("q,a\n1+1=?,2\n2+2=?\n")  # a field short: pandas would fill it with NaN
+    with pytest.raises(UserError, match=rf"{path}:3: a row of 1 fields, the header has 2"):
+        load_split(DataConfig(path=str(path)), "train")
+    # A quoted field that spans lines is legal CSV (GSM8K solutions do): it still loads, row for row.
+    write_table(ROWS, path)
+    assert load_split(DataConfig(path=str(path)), "train")["answer"][:] == ROWS["answer"]
+
+
 @pytest.mark.parametrize("key", ["prompt_field", "answer_field"])
 def test_a_missing_column_lists_the_columns_that_exist(tmp_path, tokenizer, key):
     path = source_jsonl_file(tmp_path)

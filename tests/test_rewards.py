@@ -221,7 +221,7 @@ def test_custom_reward_by_import_path_gets_its_args_and_prompts(plugin):
         ({"name": "no_such_module_xyz:f"}, "rewards.0.name", "cannot import module 'no_such_module_xyz'"),
         ({"name": "broken_rewards:f"}, "rewards.0.name", "importing 'broken_rewards' failed: RuntimeError: plugin bug"),
         ({"name": "my_rewards:missing"}, "rewards.0.name", "has no attribute 'missing'"),
-        ({"name": "my_rewards:NOT_A_FUNCTION"}, "rewards.0.name", "is a int, not a function"),
+        ({"name": "my_rewards:NOT_A_FUNCTION"}, "rewards.0.name", r"is not a function but 3 \(int\)"),
         ({"name": "my_rewards:wrong_signature"}, "rewards.0.name", r"does not accept \(completions, answers"),
         ({"name": "accuracy", "args": {"scale": 2}}, "rewards.0.args", "unexpected keyword argument 'scale'"),
         ({"name": "overlong"}, "rewards.0.args", "missing a required argument: 'cache_length'"),

@@ -1,6 +1,7 @@
 """The run folder: --resume RUN_DIR with the run's own config, changes listed key by key, a finished
 run left alone, a run without a checkpoint started again, setup failures before the folder exists."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -142,3 +143,78 @@ def test_a_tracker_that_cannot_start_fails_before_the_folder_exists(tmp_path, mo
                                         r"pip install tensorboard"):
         trainer.train(cfg)
     assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Resuming from an earlier checkpoint (issue 25, defect 1): what came after it moves aside, never lost.
+
+
+@pytest.fixture(scope="module")
+def three_step_run(tmp_path_factory):
+    """A finished run of 3 steps, a checkpoint after each, evaluated at the end (so metrics carry accuracy)."""
+    out = tmp_path_factory.mktemp("runs") / "run3"
+    return trainer.train(load_config(None, [*SMALL, "train.max_steps=3", "checkpoint.every_steps=1",
+                                            "eval.every_steps=3", "eval.num_items=4", f"output_dir={out}"]))
+
+
+def test_resuming_an_earlier_checkpoint_moves_the_abandoned_trajectory_aside(three_step_run, tmp_path, capsys,
+                                                                              caplog):
+    import torch
+
+    run = _copy(three_step_run, tmp_path)
+    (run / "checkpoint_3" / "eval_test.json").write_text("{}\n")  # a `dapo-train eval` result of the old branch
+    old_rows = [row["step"] for row in read_metrics(run)]
+    old_config = (run / "config.yaml").read_text()
+    cfg, source = resume_config(str(run / "checkpoint_1"), None, ["train.max_steps=2"])
+    trainer.train(cfg, resume=source)
+
+    (aside,) = run.glob("abandoned_after_step1_*")
+    assert sorted(p.name for p in aside.iterdir()) == [
+        "accuracy_losses.txt", "checkpoint_2", "checkpoint_3", "config.yaml", "metrics.jsonl", "training_losses.txt",
+    ]
+    assert (aside / "checkpoint_3" / "eval_test.json").is_file()  # moved with its checkpoint
+    assert [row["step"] for row in read_metrics(aside)] == [2, 3]  # the rows the resume cut off, kept
+    assert [line.split(",")[0] for line in (aside / "training_losses.txt").read_text().splitlines()] == ["2", "3"]
+    assert (aside / "config.yaml").read_text() == old_config  # what the abandoned branch ran with
+    assert old_rows == [0, 1, 2, 3] and [row["step"] for row in read_metrics(run)] == [0, 1, 2]  # the live one
+    assert sorted(p.name for p in run.glob("checkpoint_*")) == ["checkpoint_1", "checkpoint_2"]
+    assert "moved what came after it (checkpoint_2, checkpoint_3, 2 metrics rows, config.yaml)" in caplog.text
+
+    out = capsys.readouterr().out
+    assert f"checkpoints in {run}: checkpoint_1, checkpoint_2\n" in out
+    assert f"next: dapo-train eval {run / 'checkpoint_2'}" in out
+    # The summary's time is the run's: the checkpoint it resumed from holds the time before.
+    before = torch.load(run / "checkpoint_1" / "trainer_state.pt", weights_only=True)["wall_seconds"]
+    after = torch.load(run / "checkpoint_2" / "trainer_state.pt", weights_only=True)["wall_seconds"]
+    assert 0 < before < after and re.search(r"finished .*: 2 steps in \d+s \(this session: \d+s\)", out)
+
+    cfg, source = resume_config(str(run), None, [])  # `--resume RUN` follows the live trajectory
+    assert source == run / "checkpoint_2" and cfg.train.max_steps == 2
+
+
+def test_a_resume_refused_by_setup_moves_nothing(three_step_run, tmp_path, monkeypatch):
+    run = _copy(three_step_run, tmp_path)
+    before = _snapshot(run)
+    cfg, source = resume_config(str(run / "checkpoint_1"), None, ["data.prompt_field=nope"])
+    with pytest.raises(UserError, match="nope"):
+        trainer.train(cfg, resume=source)
+    assert _snapshot(run) == before and not list(run.glob("abandoned_*"))
+
+
+def test_a_run_with_an_abandoned_folder_is_one_run(three_step_run, tmp_path):
+    """The folder of what was set aside holds checkpoints, but it is not a run of its own."""
+    from dapo_train.rundir import runs_under, set_aside_abandoned
+
+    run = _copy(three_step_run, tmp_path)
+    aside = set_aside_abandoned(run, 2)
+    assert aside is not None and (aside / "checkpoint_3").is_dir()
+    assert list(runs_under(tmp_path)) == [run]
+    assert set_aside_abandoned(run, 2) is None  # nothing after step 2 is left: nothing more moves
+
+
+def test_a_lora_change_on_resume_is_refused_before_the_data_loads(finished_run, monkeypatch):
+    pytest.importorskip("peft")
+    _no_setup(monkeypatch)
+    cfg, source = resume_config(str(finished_run / "checkpoint_1"), None, ["model.lora.r=4"])
+    with pytest.raises(UserError, match="it holds full weights, but model.lora.r=4"):
+        trainer.train(cfg, resume=source)

@@ -75,7 +75,7 @@ def test_the_grid_is_the_product_of_the_comma_lists(tmp_path):
 def test_without_seeds_each_point_runs_once_with_the_configs_seed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sweep = plan_sweep(CONFIG, ["dapo.eps_high=0.1,0.5", "seed=7"])
-    assert sweep.sweep_dir == Path("outputs/sweep_tiny-cpu_eps_high")
+    assert sweep.sweep_dir == Path("outputs/sweep_tiny-cpu_eps_high=0.1-0.5_seed=7")  # the grid and fixed overrides
     assert [p.name for p in sweep.points] == ["eps_high=0.1_seed7", "eps_high=0.5_seed7"]
     assert [p.cfg.seed for p in sweep.points] == [7, 7]
 
@@ -270,7 +270,7 @@ def test_compare_aggregates_seeds_by_hand(runs):
     # seed, output_dir and run_name differ between every run but are not settings of a point.
     assert varied == ["dapo.eps_high"]
     a, b = rows
-    assert a["point"] == {"dapo.eps_high": "0.1"} and a["seeds"] == [1, 2]
+    assert a["point"] == {"dapo.eps_high": 0.1} and a["seeds"] == [1, 2]  # the value as the config holds it
     # final accuracy (the whole split at the end): 0.25 and 0.35 -> mean 0.3, sample std sqrt(2 * 0.05^2)
     assert a["final_accuracy"]["mean"] == pytest.approx(0.3)
     assert a["final_accuracy"]["std"] == pytest.approx(math.sqrt(0.005))
@@ -290,7 +290,7 @@ def test_compare_aggregates_seeds_by_hand(runs):
     # wall time: a1 2 + 2 s training + 1 + 1 s eval + 2 s final eval = 8, a2 3 + 3 + 1 + 1 + 1 + 2 = 11 -> 9.5
     assert a["wall_seconds"]["mean"] == pytest.approx(9.5)
     assert a["steps"] == {"mean": 2, "std": 0, "n": 2}
-    assert b["point"] == {"dapo.eps_high": "0.5"} and b["seeds"] == [1]
+    assert b["point"] == {"dapo.eps_high": 0.5} and b["seeds"] == [1]
     assert b["last_accuracy"] == {"mean": 0.3, "std": None, "n": 1}
     assert b["final_accuracy"] is None  # no eval of the whole split: shown as "-"
     assert b["best_accuracy"]["mean"] == 0.3  # not step 0's 0.6: that is the model before training
@@ -308,7 +308,7 @@ def test_compare_aggregates_seeds_by_hand(runs):
 def test_compare_json_and_run_paths(runs):
     by_folder = json.loads(compare([str(runs)], as_json=True))
     by_runs = json.loads(compare([str(runs / "b1"), str(runs / "a1"), str(runs / "a2"), str(runs)], as_json=True))
-    assert [row["point"] for row in by_runs] == [{"dapo.eps_high": "0.5"}, {"dapo.eps_high": "0.1"}]
+    assert [row["point"] for row in by_runs] == [{"dapo.eps_high": 0.5}, {"dapo.eps_high": 0.1}]
     assert sorted(by_runs, key=lambda row: row["point"]["dapo.eps_high"]) == by_folder  # each run counted once
 
 
@@ -317,7 +317,7 @@ def test_compare_expands_a_sweep(tmp_path, monkeypatch):
     (tmp_path / "s" / NAMES[3] / "metrics.jsonl").unlink()  # a run that has not logged yet is left out
     varied, rows = compare_rows(load_runs([str(tmp_path / "s")]))
     assert varied == ["dapo.eps_high"]
-    assert [(row["point"]["dapo.eps_high"], row["seeds"]) for row in rows] == [("0.1", [1, 2]), ("0.5", [1])]
+    assert [(row["point"]["dapo.eps_high"], row["seeds"]) for row in rows] == [(0.1, [1, 2]), (0.5, [1])]
 
 
 def test_compare_of_a_folder_that_is_not_a_run_is_one_line(tmp_path):

@@ -109,3 +109,19 @@ def test_every_tracker_name_is_one_accelerate_knows():
     from dapo_train.schema import TRACKER_NAMES
 
     assert set(metrics.TRACKERS) == set(TRACKER_NAMES) <= {t.value for t in LoggerType}
+
+
+def test_a_resume_before_the_end_hides_the_abandoned_steps_from_tensorboard(tmp_path):
+    """Steps 1-2, then a resume from checkpoint_1: step 2 is logged again, and TensorBoard (purge_step)
+    shows it once, with the new value; the first value stays in the older event file, hidden."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = [*SMALL, "train.max_steps=2", "checkpoint.every_steps=1", "eval.every_steps=0",
+            "logging.trackers=[tensorboard]", f"output_dir={tmp_path / 'run'}"]
+    run_dir = train(load_config(None, args))
+    train(load_config(None, [*args, "dapo.eps_high=0.5"]), resume=run_dir / "checkpoint_1")
+    events = EventAccumulator(str(run_dir / "dapo-train"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [event.step for event in events.Scalars("loss")] == [1, 2]
+    assert events.Scalars("loss")[1].value == pytest.approx(read_metrics(run_dir)[-1]["loss"], abs=1e-6)
+    assert len(list((run_dir / "dapo-train").glob("events.out.tfevents.*"))) == 2

@@ -180,7 +180,7 @@ def set_aside_abandoned(run_dir: Path, step: int) -> Path | None:
     if rows := logs[METRICS_FILE][1].count("\n"):
         moved.append(f"{rows} metrics rows")
     if evals:
-        moved.append(f"{len(evals)} eval record files")
+        moved.append(f"{len(evals)} eval record file{'s' if len(evals) > 1 else ''}")
     if (run_dir / CONFIG_FILE).is_file():
         os.replace(run_dir / CONFIG_FILE, folder / CONFIG_FILE)
         moved.append(CONFIG_FILE)

@@ -12,7 +12,7 @@ from small_task import write_small_task
 from dapo_train import trainer
 from dapo_train.config import load_config
 from dapo_train.data import load_prompts
-from dapo_train.eval_items import FINAL, PERIODIC, RECORD_KEYS, drop_items_after, items_path, read_items, saved_evals
+from dapo_train.eval_items import FINAL, PERIODIC, RECORD_KEYS, drop_items, items_path, read_items, saved_evals
 from dapo_train.metrics import read_metrics
 from dapo_train.modeling import load_tokenizer
 
@@ -110,12 +110,16 @@ def test_final_full_off_adds_no_eval(tmp_path, monkeypatch):
     assert all(FINAL.accuracy not in row for row in read_metrics(out))
 
 
-def test_a_resume_drops_the_records_of_later_steps(tmp_path):
+def test_a_resume_moves_the_records_of_later_steps_aside_and_a_fresh_run_drops_them(tmp_path):
+    from dapo_train.rundir import set_aside_abandoned
+
     for kind, step in (("step", 0), ("step", 2), ("final", 4), ("step", 5)):
         path = tmp_path / "eval_items" / f"{kind}_{step}.jsonl"
         path.parent.mkdir(exist_ok=True)
-        path.write_text("{}\n")
-    drop_items_after(tmp_path, 2)  # resumed from checkpoint_2
+        path.write_text(f'{{"step": {step}}}\n')
+    folder = set_aside_abandoned(tmp_path, 2)  # resumed from checkpoint_2
     assert set(saved_evals(tmp_path)) == {("step", 0), ("step", 2)}
-    drop_items_after(tmp_path, None)  # a fresh run in the folder
+    assert set(saved_evals(folder)) == {("final", 4), ("step", 5)}  # moved, not lost
+    assert read_items(folder / "eval_items" / "step_5.jsonl") == [{"step": 5}]
+    drop_items(tmp_path)  # a fresh run in a folder without checkpoints starts anew
     assert saved_evals(tmp_path) == {}

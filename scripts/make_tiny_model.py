@@ -10,7 +10,7 @@ the 600 SFT steps took 235 s on 2 threads, 350 s on 1, the measurement another 3
     python scripts/make_tiny_model.py --out /tmp/tiny       # same build written elsewhere
     python scripts/make_tiny_model.py --steps 800 --no-eval # another SFT length, no measurement
     python scripts/make_tiny_model.py --measure-only        # re-measure the shipped model (~35 s)
-    python scripts/make_tiny_model.py --recipe tiny-long --threads 1   # the long task's world
+    python scripts/make_tiny_model.py --recipe tiny-long --threads 1   # the long task's world (~13 min)
 
 Stages, saved as they finish so other work can start early:
 1. data/{train,test}.jsonl from tiny_task.make_splits (scripts/tiny_task.py; fixed seed, no shared question);

@@ -166,6 +166,23 @@ def _divisor(rng: random.Random, value: int, high: int = MAX_FACTOR) -> int:
     return rng.choice(choices)
 
 
+def _move(
+    rng: random.Random, p: Problem, index: int, who: tuple[str, str], other: tuple[str, str], measure: str,
+    amount: Callable[[random.Random], int], taken: Callable[[random.Random, int], int], said: bool = False,
+) -> None:
+    """One gain or loss of a story: its clause in both languages ("然后" / "Then" after the first)
+    and its worked step, restating the givens when `said` (the long task's style)."""
+    (who_zh, who_en), (other_zh, other_en) = who, other
+    gain = rng.random() < 0.5
+    zh, en, label = rng.choice(GAINS if gain else LOSSES)
+    b = amount(rng) if gain else taken(rng, p.value)
+    zh = zh.format(b=b, o=other_zh, m=measure)
+    p.zh.append(("然后" if index else "") + zh)
+    p.en.append(f"Then {who_en} " + en.format(b=b, o=other_en))
+    restated = f"{who_zh}有 {p.value} {measure}，{zh}" if said else ""
+    p.value = p.step(label, p.value, "+" if gain else "-", b, said=restated)
+
+
 def _story(rng: random.Random, n_steps: int) -> dict:
     """Someone starts with some things, gains or loses some, maybe shares them out.
 
@@ -187,13 +204,7 @@ def _story(rng: random.Random, n_steps: int) -> dict:
         p.zh.append(f"{who}有 {p.value} {noun.measure}{noun.zh}")
         p.en.append(f"{who_en} has {p.value} {noun.en}")
     for index in range(n_moves):
-        gain = rng.random() < 0.5
-        zh, en, label = rng.choice(GAINS if gain else LOSSES)
-        b = _amount(rng) if gain else _taken(rng, p.value)
-        zh = zh.format(b=b, o=other, m=noun.measure)
-        p.zh.append(("然后" if index else "") + zh)
-        p.en.append(f"Then {who_en} " + en.format(b=b, o=other_en))
-        p.value = p.step(label, p.value, "+" if gain else "-", b)
+        _move(rng, p, index, (who, who_en), (other, other_en), noun.measure, _amount, _taken)
     if not share:
         when = "现在" if n_moves else "一共"
         return p.row(f"{who}{when}有多少{noun.measure}{noun.zh}？", f"How many {noun.en} does {who_en} have now?")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 
 import tiny_task
-from tiny_task import GAINS, LOSSES, NAMES, NOTES, NOUNS, RECEIVERS, Templates, make_splits
+from tiny_task import NAMES, NOTES, NOUNS, RECEIVERS, Templates, make_splits
 
 # P(1 step) .. P(6 steps): none shorter than three.
 LONG_STEP_WEIGHTS = (0.0, 0.0, 0.25, 0.3, 0.25, 0.2)
@@ -78,13 +78,7 @@ def _story(rng: random.Random, n_steps: int) -> dict:
         p.zh.append(f"{who}有 {p.value} {m}{noun.zh}")
         p.en.append(f"{who_en} has {p.value} {noun.en}")
     for index in range(n_moves):
-        gain = rng.random() < 0.5
-        zh, en, label = rng.choice(GAINS if gain else LOSSES)
-        b = _amount(rng) if gain else _taken(rng, p.value)
-        zh = zh.format(b=b, o=other, m=m)
-        p.zh.append(("然后" if index else "") + zh)
-        p.en.append(f"Then {who_en} " + en.format(b=b, o=other_en))
-        p.value = p.step(label, p.value, "+" if gain else "-", b, said=f"{who}有 {p.value} {m}，{zh}")
+        tiny_task._move(rng, p, index, (who, who_en), (other, other_en), m, _amount, _taken, said=True)
     if not share:
         return p.row(f"{who}现在有多少{m}{noun.zh}？", f"How many {noun.en} does {who_en} have now?")
     k = _divisor(rng, p.value)

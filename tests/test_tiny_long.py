@@ -3,7 +3,6 @@ generated problems are right, their written-out solutions are cut by the config'
 their concise forms fit, the shipped files are what the build makes, and the config truncates."""
 
 import hashlib
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -24,26 +23,18 @@ from dapo_train.errors import UserError
 from dapo_train.metrics import read_metrics
 from dapo_train.modeling import load_tokenizer
 
+from conftest import OPS
 from tiny_task import concise
 from tiny_task_long import MAX_RESULT, make_long_splits
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny-long-cpu.yaml"
 LINE_RE = re.compile(r"^[^：，]+：(?:[^\n]+，)?(\d+) ([-+×÷]) (\d+) = (\d+)$")
-OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a / b}
 
 
 @pytest.fixture(scope="module")
 def splits():
     return make_long_splits(0)
-
-
-@pytest.fixture(scope="module")
-def build():
-    spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "scripts" / "make_tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ----------------------------------------------------------------------------- the task

@@ -6,9 +6,10 @@ code needs. Unknown keys fail naming the closest valid key, wrong types and impo
 naming the key and what is allowed, all before any model loads (`ConfigError`, exit code 2).
 
 This module also resolves the names a config uses for things outside it: the shipped tiny world
-(`builtin:tiny`, `builtin:tiny-zh-math`, folders under dapo_train/assets/tiny/; rebuilt by
-scripts/make_tiny_model.py) and local paths versus hub ids. Retired keys (old run folders' configs)
-are dapo_train.retired_keys' tables; the keys as listed to the user, dapo_train.config_keys'.
+(`builtin:tiny`, `builtin:tiny-zh-math` in dapo_train/assets/tiny/, `builtin:tiny-long`,
+`builtin:tiny-zh-math-long` in dapo_train/assets/tiny-long/; rebuilt by scripts/make_tiny_model.py)
+and local paths versus hub ids. Retired keys (old run folders' configs) are dapo_train.retired_keys'
+tables; the keys as listed to the user, dapo_train.config_keys'.
 """
 
 from __future__ import annotations
@@ -55,16 +56,27 @@ logger = logging.getLogger(__name__)
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 TINY_MODEL_DIR = ASSETS_DIR / "tiny" / "model"
 TINY_DATA_DIR = ASSETS_DIR / "tiny" / "data"
+TINY_LONG_MODEL_DIR = ASSETS_DIR / "tiny-long" / "model"
+TINY_LONG_DATA_DIR = ASSETS_DIR / "tiny-long" / "data"
+# The shipped names: the short task and its model, the long-solution task and its warm start.
+BUILTIN_MODELS = {BUILTIN_MODEL: TINY_MODEL_DIR, "builtin:tiny-long": TINY_LONG_MODEL_DIR}
+BUILTIN_DATA_SETS = {BUILTIN_DATA: TINY_DATA_DIR, "builtin:tiny-zh-math-long": TINY_LONG_DATA_DIR}
+
+
+def _resolve_builtin(name: str, shipped: dict[str, Path], key: str) -> str:
+    if name.startswith("builtin:") and name not in shipped:
+        raise UserError(f"{key}: no shipped {name!r}; the shipped ones are {', '.join(shipped)}")
+    return str(shipped.get(name, name))
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """builtin:tiny -> the shipped model folder; anything else unchanged."""
-    return str(TINY_MODEL_DIR) if name_or_path == BUILTIN_MODEL else name_or_path
+    """builtin:tiny, builtin:tiny-long -> the shipped model folder; anything else unchanged."""
+    return _resolve_builtin(name_or_path, BUILTIN_MODELS, "model.name_or_path")
 
 
 def resolve_data_path(path: str) -> str:
-    """builtin:tiny-zh-math -> the shipped data folder (train.jsonl, test.jsonl); else unchanged."""
-    return str(TINY_DATA_DIR) if path == BUILTIN_DATA else path
+    """builtin:tiny-zh-math(-long) -> the shipped data folder (train.jsonl, test.jsonl); else unchanged."""
+    return _resolve_builtin(path, BUILTIN_DATA_SETS, "data.path")
 
 
 def looks_like_path(name: str) -> bool:

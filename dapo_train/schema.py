@@ -55,7 +55,7 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = _opt(BUILTIN_MODEL, "HF model id, local folder, or builtin:tiny (shipped).")
+    name_or_path: str = _opt(BUILTIN_MODEL, "HF model id, local folder, or builtin:tiny / builtin:tiny-long (shipped).")
     dtype: str = _opt(
         "auto",
         "Weights dtype. auto = float32 master weights everywhere; on CUDA bf16 autocast "
@@ -80,7 +80,7 @@ class DataConfig:
     path: str = _opt(
         BUILTIN_DATA,
         "HF dataset id, local folder (save_to_disk or parquet/json/jsonl per split), a single "
-        "jsonl/parquet/csv file, or builtin:tiny-zh-math (shipped generated task).",
+        "jsonl/parquet/csv file, or builtin:tiny-zh-math / builtin:tiny-zh-math-long (shipped generated tasks).",
     )
     prompt_field: str = _opt("question_zh-cn", "Column holding the question.")
     answer_field: str = _opt(

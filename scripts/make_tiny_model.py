@@ -1,5 +1,7 @@
 """Build the embedded tiny world: the word-problem splits, a character tokenizer, a warm-started
-tiny Qwen2 model. Everything lands in dapo_train/assets/tiny/ and ships inside the package.
+tiny Qwen2 model. Everything lands in dapo_train/assets/tiny/ and ships inside the package;
+`--recipe tiny-long` builds the long-solution task and its warm start in dapo_train/assets/tiny-long/
+(see build_long and make_tiny_model.md).
 
 Rebuild (deterministic: the defaults give the shipped weights bit for bit, on 1 or 2 threads;
 the 600 SFT steps took 235 s on 2 threads, 350 s on 1, the measurement another 30-50 s):
@@ -8,6 +10,7 @@ the 600 SFT steps took 235 s on 2 threads, 350 s on 1, the measurement another 3
     python scripts/make_tiny_model.py --out /tmp/tiny       # same build written elsewhere
     python scripts/make_tiny_model.py --steps 800 --no-eval # another SFT length, no measurement
     python scripts/make_tiny_model.py --measure-only        # re-measure the shipped model (~35 s)
+    python scripts/make_tiny_model.py --recipe tiny-long --threads 1   # the long task's world (~13 min)
 
 Stages, saved as they finish so other work can start early:
 1. data/{train,test}.jsonl from tiny_task.make_splits (scripts/tiny_task.py; fixed seed, no shared question);
@@ -45,31 +48,35 @@ import hashlib
 import json
 import math
 import random
+import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from dapo_train.config import DEFAULT_SYSTEM_PROMPT, TINY_DATA_DIR, TINY_MODEL_DIR, DataConfig
-from dapo_train.data import chat_prompt, load_prompts
-from dapo_train.evaluate import evaluate_prompts
+from dapo_train.config import (
+    DEFAULT_SYSTEM_PROMPT,
+    TINY_DATA_DIR,
+    TINY_LONG_DATA_DIR,
+    TINY_LONG_MODEL_DIR,
+    TINY_MODEL_DIR,
+)
+from dapo_train.data import chat_prompt
 
-from tiny_task import make_splits  # scripts/tiny_task.py: build-time code, not part of the package
+from tiny_measure import measure, remeasure, write_info
+
+# Build-time code next to this script, not part of the package.
+from tiny_task import concise, make_splits
+from tiny_task_long import make_long_splits
+from tiny_tokenizer import build_tokenizer, save_tokenizer
 
 SEED = 0
-MAX_NEW_TOKENS = 96  # the completion budget of the measurement (the trainer's default)
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
-CHINESE_PUNCTUATION = "，。、；：？！“”‘’（）《》【】—…·￥"
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+LONG_MAX_NEW_TOKENS = 128  # the long task's: rollout.max_new_tokens of configs/tiny-long-cpu.yaml
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 MODEL_SHAPE = {
     "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
     "intermediate_size": 512, "max_position_embeddings": 512, "tie_word_embeddings": True,
@@ -79,77 +86,14 @@ MODEL_SHAPE = {
     # Measured: greedy accuracy leaves the floor near step 200 instead of step 500-700.
     "initializer_range": 0.08,
 }
-# Qwen2's pre-tokenizer split (as in its tokenizer.json): letters runs, single digits, punctuation.
-QWEN_SPLIT_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 
 
-# ----------------------------------------------------------------------------- data + tokenizer
+# ----------------------------------------------------------------------------- data
 def write_splits(splits: dict[str, list[dict]], data_dir: Path) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     for name, rows in splits.items():
         lines = (json.dumps(row, ensure_ascii=False) for row in rows)
         (data_dir / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def byte_alphabet() -> list[str]:
-    """GPT-2 / Qwen byte-level alphabet: byte b is written as the printable character [b].
-
-    Printable Latin-1 bytes stand for themselves; the other 68 are moved to U+0100 upwards, so
-    every byte has a visible one-character token (space is 'Ġ', newline 'Ċ').
-    """
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    moved = iter(range(256, 512))
-    return [chr(b) if b in kept else chr(next(moved)) for b in range(256)]
-
-
-def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
-    """Qwen's byte-level BPE pipeline with merges that make every known character one token.
-
-    Why byte-level rather than a character vocabulary with <0xNN> byte fallback: transformers 5
-    loads any model_type=qwen2 folder through Qwen2Tokenizer, which rebuilds Qwen's pipeline (NFC,
-    Qwen's split regex, byte-level BPE) from the saved vocab and merges and ignores a custom
-    pipeline. So the tiny tokenizer is built with that same pipeline: the 256 byte tokens (ids
-    0..255) make any text encode and decode losslessly, and for each multi-byte character of the
-    corpus, the system prompt and common Chinese punctuation, merges join its UTF-8 bytes (lead
-    byte + continuation bytes) into one token. A merge always starts with a lead byte, so merges
-    never join bytes of two different characters: the result is character-level.
-    """
-    alphabet = byte_alphabet()
-    chars = set("".join(corpus)) | set(DEFAULT_SYSTEM_PROMPT) | set(CHINESE_PUNCTUATION)
-    vocab = {token: index for index, token in enumerate(alphabet)}
-    merges: list[tuple[str, str]] = []
-    for char in sorted(c for c in chars if ord(c) > 127):
-        pieces = [alphabet[b] for b in char.encode("utf-8")]
-        for end in range(2, len(pieces) + 1):
-            left, right = "".join(pieces[: end - 1]), pieces[end - 1]
-            if left + right not in vocab:
-                vocab[left + right] = len(vocab)
-                merges.append((left, right))
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_SPLIT_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    backend.decoder = decoders.ByteLevel()
-    backend.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TAG_TOKENS])
-    backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in SPECIAL_TOKENS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        extra_special_tokens=list(SPECIAL_TOKENS), clean_up_tokenization_spaces=False,
-        chat_template=CHAT_TEMPLATE, model_max_length=MODEL_SHAPE["max_position_embeddings"],
-    )
-
-
-def save_tokenizer(tokenizer: PreTrainedTokenizerFast, model_dir: Path) -> None:
-    """save_pretrained, then name the class AutoTokenizer will use anyway (Qwen2Tokenizer)."""
-    tokenizer.save_pretrained(model_dir)
-    config_path = model_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    config.update(tokenizer_class="Qwen2Tokenizer", unk_token=None, bos_token=None)
-    config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------- prompts + targets
@@ -176,6 +120,13 @@ def with_slips(rows: list[dict], rate: float) -> list[dict]:
             row = dict(row, answer=f"{steps}\n#### {operand}")
         out.append(row)
     return out
+
+
+def with_concise(rows: list[dict], written_out_rate: float) -> list[dict]:
+    """Copies of the long task's `rows` where a seeded fraction 1 - written_out_rate of the worked
+    solutions is in concise form (tiny_task.concise): the long warm start's style mix."""
+    rng = random.Random(SEED)
+    return [row if rng.random() < written_out_rate else dict(row, answer=concise(row["answer"])) for row in rows]
 
 
 def encode_examples(tokenizer: PreTrainedTokenizerFast, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
@@ -307,100 +258,17 @@ def train_sft(
     return losses
 
 
-# ----------------------------------------------------------------------------- measurement
-def measure(model, tokenizer, data_dir: Path, n_sampled: int = 100, k: int = 8) -> dict:
-    """Greedy accuracy and format rate on the test split; pass@k and informative groups at T=1 on
-    its first n_sampled items.
-
-    The same code as the trainer's eval and `dapo-train eval`: prompts from data.load_prompts with
-    the default DataConfig (the trainer's columns and system prompt), generation and grading by
-    evaluate.evaluate_prompts (answers.extract_answer / answers_match, the hard_format check).
-    Batches as the numbers were first measured: greedy 125 prompts per generate call, the
-    n_sampled x k samples in one call seeded with SEED.
-    """
-    prompts, stats = load_prompts(DataConfig(path=str(data_dir)), tokenizer, "test")
-    if stats.kept != stats.rows:
-        raise RuntimeError(f"every test row must give a prompt: {stats.summary()}")
-    greedy = evaluate_prompts(model, tokenizer, prompts, max_new_tokens=MAX_NEW_TOKENS, batch_size=125).records
-    sampled = evaluate_prompts(
-        model,
-        tokenizer,
-        prompts[:n_sampled],
-        max_new_tokens=MAX_NEW_TOKENS,
-        batch_size=n_sampled * k,
-        samples=k,
-        temperature=1.0,
-        seed=SEED,
-    ).records
-    correct = [r["correct"] for r in greedy]
-    hits = [sum(r["correct"] for r in sampled[i * k : (i + 1) * k]) for i in range(n_sampled)]
-    return {
-        "greedy_accuracy": sum(correct) / len(greedy),
-        "greedy_format_rate": sum(r["format_ok"] for r in greedy) / len(greedy),
-        "greedy_accuracy_on_sampled_items": sum(correct[:n_sampled]) / n_sampled,
-        f"pass@{k}_T1": sum(h > 0 for h in hits) / n_sampled,
-        "mean_accuracy_T1": sum(hits) / (k * n_sampled),
-        "informative_groups_T1": sum(0 < h < k for h in hits) / n_sampled,
-        "example_greedy": [r["completion"] for r in greedy[:3]],
-    }
+# ----------------------------------------------------------------------------- recipes
+Built = tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict, list[float]]  # model, tokenizer, info, losses
 
 
-def remeasure(data_dir: Path, model_dir: Path) -> int:
-    """measure() on the saved model and test split; the build fields of build_info.json stay."""
-    model = Qwen2ForCausalLM.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    info_path = model_dir / "build_info.json"
-    info = json.loads(info_path.read_text(encoding="utf-8"))
-    info.update(measure(model, tokenizer, data_dir))
-    write_info(info, info_path)
-    return 0
-
-
-def write_info(info: dict, path: Path) -> None:
-    """build_info.json, also printed."""
-    text = json.dumps(info, ensure_ascii=False, indent=2)
-    path.write_text(text + "\n", encoding="utf-8")
-    print(text)
-
-
-# ----------------------------------------------------------------------------- main
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The build's options; their defaults give the shipped model (a test compares build_info.json)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--out", type=Path, default=None, help="Write data/ and model/ here (default: the package assets)."
-    )
-    parser.add_argument("--steps", type=int, default=500, help="Phase 1 SFT steps on correct solutions.")
-    parser.add_argument("--slip-steps", type=int, default=100, help="Phase 2 SFT steps on the slip mix (0 = none).")
-    parser.add_argument("--slip-rate", type=float, default=0.55, help="Fraction of phase 2 targets with the slip.")
-    parser.add_argument("--slip-lr", type=float, default=1e-3)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument(
-        "--threads", type=int, default=2, help="torch CPU threads (1 is fastest when other work shares the cores)."
-    )
-    parser.add_argument("--no-eval", action="store_true", help="Skip the test-split measurement.")
-    parser.add_argument(
-        "--measure-only",
-        action="store_true",
-        help="No build: re-measure the model already there and update build_info.json.",
-    )
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    data_dir, model_dir = (args.out / "data", args.out / "model") if args.out else (TINY_DATA_DIR, TINY_MODEL_DIR)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(SEED)
+def build_tiny(args: argparse.Namespace, data_dir: Path, model_dir: Path) -> Built:
+    """The short task's world from nothing: splits, tokenizer, phase 1 SFT, phase 2 on the slip mix."""
     start = time.time()
-    if args.measure_only:
-        return remeasure(data_dir, model_dir)
-
     splits = make_splits(SEED)
     write_splits(splits, data_dir)
     corpus = [r["question_zh-cn"] + r["answer"] for rows in splits.values() for r in rows]
-    tokenizer = build_tokenizer(corpus)
+    tokenizer = build_tokenizer(corpus, MODEL_SHAPE["max_position_embeddings"])
     save_tokenizer(tokenizer, model_dir)
     print(f"data + tokenizer written ({len(tokenizer)} tokens) in {time.time() - start:.1f}s", flush=True)
 
@@ -410,12 +278,118 @@ def main(argv: list[str] | None = None) -> int:
     if args.slip_steps > 0:
         slipped = encode_examples(tokenizer, with_slips(splits["train"], args.slip_rate))
         losses = train_sft(model, slipped, tokenizer.pad_token_id, args.slip_steps, args.batch_size, args.slip_lr)
+    info = {"sft_steps": args.steps, "slip_steps": args.slip_steps, "slip_rate": args.slip_rate}
+    return model, tokenizer, info, losses
+
+
+def build_long(args: argparse.Namespace, data_dir: Path, model_dir: Path) -> Built:
+    """The long task's warm start: the shipped tiny model (its tokenizer files copied, its weights
+    continued) trained by SFT on the long train split, a seeded fraction --written-out-rate of the
+    targets written out in full and the rest concise, so it samples both styles."""
+    splits = make_long_splits(SEED)
+    write_splits(splits, data_dir)
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+    text = "".join(r["question_zh-cn"] + r["answer"] for rows in splits.values() for r in rows)
+    split_up = sorted({c for c in set(text) if len(tokenizer.encode(c)) != 1})
+    if split_up:
+        sys.exit(f"the tiny tokenizer has no single token for {''.join(split_up)}: word the long task "
+                 "(scripts/tiny_task_long.py) with characters of the short one")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(TINY_MODEL_DIR / name, model_dir / name)
+    model = Qwen2ForCausalLM.from_pretrained(TINY_MODEL_DIR)
+    examples = encode_examples(tokenizer, with_concise(splits["train"], args.written_out_rate))
+    losses = train_sft(model, examples, tokenizer.pad_token_id, args.steps, args.batch_size, args.lr)
+    info = {
+        "base_model": "builtin:tiny",
+        "base_weights_sha256": hashlib.sha256((TINY_MODEL_DIR / "model.safetensors").read_bytes()).hexdigest(),
+        "sft_steps": args.steps,
+        "lr": args.lr,
+        "written_out_rate": args.written_out_rate,
+    }
+    return model, tokenizer, info, losses
+
+
+class Recipe(NamedTuple):
+    """One shipped model: where its data/ and model/ go, how it is built, the defaults of the
+    options it reads, and measure()'s settings for it. (A NamedTuple, not a dataclass: the tests
+    load this script by file path, outside sys.modules, where @dataclass cannot run.)"""
+
+    data_dir: Path
+    model_dir: Path
+    build: Callable[[argparse.Namespace, Path, Path], Built]
+    options: dict[str, float]
+    measure: dict
+
+
+RECIPES = {
+    "tiny": Recipe(
+        TINY_DATA_DIR, TINY_MODEL_DIR, build_tiny,
+        {"steps": 500, "lr": 3e-3, "slip_steps": 100, "slip_rate": 0.55, "slip_lr": 1e-3}, {},
+    ),
+    "tiny-long": Recipe(
+        TINY_LONG_DATA_DIR, TINY_LONG_MODEL_DIR, build_long,
+        {"steps": 600, "lr": 2e-3, "written_out_rate": 0.65},
+        {"max_new_tokens": LONG_MAX_NEW_TOKENS, "truncation": True},
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The build's options; each recipe's defaults give its shipped model (tests compare build_info.json).
+    An option the chosen recipe does not read is an error, not silently ignored."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--recipe", choices=RECIPES, default="tiny",
+        help="tiny: the short task and builtin:tiny; tiny-long: the long task and builtin:tiny-long (from tiny).",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="Write data/ and model/ here (default: the recipe's package assets)."
+    )
+    parser.add_argument("--steps", type=int, help="SFT steps (tiny: phase 1, on correct solutions; default 500/600).")
+    parser.add_argument("--lr", type=float, help="SFT learning rate (default 3e-3 / 2e-3).")
+    parser.add_argument("--slip-steps", type=int, help="tiny: phase 2 SFT steps on the slip mix (0 = none; 100).")
+    parser.add_argument("--slip-rate", type=float, help="tiny: fraction of phase 2 targets with the slip (0.55).")
+    parser.add_argument("--slip-lr", type=float, help="tiny: phase 2 learning rate (1e-3).")
+    parser.add_argument(
+        "--written-out-rate", type=float, help="tiny-long: fraction of targets written out in full, not concise (0.65)."
+    )
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch CPU threads (1 is fastest when other work shares the cores)."
+    )
+    parser.add_argument("--no-eval", action="store_true", help="Skip the test-split measurement.")
+    parser.add_argument(
+        "--measure-only",
+        action="store_true",
+        help="No build: re-measure the model already there and update build_info.json.",
+    )
+    args = parser.parse_args(argv)
+    recipe = RECIPES[args.recipe]
+    for name in ("steps", "lr", "slip_steps", "slip_rate", "slip_lr", "written_out_rate"):
+        if getattr(args, name) is None:
+            setattr(args, name, recipe.options.get(name))
+        elif name not in recipe.options:
+            parser.error(f"--{name.replace('_', '-')} does not apply to --recipe {args.recipe}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    recipe = RECIPES[args.recipe]
+    data_dir, model_dir = (args.out / "data", args.out / "model") if args.out else (recipe.data_dir, recipe.model_dir)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(SEED)
+    start = time.time()
+    if args.measure_only:
+        return remeasure(data_dir, model_dir, recipe.measure)
+
+    model, tokenizer, fields, losses = recipe.build(args, data_dir, model_dir)
     model.save_pretrained(model_dir)
     info = {
         "parameters": sum(p.numel() for p in model.parameters()),
-        "sft_steps": args.steps,
-        "slip_steps": args.slip_steps,
-        "slip_rate": args.slip_rate,
+        **fields,
         "final_loss": sum(losses[-20:]) / len(losses[-20:]),
         "build_seconds": round(time.time() - start, 1),
         "weights_bytes": (model_dir / "model.safetensors").stat().st_size,
@@ -423,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_data_sha256": hashlib.sha256((data_dir / "train.jsonl").read_bytes()).hexdigest(),
     }
     if not args.no_eval:
-        info.update(measure(model, tokenizer, data_dir))
+        info.update(measure(model, tokenizer, data_dir, **recipe.measure))
         info["build_and_eval_seconds"] = round(time.time() - start, 1)
     write_info(info, model_dir / "build_info.json")
     return 0

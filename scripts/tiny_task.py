@@ -20,7 +20,9 @@ leave headroom.
 Everything is a pure function of the seed: `random.Random(seed)` is the only source of choices.
 
 Build-time code, not part of the package: make_tiny_model.py (next to this file) writes the splits
-to dapo_train/assets/tiny/data/, and the trainer only reads those files.
+to dapo_train/assets/tiny/data/, and the trainer only reads those files. The long task
+(builtin:tiny-zh-math-long) comes from this same generator with its own templates and ranges:
+tiny_task_long.py.
 """
 
 from __future__ import annotations
@@ -120,15 +122,20 @@ class Problem:
     en: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
     value: int = 0
+    max_result: int = MAX_RESULT
 
-    def step(self, label: str, a: int, op: str, b: int) -> int:
-        """Record one worked line "label：a op b = c" and return c (integer or Rejected)."""
+    def step(self, label: str, a: int, op: str, b: int, said: str = "") -> int:
+        """Record one worked line "label：a op b = c" and return c (integer or Rejected).
+
+        `said` restates the step's givens before the sum ("label：said，a op b = c"): the long task's
+        worked style (tiny_task_long.py); concise() drops it again.
+        """
         if op == "÷" and (b < 2 or a % b or a // b < 2):
             raise Rejected
         c = {"+": a + b, "-": a - b, "×": a * b, "÷": a // b if b else 0}[op]
-        if not 0 < c <= MAX_RESULT:
+        if not 0 < c <= self.max_result:
             raise Rejected
-        self.steps.append(f"{label}：{a} {op} {b} = {c}")
+        self.steps.append(f"{label}：{said}，{a} {op} {b} = {c}" if said else f"{label}：{a} {op} {b} = {c}")
         return c
 
     def row(self, question_zh: str, question_en: str) -> dict:
@@ -138,25 +145,42 @@ class Problem:
         return {"question": en, "question_zh-cn": zh, "answer": answer, "answer_only": self.value}
 
 
-def _amount(rng: random.Random, low: int = 2) -> int:
-    return rng.randint(low, MAX_AMOUNT)
+def _amount(rng: random.Random, low: int = 2, high: int = MAX_AMOUNT) -> int:
+    return rng.randint(low, high)
 
 
-def _factor(rng: random.Random) -> int:
-    return rng.randint(2, MAX_FACTOR)
+def _factor(rng: random.Random, high: int = MAX_FACTOR) -> int:
+    return rng.randint(2, high)
 
 
-def _taken(rng: random.Random, have: int) -> int:
-    """An amount to take away from `have`: at most MAX_AMOUNT, leaving at least 2 (1 when have is 2)."""
-    return rng.randint(1, max(1, min(have - 2, MAX_AMOUNT)))
+def _taken(rng: random.Random, have: int, high: int = MAX_AMOUNT) -> int:
+    """An amount to take away from `have`: at most `high`, leaving at least 2 (1 when have is 2)."""
+    return rng.randint(1, max(1, min(have - 2, high)))
 
 
-def _divisor(rng: random.Random, value: int) -> int:
-    """A divisor k of value with 2 <= k <= MAX_FACTOR and value / k >= 2, else Rejected."""
-    choices = [k for k in range(2, MAX_FACTOR + 1) if value % k == 0 and value // k >= 2]
+def _divisor(rng: random.Random, value: int, high: int = MAX_FACTOR) -> int:
+    """A divisor k of value with 2 <= k <= high and value / k >= 2, else Rejected."""
+    choices = [k for k in range(2, high + 1) if value % k == 0 and value // k >= 2]
     if not choices:
         raise Rejected
     return rng.choice(choices)
+
+
+def _move(
+    rng: random.Random, p: Problem, index: int, who: tuple[str, str], other: tuple[str, str], measure: str,
+    amount: Callable[[random.Random], int], taken: Callable[[random.Random, int], int], said: bool = False,
+) -> None:
+    """One gain or loss of a story: its clause in both languages ("然后" / "Then" after the first)
+    and its worked step, restating the givens when `said` (the long task's style)."""
+    (who_zh, who_en), (other_zh, other_en) = who, other
+    gain = rng.random() < 0.5
+    zh, en, label = rng.choice(GAINS if gain else LOSSES)
+    b = amount(rng) if gain else taken(rng, p.value)
+    zh = zh.format(b=b, o=other_zh, m=measure)
+    p.zh.append(("然后" if index else "") + zh)
+    p.en.append(f"Then {who_en} " + en.format(b=b, o=other_en))
+    restated = f"{who_zh}有 {p.value} {measure}，{zh}" if said else ""
+    p.value = p.step(label, p.value, "+" if gain else "-", b, said=restated)
 
 
 def _story(rng: random.Random, n_steps: int) -> dict:
@@ -180,13 +204,7 @@ def _story(rng: random.Random, n_steps: int) -> dict:
         p.zh.append(f"{who}有 {p.value} {noun.measure}{noun.zh}")
         p.en.append(f"{who_en} has {p.value} {noun.en}")
     for index in range(n_moves):
-        gain = rng.random() < 0.5
-        zh, en, label = rng.choice(GAINS if gain else LOSSES)
-        b = _amount(rng) if gain else _taken(rng, p.value)
-        zh = zh.format(b=b, o=other, m=noun.measure)
-        p.zh.append(("然后" if index else "") + zh)
-        p.en.append(f"Then {who_en} " + en.format(b=b, o=other_en))
-        p.value = p.step(label, p.value, "+" if gain else "-", b)
+        _move(rng, p, index, (who, who_en), (other, other_en), noun.measure, _amount, _taken)
     if not share:
         when = "现在" if n_moves else "一共"
         return p.row(f"{who}{when}有多少{noun.measure}{noun.zh}？", f"How many {noun.en} does {who_en} have now?")
@@ -271,39 +289,54 @@ def _shopping(rng: random.Random, n_steps: int) -> dict:
 
 
 # Kinds of problem by name, with the step counts each can make.
-TEMPLATES: dict[str, tuple[Callable[[random.Random, int], dict], tuple[int, ...]]] = {
+Templates = dict[str, tuple[Callable[[random.Random, int], dict], tuple[int, ...]]]
+TEMPLATES: Templates = {
     "story": (_story, (1, 2, 3)),
     "compare": (_compare, (1, 2)),
     "shopping": (_shopping, (1, 2, 3)),
 }
 
 
-def _one_problem(rng: random.Random, step_weights: tuple[float, ...]) -> dict:
-    """Draw a step count, then a template that can make it; resample until the numbers fit."""
+def _one_problem(rng: random.Random, step_weights: tuple[float, ...], templates: Templates) -> dict:
+    """Draw a step count (step_weights[i] is P(i + 1 steps)), then a template that can make it;
+    resample until the numbers fit."""
     while True:
-        n_steps = rng.choices((1, 2, 3), weights=step_weights)[0]
-        names = [name for name, (_, counts) in TEMPLATES.items() if n_steps in counts]
-        make = TEMPLATES[rng.choice(names)][0]
+        n_steps = rng.choices(range(1, len(step_weights) + 1), weights=step_weights)[0]
+        names = [name for name, (_, counts) in templates.items() if n_steps in counts]
+        make = templates[rng.choice(names)][0]
         try:
             return make(rng, n_steps)
         except Rejected:
             continue
 
 
-def generate_problems(n: int, seed: int, step_weights: tuple[float, ...] = STEP_WEIGHTS) -> list[dict]:
+def generate_problems(
+    n: int, seed: int, step_weights: tuple[float, ...] = STEP_WEIGHTS, templates: Templates = TEMPLATES
+) -> list[dict]:
     """n problems with distinct Chinese questions; the same (n, seed) always gives the same list."""
     rng = random.Random(seed)
     rows: list[dict] = []
     seen: set[str] = set()
     while len(rows) < n:
-        row = _one_problem(rng, step_weights)
+        row = _one_problem(rng, step_weights, templates)
         if row["question_zh-cn"] not in seen:
             seen.add(row["question_zh-cn"])
             rows.append(row)
     return rows
 
 
-def make_splits(seed: int = 0, n_train: int = 4000, n_test: int = 500) -> dict[str, list[dict]]:
+def make_splits(
+    seed: int = 0, n_train: int = 4000, n_test: int = 500,
+    step_weights: tuple[float, ...] = STEP_WEIGHTS, templates: Templates = TEMPLATES,
+) -> dict[str, list[dict]]:
     """Disjoint train and test splits (no question in both) drawn from one deduplicated pool."""
-    rows = generate_problems(n_train + n_test, seed)
+    rows = generate_problems(n_train + n_test, seed, step_weights, templates)
     return {"train": rows[n_test:], "test": rows[:n_test]}
+
+
+def concise(answer: str) -> str:
+    """A worked solution with each step's restatement dropped, the sums and the #### line kept:
+    "买后：小明有 15 个，又买了 4 个，15 + 4 = 19" -> "买后：15 + 4 = 19"."""
+    return "\n".join(
+        line.split("：", 1)[0] + "：" + line.rsplit("，", 1)[1] if "，" in line else line for line in answer.split("\n")
+    )

@@ -3,6 +3,7 @@ that do not need the shipped, warm-started model."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -18,6 +19,18 @@ if str(SCRIPTS_DIR) not in sys.path:
 # The tiny models run ~30x faster on one thread than on two contended ones (OpenMP start-up
 # dominates their small matmuls); the trainer's own default is 1 as well.
 torch.set_num_threads(1)
+
+# The operations of the generated tasks' worked steps ("a op b = c").
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a / b}
+
+
+@pytest.fixture(scope="module")
+def build():
+    """scripts/make_tiny_model.py as a module (a script, so loaded by its path)."""
+    spec = importlib.util.spec_from_file_location("make_tiny_model", SCRIPTS_DIR / "make_tiny_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class IdTokenizer:

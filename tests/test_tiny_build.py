@@ -1,25 +1,13 @@
 """The tiny build's training maths (scripts/make_tiny_model.py): the shortcuts it takes for speed
 give the loss and gradient of the plain computation."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
 from dapo_train.config import TINY_DATA_DIR, TINY_MODEL_DIR
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_model.py"
-
-
-@pytest.fixture(scope="module")
-def build():
-    spec = importlib.util.spec_from_file_location("make_tiny_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from dapo_train.config import DEFAULT_SYSTEM_PROMPT, TINY_DATA_DIR, TINY_MODEL_DIR
 
+from conftest import OPS
 from tiny_task import MAX_AMOUNT, MAX_FACTOR, MAX_RESULT, NOTES, Problem, Rejected, generate_problems, make_splits
 
 STEP_RE = re.compile(r"^[^：]+：(\d+) ([-+×÷]) (\d+) = (\d+)$")
-OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a / b}
 
 
 @pytest.fixture(scope="module")

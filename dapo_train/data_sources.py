@@ -64,7 +64,8 @@ def split_of_name(name: str) -> str | None:
 def _available(splits: list[str], where: str, split: str) -> UserError:
     return UserError(
         f"split '{split}' not found in {where}; splits: {', '.join(splits) or 'none'} "
-        "(set data.train_split / data.eval_split to one of them)"
+        "(set data.train_split / data.eval_split to one of them; the eval split is read when eval.every_steps > 0 "
+        "or eval.final_full is on)"
     )
 
 

@@ -51,8 +51,15 @@ def test_missing_model_folder(tmp_path):
 def test_missing_dataset_column_lists_the_columns(tmp_path):
     rows = [{"q": "1+1=?", "answer_only": 2}, {"q": "2+2=?", "answer_only": 4}]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    result = dapo("run", "data.path=train.jsonl", "eval.every_steps=0", cwd=tmp_path)
+    result = dapo("run", "data.path=train.jsonl", "eval.every_steps=0", "eval.final_full=false", cwd=tmp_path)
     assert_one_line_error(result, "question_zh-cn", "q, answer_only")
+
+
+def test_a_file_without_the_eval_split_names_what_reads_it(tmp_path):
+    """One file is one split; the end-of-run eval (on by default) reads the eval split too."""
+    (tmp_path / "train.jsonl").write_text(json.dumps({"question_zh-cn": "1+1=?", "answer_only": 2}) + "\n")
+    result = dapo("run", "data.path=train.jsonl", "eval.every_steps=0", cwd=tmp_path)
+    assert_one_line_error(result, "split 'test' not found", "eval.final_full")
 
 
 def test_reward_plugin_that_does_not_import(tmp_path):

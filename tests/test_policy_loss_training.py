@@ -161,6 +161,28 @@ def test_micro_batches_and_the_shared_prefix_give_the_update_of_one_batch(loss):
         assert many[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
 
 
+@pytest.mark.parametrize("loss", LOSSES)
+def test_overlong_filtering_trains_as_if_the_truncated_completions_were_not_there(loss):
+    """dapo.overlong_filtering masks truncated completions out: the update equals the one of the same
+    groups without them (their advantages as they were), under every objective and reduction."""
+    base, batch = make_random_model(seed=6).train(), groups(seed=7)
+    for group in batch:
+        group.completions = [copy.copy(c) for c in group.completions]
+        group.completions[0].truncated = True
+    kept = copy.deepcopy(batch)
+    for group in kept:
+        group.completions, group.advantages = group.completions[1:], group.advantages[1:]
+    results = []
+    for settings, part in ((["dapo.overlong_filtering=true"], batch), ([], kept)):
+        model = copy.deepcopy(base)
+        metrics, _ = update(model, [*LOSSES[loss], "train.updates_per_step=2", *settings], part, lr=1e-3)
+        results.append((metrics, weights(model)))
+    (filtered, filtered_weights), (without, without_weights) = results
+    assert filtered["num_tokens"] == without["num_tokens"]
+    for a, b in zip(filtered_weights, without_weights):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("objective", ["gspo", "cispo"])
 def test_with_lora_an_objective_trains_only_the_adapters(objective):
     """LoRA's adapters, not the frozen base, move under each objective, to other values than under clip."""
@@ -200,3 +222,62 @@ def test_gspo_and_cispo_runs_train_other_weights_than_clip(tmp_path, caplog):
     for a, b in (("clip", "gspo"), ("clip", "cispo"), ("gspo", "cispo")):
         assert any(not torch.equal(final[a][key], final[b][key]) for key in final[a]), (a, b)
     assert "dapo.eps_high cannot act: dapo.policy_loss=gspo reads dapo.gspo_eps_low / dapo.gspo_eps_high" in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# The comparison study (scripts/policy_losses.py): its rows, and the command end to end.
+
+
+def _study():
+    import importlib
+    import sys
+    from pathlib import Path
+
+    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)  # the script imports its sibling ablation.py, as when it runs
+    return importlib.import_module("policy_losses")
+
+
+def test_each_study_row_is_the_demo_with_only_its_own_keys_changed():
+    from dapo_train.rundir import config_differences
+
+    study = _study()
+
+    def row(name):
+        return study.row_config(study.TASKS["tiny"], study.ROWS_DIR / f"{name}.yaml", study.SCHEDULE)
+
+    assert sorted(p.stem for p in study.ROWS_DIR.glob("*.yaml")) == sorted(study.ROWS)
+    demo, dapo = load_config(str(study.TASKS["tiny"]), []), row("dapo")
+    assert config_differences(demo, dapo, skip=("run_name", "output_dir", "eval.every_steps", "eval.num_items",
+                                                "eval.print_samples")) == []
+    assert (dapo.eval.every_steps, dapo.eval.num_items, dapo.eval.final_full) == (10, 0, True)  # all 500 items
+    changed = {name: [key for key, _, _ in config_differences(dapo, row(name))] for name in study.ROWS}
+    assert changed == {
+        "dapo": [], "gspo": ["dapo.loss_reduction", "dapo.policy_loss"], "cispo": ["dapo.policy_loss"],
+        "dr_grpo": ["dapo.advantage_std", "dapo.loss_reduction"],
+    }
+
+
+def test_the_study_runs_end_to_end_with_paired_differences(tmp_path):
+    """Two rows, one seed, one step, on the shipped model with a 5-question eval split: the runs, the
+    table (the second row paired with the first on the same 5 items) and the plot."""
+    import json
+
+    from small_task import write_small_task
+
+    study = _study()
+    task, out, png = write_small_task(tmp_path / "task"), tmp_path / "out", tmp_path / "study.png"
+    code = study.main(["--rows", "dapo,gspo", "--seeds", "1", "--out", str(out), "--png", str(png),
+                       "--set", "train.max_steps=1", "--set", f"data.path={task}", "--set", "train.prompts_per_step=2",
+                       "--set", "rollout.group_size=4", "--set", "train.micro_batch_size=8"])
+    assert code == 0 and png.is_file()
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["dapo_seed1", "gspo_seed1"]
+    paired = json.loads((out / "policy_losses.json").read_text())["paired"]["gspo"]
+    assert (paired["eval"], paired["items"]) == ("final", 5)
+    table = (out / "policy_losses.md").read_text().splitlines()
+    assert table[0].startswith("| row | seeds | final acc | Δ final vs dapo [95% CI] | best acc |")
+    assert table[2].startswith("| dapo | 1 |") and table[3].startswith(f"| gspo | 1 | {paired['accuracy']:.3f} | "
+                                                                      f"{paired['difference']:+.3f} [")
+    with pytest.raises(SystemExit):
+        study.main(["--rows", "dapo,grpo"])

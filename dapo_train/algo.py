@@ -1,4 +1,5 @@
-"""The DAPO maths (arXiv 2503.14476, Eq. 9-13) as pure functions: tensors in, tensors out.
+"""The DAPO maths (arXiv 2503.14476, Eq. 9-13) as pure functions: tensors in, tensors out, with the
+policy objectives beside its Eq. 10 (GSPO, CISPO) and the loss reductions (dapo_train.reductions).
 
 No model, tokenizer, config object or I/O lives here, so every equation is testable on a CPU with
 hand-made tensors. Shapes: B groups (prompts), G completions per group, N = B * G completions,
@@ -16,6 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from dapo_train.reductions import (  # noqa: F401  (re-exported: algo is the loss maths' one import)
+    LOSS_REDUCTIONS,
+    LossReduction,
+    loss_normalizer,
+    register_loss_reduction,
+)
 
 Tensor = torch.Tensor
 Number = int | float
@@ -111,56 +119,6 @@ def is_informative_group(values: Tensor | Sequence[Number]) -> bool:
 # ---------------------------------------------------------------- policy loss (Eq. 10, 12)
 
 
-@dataclass(frozen=True)
-class LossReduction:
-    """How per-token losses become a loss (Eq. 12 and its variants).
-
-    total(token_loss (N, T), valid (N, T)) -> scalar: this batch's sum in the reduction's units;
-    units(valid (N, T)) -> scalar: how many units the batch holds. The loss is total / normalizer,
-    where the normalizer is the units of the WHOLE optimizer step (loss_normalizer), so any split
-    into micro-batches adds up to exactly the loss and gradient of one batch.
-    """
-
-    total: Callable[[Tensor, Tensor], Tensor]
-    units: Callable[[Tensor], Tensor]
-
-
-# Name -> LossReduction; the names are config dapo.loss_reduction's choices (a test ties the two).
-LOSS_REDUCTIONS: dict[str, LossReduction] = {}
-
-
-def register_loss_reduction(name: str, units: Callable[[Tensor], Tensor]):
-    """Decorator: `total` becomes loss reduction `name`, counted in `units`."""
-
-    def add(total: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
-        LOSS_REDUCTIONS[name] = LossReduction(total, units)
-        return total
-
-    return add
-
-
-@register_loss_reduction("token", units=lambda valid: valid.sum())
-def _token_total(token_loss: Tensor, valid: Tensor) -> Tensor:
-    # Eq. 12: every valid token of the optimizer step weighs the same.
-    return token_loss.sum()
-
-
-@register_loss_reduction("sample", units=lambda valid: valid.any(dim=-1).sum())
-def _sample_total(token_loss: Tensor, valid: Tensor) -> Tensor:
-    # GRPO: mean over each sequence's valid tokens, summed; the units are the sequences with any
-    # valid token (one masked out entirely, e.g. by overlong filtering, neither adds nor counts).
-    return (token_loss.sum(dim=-1) / valid.sum(dim=-1).clamp(min=1)).sum()
-
-
-def loss_normalizer(masks: Sequence[Tensor], reduction: str) -> float:
-    """The Eq. 12 denominator of a whole optimizer step: the reduction's units summed over the
-    step's (N_i, T_i) masks (non-zero = valid), counted before any micro-batch is trained."""
-    if reduction not in LOSS_REDUCTIONS:
-        raise ValueError(f"loss_normalizer: unknown reduction {reduction!r}; allowed: {', '.join(LOSS_REDUCTIONS)}")
-    units = LOSS_REDUCTIONS[reduction].units
-    return float(sum(float(units(mask != 0)) for mask in masks))
-
-
 def _check_loss_args(logprobs, old_logprobs, advantages, mask, objective, reduction, clip_ratio_c, ref_logprobs,
                      beta) -> None:
     if objective not in POLICY_LOSSES:
@@ -246,15 +204,60 @@ def clipped_objective(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor
     if settings.clip_ratio_c is not None:
         bound = -advantages * settings.clip_ratio_c
         token_loss = torch.where(advantages < 0, torch.minimum(token_loss, bound), token_loss)
-    with torch.no_grad():
-        high = (ratio > 1.0 + settings.eps_high) & (advantages > 0)
-        low = (ratio < 1.0 - settings.eps_low) & (advantages < 0)
-        metrics = {
-            "clip_frac_high": _masked_mean(high.to(torch.float32), valid),
-            "clip_frac_low": _masked_mean(low.to(torch.float32), valid),
-            "clip_frac": _masked_mean((high | low).to(torch.float32), valid),
-        }
-    return token_loss, metrics
+    high = (ratio > 1.0 + settings.eps_high) & (advantages > 0)
+    low = (ratio < 1.0 - settings.eps_low) & (advantages < 0)
+    return token_loss, _clip_fractions(high, low, valid)
+
+
+@register_policy_loss("gspo")
+def sequence_objective(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, valid: Tensor,
+                       settings: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (arXiv 2507.18071): one ratio per completion, the geometric mean of its token ratios,
+    s_i = exp(mean over its valid tokens of (logprobs - old_logprobs)), clipped to
+    [1 - eps_low, 1 + eps_high] (the paper: 3e-4 and 4e-4, config dapo.gspo_eps_low / _high).
+
+    Per token, in the paper's GSPO-token form: s_i,t = sg(s_i) * pi(y_t) / sg(pi(y_t)) has the value
+    s_i and the gradient s_i * grad log pi(y_t), and loss_t = -min(s_i,t A_t, clip(s_i,t) A_t). With
+    one advantage per completion the "sample" reduction gives exactly the paper's sequence objective
+    (mean over completions of -min(s_i A_i, clip(s_i) A_i)) and its gradient; "token" weighs each
+    completion by its length. A completion's ratio needs all its tokens: micro-batches hold whole
+    completions. Clip fractions count tokens (every token shares its completion's clip), as the
+    paper counts clipped tokens."""
+    log_ratio = masked_log_ratio(logprobs, old_logprobs, valid)  # (N, T)
+    sequence_log_ratio = log_ratio.sum(dim=-1, keepdim=True) / valid.sum(dim=-1, keepdim=True).clamp(min=1)  # (N, 1)
+    sequence_ratio = torch.exp(sequence_log_ratio).detach()  # (N, 1) sg(s_i)
+    ratio = sequence_ratio * torch.exp(torch.where(valid, logprobs - logprobs.detach(), 0.0))  # (N, T) = s_i
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - settings.eps_low, 1.0 + settings.eps_high)
+    high = (sequence_ratio > 1.0 + settings.eps_high) & (advantages > 0)  # (N, T)
+    low = (sequence_ratio < 1.0 - settings.eps_low) & (advantages < 0)
+    return torch.maximum(unclipped, clipped), _clip_fractions(high, low, valid)
+
+
+@register_policy_loss("cispo")
+def clipped_weight_objective(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, valid: Tensor,
+                             settings: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (arXiv 2506.13585, MiniMax-M1): REINFORCE with a clipped, detached importance weight,
+    loss_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * logprobs_t. Unlike Eq. 10, a clipped
+    token keeps its gradient (bounded by the weight); only its size is capped. The paper sets no
+    lower bound (eps_low = 1: a floor of 0) and tunes the upper one (config dapo.cispo_eps_high; the
+    default 4, a cap of 5, is TRL's recommended epsilon_high = 5 for CISPO, from ScaleRL). Clip
+    fractions count the valid tokens whose weight the clip changed, whatever their advantage."""
+    ratio = torch.exp(masked_log_ratio(logprobs, old_logprobs, valid)).detach()  # (N, T)
+    weight = ratio.clamp(1.0 - settings.eps_low, 1.0 + settings.eps_high)
+    token_loss = -weight * advantages * torch.where(valid, logprobs, 0.0)  # (N, T)
+    return token_loss, _clip_fractions(ratio > 1.0 + settings.eps_high, ratio < 1.0 - settings.eps_low, valid)
+
+
+@torch.no_grad()
+def _clip_fractions(high: Tensor, low: Tensor, valid: Tensor) -> dict[str, Tensor]:
+    """The shares of valid tokens clipped from above and below, (N, T) bools in; a token is never
+    both, so clip_frac = clip_frac_high + clip_frac_low."""
+    return {
+        "clip_frac_high": _masked_mean(high.to(torch.float32), valid),
+        "clip_frac_low": _masked_mean(low.to(torch.float32), valid),
+        "clip_frac": _masked_mean((high | low).to(torch.float32), valid),
+    }
 
 
 def _masked_mean(values: Tensor, valid: Tensor) -> Tensor:
@@ -284,21 +287,27 @@ def policy_loss(
     Shapes: logprobs, old_logprobs, mask, ref_logprobs (N, T); advantages (N,) (broadcast over
     tokens) or (N, T). mask may be bool, int or float; non-zero = valid token.
 
-    objective: a name in POLICY_LOSSES (config dapo.policy_loss).
-    reduction (registry LOSS_REDUCTIONS, config dapo.loss_reduction):
+    objective: a name in POLICY_LOSSES (config dapo.policy_loss): "clip" (Eq. 10), "gspo" (the
+      sequence ratio, clipped), "cispo" (a clipped, detached weight on log pi), or a plugin's.
+    eps_low, eps_high: the objective's clip bounds (config dapo.eps_low / eps_high for clip,
+      dapo.gspo_eps_* for gspo, dapo.cispo_eps_* for cispo).
+    reduction (registry LOSS_REDUCTIONS in dapo_train.reductions, config dapo.loss_reduction):
       "token":  sum of token losses / normalizer; normalizer defaults to this call's valid-token
                 count. Pass the whole optimizer step's count so k micro-batches add up to exactly
                 the gradient of one batch (Eq. 12).
       "sample": GRPO's per-sequence mean, summed and divided by normalizer (default: this call's
                 sequences with a valid token; pass the step's count when accumulating). For ablations.
+      "constant": Dr. GRPO's token sum over sequences x L_max (default: this call's sequences with
+                a valid token x its width T; pass loss_normalizer(..., max_tokens=L_max)).
     normalizer: the step's units from loss_normalizer; None = this call's own.
     clip_ratio_c: dual clip for A < 0 tokens ("clip" objective); must be > 1.
     beta > 0: adds beta * (exp(ref - logp) - (ref - logp) - 1) per token (k3 estimator of KL to
         the reference). DAPO itself uses beta = 0.
 
     Returns (loss: float32 scalar, metrics: plain floats over valid tokens, 0.0 when there are
-    none): num_tokens, the objective's own (for "clip": clip_frac_high (r > 1 + eps_high and A > 0),
-    clip_frac_low (r < 1 - eps_low and A < 0), clip_frac), approx_kl (mean old - new), ratio_mean,
+    none): num_tokens, the objective's own (the built-in ones: clip_frac_high (for "clip": r > 1 +
+    eps_high and A > 0), clip_frac_low (r < 1 - eps_low and A < 0), clip_frac), approx_kl (mean
+    old - new), ratio_mean,
     and kl when ref_logprobs is given. An all-masked call gives loss 0 and zero gradient.
     """
     _check_loss_args(logprobs, old_logprobs, advantages, mask, objective, reduction, clip_ratio_c, ref_logprobs,
@@ -320,7 +329,7 @@ def policy_loss(
     token_loss = torch.where(valid, token_loss, 0.0)  # (N, T)
 
     reduction_fns = LOSS_REDUCTIONS[reduction]
-    normalizer = float(reduction_fns.units(valid)) if normalizer is None else float(normalizer)
+    normalizer = float(reduction_fns.units(valid, valid.shape[-1])) if normalizer is None else float(normalizer)
     if normalizer < 0 or (normalizer == 0 and bool(valid.any())):
         raise ValueError(f"policy_loss: normalizer must be > 0 (0 only for an all-masked call), got {normalizer}")
     loss = reduction_fns.total(token_loss, valid) / (normalizer if normalizer > 0 else 1.0)  # all-masked: 0 / 1

@@ -97,7 +97,8 @@ def plan_update(batch: StepBatch, batching: Batching, cfg: Config) -> UpdatePlan
     for indices in rank_mini_batches(batch.takes, distributed.rank(), cfg.train.updates_per_step):
         part = [batch.groups[index] for index in indices]
         micro = batching.micro_batches(flatten_groups(part, cfg.dapo.overlong_filtering))
-        normalizer = loss_normalizer([m.batch.completion_mask for m in micro], cfg.dapo.loss_reduction)
+        normalizer = loss_normalizer([m.batch.completion_mask for m in micro], cfg.dapo.loss_reduction,
+                                     cfg.rollout.max_new_tokens)
         local.append(MiniBatch(micro, normalizer, len(micro), [group.version for group in part]))
     valid_tokens = sum(float(m.batch.completion_mask.sum()) for mini in local for m in mini.micro_batches)
     forward_tokens = sum(m.batch.forward_tokens for mini in local for m in mini.micro_batches)

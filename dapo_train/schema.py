@@ -129,16 +129,40 @@ class RolloutConfig:
 class DapoConfig:
     policy_loss: str = _opt(
         "clip",
-        "Policy objective: clip (Eq. 10, the decoupled clip, dual-clipped with clip_ratio_c), another name "
-        "registered with dapo_train.algo.register_policy_loss, or 'pkg.module:function' (README: Adding a loss).",
+        "Policy objective: clip (Eq. 10, the decoupled clip, dual-clipped with clip_ratio_c; bounds eps_low / "
+        "eps_high), gspo (GSPO: one clipped ratio per completion, the geometric mean of its token ratios; bounds "
+        "gspo_eps_low / gspo_eps_high), cispo (CISPO: REINFORCE weighted by the clipped, detached token ratio; "
+        "bounds cispo_eps_low / cispo_eps_high), another name registered with "
+        "dapo_train.algo.register_policy_loss, or 'pkg.module:function' (README: Adding a loss).",
     )
-    eps_low: float = _opt(0.2, "Lower clip range (Eq. 10): ratio floored at 1 - eps_low for A < 0.")
-    eps_high: float = _opt(0.28, "Upper clip range (Eq. 10, clip-higher): ratio capped at 1 + eps_high for A > 0.")
-    clip_ratio_c: float | None = _opt(None, "Dual-clip bound (> 1) on the loss of A < 0 tokens; null = off.")
+    eps_low: float = _opt(0.2, "Lower clip range (Eq. 10, policy_loss clip): ratio floored at 1 - eps_low for A < 0.")
+    eps_high: float = _opt(
+        0.28, "Upper clip range (Eq. 10, clip-higher, policy_loss clip): ratio capped at 1 + eps_high for A > 0."
+    )
+    clip_ratio_c: float | None = _opt(
+        None, "Dual-clip bound (> 1) on the loss of A < 0 tokens (policy_loss clip); null = off."
+    )
+    gspo_eps_low: float = _opt(
+        3e-4, "GSPO's lower clip (policy_loss gspo): the sequence ratio floored at 1 - gspo_eps_low for A < 0 "
+        "(the paper: 3e-4).",
+    )
+    gspo_eps_high: float = _opt(
+        4e-4, "GSPO's upper clip (policy_loss gspo): the sequence ratio capped at 1 + gspo_eps_high for A > 0 "
+        "(the paper: 4e-4).",
+    )
+    cispo_eps_low: float = _opt(
+        1.0, "CISPO's lower bound (policy_loss cispo): the importance weight floored at 1 - cispo_eps_low; 1 = no "
+        "floor (the paper).",
+    )
+    cispo_eps_high: float = _opt(
+        4.0, "CISPO's upper bound (policy_loss cispo): the importance weight capped at 1 + cispo_eps_high (4: a cap "
+        "of 5, TRL's recommended epsilon_high for CISPO).",
+    )
     beta: float = _opt(0.0, "KL coefficient to a frozen reference (k3). 0 = no reference model (DAPO).")
     loss_reduction: str = _opt(
-        "token", "token: Eq. 12 (sum over the step's tokens / their count); sample: GRPO mean of means.",
-        ("token", "sample"),
+        "token", "token: Eq. 12 (sum over the step's tokens / their count); sample: GRPO mean of means; constant: "
+        "Dr. GRPO, the token sum / (sequences x rollout.max_new_tokens).",
+        ("token", "sample", "constant"),
     )
     advantage_std: str = _opt(
         "population", "Std in the group advantage (Eq. 9): population, sample (Bessel) or none.",
@@ -331,6 +355,10 @@ def validate(cfg: Config) -> None:
     d, r, t = cfg.dapo, cfg.rollout, cfg.train
     _require(0.0 <= d.eps_low < 1.0, "dapo.eps_low", f"got {d.eps_low}; must be in [0, 1)")
     _require(d.eps_high >= 0.0, "dapo.eps_high", f"got {d.eps_high}; must be >= 0")
+    _require(0.0 <= d.gspo_eps_low < 1.0, "dapo.gspo_eps_low", f"got {d.gspo_eps_low}; must be in [0, 1)")
+    _require(d.gspo_eps_high >= 0.0, "dapo.gspo_eps_high", f"got {d.gspo_eps_high}; must be >= 0")
+    _require(0.0 <= d.cispo_eps_low <= 1.0, "dapo.cispo_eps_low", f"got {d.cispo_eps_low}; must be in [0, 1]")
+    _require(d.cispo_eps_high >= 0.0, "dapo.cispo_eps_high", f"got {d.cispo_eps_high}; must be >= 0")
     _require(
         d.clip_ratio_c is None or d.clip_ratio_c > 1.0,
         "dapo.clip_ratio_c", f"got {d.clip_ratio_c}; must be > 1 or null",

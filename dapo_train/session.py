@@ -37,7 +37,7 @@ from dapo_train.old_logprobs import clip_can_act
 from dapo_train.optim import adamw
 from dapo_train.rewards import RewardSet, rewards_from_config
 from dapo_train.rollout import RolloutEngine, build_engine, engine_factory, pad_token_id
-from dapo_train.update import Learner, Reference, loss_settings
+from dapo_train.update import OBJECTIVE_KEYS, Learner, Reference, clip_bound_keys, inert_objective_keys, loss_settings
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -167,10 +167,15 @@ def _warn_inert_settings(cfg: Config) -> None:
             "at most %d", cfg.train.updates_per_step, cfg.train.prompts_per_step, cfg.train.prompts_per_step,
         )
     if not clip_can_act(cfg):
+        low, high = clip_bound_keys(cfg.dapo.policy_loss)
         logger.warning(
-            "dapo.eps_low / dapo.eps_high cannot act: each rollout batch gets one on-policy update (ratio 1, "
-            "carried-over groups aside); set train.updates_per_step > 1 (or dapo.num_iterations > 1) to let it act"
+            "dapo.%s / dapo.%s cannot act: each rollout batch gets one on-policy update (ratio 1, carried-over "
+            "groups aside); set train.updates_per_step > 1 (or dapo.num_iterations > 1) to let it act", low, high,
         )
+    inert = inert_objective_keys(cfg)
+    if inert:
+        logger.warning("%s cannot act: dapo.policy_loss=%s reads %s", ", ".join(inert), cfg.dapo.policy_loss,
+                       " / ".join(f"dapo.{key}" for key in OBJECTIVE_KEYS[cfg.dapo.policy_loss]))
 
 
 def _log_speed_settings(cfg: Config, batching: Batching, model, cuda: bool) -> None:

@@ -6,9 +6,10 @@ first update the policy differs from the one that sampled, so the ratio leaves 1
 objective's clip acts; that is the paper's regime (16 updates per rollout batch).
 
 Each mini-batch's micro-batches accumulate gradients. The loss normaliser is the MINI-BATCH's units
-(algo.loss_normalizer: valid tokens for "token", sequences for "sample"), counted before its
-micro-batch loop and passed to every micro-batch, so any micro-batch split gives exactly the
-gradient of one batch (Eq. 12).
+(algo.loss_normalizer: valid tokens for "token", sequences for "sample", sequences x L_max for
+"constant"), counted before its micro-batch loop and passed to every micro-batch, so any
+micro-batch split gives exactly the gradient of one batch (Eq. 12). Micro-batches hold whole
+completions, so a sequence-level objective (GSPO) sees every token of each completion at once.
 
 The ratio's denominator is the log-prob under the policy that generated the completion (each group
 carries it from old_logprobs.py). A completion without it is on-policy by construction (its step's
@@ -28,7 +29,7 @@ import torch
 from dapo_train import distributed
 from dapo_train.algo import POLICY_LOSSES, LossSettings, register_policy_loss
 from dapo_train.batches import Batching, MicroBatch, MiniBatch, Scorer, UpdatePlan, UpdateResult, UpdateSums
-from dapo_train.config import Config, import_plugin
+from dapo_train.config import Config, DapoConfig, import_plugin
 from dapo_train.errors import ConfigError
 from dapo_train.optim import PolicyOptimizer
 
@@ -36,18 +37,45 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
 
+# The dapo.* keys each built-in objective reads, its clip bounds (LossSettings.eps_low, eps_high)
+# first. Any other objective (a plugin) gets dapo.eps_low / dapo.eps_high and may read every field.
+OBJECTIVE_KEYS = {
+    "clip": ("eps_low", "eps_high", "clip_ratio_c"),
+    "gspo": ("gspo_eps_low", "gspo_eps_high"),
+    "cispo": ("cispo_eps_low", "cispo_eps_high"),
+}
+
+
+def clip_bound_keys(objective: str) -> tuple[str, str]:
+    """The dapo.* keys holding `objective`'s clip bounds (low, high)."""
+    low, high, *_ = OBJECTIVE_KEYS.get(objective, OBJECTIVE_KEYS["clip"])
+    return low, high
+
+
+def inert_objective_keys(cfg: Config) -> list[str]:
+    """The keys of other built-in objectives that the config moves from their defaults: with a built-in
+    dapo.policy_loss they cannot act (a plugin may read any of them, so none is inert under one)."""
+    d, defaults = cfg.dapo, DapoConfig()
+    if d.policy_loss not in OBJECTIVE_KEYS:
+        return []
+    used = OBJECTIVE_KEYS[d.policy_loss]
+    others = dict.fromkeys(key for keys in OBJECTIVE_KEYS.values() for key in keys if key not in used)
+    return [f"dapo.{key}" for key in others if getattr(d, key) != getattr(defaults, key)]
+
+
 def loss_settings(cfg: Config) -> LossSettings:
-    """The config's dapo.* loss options as the one value the loss takes. dapo.policy_loss is a
-    registered objective or 'pkg.module:function' (imported and registered under that name); anything
-    else is a ConfigError."""
+    """The config's dapo.* loss options as the one value the loss takes, with the chosen objective's own
+    clip bounds (OBJECTIVE_KEYS). dapo.policy_loss is a registered objective or 'pkg.module:function'
+    (imported and registered under that name); anything else is a ConfigError."""
     d = cfg.dapo
     if ":" in d.policy_loss and d.policy_loss not in POLICY_LOSSES:
         register_policy_loss(d.policy_loss)(import_plugin(d.policy_loss, "dapo.policy_loss"))
     if d.policy_loss not in POLICY_LOSSES:
         raise ConfigError("dapo.policy_loss", f"unknown objective {d.policy_loss!r}; registered: "
                           f"{', '.join(POLICY_LOSSES)}, or 'pkg.module:function'")
+    low, high = clip_bound_keys(d.policy_loss)
     return LossSettings(
-        objective=d.policy_loss, eps_low=d.eps_low, eps_high=d.eps_high, reduction=d.loss_reduction,
+        objective=d.policy_loss, eps_low=getattr(d, low), eps_high=getattr(d, high), reduction=d.loss_reduction,
         clip_ratio_c=d.clip_ratio_c, beta=d.beta,
     )
 

@@ -99,6 +99,14 @@ SCENARIOS = {
     "two updates, sample reduction": [
         "train.updates_per_step=2", "train.micro_batch_size=2", "dapo.loss_reduction=sample",
     ],
+    # The other objectives and Dr. GRPO's reduction, each clipping somewhere in its second update.
+    "gspo, sample reduction": [
+        "train.updates_per_step=2", "train.micro_batch_size=2", "dapo.policy_loss=gspo", "dapo.loss_reduction=sample",
+    ],
+    "cispo": ["train.updates_per_step=2", "train.micro_batch_size=3", "dapo.policy_loss=cispo",
+              "dapo.cispo_eps_high=1e-3"],
+    "constant reduction": ["train.updates_per_step=2", "train.micro_batch_size=2", "dapo.loss_reduction=constant",
+                           "dapo.eps_high=1e-3"],
 }
 # FSDP version -> settings. Outside accelerate, FSDP1's sharded gradients have no norm clipping here
 # (accelerate calls FSDP's own clip_grad_norm_); FSDP2's DTensor gradients clip as any.

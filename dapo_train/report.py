@@ -52,6 +52,11 @@ class Point:
     runs: list[RunRecord]
     values: dict[str, object]
 
+    @classmethod
+    def row(cls, name: str, runs: list[RunRecord]) -> Point:
+        """A study script's row of runs (scripts/ablation.py, scripts/policy_losses.py): `row=<name>`."""
+        return cls({"row": name}, runs, {"row": name})
+
     def label(self, labels: dict[str, str]) -> str:
         named = " ".join(f"{labels[k]}={v}" for k, v in self.settings.items()) or self.runs[0].path.name
         return named if len(self.runs) == 1 else f"{named} ({len(self.runs)} seeds)"

@@ -98,7 +98,7 @@ def summarize(run_dir: Path) -> dict:
 def paired_to(rows: dict[str, list[Path]]) -> dict[str, dict]:
     """Each row's final accuracy against the previous row and against row 1, item by item and seed
     by seed (pairing.paired_comparison): the difference, its 95% interval and the rest."""
-    points = {row: Point({"row": row}, [load_run(run) for run in runs], {"row": row}) for row, runs in rows.items()}
+    points = {row: Point.row(row, [load_run(run) for run in runs]) for row, runs in rows.items()}
     names, labels = list(points), {"row": "row"}
     return {
         row: {"vs_previous": paired_comparison(points[names[i - 1]], points[row], labels),

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dirs = list(pool.map(lambda job: run_one(TASKS["tiny"], ROWS_DIR / f"{job[0]}.yaml", job[1], args.out,
                                                      extra), jobs))
     by_row = {row: [load_run(run) for (name, _), run in zip(jobs, run_dirs) if name == row] for row in rows}
-    text, paired = study_table({row: Point({"row": row}, runs) for row, runs in by_row.items()})
+    text, paired = study_table({row: Point.row(row, runs) for row, runs in by_row.items()})
     elapsed = time.monotonic() - started
     text += f"\n\n{len(jobs)} runs, {args.jobs} at a time: {elapsed / 60:.1f} minutes"
     print(text, flush=True)

@@ -69,6 +69,12 @@ class ModelConfig:
     gradient_checkpointing: str = _opt(
         "auto", "Recompute activations in backward to save memory. auto = on for CUDA.", ("auto", "on", "off")
     )
+    keep_dropout: bool = _opt(
+        False,
+        "Keep the checkpoint's dropout (attention_dropout, ...) in the training forwards. Off by default: dropout "
+        "makes the old-log-prob and update forwards differ at the same weights (a noisy ratio even at lr 0), so the "
+        "loaded config's dropout fields are set to 0 (and saved so in checkpoints).",
+    )
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

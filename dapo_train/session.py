@@ -114,9 +114,8 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
     unwrapped = accelerator.unwrap_model(model)
-    ref_model, reference_scope = reference_policy(cfg, model, unwrapped, accelerator.device)
-    reference = None if ref_model is None else Reference(ref_model, reference_scope)
-    learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer), reference)
+    learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
+                            prepare_reference(cfg, accelerator, model, unwrapped))
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
         engine = build_engine(cfg.rollout, unwrapped, tokenizer)
     _log_speed_settings(cfg, learner.batching, unwrapped, cuda)
@@ -126,6 +125,18 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         learner=learner, engine=engine, prompt_sampler=PromptSampler(train_prompts, cfg.seed),
         eval_prompts=eval_prompts, buffer=GroupBuffer(), prompts_by_uid={p.uid: p for p in train_prompts},
     )
+
+
+def prepare_reference(cfg: Config, accelerator: Accelerator, model, unwrapped) -> Reference | None:
+    """dapo.beta > 0: the frozen reference, prepared as the policy was (accelerate's mixed-precision
+    autocast, the device) but not wrapped for training, so that while the policy's weights are the
+    reference's their log-probs agree and the KL is 0. With LoRA it is the prepared policy itself."""
+    ref_model, scope = reference_policy(cfg, model, unwrapped, accelerator.device)
+    if ref_model is None:
+        return None
+    if ref_model is not model:
+        ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
+    return Reference(ref_model, scope)
 
 
 def _warn_inert_settings(cfg: Config) -> None:

@@ -242,7 +242,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
             if annotation in (float, float | None):
                 value = _as_float(value)
             choices = fields[key].metadata.get("choices") or ()
-            if isinstance(value, bool) and annotation is str and {"on", "off"} <= set(choices):
+            if isinstance(value, bool) and annotation is str and ("on" if value else "off") in choices:
                 value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
             if not _type_ok(value, annotation):
                 raise ConfigError(full, f"expected {_type_name(annotation)}, got {value!r} ({type(value).__name__})")

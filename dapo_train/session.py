@@ -18,6 +18,7 @@ import torch
 
 from dapo_train import distributed
 from dapo_train.batches import Batching
+from dapo_train.behaviour import log_behaviour, resolve, rollout_differences
 from dapo_train.collect import GroupBuffer
 from dapo_train.config import Config
 from dapo_train.data import Prompt, PromptSampler, fixed_eval_subset, load_prompts
@@ -114,10 +115,12 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
     unwrapped = accelerator.unwrap_model(model)
-    learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
-                            prepare_reference(cfg, accelerator, model, unwrapped))
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
         engine = build_engine(cfg.rollout, unwrapped, tokenizer)
+    behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda))
+    learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
+                            prepare_reference(cfg, accelerator, model, unwrapped), behaviour=behaviour)
+    log_behaviour(behaviour, cfg, unwrapped)
     _log_speed_settings(cfg, learner.batching, unwrapped, cuda)
     _warn_inert_settings(cfg)
     return Run(

@@ -79,7 +79,7 @@ def _grads_after(model, samples, micro_size: int, *, lr: float = 1e-3, share_pre
     learner = _learner(model, cfg, lr=lr)
     micro = [collate_micro_batch(m, EOS2_ID, "cpu", share_prefix) for m in split_micro_batches(samples, micro_size)]
     normalizer = loss_normalizer([m.batch.completion_mask for m in micro], "token")
-    metrics = _means(accumulate_gradients(learner, MiniBatch(micro, normalizer, len(micro), [])))
+    metrics = _means(accumulate_gradients(learner, MiniBatch(micro, normalizer, len(micro), [])).sums)
     grads = [p.grad.clone() for p in model.parameters()]
     learner.optimizer.optimizer.step()
     return grads, [p.detach().clone() for p in model.parameters()], metrics, len(micro)

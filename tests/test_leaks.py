@@ -18,17 +18,9 @@ from dapo_train.metrics import read_metrics
 from dapo_train.modeling import load_policy
 from dapo_train.old_logprobs import record_old_logprobs
 from dapo_train.plan import StepBatch
-from dapo_train.rollout import Completion, EngineSetup, engine_factory
+from dapo_train.rollout import Completion
 
-from conftest import EOS2_ID, EOS_ID, make_random_model
-
-PROMPTS = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]
-ENGINES = {"loop": ("hf", "off"), "static-cache": ("hf", "on"), "generate": ("hf-generate", "off")}
-
-
-def _engine(kind: str, model, tokenizer):
-    name, compile = ENGINES[kind]
-    return engine_factory(name)(EngineSetup(model, tokenizer, 16, dtype="float32", compile=compile))
+from conftest import EOS2_ID, EOS_ID, PROMPTS, make_engine, make_random_model
 
 
 def _poison(model, greedy: list[Completion]) -> None:
@@ -53,9 +45,9 @@ def test_generate_samples_from_the_settings_alone_not_the_checkpoints_generation
     the loop's completions exactly, and sampling builds no logits processor beyond the settings'."""
     model = make_random_model(seed=2)
     greedy = SamplingSettings(max_new_tokens=10, do_sample=False)
-    clean = _engine("loop", model, id_tokenizer).generate(PROMPTS, greedy, group_size=1)
+    clean = make_engine("loop", model, id_tokenizer).generate(PROMPTS, greedy, group_size=1)
     _poison(model, clean)
-    got = _engine(kind, model, id_tokenizer).generate(PROMPTS, greedy, group_size=1)
+    got = make_engine(kind, model, id_tokenizer).generate(PROMPTS, greedy, group_size=1)
     assert [c.completion_ids.tolist() for c in got] == [c.completion_ids.tolist() for c in clean]
     for ours, loop in zip(got, clean):
         torch.testing.assert_close(ours.behaviour_logprobs, loop.behaviour_logprobs, atol=1e-4, rtol=0)
@@ -64,7 +56,7 @@ def test_generate_samples_from_the_settings_alone_not_the_checkpoints_generation
     real = model._get_logits_processor
     monkeypatch.setattr(model, "_get_logits_processor", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
     torch.manual_seed(0)
-    _engine(kind, model, id_tokenizer).generate(PROMPTS, SamplingSettings(6, temperature=0.9, top_k=8), 2)
+    make_engine(kind, model, id_tokenizer).generate(PROMPTS, SamplingSettings(6, temperature=0.9, top_k=8), 2)
     assert built and all(isinstance(processor, BehaviourRecorder) for processor in built[-1]), built[-1]
 
 
@@ -105,6 +97,11 @@ def test_dropout_is_off_in_the_forwards_that_feed_the_ratio(dropout_checkpoint):
     """attention_dropout 0.3 in the checkpoint: the old-log-prob pass and the update's forward are still
     the same function of the weights, so the first update's ratio is exactly 1."""
     assert _approx_kl_at_the_first_update(dropout_checkpoint) == 0.0
+
+
+def test_keep_dropout_leaves_the_checkpoints_dropout_in_the_ratio(dropout_checkpoint):
+    """model.keep_dropout=true: the two forwards draw different dropout masks, the ratio leaves 1."""
+    assert _approx_kl_at_the_first_update(dropout_checkpoint, "model.keep_dropout=true") != 0.0
 
 
 def test_the_shared_prefix_layout_takes_an_empty_completion(random_model):

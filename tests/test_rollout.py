@@ -10,8 +10,6 @@ from dapo_train.errors import ConfigError
 from dapo_train.logprobs import collate, score_tokens
 from dapo_train.rollout import (
     ROLLOUT_ENGINES,
-    Completion,
-    EngineSetup,
     SamplingSettings,
     StaticCacheEngine,
     bucket_size,
@@ -22,16 +20,16 @@ from dapo_train.rollout import (
     sample_completions,
 )
 
-from conftest import EOS2_ID, EOS_ID, make_random_model
-
-# The built-in decoders: rollout.engine and rollout.compile that select each.
-ENGINES = {"loop": ("hf", "off"), "static-cache": ("hf", "on"), "generate": ("hf-generate", "off")}
-
-
-def make_engine(kind: str, model, tokenizer, batch_size: int):
-    """The built-in engine `kind` (a key of ENGINES) sampling from `model` itself (float32: no copy)."""
-    name, compile = ENGINES[kind]
-    return engine_factory(name)(EngineSetup(model, tokenizer, batch_size, dtype="float32", compile=compile))
+from conftest import (
+    ENGINES,
+    EOS2_ID,
+    EOS_ID,
+    PROMPTS,
+    full_distributions,
+    make_engine,
+    make_random_model,
+    top_k_logprobs,
+)
 
 
 def test_mask_includes_first_eos_and_excludes_padding_that_is_also_eos():
@@ -50,26 +48,6 @@ def test_mask_includes_first_eos_and_excludes_padding_that_is_also_eos():
 
 def test_eos_ids_come_from_generation_config_and_tokenizer(random_model, id_tokenizer):
     assert eos_token_ids(random_model, id_tokenizer) == [EOS_ID, EOS2_ID]
-
-
-PROMPTS = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]  # different lengths -> left padding
-
-
-def full_distributions(model, completion: Completion, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / temperature) (L, V) of a plain float32 forward at the positions that predict
-    each of the completion's L tokens: the untruncated training distribution, by hand."""
-    ids = torch.cat([completion.prompt_ids, completion.completion_ids])[None]
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()  # (P + L, V)
-    start = completion.prompt_ids.numel() - 1
-    return torch.log_softmax(logits[start : start + completion.length] / temperature, dim=-1)
-
-
-def top_k_logprobs(distribution: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
-    """log(p_i / sum of the top-k p) of each picked token: the truncated, renormalised distribution."""
-    probs = distribution.exp()  # (L, V)
-    mass = probs.topk(k, dim=-1).values.sum(dim=-1)  # (L,)
-    return torch.log(probs.gather(-1, tokens[:, None])[:, 0] / mass)
 
 
 @pytest.mark.parametrize("share_prefix", [False, True])

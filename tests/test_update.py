@@ -513,3 +513,17 @@ def test_old_logprobs_from_the_rollout_are_the_ratios_denominator_and_fresh_rows
     metrics = _train(learner, groups, cfg)
     assert metrics["rollout_tokens"] == behaviour.numel()
     assert metrics["rollout_logprob_diff_mean"] == pytest.approx(float((new - behaviour).abs().mean()), rel=1e-5)
+
+
+def test_the_correction_cap_moves_the_weights():
+    """dapo.rollout_correction_cap 1.1 vs 3: tis truncates other tokens, so the update differs."""
+    weights = []
+    for cap in (1.1, 3.0):
+        model = make_random_model(seed=15).train()
+        learner, cfg = _setup(model, "dapo.rollout_correction=tis", f"dapo.rollout_correction_cap={cap}")
+        groups = _behaviour_groups(learner)
+        _record(learner, groups)
+        metrics = _train(learner, groups, cfg)
+        weights.append(([p.detach().clone() for p in model.parameters()], metrics["rollout_is_clipped_frac"]))
+    assert weights[0][1] > weights[1][1]  # e^0.6 < 3: cap 3 truncates nothing, cap 1.1 some
+    assert any(not torch.allclose(a, b) for a, b in zip(weights[0][0], weights[1][0]))

@@ -273,10 +273,11 @@ def generate_rows(
     input_ids, attention_mask = left_pad(rows, pad_id, width_multiple)
     recorder = BehaviourRecorder(settings)
     config = settings.generation_config(eos_ids, pad_id)
+    model_kwargs = config.update(**generate_kwargs)  # generation fields (cache_implementation) go in the config
     with _generation_config(model, config):
         sequences = model.generate(
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config,
-            logits_processor=LogitsProcessorList([recorder]), **generate_kwargs,
+            logits_processor=LogitsProcessorList([recorder]), **model_kwargs,
         )
     generated = sequences[:, input_ids.shape[1] :]  # (N, T)
     return generated.cpu(), recorder.logprobs(generated).cpu()

@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -61,7 +60,7 @@ def mismatch(model, completions, temperature: float, autocast: bool) -> dict:
 
 
 def main() -> None:
-    from bench_step import SHAPES, build_model
+    from bench_step import SHAPES, random_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen1.5b")
@@ -70,19 +69,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     args = parser.parse_args()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from dapo_train.config import load_config
     from dapo_train.data import load_prompts
     from dapo_train.rollout import EngineSetup, SamplingSettings, engine_factory
 
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        build_model(args.shape, Path(tmp))
-        tokenizer = AutoTokenizer.from_pretrained(tmp)
-        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(device).eval()
+    model, tokenizer = random_model(args.shape, torch.device("cuda" if cuda else "cpu"))
     prompts, _ = load_prompts(load_config(None, []).data, tokenizer, "train")
     prompt_ids = [p.input_ids for p in prompts[: args.prompts]]
     for name, (engine_name, dtype, compile, top_k) in VARIANTS.items():
@@ -91,7 +83,7 @@ def main() -> None:
         torch.manual_seed(1)
         completions = engine.generate(prompt_ids, settings, args.group_size)
         figures = mismatch(model, completions, settings.temperature, autocast=cuda)
-        print(json.dumps({"variant": name, "shape": args.shape, "device": str(device),
+        print(json.dumps({"variant": name, "shape": args.shape, "device": "cuda" if cuda else "cpu",
                           **{k: float(f"{v:.4g}") for k, v in figures.items()}}), flush=True)
 
 

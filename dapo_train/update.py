@@ -11,8 +11,11 @@ micro-batch loop and passed to every micro-batch, so any micro-batch split gives
 gradient of one batch (Eq. 12).
 
 The ratio's denominator is the log-prob under the policy that generated the completion (each group
-carries it from old_logprobs.py). A completion without it is on-policy by construction (its step's
-first and only update) and uses its own detached log-probs, ratio exactly 1, at no extra cost. A
+carries it from old_logprobs.py), or with dapo.old_logprobs=rollout the behaviour log-prob the
+rollout recorded. A completion without either is on-policy by construction (its step's first and
+only update) and uses its own detached log-probs, ratio exactly 1, at no extra cost. The rollout
+correction's weights and masks (mismatch.py) were set when the plan was made; each update also
+measures the rollout mismatch where the training forward at the sampling weights is known. A
 non-finite loss or gradient norm skips that optimizer step and ends the step's updates.
 """
 

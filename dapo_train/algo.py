@@ -120,14 +120,15 @@ def is_informative_group(values: Tensor | Sequence[Number]) -> bool:
 
 
 def _check_loss_args(logprobs, old_logprobs, advantages, mask, objective, reduction, clip_ratio_c, ref_logprobs,
-                     beta) -> None:
+                     beta, token_weight) -> None:
     if objective not in POLICY_LOSSES:
         raise ValueError(f"policy_loss: unknown objective {objective!r}; allowed: {', '.join(POLICY_LOSSES)}")
     if reduction not in LOSS_REDUCTIONS:
         raise ValueError(f"policy_loss: unknown reduction {reduction!r}; allowed: {', '.join(LOSS_REDUCTIONS)}")
     if logprobs.dim() != 2:
         raise ValueError(f"policy_loss: logprobs must be (N, T), got shape {tuple(logprobs.shape)}")
-    for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
+    for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs),
+                         ("token_weight", token_weight)):
         if tensor is not None and tensor.shape != logprobs.shape:
             raise ValueError(f"policy_loss: {name} shape {tuple(tensor.shape)} != logprobs {tuple(logprobs.shape)}")
     if advantages.shape not in (logprobs.shape, logprobs.shape[:1]):
@@ -155,13 +156,13 @@ class LossSettings:
     beta: float = 0.0
 
     def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-                 normalizer: float | Tensor | None = None,
-                 ref_logprobs: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+                 normalizer: float | Tensor | None = None, ref_logprobs: Tensor | None = None,
+                 token_weight: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
         """policy_loss with these settings."""
         return policy_loss(
             logprobs, old_logprobs, advantages, mask, self.eps_low, self.eps_high, objective=self.objective,
             reduction=self.reduction, normalizer=normalizer, clip_ratio_c=self.clip_ratio_c,
-            ref_logprobs=ref_logprobs, beta=self.beta,
+            ref_logprobs=ref_logprobs, beta=self.beta, token_weight=token_weight,
         )
 
 
@@ -188,6 +189,23 @@ def masked_log_ratio(logprobs: Tensor, old_logprobs: Tensor, valid: Tensor) -> T
     """log r = logprobs - old_logprobs on valid tokens, 0 elsewhere, (N, T) float32: garbage (even
     inf/NaN) in padded old log-probs never reaches exp() or a gradient."""
     return torch.where(valid, logprobs - old_logprobs.to(torch.float32), 0.0)
+
+
+# |log r| beyond this is clamped before exp(), as verl does: e^20 ~ 4.9e8 is finite in float32, while an
+# unclamped log-ratio of 25 on an A < 0 token makes a loss of 7e10 and one past 88 overflows to inf.
+LOG_RATIO_LIMIT = 20.0
+
+
+def clamp_log_ratio(logprobs: Tensor, old_logprobs: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """(logprobs, old_logprobs) (N, T) as the objective sees them: where |logprobs - old_logprobs| exceeds
+    LOG_RATIO_LIMIT on a valid token, its log-ratio is the limit and it carries no gradient (torch.clamp's
+    value and gradient); every other position is the caller's exactly, so any objective that forms
+    exp(logprobs - old_logprobs) gets a finite ratio without knowing about the clamp."""
+    log_ratio = masked_log_ratio(logprobs.detach(), old_logprobs, valid)  # (N, T)
+    outside = log_ratio.abs() > LOG_RATIO_LIMIT
+    frozen = torch.where(outside, logprobs.detach(), logprobs)
+    limited = logprobs.detach() - log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    return frozen, torch.where(outside, limited, old_logprobs.to(torch.float32))
 
 
 @register_policy_loss("clip")
@@ -278,6 +296,7 @@ def policy_loss(
     clip_ratio_c: float | None = None,
     ref_logprobs: Tensor | None = None,
     beta: float = 0.0,
+    token_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The DAPO policy loss: an objective's per-token loss (by default the decoupled clip, Eq. 10)
     reduced over tokens (Eq. 12).
@@ -303,6 +322,9 @@ def policy_loss(
     clip_ratio_c: dual clip for A < 0 tokens ("clip" objective); must be > 1.
     beta > 0: adds beta * (exp(ref - logp) - (ref - logp) - 1) per token (k3 estimator of KL to
         the reference). DAPO itself uses beta = 0.
+    token_weight: (N, T) detached weights on the objective's token losses (not on the KL term), e.g.
+        the rollout correction's truncated importance weights (rollout_correction); None = 1.
+    Every objective sees log-ratios clamped to +-LOG_RATIO_LIMIT (clamp_log_ratio).
 
     Returns (loss: float32 scalar, metrics: plain floats over valid tokens, 0.0 when there are
     none): num_tokens, the objective's own (the built-in ones: clip_frac_high (for "clip": r > 1 +
@@ -311,7 +333,7 @@ def policy_loss(
     and kl when ref_logprobs is given. An all-masked call gives loss 0 and zero gradient.
     """
     _check_loss_args(logprobs, old_logprobs, advantages, mask, objective, reduction, clip_ratio_c, ref_logprobs,
-                     beta)
+                     beta, token_weight)
     settings = LossSettings(objective, eps_low, eps_high, reduction, clip_ratio_c, beta)
     valid = mask != 0  # (N, T) bool
     logprobs = logprobs.to(torch.float32)
@@ -319,7 +341,10 @@ def policy_loss(
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)  # (N, T)
     advantages = torch.where(valid, advantages, 0.0)  # (N, T); padding values never reach a gradient
-    token_loss, objective_metrics = POLICY_LOSSES[objective](logprobs, old_logprobs, advantages, valid, settings)
+    clamped, clamped_old = clamp_log_ratio(logprobs, old_logprobs, valid)  # (N, T) each
+    token_loss, objective_metrics = POLICY_LOSSES[objective](clamped, clamped_old, advantages, valid, settings)
+    if token_weight is not None:
+        token_loss = token_loss * torch.where(valid, token_weight.detach().to(torch.float32), 1.0)
     kl = None
     if ref_logprobs is not None:
         ref_delta = torch.where(valid, ref_logprobs.to(torch.float32) - logprobs, 0.0)  # (N, T)
@@ -333,7 +358,7 @@ def policy_loss(
     if normalizer < 0 or (normalizer == 0 and bool(valid.any())):
         raise ValueError(f"policy_loss: normalizer must be > 0 (0 only for an all-masked call), got {normalizer}")
     loss = reduction_fns.total(token_loss, valid) / (normalizer if normalizer > 0 else 1.0)  # all-masked: 0 / 1
-    return loss, _loss_metrics(masked_log_ratio(logprobs, old_logprobs, valid), valid, objective_metrics, kl)
+    return loss, _loss_metrics(masked_log_ratio(clamped, clamped_old, valid), valid, objective_metrics, kl)
 
 
 @torch.no_grad()

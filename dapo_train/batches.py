@@ -16,6 +16,9 @@ import torch
 from dapo_train.collect import Group
 from dapo_train.config import Config
 from dapo_train.logprobs import TokenBatch, collate, score_tokens, supports_shared_prefix
+from dapo_train.mismatch import RolloutCorrection
+
+NO_CORRECTION = RolloutCorrection("off")
 
 
 @dataclass
@@ -26,14 +29,16 @@ class TrainSample:
     completion_ids: torch.Tensor  # (L,)
     advantage: float  # Eq. 9, broadcast over its tokens
     in_loss: bool  # False when overlong filtering masks a truncated completion
-    old_logprobs: torch.Tensor | None = None  # (L,) under the generating policy; None = on-policy
+    old_logprobs: torch.Tensor | None = None  # (L,) training forward of the generating policy; None = not recorded
+    behaviour_logprobs: torch.Tensor | None = None  # (L,) what the rollout sampled from; None = not recorded
+    version: int = 0  # optimizer steps before it was generated
 
 
 def flatten_groups(groups: list[Group], overlong_filtering: bool) -> list[TrainSample]:
     return [
         TrainSample(
             c.prompt_ids, c.completion_ids, float(group.advantages[j]), not (overlong_filtering and c.truncated),
-            None if group.old_logprobs is None else group.old_logprobs[j],
+            None if group.old_logprobs is None else group.old_logprobs[j], c.behaviour_logprobs, group.version,
         )
         for group in groups
         for j, c in enumerate(group.completions)
@@ -63,30 +68,58 @@ def split_micro_batches(samples: list[TrainSample], max_count: int, max_tokens: 
 
 @dataclass
 class MicroBatch:
-    """Collated rows on the device. N rows, T = padded completion width."""
+    """Collated rows on the device. N rows, T = padded completion width. batch.completion_mask is the
+    loss mask: overlong filtering and the rollout correction's masked tokens (mis) are already out."""
 
     batch: TokenBatch
     advantages: torch.Tensor  # (N,)
     old_logprobs: torch.Tensor | None  # (N, T) float32, 0 where has_old is False; None if no row has any
     has_old: torch.Tensor | None  # (N, 1) bool
+    behaviour_logprobs: torch.Tensor | None = None  # (N, T) float32, 0 off behaviour_mask; None if no row has any
+    behaviour_mask: torch.Tensor | None = None  # (N, T) bool: tokens with a behaviour log-prob
+    versions: torch.Tensor | None = None  # (N,) long: optimizer steps before each row was generated
+    correction_weight: torch.Tensor | None = None  # (N, T) float32 on the token losses; None = 1 (no correction)
 
 
-def collate_micro_batch(samples: list[TrainSample], pad_id: int, device, share_prefix: bool = False) -> MicroBatch:
+def _per_token(values: list[torch.Tensor | None], shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per-row (L_i,) values (or None) -> ((N, T) float32, 0 where absent; (N, T) bool where present), or
+    None when no row has any."""
+    if all(value is None for value in values):
+        return None
+    out = torch.zeros(shape, dtype=torch.float32)
+    present = torch.zeros(shape, dtype=torch.bool)
+    for row, value in enumerate(values):
+        if value is not None:
+            out[row, : value.numel()], present[row, : value.numel()] = value, True
+    return out, present
+
+
+def collate_micro_batch(samples: list[TrainSample], pad_id: int, device, share_prefix: bool = False,
+                        correction: RolloutCorrection = NO_CORRECTION) -> MicroBatch:
     """Rows -> MicroBatch; a sample out of the loss gets an all-zero mask. share_prefix: consecutive
-    samples of one group share one copy of their prompt (logprobs.collate)."""
+    samples of one group share one copy of their prompt (logprobs.collate). correction: the rollout
+    correction, applied now to the tokens that have both old and behaviour log-probs (weights for tis,
+    the loss mask for mis), so the Eq. 12 normaliser counted from the masks is the loss's."""
     batch = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id, share_prefix)
     in_loss = torch.tensor([s.in_loss for s in samples], dtype=torch.float32).unsqueeze(1)  # (N, 1)
-    batch.completion_mask = batch.completion_mask * in_loss
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # (N,)
-    old = has_old = None
-    if any(s.old_logprobs is not None for s in samples):
-        old = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)  # (N, T)
-        for row, sample in enumerate(samples):
-            if sample.old_logprobs is not None:
-                old[row, : sample.old_logprobs.numel()] = sample.old_logprobs
-        has_old = torch.tensor([s.old_logprobs is not None for s in samples]).unsqueeze(1).to(device)  # (N, 1)
-        old = old.to(device)
-    return MicroBatch(batch.to(device), advantages.to(device), old, has_old)
+    shape = batch.completion_ids.shape
+    old = _per_token([s.old_logprobs for s in samples], shape)
+    behaviour = _per_token([s.behaviour_logprobs for s in samples], shape)
+    weight = None
+    if old is not None and behaviour is not None and correction.mode != NO_CORRECTION.mode:
+        weight, masked, _ = correction(old[0], behaviour[0], old[1] & behaviour[1])  # (N, T) each
+        batch.completion_mask = batch.completion_mask * ~masked
+    batch.completion_mask = batch.completion_mask * in_loss
+    has_old = None if old is None else torch.tensor([s.old_logprobs is not None for s in samples]).unsqueeze(1)
+    return MicroBatch(
+        batch.to(device), advantages.to(device), None if old is None else old[0].to(device),
+        None if has_old is None else has_old.to(device),
+        behaviour_logprobs=None if behaviour is None else behaviour[0].to(device),
+        behaviour_mask=None if behaviour is None else behaviour[1].to(device),
+        versions=torch.tensor([s.version for s in samples], dtype=torch.long).to(device),
+        correction_weight=None if weight is None else weight.to(device),
+    )
 
 
 def use_shared_prefix(cfg: Config, model) -> bool:
@@ -106,15 +139,18 @@ class Batching:
     share_prefix: bool
     max_count: int
     max_tokens: int = 0
+    correction: RolloutCorrection = NO_CORRECTION  # dapo.rollout_correction resolved
 
     @classmethod
-    def from_config(cls, cfg: Config, model, pad_id: int, device) -> Batching:
+    def from_config(cls, cfg: Config, model, pad_id: int, device,
+                    correction: RolloutCorrection = NO_CORRECTION) -> Batching:
         t = cfg.train
-        return cls(pad_id, device, use_shared_prefix(cfg, model), t.micro_batch_size, t.micro_batch_tokens)
+        return cls(pad_id, device, use_shared_prefix(cfg, model), t.micro_batch_size, t.micro_batch_tokens, correction)
 
     def micro_batches(self, samples: list[TrainSample]) -> list[MicroBatch]:
         split = split_micro_batches(samples, self.max_count, self.max_tokens)
-        return [collate_micro_batch(micro, self.pad_id, self.device, self.share_prefix) for micro in split]
+        return [collate_micro_batch(micro, self.pad_id, self.device, self.share_prefix, self.correction)
+                for micro in split]
 
     def filler(self) -> MicroBatch:
         """A one-token row out of the loss: the forward/backward a rank with fewer micro-batches runs
@@ -186,13 +222,16 @@ class UpdatePlan:
 
 @dataclass
 class UpdateSums:
-    """One optimizer step's metric sums over its micro-batches (token-weighted: value x tokens),
-    with `loss` (the summed micro-batch losses) and `num_tokens`; on this rank until plan.reduce_update
-    sums them over ranks."""
+    """One optimizer step's metric sums over its micro-batches, on this rank until plan.reduce_update
+    combines them over ranks. sums: token-weighted (value x tokens), with `loss` (the summed micro-batch
+    losses) and `num_tokens`; counts: plain sums (the rollout mismatch's, mismatch.MISMATCH_SUMS);
+    maxima: largest values (summed over ranks as a maximum)."""
 
     sums: dict[str, float]
-    grad_norm: float
-    lr: float
+    grad_norm: float = 0.0
+    lr: float = 0.0
+    counts: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

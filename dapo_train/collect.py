@@ -33,8 +33,10 @@ class Group:
 
     version: optimizer steps taken before it was generated (its staleness when trained is the
     optimizer step count then minus this). old_logprobs: per completion, (L,) float32 log-probs
-    under the policy that generated it, recorded right after collection (old_logprobs.py; None while
-    the update can prove the ratio is 1 and needs none).
+    under the training forward of the policy that generated it, recorded right after collection
+    (old_logprobs.py; None while the update can prove the ratio is 1 and needs none, or when the
+    completions' behaviour log-probs serve as old ones: dapo.old_logprobs=rollout). The completions
+    carry their behaviour log-probs (Completion.behaviour_logprobs), through checkpoints too.
     """
 
     prompt: Prompt
@@ -54,6 +56,7 @@ class Group:
             "completion_ids": [c.completion_ids for c in self.completions],
             "truncated": [c.truncated for c in self.completions],
             "texts": [c.text for c in self.completions],
+            "behaviour_logprobs": [c.behaviour_logprobs for c in self.completions],
             "rewards": self.rewards,
             "correct": self.correct,
             "advantages": self.advantages,
@@ -64,9 +67,12 @@ class Group:
 
     @classmethod
     def from_state(cls, state: dict, prompts_by_uid: dict[str, Prompt]) -> Group:
+        # Optional in checkpoints: a group saved before they were kept has none (its old log-probs are recorded).
+        behaviour = state.get("behaviour_logprobs") or [None] * len(state["completion_ids"])
         completions = [
-            Completion(prompt_ids=p, completion_ids=c, truncated=t, text=x)
-            for p, c, t, x in zip(state["prompt_ids"], state["completion_ids"], state["truncated"], state["texts"])
+            Completion(prompt_ids=p, completion_ids=c, truncated=t, text=x, behaviour_logprobs=b)
+            for p, c, t, x, b in zip(state["prompt_ids"], state["completion_ids"], state["truncated"], state["texts"],
+                                     behaviour)
         ]
         return cls(
             prompt=prompts_by_uid[state["prompt_uid"]],

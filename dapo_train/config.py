@@ -185,7 +185,7 @@ def _scalar(value: Any, annotation: Any, choices: tuple, key: str) -> Any:
     bare on/off as the switch word; the text 'None' where null is meant, and NaN/inf, are refused."""
     if annotation in (float, float | None):
         value = _as_float(value)
-    if isinstance(value, bool) and annotation is str and {"on", "off"} <= set(choices):
+    if isinstance(value, bool) and annotation is str and ("on" if value else "off") in choices:
         value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
     if isinstance(value, str) and value.strip() in ("None", "none") and _type_ok(None, annotation):
         raise ConfigError(key, f"got the text {value!r}; write null for no value ({key}=null)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -38,15 +39,16 @@ class SamplingSettings:
     top_p: float = 1.0
     top_k: int = 0
 
-    def generate_kwargs(self) -> dict:
-        kwargs = {"max_new_tokens": self.max_new_tokens, "do_sample": self.do_sample, "repetition_penalty": 1.0}
-        if self.do_sample:
-            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-        else:
-            # Greedy ignores these, but the checkpoint's values would make generate warn: set the
-            # neutral values its validation expects (top_k 50 is its "unset").
-            kwargs.update(temperature=1.0, top_p=1.0, top_k=50)
-        return kwargs
+    def generation_config(self, eos_ids: list[int], pad_id: int):
+        """A fresh GenerationConfig for `generate`: these settings and the stop ids, nothing else (a
+        checkpoint's suppress_tokens, min_p, no_repeat_ngram_size, ... must not shape the rollout).
+        Temperature, top-k and top-p are left neutral here: the BehaviourRecorder applies them itself,
+        so generate samples from exactly the distribution it records."""
+        from transformers import GenerationConfig
+
+        neutral = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if self.do_sample else {}
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=self.do_sample, eos_token_id=eos_ids,
+                                pad_token_id=pad_id, **neutral)
 
     def warpers(self):
         """The logits warpers `generate` applies for these settings, in its order (temperature,
@@ -65,11 +67,10 @@ class SamplingSettings:
 
 
 def behaviour_distribution(scores: Tensor, settings: SamplingSettings) -> Tensor:
-    """The log-probs an engine records for its sampled tokens: raw logits (A, V) float32 -> (A, V).
-
-    log_softmax(logits / temperature), the distribution the loss assumes (greedy: temperature 1)."""
-    temperature = settings.temperature if settings.do_sample else 1.0
-    return torch.log_softmax(scores / temperature, dim=-1)
+    """The distribution an engine samples from and records: the rollout model's raw logits (A, V), cast
+    to float32, -> log-probs (A, V). log_softmax(logits / temperature) after top-k / top-p truncation
+    (the warpers, renormalised: truncated tokens get -inf); greedy: log_softmax(logits)."""
+    return torch.log_softmax(settings.warpers()(None, scores), dim=-1)
 
 
 def _picked(distribution: Tensor, tokens: Tensor) -> Tensor:
@@ -89,13 +90,12 @@ def left_pad(sequences: Sequence[Tensor], pad_id: int, multiple: int = 1) -> tup
     return ids, mask
 
 
-def draw_tokens(scores: Tensor, warpers) -> Tensor:
-    """One token per row from softmax(warpers(scores)), scores (A, V) float32 -> (A,) ids.
+def draw_tokens(distribution: Tensor) -> Tensor:
+    """One token per row from a behaviour distribution, log-probs (A, V) -> (A,) ids.
 
-    The Gumbel-max trick, argmax(s - log E) with E ~ Exp(1): the categorical distribution that
-    generate's multinomial draws from, in one cheap pass (filtered tokens stay at -inf)."""
-    warped = warpers(None, scores)
-    return (warped - torch.empty_like(warped).exponential_().log()).argmax(dim=-1)
+    The Gumbel-max trick, argmax(log p - log E) with E ~ Exp(1): the categorical distribution that
+    generate's multinomial draws from, in one cheap pass (truncated tokens stay at -inf)."""
+    return (distribution - torch.empty_like(distribution).exponential_().log()).argmax(dim=-1)
 
 
 # ---------------------------------------------------------------- the decode loop
@@ -193,12 +193,11 @@ def decode_loop(
     active = torch.arange(rows, device=device)  # original row of each batch row
     next_position = attention_mask.sum(dim=1)  # (A,) position id of the token being sampled
     eos = torch.tensor(eos_ids, device=device)
-    warpers = settings.warpers()
     for step in range(budget):
-        scores = logits.float()  # (A, V)
-        tokens = draw_tokens(scores, warpers) if settings.do_sample else scores.argmax(dim=-1)  # (A,)
+        distribution = behaviour_distribution(logits.float(), settings)  # (A, V)
+        tokens = draw_tokens(distribution) if settings.do_sample else distribution.argmax(dim=-1)  # (A,)
         generated[active, step] = tokens
-        logprobs[active, step] = _picked(behaviour_distribution(scores, settings), tokens)
+        logprobs[active, step] = _picked(distribution, tokens)
         if step == budget - 1:
             break
         running = ~torch.isin(tokens, eos)  # (A,)
@@ -221,14 +220,15 @@ def decode_loop(
 
 
 class BehaviourRecorder(LogitsProcessor):
-    """Records, while `generate` runs, the behaviour log-prob of each token it picks, holding one step's
-    distribution (N, V) instead of every step's logits (`output_logits` keeps (N, T, V): gigabytes at
-    Qwen's vocabulary).
+    """The one logits processor of `generate`: turns each step's scores into the behaviour distribution
+    (temperature, top-k, top-p: behaviour_distribution) and hands it back for generate to sample from,
+    recording the log-prob of each token it picks. It holds one step's distribution (N, V) instead of
+    every step's logits (`output_logits` keeps (N, T, V): gigabytes at Qwen's vocabulary).
 
-    generate calls a user-supplied processor on each step's float32 logits before its temperature,
-    top-k and top-p warpers (transformers' _get_logits_processor appends those after the user's), so
-    this sees the raw logits; the newest column of input_ids is the token picked from the previous
-    step's distribution, and the last token is looked up once generate has returned."""
+    generate runs its own processors first and its warpers after the user's; with the fresh
+    generation config of SamplingSettings.generation_config it has neither, so this sees the float32
+    logits and its output is what generate samples from. The newest column of input_ids is the token
+    picked from the previous step's distribution; the last one is looked up once generate has returned."""
 
     def __init__(self, settings: SamplingSettings) -> None:
         self.settings = settings
@@ -239,7 +239,7 @@ class BehaviourRecorder(LogitsProcessor):
         if self.distribution is not None:
             self.picked.append(_picked(self.distribution, input_ids[:, -1]))
         self.distribution = behaviour_distribution(scores, self.settings)
-        return scores
+        return self.distribution
 
     def logprobs(self, generated: Tensor) -> Tensor:
         """generated (N, T), on the model's device -> behaviour log-probs (N, T)."""
@@ -247,6 +247,19 @@ class BehaviourRecorder(LogitsProcessor):
         if len(picked) < generated.shape[1]:
             picked.append(_picked(self.distribution, generated[:, len(picked)]))
         return torch.stack(picked, dim=1)
+
+
+@contextmanager
+def _generation_config(model, config):
+    """generate fills every field a passed config leaves unset from the model's own generation_config:
+    the model holds `config` meanwhile, so nothing of the checkpoint's reaches the rollout."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT generates with the base
+    saved = base.generation_config
+    base.generation_config = config
+    try:
+        yield
+    finally:
+        base.generation_config = saved
 
 
 @torch.no_grad()
@@ -259,10 +272,12 @@ def generate_rows(
     device = next(model.parameters()).device
     input_ids, attention_mask = left_pad(rows, pad_id, width_multiple)
     recorder = BehaviourRecorder(settings)
-    sequences = model.generate(
-        input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), eos_token_id=eos_ids,
-        pad_token_id=pad_id, logits_processor=LogitsProcessorList([recorder]), **settings.generate_kwargs(),
-        **generate_kwargs,
-    )
+    config = settings.generation_config(eos_ids, pad_id)
+    model_kwargs = config.update(**generate_kwargs)  # generation fields (cache_implementation) go in the config
+    with _generation_config(model, config):
+        sequences = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config,
+            logits_processor=LogitsProcessorList([recorder]), **model_kwargs,
+        )
     generated = sequences[:, input_ids.shape[1] :]  # (N, T)
     return generated.cpu(), recorder.logprobs(generated).cpu()

@@ -134,9 +134,10 @@ def _collate_shared(prompts, completions, pad_id, completion_ids, completion_mas
             position_ids[r, start : start + c] = torch.arange(p, p + c)
             segment[r, start : start + c] = k + 1
             rows[i] = r
-            # Token 0 is predicted by the prompt's last position, token t >= 1 by the token before it.
+            # Token 0 is predicted by the prompt's last position, token t >= 1 by the token before it; an
+            # empty completion (a plugin engine may return one) has no token and points at the prompt.
             positions[i, :] = p - 1
-            positions[i, 1:c] = torch.arange(start, start + c - 1)
+            positions[i, 1:c] = torch.arange(start, start + max(c - 1, 0))
             start += c
     query, key = segment[:, :, None], segment[:, None, :]  # (R, W, 1), (R, 1, W)
     causal = torch.ones(width, width, dtype=torch.bool).tril()

@@ -124,6 +124,8 @@ def load_model(model_cfg: ModelConfig, device: torch.device):
         check_attention_kernel(model_cfg.attn_implementation, device)
         kwargs["attn_implementation"] = model_cfg.attn_implementation
     try:
+        if not model_cfg.keep_dropout:
+            kwargs["config"] = _config_without_dropout(path, kwargs)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except LOAD_ERRORS as exc:
         raise UserError(_unreachable(path, exc)) from None
@@ -176,6 +178,37 @@ def check_sequence_budget(cfg: Config, completion_tokens: int) -> None:
             f"but {cfg.model.name_or_path} has {positions} (max_position_embeddings); set data.max_prompt_length to "
             f"at most {positions - completion_tokens} or lower the completion budget",
         )
+
+
+def dropout_fields(config) -> dict[str, float]:
+    """The non-zero dropout probabilities of a model config and its sub-configs (text_config, ...):
+    dotted field -> value (HF names them *dropout* or *_pdrop)."""
+    from transformers import PretrainedConfig
+
+    found: dict[str, float] = {}
+    for name, value in vars(config).items():
+        if isinstance(value, PretrainedConfig):
+            found.update({f"{name}.{key}": inner for key, inner in dropout_fields(value).items()})
+        elif isinstance(value, float) and value > 0 and ("dropout" in name or name.endswith("pdrop")):
+            found[name] = value
+    return found
+
+
+def _config_without_dropout(path: str, kwargs: dict):
+    """The checkpoint's config with every dropout probability 0: dropout would make the old-log-prob pass
+    and the update's forward two different random functions of the same weights, a noisy ratio even
+    at lr 0 (model.keep_dropout keeps it). The model is built from it, and checkpoints save it so."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=kwargs["trust_remote_code"], **hub_load_kwargs(path))
+    zeroed = dropout_fields(config)
+    for dotted in zeroed:
+        owner, _, name = dotted.rpartition(".")
+        setattr(getattr(config, owner) if owner else config, name, 0.0)
+    if zeroed:
+        logger.info("model: dropout off in the forwards that feed the ratio (%s -> 0; model.keep_dropout keeps it)",
+                    ", ".join(f"{key} {value:g}" for key, value in zeroed.items()))
+    return config
 
 
 def _load_adapter_model(model_cfg: ModelConfig, folder: str, device: torch.device):

@@ -120,14 +120,21 @@ def total(count: float) -> float:
 
 def reduce_update(result: UpdateResult) -> UpdateResult:
     """A step's optimizer-step sums over all ranks (every rank made the same optimizer steps, the
-    failing one included), and their groups' staleness from every rank."""
+    failing one included, with the same keys): sums and counts added, maxima the largest; and their
+    groups' staleness from every rank."""
     steps = result.applied + ([result.failed] if result.failed is not None else [])
-    flat = distributed.all_reduce([value for step in steps for value in step.sums.values()])
-    reduced, start = [], 0
+    flat = distributed.all_reduce([value for step in steps for part in (step.sums, step.counts)
+                                   for value in part.values()])
+    largest = distributed.all_reduce([value for step in steps for value in step.maxima.values()], op="max")
+    reduced, start, at = [], 0, 0
     for step in steps:
-        values = flat[start : start + len(step.sums)]
-        reduced.append(replace(step, sums=dict(zip(step.sums, values))))
+        sums = dict(zip(step.sums, flat[start : start + len(step.sums)]))
         start += len(step.sums)
+        counts = dict(zip(step.counts, flat[start : start + len(step.counts)]))
+        start += len(step.counts)
+        maxima = dict(zip(step.maxima, largest[at : at + len(step.maxima)]))
+        at += len(step.maxima)
+        reduced.append(replace(step, sums=sums, counts=counts, maxima=maxima))
     staleness = [value for ranks in distributed.gather(result.staleness) for value in ranks]
     if result.failed is not None:
         return UpdateResult(reduced[:-1], reduced[-1], staleness)

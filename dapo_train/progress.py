@@ -4,7 +4,8 @@
   confused: `reward`, `train_acc` (this step's rollouts), `eval_acc` (the last eval), `ent`.
 - Without the bar (server logs, CI) every step logs one plain line instead.
 - Every eval logs one line: step, accuracy with its 95% interval, and the means since the last eval
-  of reward, train accuracy, entropy, clip fractions and seconds per step.
+  of reward, train accuracy, entropy, clip fractions, the rollout's KL to the training forward
+  (rollout_kl) and seconds per step.
 - The end of a run prints a summary: eval accuracy first -> best -> last, the final accuracy on
   the whole eval split (eval.final_full), wall time, the checkpoints, and the command to run next.
 Lines go through `logging` (redirected around the bar, so the bar stays one line).
@@ -36,6 +37,7 @@ STEP_FIELDS = (
     ("entropy", "entropy", "{:.3f}"),
     ("clip high", "clip_frac_high", "{:.4f}"),
     ("low", "clip_frac_low", "{:.4f}"),
+    ("rollout kl", "rollout_kl", "{:.1e}"),
 )
 
 

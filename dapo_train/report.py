@@ -266,6 +266,11 @@ PANELS = {
     "clip fraction (solid high, dashed low)": (("clip_frac_high", "-"), ("clip_frac_low", "--")),
     "completion length (mean)": (("completion_length_mean", "-"),),
     "groups (solid kept, dashed carried)": (("groups_kept", "-"), ("groups_carried", "--")),
+    "rollout KL(behaviour || training), k3": (("rollout_kl", "-"),),
+    "rollout |log-prob diff| (solid mean, dashed max)": (("rollout_logprob_diff_mean", "-"),
+                                                         ("rollout_logprob_diff_max", "--")),
+    "rollout IS weight (solid mean, dashed clipped frac)": (("rollout_is_weight_mean", "-"),
+                                                            ("rollout_is_clipped_frac", "--")),
 }
 
 
@@ -284,16 +289,18 @@ def seed_band(runs: list[RunRecord], key: str) -> tuple[list[int], list[float], 
 
 
 def make_figure(varied: list[str], points: list[Point]):
-    """Six panels over steps; one colour per point, its seeds as a mean line and a min-max band."""
+    """A panel per PANELS entry over steps, three to a row; one colour per point, its seeds as a mean line
+    and a min-max band."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(15, 8.5), layout="constrained")
+    rows = -(-len(PANELS) // 3)
+    fig = Figure(figsize=(15, 4.25 * rows), layout="constrained")
     FigureCanvasAgg(fig)
     colours = [f"C{i % 10}" for i in range(len(points))]
-    for ax, (title, series) in zip(fig.subplots(2, 3).flatten(), PANELS.items()):
+    for ax, (title, series) in zip(fig.subplots(rows, 3).flatten(), PANELS.items()):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -72,6 +72,12 @@ class ModelConfig:
     gradient_checkpointing: str = _opt(
         "auto", "Recompute activations in backward to save memory. auto = on for CUDA.", ("auto", "on", "off")
     )
+    keep_dropout: bool = _opt(
+        False,
+        "Keep the checkpoint's dropout (attention_dropout, ...) in the training forwards. Off by default: dropout "
+        "makes the old-log-prob and update forwards differ at the same weights (a noisy ratio even at lr 0), so the "
+        "loaded config's dropout fields are set to 0 (and saved so in checkpoints).",
+    )
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -180,6 +186,24 @@ class DapoConfig:
     overlong_filtering: bool = _opt(False, "Mask truncated completions out of the loss (overlong filtering).")
     num_iterations: int = _opt(
         1, "Passes over each rollout batch (PPO epochs); each pass is train.updates_per_step optimizer steps."
+    )
+    old_logprobs: str = _opt(
+        "auto",
+        "Where the ratio's old log-probs come from: recompute (a no-grad pass of the training forward after "
+        "collection), rollout (the behaviour log-probs the rollout recorded: no pass), auto = rollout exactly when "
+        "the rollout is the training forward (the CPU demo: float32 weights, decode loop, no top-k/top-p), else "
+        "recompute. The choice is printed at start.", ("auto", "recompute", "rollout"),
+    )
+    rollout_correction: str = _opt(
+        "auto",
+        "Correct for sampling from the behaviour policy instead of the training forward: off; tis (each token's "
+        "loss times min(pi_old / pi_behav, cap), detached); mis (tokens whose weight leaves [1/cap, cap] out of the "
+        "loss and its normaliser); seq-tis / seq-mis (the same with the sequence's product of weights). auto = tis "
+        "when the rollout is not the training forward (another dtype, compiled cache, generate, top-k/top-p), off "
+        "when it is. Printed at start.", ("auto", "off", "tis", "mis", "seq-tis", "seq-mis"),
+    )
+    rollout_correction_cap: float = _opt(
+        2.0, "Cap (> 1) of dapo.rollout_correction: tis truncates weights at it, mis keeps [1/cap, cap]."
     )
 
 
@@ -370,6 +394,8 @@ def validate(cfg: Config) -> None:
     )
     _require(d.max_gen_rounds >= 1, "dapo.max_gen_rounds", f"got {d.max_gen_rounds}; must be >= 1")
     _require(d.num_iterations >= 1, "dapo.num_iterations", f"got {d.num_iterations}; must be >= 1")
+    _require(d.rollout_correction_cap > 1.0, "dapo.rollout_correction_cap",
+             f"got {d.rollout_correction_cap}; must be > 1")
     _require(r.group_size >= 2, "rollout.group_size", f"got {r.group_size}; must be >= 2 (advantages need a group)")
     _require(r.max_new_tokens >= 1, "rollout.max_new_tokens", f"got {r.max_new_tokens}; must be >= 1")
     _require(r.temperature > 0.0, "rollout.temperature", f"got {r.temperature}; must be > 0")

@@ -19,6 +19,7 @@ import torch
 
 from dapo_train import distributed
 from dapo_train.batches import Batching
+from dapo_train.behaviour import log_behaviour, resolve, rollout_differences
 from dapo_train.collect import GroupBuffer
 from dapo_train.config import Config
 from dapo_train.data import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
@@ -132,11 +133,12 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
     unwrapped = accelerator.unwrap_model(model)
-    ref_model, reference_scope = reference_policy(cfg, model, unwrapped, accelerator.device)
-    reference = None if ref_model is None else Reference(ref_model, reference_scope)
-    learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer), reference)
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
         engine = build_engine(cfg.rollout, unwrapped, tokenizer)
+    behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda))
+    learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
+                            prepare_reference(cfg, accelerator, model, unwrapped), behaviour=behaviour)
+    log_behaviour(behaviour, cfg, unwrapped)
     _log_speed_settings(cfg, learner.batching, unwrapped, cuda)
     _warn_inert_settings(cfg)
     return Run(
@@ -157,6 +159,18 @@ def _log_final_eval_cost(cfg: Config, periodic: int, final: int) -> None:
         "eval.final_full: the run ends with a greedy eval on all %d items of %r%s (eval.final_full=false skips it)",
         final, cfg.data.eval_split, compared,
     )
+
+
+def prepare_reference(cfg: Config, accelerator: Accelerator, model, unwrapped) -> Reference | None:
+    """dapo.beta > 0: the frozen reference, prepared as the policy was (accelerate's mixed-precision
+    autocast, the device) but not wrapped for training, so that while the policy's weights are the
+    reference's their log-probs agree and the KL is 0. With LoRA it is the prepared policy itself."""
+    ref_model, scope = reference_policy(cfg, model, unwrapped, accelerator.device)
+    if ref_model is None:
+        return None
+    if ref_model is not model:
+        ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
+    return Reference(ref_model, scope)
 
 
 def _warn_inert_settings(cfg: Config) -> None:

@@ -5,7 +5,8 @@ Each step (one rollout batch; train.max_steps counts these), in train_step:
                     groups or rounds run out: G completions per prompt, rule rewards, group
                     advantages (Eq. 9), dynamic sampling (Eq. 11), surplus carried over (collect.py)
   2. old logprobs -- the log-probs of the policy that sampled, for every group a later update trains
-                    after the policy moved (old_logprobs.py)
+                    after the policy moved, or the rollout's own when it is the training forward
+                    (old_logprobs.py, behaviour.py)
   3. update      -- the plan across ranks (plan.py), then train.updates_per_step mini-batches x
                     dapo.num_iterations passes, each an optimizer step on the token-level objective
                     (Eq. 10, 12), exact over micro-batches and ranks (update.py, optim.py)
@@ -42,7 +43,7 @@ from dapo_train.errors import TrainingAborted, UserError
 from dapo_train.eval_items import FINAL, PERIODIC, EvalKind, drop_items, write_items
 from dapo_train.evaluate import eval_max_new_tokens, eval_records, summarize_records
 from dapo_train.metrics import MetricsLogger, NullTracker, start_trackers
-from dapo_train.old_logprobs import needing_old_logprobs, record_old_logprobs
+from dapo_train.old_logprobs import needing_old_logprobs, record_old_logprobs, require_behaviour_logprobs
 from dapo_train.plan import StepBatch, fill_batch, plan_update, reduce_update, total
 from dapo_train.progress import Progress, end_of_run_summary
 from dapo_train.rundir import finished, finished_message, prepare_run_dir, set_aside_abandoned, warn_config_changes
@@ -210,7 +211,10 @@ def score_old_logprobs(run: Run, batch: StepBatch, model: torch.nn.Module) -> di
     """Step 2: old log-probs, while `model` (the training weights, whole) is still the policy that
     sampled, for this step's groups and the surplus carried over."""
     start = time.perf_counter()
-    groups = needing_old_logprobs(run.cfg, batch.groups, run.buffer.groups)
+    behaviour = run.learner.behaviour
+    if behaviour.old_from_rollout:  # the behaviour log-probs are the old ones: no pass
+        require_behaviour_logprobs(batch.groups + run.buffer.groups, run.cfg.rollout.engine)
+    groups = needing_old_logprobs(run.cfg, batch.groups, run.buffer.groups, behaviour)
     rows = record_old_logprobs(model, groups, run.learner.batching, run.learner.scorer)
     return {"old_logprob_rows": int(total(rows)), "seconds_old_logprobs": time.perf_counter() - start}
 

@@ -12,8 +12,11 @@ micro-batch split gives exactly the gradient of one batch (Eq. 12). Micro-batche
 completions, so a sequence-level objective (GSPO) sees every token of each completion at once.
 
 The ratio's denominator is the log-prob under the policy that generated the completion (each group
-carries it from old_logprobs.py). A completion without it is on-policy by construction (its step's
-first and only update) and uses its own detached log-probs, ratio exactly 1, at no extra cost. A
+carries it from old_logprobs.py), or with dapo.old_logprobs=rollout the behaviour log-prob the
+rollout recorded. A completion without either is on-policy by construction (its step's first and
+only update) and uses its own detached log-probs, ratio exactly 1, at no extra cost. The rollout
+correction's weights and masks (mismatch.py) were set when the plan was made; each update also
+measures the rollout mismatch where the training forward at the sampling weights is known. A
 non-finite loss or gradient norm skips that optimizer step and ends the step's updates.
 """
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,8 +32,10 @@ import torch
 from dapo_train import distributed
 from dapo_train.algo import POLICY_LOSSES, LossSettings, register_policy_loss
 from dapo_train.batches import Batching, MicroBatch, MiniBatch, Scorer, UpdatePlan, UpdateResult, UpdateSums
+from dapo_train.behaviour import UNKNOWN_ROLLOUT, BehaviourPolicy, resolve
 from dapo_train.config import Config, DapoConfig, import_plugin
 from dapo_train.errors import ConfigError
+from dapo_train.mismatch import MISMATCH_SUMS, rollout_mismatch
 from dapo_train.optim import PolicyOptimizer
 
 if TYPE_CHECKING:
@@ -92,7 +97,8 @@ class Reference:
 @dataclass
 class Learner:
     """What the update trains and how: the model as accelerate prepared it, its optimizer, the loss,
-    how completions become micro-batches and are scored, and the reference policy (dapo.beta > 0)."""
+    how completions become micro-batches and are scored, the reference policy (dapo.beta > 0), and how
+    the behaviour policy enters (behaviour.py: old log-probs, rollout correction)."""
 
     model: torch.nn.Module
     optimizer: PolicyOptimizer
@@ -101,15 +107,22 @@ class Learner:
     batching: Batching
     scorer: Scorer
     reference: Reference | None = None
+    behaviour: BehaviourPolicy = BehaviourPolicy()
 
     @classmethod
     def build(cls, cfg: Config, model: torch.nn.Module, optimizer: torch.optim.Optimizer, accelerator, pad_id: int,
-              reference: Reference | None = None, optimizer_steps: int = 0) -> Learner:
-        """The learner of `cfg` for a prepared model and optimizer (on the accelerator's device)."""
+              reference: Reference | None = None, optimizer_steps: int = 0,
+              behaviour: BehaviourPolicy | None = None) -> Learner:
+        """The learner of `cfg` for a prepared model and optimizer (on the accelerator's device).
+        behaviour: resolved for the run's engine (session.setup); None = as for an engine not known to
+        be the training forward."""
+        behaviour = behaviour or resolve(cfg, UNKNOWN_ROLLOUT)
+        batching = Batching.from_config(cfg, model, pad_id, accelerator.device, behaviour.correction)
         return cls(
             model=model, optimizer=PolicyOptimizer(optimizer, cfg, optimizer_steps), accelerator=accelerator,
-            loss=loss_settings(cfg), batching=Batching.from_config(cfg, model, pad_id, accelerator.device),
-            scorer=Scorer(cfg.rollout.temperature, cfg.train.logprob_chunk_mib), reference=reference,
+            loss=loss_settings(cfg), batching=batching, scorer=Scorer(cfg.rollout.temperature,
+                                                                      cfg.train.logprob_chunk_mib),
+            reference=reference, behaviour=behaviour,
         )
 
 
@@ -119,12 +132,12 @@ def update_policy(learner: Learner, plan: UpdatePlan) -> UpdateResult:
     optimizer step (plan.reduce_update sums them over ranks; update_metrics reads them)."""
     learner.model.train()
     result = UpdateResult()
-    for _ in range(plan.passes):
+    for index in range(plan.passes):
         for mini in plan.mini_batches:
-            sums = accumulate_gradients(learner, mini, plan.loss_scale)
+            sums = accumulate_gradients(learner, mini, plan.loss_scale, first_pass=index == 0)
             staleness = [learner.optimizer.steps - version for version in mini.versions]
-            step = learner.optimizer.step(learner.model, learner.accelerator, sums["loss"])
-            record = UpdateSums(sums, step.grad_norm, step.lr)
+            step = learner.optimizer.step(learner.model, learner.accelerator, sums.sums["loss"])
+            record = replace(sums, grad_norm=step.grad_norm, lr=step.lr)
             if not step.applied:
                 result.failed = record
                 return result
@@ -133,21 +146,30 @@ def update_policy(learner: Learner, plan: UpdatePlan) -> UpdateResult:
     return result
 
 
-def accumulate_gradients(learner: Learner, mini: MiniBatch, loss_scale: int = 1) -> dict[str, float]:
+def accumulate_gradients(learner: Learner, mini: MiniBatch, loss_scale: int = 1, first_pass: bool = True
+                         ) -> UpdateSums:
     """Forward/backward every micro-batch of `mini`; gradients accumulate in .grad, reduced over ranks
     in the last of its `calls` passes (this rank pads its own micro-batches with fillers).
-    -> this rank's sums: loss, num_tokens, and every loss metric times its micro-batch's tokens."""
+    -> this rank's sums: loss, num_tokens and every loss metric times its micro-batch's tokens; the
+    rollout mismatch's counts and largest |diff| (first_pass: the rows' recorded old log-probs are
+    measured in the first pass over the batch only, so each row counts once)."""
     totals: dict[str, float] = {}
-    weight_sum, loss_sum = 0.0, 0.0
+    counts = dict.fromkeys(MISMATCH_SUMS, 0.0)
+    weight_sum, loss_sum, largest = 0.0, 0.0, 0.0
     for index in range(mini.calls):
         micro = mini.micro_batches[index] if index < len(mini.micro_batches) else learner.batching.filler()
         with distributed.gradient_sync(learner.accelerator, learner.model, sync=index == mini.calls - 1):
-            metrics = _micro_batch_backward(learner, micro, mini.normalizer, loss_scale)
+            metrics, (mismatch, diff_max) = _micro_batch_backward(learner, micro, mini.normalizer, loss_scale,
+                                                                  first_pass)
         loss_sum += metrics.pop("loss")
         tokens = metrics.pop("num_tokens")
         _add_weighted(totals, metrics, tokens)
         weight_sum += tokens
-    return {**totals, "loss": loss_sum, "num_tokens": weight_sum}
+        for key, value in mismatch.items():
+            counts[key] += value
+        largest = max(largest, diff_max)
+    return UpdateSums({**totals, "loss": loss_sum, "num_tokens": weight_sum}, counts=counts,
+                      maxima={"logprob_diff_max": largest})
 
 
 def _add_weighted(totals: dict[str, float], values: dict[str, float], weight: float) -> None:
@@ -156,8 +178,10 @@ def _add_weighted(totals: dict[str, float], values: dict[str, float], weight: fl
         totals[key] = totals.get(key, 0.0) + value * weight
 
 
-def _micro_batch_backward(learner: Learner, micro: MicroBatch, normalizer: float, loss_scale: int) -> dict:
-    """One micro-batch's forward and backward. -> its loss and metrics (num_tokens, entropy, clip, ...)."""
+def _micro_batch_backward(learner: Learner, micro: MicroBatch, normalizer: float, loss_scale: int,
+                          first_pass: bool) -> tuple[dict, tuple[dict[str, float], float]]:
+    """One micro-batch's forward and backward. -> its loss and metrics (num_tokens, entropy, clip, ...),
+    and its rollout mismatch (_mismatch)."""
     batch = micro.batch
     logprobs, entropy = learner.scorer(learner.model, batch)
     ref_logprobs = None
@@ -165,15 +189,36 @@ def _micro_batch_backward(learner: Learner, micro: MicroBatch, normalizer: float
         with torch.no_grad(), learner.reference.scope():
             ref_logprobs, _ = learner.scorer(learner.reference.model, batch)
     old_logprobs = logprobs.detach()  # on-policy rows: ratio exactly 1
+    if learner.behaviour.old_from_rollout and micro.behaviour_logprobs is not None:
+        old_logprobs = torch.where(micro.behaviour_mask, micro.behaviour_logprobs, old_logprobs)  # (N, T)
     if micro.old_logprobs is not None:
         old_logprobs = torch.where(micro.has_old, micro.old_logprobs, old_logprobs)  # (N, T)
     loss, metrics = learner.loss(logprobs, old_logprobs, micro.advantages, batch.completion_mask,
-                                 normalizer=normalizer, ref_logprobs=ref_logprobs)
+                                 normalizer=normalizer, ref_logprobs=ref_logprobs, token_weight=micro.correction_weight)
     learner.accelerator.backward(loss * loss_scale if loss_scale != 1 else loss)
     tokens = float(metrics["num_tokens"])
     metrics["entropy"] = float((entropy * batch.completion_mask).sum() / max(tokens, 1.0))
     metrics["loss"] = float(loss.detach())
-    return metrics
+    return metrics, _mismatch(learner, micro, logprobs.detach(), first_pass)
+
+
+def _mismatch(learner: Learner, micro: MicroBatch, logprobs: torch.Tensor, first_pass: bool
+              ) -> tuple[dict[str, float], float]:
+    """The rollout mismatch (mismatch.rollout_mismatch) of the rows whose training forward at the weights
+    that sampled them is known: their recorded old log-probs (counted in the first pass), or this
+    forward when no optimizer step has moved the weights since they were generated. -> (sums, largest
+    |diff|); zeros when no row qualifies (every rank returns the same keys)."""
+    if micro.behaviour_logprobs is None:
+        return dict.fromkeys(MISMATCH_SUMS, 0.0), 0.0
+    fresh = (micro.versions == learner.optimizer.steps)[:, None]  # (N, 1)
+    training, known = logprobs, fresh
+    if micro.old_logprobs is not None:
+        training = torch.where(micro.has_old, micro.old_logprobs, logprobs)  # (N, T)
+        known = torch.where(micro.has_old, first_pass, fresh)
+    sums, largest = rollout_mismatch(training, micro.behaviour_logprobs, micro.behaviour_mask & known,
+                                     learner.behaviour.correction)
+    values = torch.stack([*sums.values(), largest]).tolist()  # one device sync
+    return dict(zip(sums, values[:-1])), values[-1]
 
 
 def _means(sums: dict[str, float]) -> dict[str, float]:
@@ -209,4 +254,21 @@ def update_metrics(result: UpdateResult, plan: UpdatePlan) -> dict:
         out["lr"] = attempted[-1].lr
     if result.failed is not None:
         out.update(loss=result.failed.sums["loss"], grad_norm=result.failed.grad_norm)
-    return out
+    return {**out, **rollout_metrics(attempted)}
+
+
+# mismatch.MISMATCH_SUMS name -> the step metric that is its mean over the measured tokens.
+ROLLOUT_MEANS = {"kl": "rollout_kl", "logprob_diff": "rollout_logprob_diff_mean", "is_weight": "rollout_is_weight_mean",
+                 "is_clipped": "rollout_is_clipped_frac"}
+
+
+def rollout_metrics(steps: list[UpdateSums]) -> dict:
+    """The step's rollout mismatch over the tokens measured in its optimizer steps (all ranks): rollout_kl,
+    rollout_logprob_diff_mean / _max, rollout_is_weight_mean, rollout_is_clipped_frac, rollout_tokens;
+    none when no token was measured (see _mismatch)."""
+    tokens = sum(step.counts.get("tokens", 0.0) for step in steps)
+    if not tokens:
+        return {}
+    out = {name: sum(step.counts[key] for step in steps) / tokens for key, name in ROLLOUT_MEANS.items()}
+    out["rollout_logprob_diff_max"] = max(step.maxima["logprob_diff_max"] for step in steps)
+    return {**out, "rollout_tokens": tokens}

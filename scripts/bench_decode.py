@@ -24,7 +24,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +38,7 @@ def _sync() -> None:
 
 
 def main() -> None:
-    from bench_step import SHAPES, build_model
+    from bench_step import SHAPES, random_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen1.5b")
@@ -49,17 +48,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from dapo_train.decoding import generate_rows
     from dapo_train.rollout import SamplingSettings, build_engine, sample_completions
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    with tempfile.TemporaryDirectory() as tmp:
-        build_model(args.shape, Path(tmp))
-        tokenizer = AutoTokenizer.from_pretrained(tmp)
-        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(device).eval()
+    model, tokenizer = random_model(args.shape, device)
     engine = build_engine(_rollout_cfg(), model, tokenizer)
     sampler = engine.rollout_model  # the weights the engine decodes with (bf16 copy on CUDA)
     g = torch.Generator().manual_seed(0)

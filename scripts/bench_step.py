@@ -64,6 +64,17 @@ def build_model(shape: str, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
+def random_model(shape: str, device: torch.device):
+    """A random model of `shape` (float32, eval mode) on `device` and the shipped tiny tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build_model(shape, Path(tmp))
+        tokenizer = AutoTokenizer.from_pretrained(tmp)
+        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(device).eval()
+    return model, tokenizer
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen1.5b")

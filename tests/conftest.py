@@ -76,6 +76,38 @@ def make_random_model(seed: int = 0, vocab_size: int = 64):
     return model
 
 
+# The built-in decoders: rollout.engine and rollout.compile that select each.
+ENGINES = {"loop": ("hf", "off"), "static-cache": ("hf", "on"), "generate": ("hf-generate", "off")}
+
+
+def make_engine(kind: str, model, tokenizer, batch_size: int = 16):
+    """The built-in engine `kind` (a key of ENGINES) sampling from `model` itself (float32: no copy)."""
+    from dapo_train.rollout import EngineSetup, engine_factory
+
+    name, compile = ENGINES[kind]
+    return engine_factory(name)(EngineSetup(model, tokenizer, batch_size, dtype="float32", compile=compile))
+
+
+PROMPTS = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]  # different lengths -> left padding
+
+
+def full_distributions(model, completion, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / temperature) (L, V) of a plain float32 forward at the positions that predict
+    each of the completion's L tokens: the untruncated training distribution, by hand."""
+    ids = torch.cat([completion.prompt_ids, completion.completion_ids])[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()  # (P + L, V)
+    start = completion.prompt_ids.numel() - 1
+    return torch.log_softmax(logits[start : start + completion.length] / temperature, dim=-1)
+
+
+def top_k_logprobs(distribution: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
+    """log(p_i / sum of the top-k p) of each picked token: the truncated, renormalised distribution."""
+    probs = distribution.exp()  # (L, V)
+    mass = probs.topk(k, dim=-1).values.sum(dim=-1)  # (L,)
+    return torch.log(probs.gather(-1, tokens[:, None])[:, 0] / mass)
+
+
 @pytest.fixture
 def random_model():
     return make_random_model()

@@ -18,6 +18,7 @@ from dapo_train.algo import (
     policy_loss,
     register_policy_loss,
 )
+from dapo_train.mismatch import RolloutCorrection
 
 FAST = settings(max_examples=50, deadline=None)
 
@@ -277,6 +278,46 @@ def test_accumulation_equals_one_batch(parts, reduction):
     loss, grad = accumulated(new, old, adv, mask, parts, reduction, step_normalizer)
     assert abs(loss - full_loss) < 1e-6
     assert torch.allclose(grad, full_grad, atol=1e-6, rtol=0)
+
+
+def _corrected_batch(seed: int, mode: str, n: int = 11, t: int = 7):
+    """Random log-probs, behaviour log-probs off by up to +-0.8 and ragged masks, with `mode` applied as
+    the planner does: weights on the tokens, masked tokens out of the mask before the normaliser."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(n, t, generator=g) * 3
+    new = old + 0.3 * torch.randn(n, t, generator=g)
+    behaviour = old + 1.6 * (torch.rand(n, t, generator=g) - 0.5)
+    lengths = torch.randint(1, t + 1, (n,), generator=g)
+    valid = torch.arange(t)[None, :] < lengths[:, None]
+    weight, masked, _ = RolloutCorrection(mode, cap=1.5)(old, behaviour, valid)
+    return new, old, torch.randn(n, generator=g), valid & ~masked, weight
+
+
+@pytest.mark.parametrize("mode", ["tis", "mis", "seq-tis", "seq-mis"])
+@pytest.mark.parametrize("reduction", ["token", "sample"])
+@pytest.mark.parametrize("parts", [2, 3, 5])
+def test_accumulation_equals_one_batch_under_a_rollout_correction(mode, reduction, parts):
+    """Eq. 12 stays exact: k micro-batches, each with its rows' weights and masks and the step's
+    normaliser (counted from the corrected masks), add up to the loss and gradient of one batch; and the
+    correction did act (another loss than without it)."""
+    new, old, adv, mask, weight = _corrected_batch(parts, mode)
+
+    def loss_and_grad(rows, normalizer):
+        logprobs = new[rows].clone().requires_grad_(True)
+        loss, _ = policy_loss(logprobs, old[rows], adv[rows], mask[rows], 0.2, 0.28, reduction=reduction,
+                              normalizer=normalizer, token_weight=weight[rows])
+        loss.backward()
+        return loss.detach(), logprobs.grad
+
+    everything = torch.arange(new.shape[0])
+    full_loss, full_grad = loss_and_grad(everything, None)
+    splits = everything.tensor_split(parts)
+    step_normalizer = loss_normalizer([mask[rows] for rows in splits], reduction)
+    results = [loss_and_grad(rows, step_normalizer) for rows in splits]
+    assert abs(sum(loss for loss, _ in results) - full_loss) < 1e-6
+    torch.testing.assert_close(torch.cat([grad for _, grad in results]), full_grad, atol=1e-6, rtol=0)
+    uncorrected, _ = policy_loss(new, old, adv, _corrected_batch(parts, "off")[3], 0.2, 0.28, reduction=reduction)
+    assert abs(float(uncorrected) - float(full_loss)) > 1e-4
 
 
 def test_loss_normalizer_counts_each_reduction_in_its_own_units():

@@ -127,6 +127,7 @@ def test_every_choice_list_is_its_registrys_keys():
     from dapo_train.config import Config
     from dapo_train.eval_command import AUTOCAST_DTYPES
     from dapo_train.metrics import TRACKERS
+    from dapo_train.mismatch import ROLLOUT_CORRECTIONS
     from dapo_train.modeling import ATTENTION_KERNELS, DTYPES, GRADIENT_CHECKPOINTING
     from dapo_train.optim import LR_SCHEDULES
     from dapo_train.rollout import ROLLOUT_DTYPES
@@ -143,6 +144,8 @@ def test_every_choice_list_is_its_registrys_keys():
         "rollout.dtype": {"auto", *ROLLOUT_DTYPES},
         "train.shared_prefix": {"auto", "on", "off"},  # switches: auto = when the attention kernel allows
         "rollout.compile": {"auto", "on", "off"},
+        "dapo.rollout_correction": {"auto", *ROLLOUT_CORRECTIONS},  # auto = behaviour.resolve's pick
+        "dapo.old_logprobs": {"auto", "recompute", "rollout"},  # a switch: auto = when the rollout is the forward
     }
     choices = {}
     defaults = Config()

@@ -107,6 +107,20 @@ SCENARIOS = {
               "dapo.cispo_eps_high=1e-3"],
     "constant reduction": ["train.updates_per_step=2", "train.micro_batch_size=2", "dapo.loss_reduction=constant",
                            "dapo.eps_high=1e-3"],
+    # Behaviour log-probs that differ from the old ones (_add_behaviour): truncated weights, and masked
+    # tokens out of the normaliser that is summed over ranks; and the correction under a sequence objective.
+    "two updates, tis": [
+        "train.updates_per_step=2", "train.micro_batch_size=3", "dapo.rollout_correction=tis",
+        "dapo.rollout_correction_cap=1.3",
+    ],
+    "one update, mis, sample reduction": [
+        "train.updates_per_step=1", "train.micro_batch_size=2", "dapo.rollout_correction=mis",
+        "dapo.rollout_correction_cap=1.3", "dapo.loss_reduction=sample",
+    ],
+    "gspo, mis": [
+        "train.updates_per_step=2", "train.micro_batch_size=3", "dapo.policy_loss=gspo",
+        "dapo.rollout_correction=mis", "dapo.rollout_correction_cap=1.3",
+    ],
 }
 # FSDP version -> settings. Outside accelerate, FSDP1's sharded gradients have no norm clipping here
 # (accelerate calls FSDP's own clip_grad_norm_); FSDP2's DTensor gradients clip as any.
@@ -132,6 +146,15 @@ def _groups() -> list[Group]:
             rewards=torch.zeros(2), correct=torch.zeros(2, dtype=torch.bool), advantages=torch.randn(2, generator=g),
         ))
     return groups
+
+
+def _add_behaviour(groups: list[Group]) -> None:
+    """Behaviour log-probs off the recorded old ones by up to +-0.4 per token, the same for a completion on
+    whichever rank holds it (seeded by its group and index)."""
+    for group in groups:
+        for j, (completion, old) in enumerate(zip(group.completions, group.old_logprobs)):
+            g = torch.Generator().manual_seed(10 * int(group.prompt.uid.split(":")[1]) + j)
+            completion.behaviour_logprobs = old + 0.8 * (torch.rand(old.shape, generator=g) - 0.5)
 
 
 def _shard(model, version: int):
@@ -162,6 +185,7 @@ def _update(accelerator, overrides: list[str], groups: list[Group], fsdp: int = 
     the main process saves checkpoint_1 there from the gathered weights."""
     cfg = load_config(None, ["rollout.group_size=2", "train.prompts_per_step=5", "train.learning_rate=1e-3",
                              *overrides])
+    groups = copy.deepcopy(groups)  # each scenario records its own old (and behaviour) log-probs
     model = make_random_model(seed=3).train()
     if fsdp:
         model = _shard(model, fsdp)
@@ -175,8 +199,11 @@ def _update(accelerator, overrides: list[str], groups: list[Group], fsdp: int = 
         length = 3 + distributed.rank()
         generated = plain.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=length, min_new_tokens=length,
                                    do_sample=False)
-        if cfg.train.updates_per_step > 1:
+        correcting = cfg.dapo.rollout_correction in ("tis", "mis")
+        if cfg.train.updates_per_step > 1 or correcting:
             record_old_logprobs(plain, groups, learner.batching, learner.scorer)
+        if correcting:
+            _add_behaviour(groups)
     metrics = trainer.update(learner, StepBatch(groups, distributed.gather(len(groups)), {}), cfg)
     weights = distributed.full_state_dict(model) if fsdp else accelerator.unwrap_model(model).state_dict()
     weights = {key: value.detach().clone() for key, value in weights.items()}
@@ -232,7 +259,10 @@ def test_two_ranks_make_exactly_the_update_of_one_process_holding_every_group(tm
             torch.testing.assert_close(two["weights"][key], weight, atol=1e-5, rtol=0, msg=f"{name}: {key}")
         for a, b in zip(one["moments"], two["moments"]):
             torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-4, msg=name)
-        for key in ("loss", "num_tokens", "entropy", "clip_frac_high", "ratio_mean", "optimizer_steps"):
+        measured = [key for key in one["metrics"] if key.startswith("rollout_")]
+        assert bool(measured) == ("tis" in name or "mis" in name)  # the mismatch of the corrected scenarios
+        assert not measured or 0 < one["metrics"]["rollout_is_clipped_frac"] < 1  # the correction acted
+        for key in ("loss", "num_tokens", "entropy", "clip_frac_high", "ratio_mean", "optimizer_steps", *measured):
             assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-7), (name, key)
         assert torch.equal(two["generated"], one["generated"])  # rank 0's 3 new tokens
         if name.startswith("fsdp"):  # the checkpoint the main process saved from the gathered shards

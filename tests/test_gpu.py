@@ -1,6 +1,7 @@
 """The CUDA-only paths a speed change can break, on the shipped tiny model: the chunked LM-head
-kernel under bf16 autocast, the rollout's bf16 copy and compiled static-cache decode, and a short
-run with the CUDA defaults (bf16 autocast, gradient checkpointing, compiled bf16 rollout).
+kernel under bf16 autocast, the rollout's bf16 copy and compiled static-cache decode, a short
+run with the CUDA defaults (bf16 autocast, gradient checkpointing, compiled bf16 rollout, its
+mismatch measured), and the reference scored like the policy under autocast.
 Marked `gpu` and skipped without CUDA (`pytest -m gpu` selects them)."""
 
 import pytest
@@ -70,6 +71,8 @@ def test_a_short_run_with_the_cuda_defaults(tmp_path):
     assert [row["step"] for row in rows] == [0, 1, 2]
     assert all(row["skipped_nonfinite"] == 0 for row in rows if "skipped_nonfinite" in row)
     assert 0.0 <= rows[-1]["accuracy"] <= 1.0
+    # The bf16 compiled rollout is not the training forward: its mismatch is measured and corrected (tis).
+    assert all(row["rollout_kl"] > 0 and row["old_logprob_rows"] > 0 for row in rows if "loss" in row)
     weights = load_file(run / "checkpoint_2" / "model.safetensors")
     assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in weights.values())  # fp32 master weights
 
@@ -90,3 +93,14 @@ def test_a_short_lora_run_with_the_cuda_defaults_and_a_bf16_base(tmp_path):
     assert any(row.get("kl", 0) > 0 for row in rows)
     adapter = load_file(run / "checkpoint_2" / "adapter_model.safetensors")
     assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in adapter.values())
+
+
+def test_the_reference_agrees_with_the_policy_under_cuda_autocast(tmp_path):
+    """dapo.beta > 0 without LoRA: the reference is prepared like the policy (bf16 autocast), so at the
+    first update, where the policy is the reference, their KL is 0."""
+    cfg = load_config(None, [
+        "rollout.group_size=4", "rollout.max_new_tokens=32", "train.prompts_per_step=2", "train.micro_batch_size=8",
+        "train.updates_per_step=1", "train.max_steps=1", "eval.every_steps=0", "dapo.dynamic_sampling=false",
+        "dapo.beta=0.1", "logging.progress_bar=false", f"output_dir={tmp_path / 'run'}",
+    ])
+    assert read_metrics(train(cfg))[0]["kl"] == pytest.approx(0.0, abs=1e-6)

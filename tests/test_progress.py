@@ -22,15 +22,16 @@ STEPS = [
     {"reward_mean": 0.5, "train_accuracy": 0.25, "entropy": 0.6, "clip_frac_high": 0.01, "clip_frac_low": 0.0,
      "seconds_step": 4.0},
     {"reward_mean": 0.7, "train_accuracy": 0.5, "entropy": 0.4, "clip_frac_high": 0.03, "clip_frac_low": 0.002,
-     "seconds_step": 5.0},
+     "rollout_kl": 3e-4, "seconds_step": 5.0},
 ]
 EVAL = {"accuracy": 0.28, "eval/accuracy_ci95_low": 0.2, "eval/accuracy_ci95_high": 0.37, "eval/num_items": 100}
 
 
 def test_step_fields_are_means_over_the_steps_they_cover():
-    # reward (0.5 + 0.7) / 2 = 0.6; train acc 0.375; entropy 0.5; clip high 0.02, low 0.001; 4.5 s.
+    # reward (0.5 + 0.7) / 2 = 0.6; train acc 0.375; entropy 0.5; clip high 0.02, low 0.001; the rollout's
+    # KL of the one step that measured it (the other did not: no mean with a made-up 0); 4.5 s.
     assert step_fields(STEPS) == (
-        "reward 0.600, train acc 0.375, entropy 0.500, clip high 0.0200 low 0.0010, 4.5 s/step"
+        "reward 0.600, train acc 0.375, entropy 0.500, clip high 0.0200 low 0.0010, rollout kl 3.0e-04, 4.5 s/step"
     )
     # A step that made no update has no entropy or clip fractions: they are left out, not zero.
     assert step_fields([{"reward_mean": 0.0, "train_accuracy": 0.0, "seconds_step": 1.0}]) == (
@@ -41,7 +42,7 @@ def test_step_fields_are_means_over_the_steps_they_cover():
 def test_eval_line_names_step_accuracy_interval_and_what_training_did():
     assert eval_line(10, 40, EVAL, STEPS) == (
         "eval step 10/40: accuracy 0.280 (95% CI 0.200-0.370) on 100 items; since the last eval: "
-        "reward 0.600, train acc 0.375, entropy 0.500, clip high 0.0200 low 0.0010, 4.5 s/step"
+        "reward 0.600, train acc 0.375, entropy 0.500, clip high 0.0200 low 0.0010, rollout kl 3.0e-04, 4.5 s/step"
     )
     assert eval_line(0, 40, EVAL, []) == (
         "eval step 0/40: accuracy 0.280 (95% CI 0.200-0.370) on 100 items (before training)"

@@ -5,12 +5,11 @@ import pytest
 import torch
 
 from dapo_train.config import load_config
-from dapo_train.decoding import draw_tokens
+from dapo_train.decoding import behaviour_distribution, draw_tokens
 from dapo_train.errors import ConfigError
 from dapo_train.logprobs import collate, score_tokens
 from dapo_train.rollout import (
     ROLLOUT_ENGINES,
-    EngineSetup,
     SamplingSettings,
     StaticCacheEngine,
     bucket_size,
@@ -21,16 +20,16 @@ from dapo_train.rollout import (
     sample_completions,
 )
 
-from conftest import EOS2_ID, EOS_ID, make_random_model
-
-# The built-in decoders: rollout.engine and rollout.compile that select each.
-ENGINES = {"loop": ("hf", "off"), "static-cache": ("hf", "on"), "generate": ("hf-generate", "off")}
-
-
-def make_engine(kind: str, model, tokenizer, batch_size: int):
-    """The built-in engine `kind` (a key of ENGINES) sampling from `model` itself (float32: no copy)."""
-    name, compile = ENGINES[kind]
-    return engine_factory(name)(EngineSetup(model, tokenizer, batch_size, dtype="float32", compile=compile))
+from conftest import (
+    ENGINES,
+    EOS2_ID,
+    EOS_ID,
+    PROMPTS,
+    full_distributions,
+    make_engine,
+    make_random_model,
+    top_k_logprobs,
+)
 
 
 def test_mask_includes_first_eos_and_excludes_padding_that_is_also_eos():
@@ -51,32 +50,16 @@ def test_eos_ids_come_from_generation_config_and_tokenizer(random_model, id_toke
     assert eos_token_ids(random_model, id_tokenizer) == [EOS_ID, EOS2_ID]
 
 
-def test_rollout_ignores_the_checkpoints_sampling_defaults(random_model):
-    """The model's generation_config has repetition_penalty 1.3, top_k 5, top_p 0.5: with explicit
-    settings (temperature 0.7, no top-k/top-p) the processed scores must be raw logits / 0.7."""
-    settings = SamplingSettings(max_new_tokens=6, temperature=0.7)
-    torch.manual_seed(0)
-    out = random_model.generate(
-        input_ids=torch.tensor([[3, 4, 5, 6]]), attention_mask=torch.ones(1, 4, dtype=torch.long),
-        eos_token_id=[EOS_ID, EOS2_ID], pad_token_id=EOS2_ID, return_dict_in_generate=True,
-        output_logits=True, output_scores=True, **settings.generate_kwargs(),
-    )
-    for raw, processed in zip(out.logits, out.scores):
-        assert torch.isfinite(processed).all()  # nothing filtered by top-k / top-p
-        torch.testing.assert_close(processed, raw / 0.7)
-
-
-PROMPTS = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]  # different lengths -> left padding
-
-
 @pytest.mark.parametrize("share_prefix", [False, True])
 @pytest.mark.parametrize("sampled", [True, False])
 @pytest.mark.parametrize("kind", ENGINES)
-def test_every_engine_records_the_behaviour_logprobs_that_scoring_reproduces(random_model, id_tokenizer, kind,
-                                                                             sampled, share_prefix):
-    """Each engine's behaviour log-probs (recorded while it generates) equal a scoring forward of the
-    same left-padded sequences: raw logits / temperature. top_k = 8 of 64 tokens is on, so a recorder
-    that saw generate's warped scores (after temperature or top-k) would be off by far more than 1e-4."""
+def test_every_engine_records_the_distribution_it_sampled_from(random_model, id_tokenizer, kind, sampled,
+                                                               share_prefix):
+    """Each engine's behaviour log-probs (recorded while it generates) are those of what it sampled:
+    with top_k = 8 of 64 tokens, log(p_i / sum of the top-8 p) under logits / temperature, checked by
+    hand on a plain forward; every sampled token lies in its step's top 8. The float32 scorer (full
+    softmax, either layout) gives log p_i: below the behaviour log-prob by the log of the top-8 mass.
+    Greedy: the scorer's log-probs exactly (no truncation)."""
     torch.manual_seed(1)
     settings = SamplingSettings(max_new_tokens=12, temperature=0.9, top_k=8) if sampled else \
         SamplingSettings(max_new_tokens=12, do_sample=False)
@@ -86,11 +69,21 @@ def test_every_engine_records_the_behaviour_logprobs_that_scoring_reproduces(ran
     batch = collate([c.prompt_ids for c in completions], [c.completion_ids for c in completions], EOS2_ID, share_prefix)
     assert batch.input_ids.shape[0] == (3 if share_prefix else 9)  # one row per group when the prompt is shared
     with torch.no_grad():
-        logprobs, _ = score_tokens(random_model, batch, temperature=temperature, chunk_mib=1e-4)
+        scored, _ = score_tokens(random_model, batch, temperature=temperature, chunk_mib=1e-4)
     for row, c in enumerate(completions):
         assert c.length >= 1 and c.behaviour_logprobs.dtype == torch.float32
-        torch.testing.assert_close(logprobs[row, : c.length], c.behaviour_logprobs, atol=1e-4, rtol=0)
         assert batch.completion_mask[row].sum() == c.length  # EOS counted, padding not
+        distribution = full_distributions(random_model, c, temperature)
+        torch.testing.assert_close(scored[row, : c.length], distribution.gather(-1, c.completion_ids[:, None])[:, 0],
+                                   atol=1e-4, rtol=0)
+        if not sampled:
+            torch.testing.assert_close(c.behaviour_logprobs, scored[row, : c.length], atol=1e-4, rtol=0)
+            continue
+        kth = distribution.topk(8, dim=-1).values[:, -1]
+        assert (distribution.gather(-1, c.completion_ids[:, None])[:, 0] >= kth - 1e-6).all()
+        torch.testing.assert_close(c.behaviour_logprobs, top_k_logprobs(distribution, c.completion_ids, 8),
+                                   atol=1e-4, rtol=0)
+        assert (c.behaviour_logprobs - scored[row, : c.length] > 1e-3).all()  # the top-8 mass is below 1
     if sampled:
         assert len({c.length for c in completions}) > 1  # rows ended at different steps (greedy: none ends)
 
@@ -149,7 +142,7 @@ def test_draws_follow_the_warped_softmax():
     scores = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]]).expand(20_000, 5).contiguous()
     torch.manual_seed(0)
     for settings in (SamplingSettings(1, temperature=0.7), SamplingSettings(1, temperature=1.5, top_k=2)):
-        drawn = draw_tokens(scores, settings.warpers())
+        drawn = draw_tokens(behaviour_distribution(scores, settings))
         frequencies = torch.bincount(drawn, minlength=5).float() / drawn.numel()
         logits = scores[0] / settings.temperature
         if settings.top_k:

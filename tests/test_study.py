@@ -344,6 +344,8 @@ def test_the_figure_draws_the_mean_of_the_seeds_and_a_band(runs):
         "eps_high=0.1 (2 seeds)", "eps_high=0.5"
     ]
     assert "min-max" in fig.texts[0].get_text()  # the figure says what the band is
+    kl = fig.axes[6]
+    assert kl.get_title().startswith("rollout KL") and [t.get_text() for t in kl.texts] == ["not logged by these runs"]
 
 
 def test_plot_writes_a_png(runs, tmp_path):

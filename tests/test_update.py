@@ -2,6 +2,8 @@
 mini-batch regime (several optimizer steps per rollout batch) and honest old log-probs."""
 
 import copy
+import dataclasses
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +24,7 @@ from dapo_train.batches import (
 from dapo_train.collect import Group
 from dapo_train.config import Config, load_config
 from dapo_train.data import Prompt
+from dapo_train.mismatch import RolloutCorrection
 from dapo_train.old_logprobs import record_old_logprobs
 from dapo_train.optim import learning_rate, total_optimizer_steps
 from dapo_train.plan import StepBatch
@@ -79,7 +82,7 @@ def _grads_after(model, samples, micro_size: int, *, lr: float = 1e-3, share_pre
     learner = _learner(model, cfg, lr=lr)
     micro = [collate_micro_batch(m, EOS2_ID, "cpu", share_prefix) for m in split_micro_batches(samples, micro_size)]
     normalizer = loss_normalizer([m.batch.completion_mask for m in micro], "token")
-    metrics = _means(accumulate_gradients(learner, MiniBatch(micro, normalizer, len(micro), [])))
+    metrics = _means(accumulate_gradients(learner, MiniBatch(micro, normalizer, len(micro), [])).sums)
     grads = [p.grad.clone() for p in model.parameters()]
     learner.optimizer.optimizer.step()
     return grads, [p.detach().clone() for p in model.parameters()], metrics, len(micro)
@@ -406,3 +409,121 @@ def test_dapo_policy_loss_chooses_an_objective_from_outside_the_package(monkeypa
         loss_settings(load_config(None, ["dapo.policy_loss=nope"]))
     with pytest.raises(ConfigError, match="dapo.policy_loss.*cannot import module 'no_such_module'"):
         loss_settings(load_config(None, ["dapo.policy_loss=no_such_module:fn"]))
+
+
+# --------------------------------------------------------------------------------------------
+# The behaviour policy: rollout correction, measured mismatch, old log-probs from the rollout.
+
+
+def _behaviour_groups(learner: Learner, n: int = 4, seed: int = 0, spread: float = 1.2) -> list[Group]:
+    """n groups whose completions carry behaviour log-probs: the training forward's (recorded, then
+    dropped again) plus a per-token offset uniform in +-spread / 2, as from a sampler that is not the
+    training forward."""
+    groups = _groups(n, seed)
+    _record(learner, groups)
+    g = torch.Generator().manual_seed(seed + 100)
+    for group in groups:
+        for completion, old in zip(group.completions, group.old_logprobs):
+            completion.behaviour_logprobs = old + spread * (torch.rand(old.shape, generator=g) - 0.5)
+        group.old_logprobs = None
+    return groups
+
+
+@pytest.mark.parametrize("mode", ["tis", "mis", "seq-mis"])
+def test_a_rollout_correction_is_exact_over_micro_batches_and_counts_only_kept_tokens(mode):
+    """Recorded old log-probs, behaviour log-probs that differ: micro-batches of 3 give the weights of one
+    micro-batch of 16 (Eq. 12, the normaliser counted from the corrected masks), the update's token count
+    is the tokens the correction keeps (by hand), and the correction changes the weights."""
+    results = {}
+    for name, micro in ((mode, 16), (mode, 3), ("off", 16)):
+        model = make_random_model(seed=12).train()
+        learner, cfg = _setup(model, f"dapo.rollout_correction={name}", f"train.micro_batch_size={micro}",
+                              "train.updates_per_step=2", "dapo.rollout_correction_cap=1.4")
+        groups = _behaviour_groups(learner)
+        _record(learner, groups)
+        metrics = _train(learner, groups, cfg)
+        results[name, micro] = (metrics, [p.detach().clone() for p in model.parameters()], groups)
+    for a, b in zip(results[mode, 16][1], results[mode, 3][1]):  # AdamW's first steps amplify rounding: 1e-5
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    kept = 0
+    for group in results[mode, 16][2]:
+        for completion, old in zip(group.completions, group.old_logprobs):
+            _, masked, _ = RolloutCorrection(mode, 1.4)(old[None], completion.behaviour_logprobs[None],
+                                                        torch.ones(1, old.numel(), dtype=torch.bool))
+            kept += int((~masked).sum())
+    assert results[mode, 16][0]["num_tokens"] == results[mode, 3][0]["num_tokens"] == kept
+    assert (kept < results["off", 16][0]["num_tokens"]) == (mode != "tis")
+    assert any(not torch.allclose(a, b) for a, b in zip(results[mode, 16][1], results["off", 16][1]))
+
+
+def test_the_mismatch_is_measured_once_per_row_against_the_recorded_old_logprobs():
+    """rollout_* over every token, once, though two passes train each row twice: the hand means of
+    |old - behaviour|, exp(old - behaviour) and k3, and the largest |old - behaviour|."""
+    model = make_random_model(seed=13).train()
+    learner, cfg = _setup(model, "dapo.num_iterations=2", "train.updates_per_step=2")
+    groups = _behaviour_groups(learner, spread=0.4)
+    _record(learner, groups)
+    metrics = _train(learner, groups, cfg)
+    old = torch.cat([row for group in groups for row in group.old_logprobs])
+    behaviour = torch.cat([c.behaviour_logprobs for group in groups for c in group.completions])
+    diff = old - behaviour
+    assert metrics["rollout_tokens"] == diff.numel() == metrics["num_tokens"]
+    assert metrics["rollout_logprob_diff_mean"] == pytest.approx(float(diff.abs().mean()), rel=1e-5)
+    assert metrics["rollout_logprob_diff_max"] == pytest.approx(float(diff.abs().max()), rel=1e-5)
+    assert metrics["rollout_is_weight_mean"] == pytest.approx(float(diff.exp().mean()), rel=1e-5)
+    assert metrics["rollout_kl"] == pytest.approx(float((diff.expm1() - diff).mean()), rel=1e-4)
+    assert metrics["rollout_is_clipped_frac"] == pytest.approx(float((diff > math.log(2.0)).float().mean()))
+
+
+def _rollout_learner(seed: int, updates: int) -> tuple[Learner, Config]:
+    """A learner with dapo.old_logprobs=rollout resolved as for a rollout that is the training forward."""
+    from dapo_train.behaviour import resolve
+
+    learner, cfg = _setup(make_random_model(seed=seed).train(), "dapo.old_logprobs=rollout",
+                          f"train.updates_per_step={updates}")
+    return dataclasses.replace(learner, behaviour=resolve(cfg, ())), cfg
+
+
+def _scored(learner: Learner, groups: list[Group]) -> torch.Tensor:
+    """The training forward's log-probs of every valid token of `groups`, now."""
+    micro = learner.batching.micro_batches(flatten_groups(groups, False))
+    return torch.cat([learner.scorer(learner.model, m.batch)[0][m.batch.completion_mask.bool()]
+                      for m in micro]).detach()
+
+
+def test_old_logprobs_from_the_rollout_are_the_ratios_denominator_and_fresh_rows_are_measured():
+    """dapo.old_logprobs=rollout: nothing is recorded; the ratio is taken against the behaviour
+    log-probs (by hand: a forward at the same weights), and the mismatch is measured on the rows an
+    update trains at the weights that sampled them: every row of one update, the first mini-batch's
+    of two."""
+    learner, cfg = _rollout_learner(seed=14, updates=1)
+    assert learner.behaviour.old_from_rollout and learner.behaviour.correction.mode == "off"
+    groups = _behaviour_groups(learner, spread=0.2)
+    new, behaviour = _scored(learner, groups), torch.cat([c.behaviour_logprobs for g in groups for c in g.completions])
+    metrics = _train(learner, groups, cfg)
+    assert all(group.old_logprobs is None for group in groups)
+    assert metrics["ratio_mean"] == pytest.approx(float((new - behaviour).exp().mean()), rel=1e-5)
+    assert metrics["rollout_tokens"] == behaviour.numel()
+    assert metrics["rollout_logprob_diff_mean"] == pytest.approx(float((new - behaviour).abs().mean()), rel=1e-5)
+
+    learner, cfg = _rollout_learner(seed=14, updates=2)
+    groups = _behaviour_groups(learner, spread=0.2)
+    first = groups[:2]  # the first of two mini-batches over four groups
+    new, behaviour = _scored(learner, first), torch.cat([c.behaviour_logprobs for g in first for c in g.completions])
+    metrics = _train(learner, groups, cfg)
+    assert metrics["rollout_tokens"] == behaviour.numel()
+    assert metrics["rollout_logprob_diff_mean"] == pytest.approx(float((new - behaviour).abs().mean()), rel=1e-5)
+
+
+def test_the_correction_cap_moves_the_weights():
+    """dapo.rollout_correction_cap 1.1 vs 3: tis truncates other tokens, so the update differs."""
+    weights = []
+    for cap in (1.1, 3.0):
+        model = make_random_model(seed=15).train()
+        learner, cfg = _setup(model, "dapo.rollout_correction=tis", f"dapo.rollout_correction_cap={cap}")
+        groups = _behaviour_groups(learner)
+        _record(learner, groups)
+        metrics = _train(learner, groups, cfg)
+        weights.append(([p.detach().clone() for p in model.parameters()], metrics["rollout_is_clipped_frac"]))
+    assert weights[0][1] > weights[1][1]  # e^0.6 < 3: cap 3 truncates nothing, cap 1.1 some
+    assert any(not torch.allclose(a, b) for a, b in zip(weights[0][0], weights[1][0]))

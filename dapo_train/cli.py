@@ -64,6 +64,10 @@ def config_cmd(
     if keys:
         for key, default, text, allowed in select_keys(describe_keys(with_choices=True), args or []):
             typer.echo(f"{key} = {default}{f'  (allowed: {allowed})' if allowed else ''}\n    {text}")
+            if key == "rewards":
+                from dapo_train.reward_catalogue import reward_lines
+
+                typer.echo("\n".join(f"    {line}" for line in reward_lines()))
         return
     config_path, overrides = split_config_args(args or [])
     cfg = load_config(config_path, overrides)
@@ -123,7 +127,9 @@ def eval_cmd(
     limit: int = typer.Option(None, "--limit", help="Evaluate only the first N items of the fixed subset order."),
     batch_size: int = typer.Option(None, "--batch-size", help="Sequences per generate call."),
     max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="Completion budget."),
-    samples: int = typer.Option(1, "--samples", help="K samples per item: adds pass@1, pass@K and maj@K."),
+    samples: int = typer.Option(
+        1, "--samples", help="K sampled completions per item: accuracy is then sampled pass@1; adds pass@K and maj@K."
+    ),
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature with --samples > 1."),
     run_dir: str = typer.Option(
         None, "--run-dir", help="Run folder for bare checkpoint_N names (default: the run that trained last)."

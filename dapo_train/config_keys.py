@@ -1,5 +1,5 @@
 """The schema's keys as the user sees them: every dotted key with its type, default, allowed values
-and help (`dapo-train config --keys [KEY|SECTION ...]`, the README's reference table), and the
+and help (`dapo-train config --keys [KEY|SECTION ...]`, docs/configuration.md's reference table), and the
 closest valid key to a mistyped one."""
 
 from __future__ import annotations
@@ -36,12 +36,24 @@ def schema_keys(cls: type = Config, prefix: str = "") -> Iterator[KeyInfo]:
         if dataclasses.is_dataclass(hints[f.name]):
             yield from schema_keys(hints[f.name], key + ".")
             continue
-        yield KeyInfo(key, hints[f.name], getattr(defaults, f.name), f.metadata.get("help", ""),
-                      f.metadata.get("choices"))
+        text = f.metadata.get("help", "") + _item_help(hints[f.name])
+        yield KeyInfo(key, hints[f.name], getattr(defaults, f.name), text, f.metadata.get("choices"))
+
+
+def _item_help(annotation: Any) -> str:
+    """For a list of records (rewards: list[RewardSpec]), what each item's fields are, from their own help."""
+    items = typing.get_args(annotation) if typing.get_origin(annotation) is list else ()
+    item = items[0] if items else None
+    if not dataclasses.is_dataclass(item):
+        return ""
+    defaults = item()
+    fields = [f"{f.name} (default {show_value(getattr(defaults, f.name))}): {f.metadata.get('help', '')}"
+              for f in dataclasses.fields(item)]
+    return " Each item: " + " ".join(fields)
 
 
 def show_value(value: Any) -> str:
-    """A default as `config --keys` and the README show it: strings quoted, None as the null a YAML
+    """A default as `config --keys` and docs/configuration.md show it: strings quoted, None as the null a YAML
     file or KEY=VALUE must write."""
     if value is None:
         return "null"
@@ -59,7 +71,7 @@ def _allowed(info: KeyInfo) -> str:
 
 
 def describe_keys(with_choices: bool = False) -> list[tuple]:
-    """(dotted key, default, help) for every option: used by `config --keys` and the README; with
+    """(dotted key, default, help) for every option: used by `config --keys` and docs/configuration.md; with
     `with_choices`, a fourth item lists the allowed values of a key that has a fixed set ('' if none)."""
     rows: list[tuple] = []
     for info in schema_keys():
@@ -95,12 +107,16 @@ def unknown_key(key: str, valid: list[str]) -> ConfigError:
     return ConfigError(key, f"unknown key{hint} (valid: {', '.join(v.rsplit('.', 1)[-1] for v in valid)})")
 
 
+def markdown_cell(text: str) -> str:
+    """Prose in a Markdown table cell: `|` would end the cell and `<name>` would be read as an HTML tag."""
+    return text.replace("|", "/").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def reference_table() -> str:
-    """Markdown table of every key (the README embeds it; a test keeps the two in step)."""
+    """Markdown table of every key, each default written whole (docs/configuration.md embeds it; a test
+    keeps the two in step)."""
     lines = ["| key | default | meaning |", "| --- | --- | --- |"]
     for key, default, text in describe_keys():
         default = default.replace("\n", "\\n").replace("|", "\\|")
-        if len(default) > 40:
-            default = default[:37] + "..."
-        lines.append(f"| `{key}` | `{default}` | {text.replace('|', '/')} |")
+        lines.append(f"| `{key}` | `{default}` | {markdown_cell(text)} |")
     return "\n".join(lines)

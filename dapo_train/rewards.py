@@ -26,8 +26,8 @@ from dapo_train.config import Config, RewardSpec, import_plugin
 from dapo_train.errors import ConfigError, UserError
 
 __all__ = [
-    "REWARDS", "BoundReward", "RewardError", "RewardSet", "Scores", "build_rewards", "extract_answer", "is_correct",
-    "register", "rewards_from_config", "score",
+    "FILLED_ARGS", "REWARDS", "BoundReward", "RewardError", "RewardSet", "Scores", "build_rewards", "extract_answer",
+    "is_correct", "register", "rewards_from_config", "score",
 ]
 
 # fn(completions, answers, *, lengths=None, prompts=None, **args) -> one float per completion.
@@ -48,6 +48,10 @@ class RewardEntry:
 
 
 REWARDS: dict[str, RewardEntry] = {}
+
+# Keyword arguments build_rewards fills in from the config when a reward's signature has them and its
+# args leave them unset: argument -> the config key its value comes from.
+FILLED_ARGS = {"max_length": "rollout.max_new_tokens", "is_correct": "data.correctness"}
 
 
 def register(name: str, check: Callable[[dict], None] | None = None) -> Callable[[RewardFn], RewardFn]:
@@ -240,12 +244,14 @@ def build_rewards(specs: list[RewardSpec], *, max_new_tokens: int, is_correct: C
     """
     if not specs:
         raise ConfigError("rewards", "no reward configured; add e.g. {name: accuracy, weight: 1.0}")
+    from_config = {"rollout.max_new_tokens": max_new_tokens, "data.correctness": is_correct}
+    filled = {arg: from_config[key] for arg, key in FILLED_ARGS.items()}
     bound_rewards: list[BoundReward] = []
     for index, spec in enumerate(specs):
         fn, check = _resolve(spec.name, f"rewards.{index}.name")
         if not math.isfinite(spec.weight):
             raise ConfigError(f"rewards.{index}.weight", f"must be a finite number, got {spec.weight}")
-        args = _bind_args(fn, spec.args, {"max_length": max_new_tokens, "is_correct": is_correct}, index)
+        args = _bind_args(fn, spec.args, filled, index)
         if check is not None:
             try:
                 check(args)

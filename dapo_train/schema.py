@@ -117,7 +117,8 @@ class RolloutConfig:
     engine: str = _opt(
         "hf",
         "Rollout engine: hf (a decode loop over the model: each prompt prefilled once per group, finished rows "
-        "dropped), hf-generate (plain model.generate, the reference), or 'pkg.module:Factory' (see README).",
+        "dropped), hf-generate (plain model.generate, the reference), or 'pkg.module:Factory' "
+        "(docs/benchmarks.md: Another rollout engine).",
     )
     dtype: str = _opt(
         "auto",
@@ -139,7 +140,7 @@ class DapoConfig:
         "eps_high), gspo (GSPO: one clipped ratio per completion, the geometric mean of its token ratios; bounds "
         "gspo_eps_low / gspo_eps_high), cispo (CISPO: REINFORCE weighted by the clipped, detached token ratio; "
         "bounds cispo_eps_low / cispo_eps_high), another name registered with "
-        "dapo_train.algo.register_policy_loss, or 'pkg.module:function' (README: Adding a loss).",
+        "dapo_train.algo.register_policy_loss, or 'pkg.module:function' (docs/training.md: Adding a loss).",
     )
     eps_low: float = _opt(0.2, "Lower clip range (Eq. 10, policy_loss clip): ratio floored at 1 - eps_low for A < 0.")
     eps_high: float = _opt(
@@ -312,7 +313,11 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     dapo: DapoConfig = field(default_factory=DapoConfig)
     rewards: list[RewardSpec] = field(
-        default_factory=_default_rewards, metadata={"help": "Rewards summed with weights.", "choices": None}
+        default_factory=_default_rewards, metadata={
+            "help": "Rewards summed with weights into each completion's total (the advantage's R, Eq. 9); the "
+            "registered names and their args: `dapo-train config --keys rewards`, docs/rewards-and-tasks.md.",
+            "choices": None,
+        },
     )
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

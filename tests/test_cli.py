@@ -165,6 +165,42 @@ def test_config_keys_lists_allowed_values(tmp_path):
     assert "dapo.dynamic_sampling = True  (allowed: true, false)" in lines
 
 
+def test_config_keys_rewards_lists_every_registered_reward_and_its_args(tmp_path):
+    from dapo_train.reward_catalogue import reward_docs
+    from dapo_train.rewards import REWARDS
+
+    result = dapo("config", "--keys", "rewards", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    listed = {line.split(":", 1)[0].strip(): line for line in result.stdout.splitlines() if line.startswith("      ")}
+    assert set(listed) == set(REWARDS)
+    for doc in reward_docs():
+        for arg in doc.args:
+            assert f"{arg.name} = {arg.default}" in listed[doc.name], (doc.name, arg)
+    assert "max_length = rollout.max_new_tokens, cache_length = required" in listed["overlong"]
+    assert "args: none" in listed["digit"]
+    assert "name (default 'accuracy')" in result.stdout  # each list item's fields, from RewardSpec
+
+
+def test_config_keys_rewards_follows_the_registry(monkeypatch):
+    """A reward registered in code is listed with its arguments and defaults: the list is read from
+    the registry, not kept by hand."""
+    from typer.testing import CliRunner
+
+    from dapo_train import rewards
+    from dapo_train.cli import app
+
+    def bonus(completions, answers, *, lengths=None, prompts=None, amount=0.5, max_length):
+        """0.5 per completion, as a test reward."""
+        return [amount] * len(completions)
+
+    monkeypatch.setitem(rewards.REWARDS, "bonus_test", rewards.RewardEntry(bonus))
+    result = CliRunner().invoke(app, ["config", "--keys", "rewards"])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.strip().startswith("bonus_test:"))
+    assert "0.5 per completion, as a test reward." in line
+    assert line.endswith("args: amount = 0.5, max_length = rollout.max_new_tokens"), line
+
+
 def test_overwrite_with_bad_input_keeps_the_old_run(tmp_path):
     run_dir = tmp_path / "outputs" / "mine"
     run_dir.mkdir(parents=True)

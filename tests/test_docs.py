@@ -1,4 +1,4 @@
-"""The README's configuration table is generated from the dataclasses and must not drift."""
+"""The generated configuration reference must not drift from the code."""
 
 import importlib.util
 from pathlib import Path
@@ -6,9 +6,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_config_reference_matches_the_dataclasses():
-    spec = importlib.util.spec_from_file_location("update_readme_config", ROOT / "scripts" / "update_readme_config.py")
+def _generator():
+    path = ROOT / "scripts" / "update_config_reference.py"
+    spec = importlib.util.spec_from_file_location("update_config_reference", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert module.render(readme) == readme, "run: python scripts/update_readme_config.py"
+    return module
+
+
+def test_the_configuration_reference_matches_the_code():
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert _generator().render(page) == page, "run: python scripts/update_config_reference.py"
+    # Every default whole: the longest one (the system prompt) ends as the schema's does.
+    assert "</answer>'` |" in page and "...` |" not in page

@@ -7,7 +7,7 @@ A file `datasets` cannot read is one UserError naming the file and, where it can
 strict csv reader, because an unterminated quote makes pandas merge the rows up to the next quote
 without a word: a quote that ends off a field boundary, a row with too many or too few fields, or a
 row count that differs is an error. A quoted field that spans lines and closes exactly at a field
-boundary is legal CSV, so rows swallowed that way cannot be told apart (README: Data files).
+boundary is legal CSV, so rows swallowed that way cannot be told apart (docs/rewards-and-tasks.md: Data files).
 """
 
 from __future__ import annotations

@@ -196,7 +196,9 @@ def register_engine(name: str):
 
 # What an engine must have, and what a plugin engine is told when it lacks it.
 ENGINE_METHODS = ("generate", "sync_weights")
-ENGINE_HINT = "an engine is a class (or factory) taking an EngineSetup, with generate() and sync_weights() (README)"
+ENGINE_HINT = (
+    "an engine is a class (or factory) taking an EngineSetup, with generate() and sync_weights() (docs/benchmarks.md)"
+)
 
 
 def _lacks(thing: object) -> str:

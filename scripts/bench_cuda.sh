@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The prepared CUDA check of the speed levers (about 10 minutes on one H200): bench_step.py at
-# Qwen2.5-1.5B dimensions, the seed trainer's reference batch (2 prompts x G=4, micro-batch 4) and
+# Qwen2.5-1.5B dimensions, the seed trainer's batch (2 prompts x G=4, micro-batch 4; docs/peers.md) and
 # 16 prompts x G=8 (micro-batch 32), each with the levers off (plain generate on G prompt copies,
 # float32 rollout weights, no compile, no shared prefix) and on (the defaults); then the decode step
 # against compiled static-cache generate alone, the rollout/trainer mismatch of each rollout path

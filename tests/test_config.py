@@ -104,7 +104,7 @@ def test_shipped_configs_load_and_the_tiny_one_is_the_default():
     assert (qwen.rollout.group_size, qwen.dapo.eps_low, qwen.dapo.eps_high, qwen.train.learning_rate) == (
         4, 0.2, 0.28, 1e-6,
     )
-    # The reference trainer's optimizer step: 2 prompts x G=4 in 2 accumulated micro-batches, 300 of them.
+    # The seed trainer's optimizer step (docs/peers.md): 2 prompts x G=4 in 2 accumulated micro-batches, 300 of them.
     per_update = qwen.train.prompts_per_step // qwen.train.updates_per_step * qwen.rollout.group_size
     assert (per_update, per_update // qwen.train.micro_batch_size, total_optimizer_steps(qwen)) == (8, 2, 300)
     paper = load_config(str(root / "qwen1.5b-paper.yaml"), [])

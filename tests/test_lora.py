@@ -344,7 +344,7 @@ def test_a_full_checkpoint_exports_as_a_plain_folder(tmp_path, caplog):
 def test_a_short_lora_demo_run_learns(tmp_path):
     """The tiny demo's settings with rank-8 adapters at lr 1e-3 (full fine-tuning: 1e-4) for 6 steps:
     greedy accuracy on the 100 fixed eval items must rise by at least 5 points from the warm start
-    (measured: 0.16 -> 0.30; the 40-step LoRA demo is measured in the README)."""
+    (measured: 0.16 -> 0.30; the 40-step LoRA demo is measured in docs/lora.md)."""
     cfg = load_config(None, [f"output_dir={tmp_path / 'demo'}", "train.max_steps=6", "eval.every_steps=6",
                              "logging.progress_bar=false", "eval.print_samples=0", "model.lora.r=8",
                              "train.learning_rate=1e-3", "eval.final_full=false"])

@@ -53,7 +53,7 @@ def test_rule_rewards_table(completion, gold, expected):
         assert got == pytest.approx([value]), name
 
 
-# The shape hard_format accepts, as the regex the README's seed trainer used, its "\n$" end relaxed to
+# The shape hard_format accepts, as the regex the seed trainer (docs/peers.md) used, its "\n$" end relaxed to
 # surrounding whitespace: the reference the linear-time check must agree with.
 SEED_FORMAT = re.compile(r"\s*<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>\s*", re.DOTALL)
 FORMAT_PIECES = ["<think>\n", "\n</think>\n<answer>\n", "\n</answer>", "\n", " ", "7", "<think>", "</answer>\n"]

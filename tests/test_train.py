@@ -100,8 +100,9 @@ def test_non_finite_losses_skip_updates_then_abort(tmp_path, monkeypatch):
 
 def test_a_short_seeded_demo_run_learns(tmp_path):
     """The tiny demo's settings for 10 steps: greedy accuracy on the 100 fixed eval items must rise
-    by at least 5 points from the warm start (the full 40-step demo is measured in the README), and
-    the end-of-run eval on all 500 test items must beat the warm start's 0.238 on them (README) by 3."""
+    by at least 5 points from the warm start (the full 40-step demo is measured in docs/benchmarks.md),
+    and the end-of-run eval on all 500 test items must beat the warm start's 0.238 on them
+    (build_info.json) by 3."""
     cfg = load_config(None, [f"output_dir={tmp_path / 'demo'}", "train.max_steps=10", "eval.every_steps=10",
                              "logging.progress_bar=false", "eval.print_samples=0"])
     run_dir = train(cfg)

@@ -5,11 +5,10 @@ truth; dapo_train.config reads YAML files and KEY=VALUE overrides into these cla
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from dapo_train.errors import ConfigError
+from dapo_train.validation import validate
 
 # The trackers accelerate speaks to (accelerate.utils.LoggerType) that logging.trackers offers;
 # dapo_train.metrics.TRACKERS says how each is checked and names its run.
@@ -326,129 +325,3 @@ class Config:
 
     def __post_init__(self) -> None:
         validate(self)
-
-
-# --------------------------------------------------------------------------------------------
-# Validation: every impossible value names its key and the allowed range.
-
-
-def _require(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(key, message)
-
-
-def _check_choices(section: Any, prefix: str) -> None:
-    """Every field with a fixed set of values (each item, for a list) holds one of them; nested
-    sections (model.lora) are walked too."""
-    for f in dataclasses.fields(section):
-        value, key = getattr(section, f.name), f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(value):
-            _check_choices(value, key + ".")
-            continue
-        choices = f.metadata.get("choices")
-        for item in value if isinstance(value, list) else [value]:
-            if choices and item not in choices:
-                allowed = ", ".join("null" if choice is None else choice for choice in choices)
-                raise ConfigError(key, f"got {item!r}; allowed: {allowed}")
-
-
-# Names that must not be empty: an empty path is the current folder, an empty column or plugin no name.
-NON_EMPTY = (
-    "model.name_or_path", "data.path", "data.prompt_field", "data.answer_field", "data.correctness",
-    "data.train_split", "data.eval_split", "rollout.engine", "dapo.policy_loss", "dapo.filter_metric",
-    "logging.project",
-)
-
-
-def _check_names(cfg: Config) -> None:
-    for key in NON_EMPTY:
-        section, name = key.split(".")
-        _require(bool(getattr(getattr(cfg, section), name).strip()), key, "must not be empty")
-
-
-def _check_seed_and_optimizer(cfg: Config) -> None:
-    """Values torch, numpy or AdamW refuse only once the model is built."""
-    t = cfg.train
-    _require(0 <= cfg.seed < 2**32, "seed", f"got {cfg.seed}; must be in [0, 2**32) (numpy's seed range)")
-    _require(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", f"got {t.adam_beta1}; must be in [0, 1)")
-    _require(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", f"got {t.adam_beta2}; must be in [0, 1)")
-    _require(t.weight_decay >= 0.0, "train.weight_decay", f"got {t.weight_decay}; must be >= 0")
-    _require(cfg.eval.print_samples >= 0, "eval.print_samples", f"got {cfg.eval.print_samples}; must be >= 0")
-
-
-def validate(cfg: Config) -> None:
-    """Invariants across fields; called from Config.__post_init__."""
-    _check_choices(cfg, "")
-    _check_names(cfg)
-    _check_seed_and_optimizer(cfg)
-    d, r, t = cfg.dapo, cfg.rollout, cfg.train
-    _require(0.0 <= d.eps_low < 1.0, "dapo.eps_low", f"got {d.eps_low}; must be in [0, 1)")
-    _require(d.eps_high >= 0.0, "dapo.eps_high", f"got {d.eps_high}; must be >= 0")
-    _require(0.0 <= d.gspo_eps_low < 1.0, "dapo.gspo_eps_low", f"got {d.gspo_eps_low}; must be in [0, 1)")
-    _require(d.gspo_eps_high >= 0.0, "dapo.gspo_eps_high", f"got {d.gspo_eps_high}; must be >= 0")
-    _require(0.0 <= d.cispo_eps_low <= 1.0, "dapo.cispo_eps_low", f"got {d.cispo_eps_low}; must be in [0, 1]")
-    _require(d.cispo_eps_high >= 0.0, "dapo.cispo_eps_high", f"got {d.cispo_eps_high}; must be >= 0")
-    _require(
-        d.clip_ratio_c is None or d.clip_ratio_c > 1.0,
-        "dapo.clip_ratio_c", f"got {d.clip_ratio_c}; must be > 1 or null",
-    )
-    _require(d.beta >= 0.0, "dapo.beta", f"got {d.beta}; must be >= 0")
-    _require(
-        d.filter_metric in ("correct", "total") or (d.filter_metric.startswith("reward:") and len(d.filter_metric) > 7),
-        "dapo.filter_metric", f"got {d.filter_metric!r}; allowed: correct, total, reward:<name of a configured reward>",
-    )
-    _require(d.max_gen_rounds >= 1, "dapo.max_gen_rounds", f"got {d.max_gen_rounds}; must be >= 1")
-    _require(d.num_iterations >= 1, "dapo.num_iterations", f"got {d.num_iterations}; must be >= 1")
-    _require(d.rollout_correction_cap > 1.0, "dapo.rollout_correction_cap",
-             f"got {d.rollout_correction_cap}; must be > 1")
-    _require(r.group_size >= 2, "rollout.group_size", f"got {r.group_size}; must be >= 2 (advantages need a group)")
-    _require(r.max_new_tokens >= 1, "rollout.max_new_tokens", f"got {r.max_new_tokens}; must be >= 1")
-    _require(r.temperature > 0.0, "rollout.temperature", f"got {r.temperature}; must be > 0")
-    _require(0.0 < r.top_p <= 1.0, "rollout.top_p", f"got {r.top_p}; must be in (0, 1]")
-    _require(r.top_k >= 0, "rollout.top_k", f"got {r.top_k}; must be >= 0 (0 = off)")
-    _require(r.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1")
-    _require(cfg.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1")
-    _require(t.max_steps >= 1, "train.max_steps", f"got {t.max_steps}; must be >= 1")
-    _require(t.prompts_per_step >= 1, "train.prompts_per_step", f"got {t.prompts_per_step}; must be >= 1")
-    _require(t.updates_per_step >= 1, "train.updates_per_step", f"got {t.updates_per_step}; must be >= 1")
-    step_sequences = t.prompts_per_step * r.group_size
-    _require(
-        1 <= t.micro_batch_size <= step_sequences,
-        "train.micro_batch_size",
-        f"got {t.micro_batch_size}; must be in [1, {step_sequences}] "
-        "(prompts_per_step x group_size sequences per step)",
-    )
-    _require(t.micro_batch_tokens >= 0, "train.micro_batch_tokens", "must be >= 0 (0 = off)")
-    _require(t.learning_rate > 0.0, "train.learning_rate", f"got {t.learning_rate}; must be > 0")
-    _require(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
-    _require(t.max_grad_norm >= 0.0, "train.max_grad_norm", "must be >= 0 (0 = off)")
-    _require(t.logprob_chunk_mib > 0, "train.logprob_chunk_mib", f"got {t.logprob_chunk_mib}; must be > 0")
-    _require(
-        t.shared_prefix != "on" or cfg.model.attn_implementation in (None, "sdpa", "eager"),
-        "train.shared_prefix",
-        f"'on' needs an attention kernel that takes a 4-D mask (sdpa, eager), not {cfg.model.attn_implementation}; "
-        "use auto or off",
-    )
-    _require(t.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
-    _require(t.num_threads >= 0, "train.num_threads", "must be >= 0 (0 = torch default)")
-    _require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0 = off)")
-    _require(cfg.eval.num_items >= 0, "eval.num_items", "must be >= 0 (0 = whole split)")
-    _require(cfg.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
-    _require(cfg.eval.max_new_tokens >= 0, "eval.max_new_tokens", "must be >= 0")
-    _require(cfg.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
-    _require(cfg.checkpoint.keep_last >= 0, "checkpoint.keep_last", "must be >= 0 (0 = keep all)")
-    lora = cfg.model.lora
-    _require(lora.r >= 0, "model.lora.r", f"got {lora.r}; must be >= 0 (0 = off)")
-    _require(lora.alpha > 0.0, "model.lora.alpha", f"got {lora.alpha}; must be > 0")
-    _require(0.0 <= lora.dropout < 1.0, "model.lora.dropout", f"got {lora.dropout}; must be in [0, 1)")
-    _require(
-        bool(lora.target_modules) and all(lora.target_modules),
-        "model.lora.target_modules",
-        f"got {lora.target_modules!r}; must name at least one layer, e.g. [q_proj, v_proj]",
-    )
-    _require(
-        len(set(cfg.logging.trackers)) == len(cfg.logging.trackers),
-        "logging.trackers", f"got {cfg.logging.trackers!r}; a tracker is named twice",
-    )
-    # Rewards (names, args, overlong lengths) are checked by rewards.build_rewards, which `run`
-    # (first thing in setup) and `config` call, before anything heavy loads.

@@ -11,9 +11,9 @@ refused command writes nothing). Schema cases must print that one line alone and
 a model (nor make a run folder: their folder stays as it was).
 
 Invalid values of a key come from its type (a wrong type is always invalid, so a key another change
-adds is covered without editing this file), from its fixed set of choices, from schema.NON_EMPTY
+adds is covered without editing this file), from its fixed set of choices, from validation.NON_EMPTY
 (the empty text), and from IMPOSSIBLE for range checks; test_bad_input.py checks that every key
-schema.validate names has an IMPOSSIBLE entry.
+validation.validate names has an IMPOSSIBLE entry.
 
     python tests/bad_inputs.py [--group schema|files] [--json]   # the tally: tried / clean / other
 """
@@ -174,7 +174,7 @@ def wrong_type_values(annotation: object, choices: tuple | None) -> list[str]:
 
 def schema_cases() -> list[Case]:
     from dapo_train.config_keys import schema_keys
-    from dapo_train.schema import NON_EMPTY
+    from dapo_train.validation import NON_EMPTY
 
     cases = []
     for info in schema_keys():

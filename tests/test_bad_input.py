@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_train import modeling, rundir, schema
+from dapo_train import modeling, rundir, validation
 from dapo_train.config import load_config
 from dapo_train.config_keys import schema_keys
 from dapo_train.errors import ConfigError, UserError
@@ -41,17 +41,16 @@ def test_every_bad_input_of_the_table_is_one_clean_line(group, tmp_path):
 
 
 def test_every_schema_key_gets_invalid_values_and_every_range_check_is_tried():
-    """A key added to the schema is covered by its type; a range check added to schema.validate needs an
+    """A key added to the schema is covered by its type; a range check added to validation.validate needs an
     IMPOSSIBLE entry, or this fails naming the key."""
     keys = [info.key for info in schema_keys()]
     covered = {case.names[0] for case in schema_cases() if len(case.names) == 1}
     assert covered == set(keys)
-    source = inspect.getsource(schema)
-    validation = source[source.index("# Validation"):]
-    checked = set(re.findall(r'"([a-z_]+(?:\.[a-z_]+)*)"', validation)) & set(keys)
+    source = inspect.getsource(validation)
+    checked = set(re.findall(r'"([a-z_]+(?:\.[a-z_]+)*)"', source)) & set(keys)
     together = {item.split("=")[0] for items in IMPOSSIBLE_TOGETHER for item in items}
-    untried = checked - set(IMPOSSIBLE) - together - set(schema.NON_EMPTY)
-    assert not untried, f"schema.validate checks {sorted(untried)}: give each an impossible value in IMPOSSIBLE"
+    untried = checked - set(IMPOSSIBLE) - together - set(validation.NON_EMPTY)
+    assert not untried, f"validation.validate checks {sorted(untried)}: give each an impossible value in IMPOSSIBLE"
 
 
 def test_a_type_the_table_has_no_rule_for_fails_loudly():

@@ -213,3 +213,34 @@ def test_property_a_masked_row_neither_adds_nor_counts(n, t, seed, objective, re
     torch.testing.assert_close(grad[1:], rest_grad, atol=1e-6, rtol=0)
     assert 0.0 <= metrics["clip_frac"] <= 1.0
     assert metrics["clip_frac"] == pytest.approx(metrics["clip_frac_high"] + metrics["clip_frac_low"], abs=1e-6)
+
+
+# ---------------------------------------------------------------- objective x rollout correction
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_token_weights_compose_with_every_objective_token_by_token(objective, reduction):
+    """The rollout correction's weights scale each token's objective loss and nothing else, whatever
+    the objective: the weighted loss and gradient are sum_t w_t times the loss and gradient with a
+    one-hot weight on token t (a weight inside GSPO's sequence ratio or CISPO's clip would break this
+    linearity), the normaliser does not move with the weights, and the k3 KL term is added unweighted."""
+    new, old, adv, mask = random_batch(seed=7, n=4, t=5)
+    mask[:, 0] = True  # every row has a token, so no row drops out of the sample/constant units
+    weight = 0.5 + torch.rand(4, 5, generator=torch.Generator().manual_seed(3))
+    loss, grad, _ = loss_and_grad(new, old, adv, mask, objective, reduction=reduction, token_weight=weight)
+    want_loss, want_grad = torch.zeros(()), torch.zeros_like(new)
+    for i, j in mask.nonzero().tolist():
+        one_hot = torch.zeros_like(weight)
+        one_hot[i, j] = 1.0
+        part, part_grad, _ = loss_and_grad(new, old, adv, mask, objective, reduction=reduction, token_weight=one_hot)
+        want_loss, want_grad = want_loss + weight[i, j] * part, want_grad + weight[i, j] * part_grad
+    assert loss.item() == pytest.approx(want_loss.item(), abs=1e-6)
+    torch.testing.assert_close(grad, want_grad, atol=1e-6, rtol=0)
+    unweighted, _, _ = loss_and_grad(new, old, adv, mask, objective, reduction=reduction)
+    assert abs(unweighted.item() - loss.item()) > 1e-4  # the weights did act
+    ref = old + 0.2
+    kl_terms = [loss_and_grad(new, old, adv, mask, objective, reduction=reduction, token_weight=w, ref_logprobs=ref,
+                              beta=0.1)[0] - loss_and_grad(new, old, adv, mask, objective, reduction=reduction,
+                                                           token_weight=w)[0] for w in (weight, None)]
+    assert kl_terms[0].item() == pytest.approx(kl_terms[1].item(), abs=1e-6) and kl_terms[1].item() > 0

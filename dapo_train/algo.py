@@ -24,6 +24,7 @@ from dapo_train.reductions import (  # noqa: F401  (re-exported: algo is the los
     loss_normalizer,
     register_loss_reduction,
 )
+from dapo_train.registry import decorator_for
 
 Tensor = torch.Tensor
 Number = int | float
@@ -175,14 +176,8 @@ PolicyObjective = Callable[[Tensor, Tensor, Tensor, Tensor, LossSettings], tuple
 POLICY_LOSSES: dict[str, PolicyObjective] = {}
 
 
-def register_policy_loss(name: str):
-    """Decorator: make `fn` the policy objective `name` (config dapo.policy_loss)."""
-
-    def add(fn: PolicyObjective) -> PolicyObjective:
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return add
+# Decorator: @register_policy_loss("name") makes the function the objective `name` (config dapo.policy_loss).
+register_policy_loss = decorator_for(POLICY_LOSSES)
 
 
 def masked_log_ratio(logprobs: Tensor, old_logprobs: Tensor, valid: Tensor) -> Tensor:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from dapo_train.algo import LOG_RATIO_LIMIT, masked_log_ratio
+from dapo_train.registry import decorator_for
 
 Tensor = torch.Tensor
 
@@ -30,14 +31,9 @@ RolloutCorrectionFn = Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor, Te
 ROLLOUT_CORRECTIONS: dict[str, RolloutCorrectionFn] = {}
 
 
-def register_rollout_correction(name: str):
-    """Decorator: make `fn` the rollout correction `name` (config dapo.rollout_correction)."""
-
-    def add(fn: RolloutCorrectionFn) -> RolloutCorrectionFn:
-        ROLLOUT_CORRECTIONS[name] = fn
-        return fn
-
-    return add
+# Decorator: @register_rollout_correction("name") makes the function the correction `name`
+# (config dapo.rollout_correction).
+register_rollout_correction = decorator_for(ROLLOUT_CORRECTIONS)
 
 
 @register_rollout_correction("off")

@@ -40,6 +40,7 @@ from typing import Protocol
 import torch
 
 from dapo_train.decoding import SamplingSettings, decode_loop, generate_rows
+from dapo_train.registry import decorator_for
 
 logger = logging.getLogger(__name__)
 
@@ -183,15 +184,9 @@ class EngineSetup:
 ROLLOUT_ENGINES: dict[str, Callable[[EngineSetup], RolloutEngine]] = {}
 
 
-def register_engine(name: str):
-    """Decorator of an engine class (or factory function): make `rollout.engine: <name>` build it from
-    an EngineSetup."""
-
-    def register(factory):
-        ROLLOUT_ENGINES[name] = factory
-        return factory
-
-    return register
+# Decorator of an engine class (or factory function): @register_engine("name") makes
+# `rollout.engine: name` build it from an EngineSetup.
+register_engine = decorator_for(ROLLOUT_ENGINES)
 
 
 # What an engine must have, and what a plugin engine is told when it lacks it.

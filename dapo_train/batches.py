@@ -77,7 +77,7 @@ class MicroBatch:
     has_old: torch.Tensor | None  # (N, 1) bool
     behaviour_logprobs: torch.Tensor | None = None  # (N, T) float32, 0 off behaviour_mask; None if no row has any
     behaviour_mask: torch.Tensor | None = None  # (N, T) bool: tokens with a behaviour log-prob
-    versions: torch.Tensor | None = None  # (N,) long: optimizer steps before each row was generated
+    versions: torch.Tensor | None = None  # (N,) long, on the CPU: optimizer steps before each row was generated
     correction_weight: torch.Tensor | None = None  # (N, T) float32 on the token losses; None = 1 (no correction)
 
 
@@ -117,7 +117,7 @@ def collate_micro_batch(samples: list[TrainSample], pad_id: int, device, share_p
         None if has_old is None else has_old.to(device),
         behaviour_logprobs=None if behaviour is None else behaviour[0].to(device),
         behaviour_mask=None if behaviour is None else behaviour[1].to(device),
-        versions=torch.tensor([s.version for s in samples], dtype=torch.long).to(device),
+        versions=torch.tensor([s.version for s in samples], dtype=torch.long),
         correction_weight=None if weight is None else weight.to(device),
     )
 

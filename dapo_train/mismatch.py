@@ -21,7 +21,6 @@ from dapo_train.registry import decorator_for
 Tensor = torch.Tensor
 
 
-
 # A rollout correction: (log_weight (N, T) = log pi_old - log pi_behav, 0 off valid; valid (N, T) bool;
 # cap > 1) -> (weight (N, T) float32 on the token losses, masked (N, T) bool: valid tokens taken out of the
 # loss and its normaliser, changed (N, T) bool: valid tokens the correction truncated or masked).

@@ -208,9 +208,10 @@ def _mismatch(learner: Learner, micro: MicroBatch, logprobs: torch.Tensor, first
     that sampled them is known: their recorded old log-probs (counted in the first pass), or this
     forward when no optimizer step has moved the weights since they were generated. -> (sums, largest
     |diff|); zeros when no row qualifies (every rank returns the same keys)."""
-    if micro.behaviour_logprobs is None:
-        return dict.fromkeys(MISMATCH_SUMS, 0.0), 0.0
-    fresh = (micro.versions == learner.optimizer.steps)[:, None]  # (N, 1)
+    fresh = micro.versions == learner.optimizer.steps  # (N,) on the CPU: decided without a device sync
+    if micro.behaviour_logprobs is None or (micro.old_logprobs is None and not bool(fresh.any())):
+        return dict.fromkeys(MISMATCH_SUMS, 0.0), 0.0  # no row is known: nothing to measure
+    fresh = fresh.to(logprobs.device)[:, None]  # (N, 1)
     training, known = logprobs, fresh
     if micro.old_logprobs is not None:
         training = torch.where(micro.has_old, micro.old_logprobs, logprobs)  # (N, T)

@@ -14,7 +14,6 @@ completion, including 20k characters of degenerate noise, and never raises on an
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 import re
@@ -25,7 +24,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from dapo_train.config import import_plugin
+from dapo_train.config import import_plugin, require_signature
 from dapo_train.errors import ConfigError
 
 # Full-width digits and punctuation (common in Chinese outputs) and Unicode minus signs -> ASCII.
@@ -258,12 +257,8 @@ def _plugin_check(name: str) -> Callable[[str, str], bool]:
     """The data.correctness plugin, checked to take (completion, gold) now and to answer True or False
     when called: any other answer (a text, None) would grade by its truthiness without a word."""
     fn = import_plugin(name, "data.correctness")
-    try:
-        inspect.signature(fn).bind("completion", "gold")
-    except TypeError as err:
-        raise ConfigError("data.correctness", f"{name} does not take (completion, gold): {err}") from None
-    except ValueError:
-        pass  # no signature to read (a C function): calling it will tell
+    require_signature(fn, ("completion", "gold"), "data.correctness",
+                      f"{name} does not take (completion, gold): {{err}}")
 
     def check(completion: str, gold: str) -> bool:
         result = fn(completion, gold)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import importlib
+import inspect
 import logging
 import math
 import re
@@ -103,6 +104,18 @@ def import_plugin(path: str, key: str) -> Callable:
     if not callable(fn):
         raise ConfigError(key, f"'{path}' is not a function but {fn!r} ({type(fn).__name__})")
     return fn
+
+
+def require_signature(fn: Callable, args: tuple, key: str, refusal: str) -> None:
+    """A plugin's signature must take `args` (its call in the trainer), checked when the config is read:
+    ConfigError(key, refusal with {err} filled in) if it cannot. A function without a readable signature
+    (C code) passes: calling it will tell."""
+    try:
+        inspect.signature(fn).bind(*args)
+    except TypeError as err:
+        raise ConfigError(key, refusal.format(err=err)) from None
+    except ValueError:
+        pass
 
 
 # --------------------------------------------------------------------------------------------

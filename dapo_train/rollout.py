@@ -30,7 +30,6 @@ sampled from (decoding.behaviour_distribution).
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -205,7 +204,7 @@ def engine_factory(name: str) -> Callable[[EngineSetup], RolloutEngine]:
     """The factory `rollout.engine` names (a registered name or 'pkg.module:Factory'); ConfigError if none,
     or if a plugin is a class without the engine's methods or cannot take one EngineSetup. Cheap: the
     trainer calls it before loading the model."""
-    from dapo_train.config import import_plugin
+    from dapo_train.config import import_plugin, require_signature
     from dapo_train.errors import ConfigError
 
     if name in ROLLOUT_ENGINES:
@@ -216,12 +215,8 @@ def engine_factory(name: str) -> Callable[[EngineSetup], RolloutEngine]:
     factory = import_plugin(name, "rollout.engine")
     if isinstance(factory, type) and _lacks(factory):
         raise ConfigError("rollout.engine", f"{name} is a class without {_lacks(factory)}; {ENGINE_HINT}")
-    try:
-        inspect.signature(factory).bind(None)
-    except TypeError:
-        raise ConfigError("rollout.engine", f"{name} cannot be called with one EngineSetup; {ENGINE_HINT}") from None
-    except ValueError:
-        pass  # no signature to read (a C function): calling it will tell
+    require_signature(factory, (None,), "rollout.engine",
+                      f"{name} cannot be called with one EngineSetup; {ENGINE_HINT}")
     return factory
 
 

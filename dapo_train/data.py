@@ -28,11 +28,7 @@ import numpy as np
 
 from dapo_train.answers import answer_check
 from dapo_train.config import DataConfig
-from dapo_train.data_sources import (  # noqa: F401  (re-exported: where sources were read before)
-    LOCAL_COPY_HINT,
-    load_split,
-    split_of_name,
-)
+from dapo_train.data_sources import load_split
 from dapo_train.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -121,8 +117,8 @@ def _readable_rows(dataset: datasets.Dataset, data_cfg: DataConfig, stats: Promp
 def build_prompts(
     dataset: datasets.Dataset, tokenizer: Any, data_cfg: DataConfig, split: str
 ) -> tuple[list[Prompt], PromptStats]:
-    """Prompt records for every usable row of `dataset`, in dataset order, and what was dropped."""
-    _check_columns(dataset, data_cfg, split)
+    """Prompt records for every usable row of `dataset` (its columns checked: load_prompt_splits), in
+    dataset order, and what was dropped."""
     where = f"{data_cfg.path} [{split}]"
     if len(dataset) == 0:
         raise UserError(f"split '{split}' of {data_cfg.path} has no rows")

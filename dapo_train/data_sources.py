@@ -216,7 +216,8 @@ def _first_line(exc: BaseException) -> str:
 def _empty_or_not_text(path: Path, text: bool) -> str | None:
     """'<path> is empty', or for a text format the first bytes that are not UTF-8 with their line:
     pyarrow keeps such bytes in the column, and reading the row fails much later."""
-    if path.stat().st_size == 0 or (path.stat().st_size < 4096 and not path.read_bytes().strip()):
+    size = path.stat().st_size
+    if size == 0 or (size < 4096 and not path.read_bytes().strip()):
         return f"{path} is empty"
     if not text:
         return None

@@ -24,8 +24,8 @@ from dapo_train.data import (
     fixed_eval_subset,
     load_prompts,
     load_split,
-    split_of_name,
 )
+from dapo_train.data_sources import split_of_name
 from dapo_train.errors import UserError
 
 ASSISTANT_HEADER = "<|im_start|>assistant\n"

@@ -11,7 +11,8 @@ from huggingface_hub.utils import HfHubHTTPError, HFValidationError, RepositoryN
 
 from dapo_train import hub, modeling
 from dapo_train.config import DataConfig, ModelConfig
-from dapo_train.data import LOCAL_COPY_HINT, load_split
+from dapo_train.data import load_split
+from dapo_train.data_sources import LOCAL_COPY_HINT
 from dapo_train.errors import UserError
 from dapo_train.modeling import LOCAL_MODEL_HINT
 

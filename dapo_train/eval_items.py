@@ -14,12 +14,11 @@ EvalKind says how each kind is logged in metrics.jsonl: the periodic eval as `ac
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dapo_train.metrics import write_jsonl_atomic
+from dapo_train.metrics import read_jsonl, write_jsonl_atomic
 
 ITEMS_DIR = "eval_items"
 RECORD_KEYS = ("uid", "gold", "extracted", "correct", "format_ok", "length", "truncated", "completion")
@@ -39,7 +38,6 @@ class EvalKind:
 
 PERIODIC = EvalKind("step", "accuracy", "eval/", "seconds_eval")
 FINAL = EvalKind("final", "final_accuracy", "final/", "seconds_final_eval")
-EVAL_KINDS = {kind.name: kind for kind in (PERIODIC, FINAL)}
 
 
 def items_path(run_dir: Path, kind: EvalKind, step: int) -> Path:
@@ -76,4 +74,4 @@ def drop_items(run_dir: Path) -> None:
 
 
 def read_items(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_jsonl(path)

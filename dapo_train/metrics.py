@@ -214,6 +214,10 @@ def split_logs(run_dir: str | Path, step: int) -> dict[str, tuple[str, str]]:
     return parts
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """Every record of a JSON Lines file (metrics.jsonl, eval_items/*.jsonl), blank lines skipped."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / METRICS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(Path(run_dir) / METRICS_FILE)

@@ -29,6 +29,7 @@ from dapo_train.report import (
     MISSING,
     Point,
     RunRecord,
+    expand,
     format_compare,
     group_points,
     load_runs,
@@ -53,11 +54,11 @@ def _value(text: str) -> object:
         return text
 
 
-def find_point(points: list[Point], varied: list[str], name: str, runs_named: list[RunRecord] | None) -> Point:
-    """The point `name` names: the one holding the runs of a given folder (runs_named), else the one
-    whose settings match every KEY=VALUE of name (short or dotted keys, values compared as YAML)."""
-    if runs_named is not None:
-        named = {run.path.resolve() for run in runs_named}
+def find_point(points: list[Point], varied: list[str], name: str, named: set[Path] | None) -> Point:
+    """The point `name` names: the one holding a run of a given folder (named: its run folders,
+    resolved), else the one whose settings match every KEY=VALUE of name (short or dotted keys, values
+    compared as YAML)."""
+    if named is not None:
         found = [p for p in points if any(run.path.resolve() in named for run in p.runs)]
     else:
         labels = key_labels(varied)
@@ -75,7 +76,7 @@ def find_point(points: list[Point], varied: list[str], name: str, runs_named: li
         found = [p for p in points if all(_value(p.settings[k]) == v for k, v in wanted.items())]
     if len(found) != 1:
         shown = "; ".join(p.label(key_labels(varied)) for p in (found or points))
-        narrow = "give one run folder" if runs_named is not None else "name more settings"
+        narrow = "give one run folder" if named is not None else "name more settings"
         problem = f"matches {len(found)} points ({shown}); {narrow}" if found else f"names none of the points ({shown})"
         raise UserError(f"--baseline {name}: {problem}")
     return found[0]
@@ -232,12 +233,12 @@ def format_paired(varied: list[str], points: list[Point], rows: list[dict], base
 def compare_with_baseline(paths: list[str], baseline: str, as_json: bool = False) -> str:
     """`dapo-train compare PATHS --baseline POINT`: the compare table, then every point against it."""
     given = Path(baseline).is_dir()
-    runs_named = load_runs([baseline]) if given else None
+    named = {run.resolve() for run in expand(Path(baseline))} if given else None
     runs = load_runs(paths + ([baseline] if given else []))  # a baseline outside PATHS joins them
     varied, points = group_points(runs)
     if len(points) < 2:
         raise UserError("compare --baseline needs at least two points (settings that differ) to compare")
-    base = find_point(points, varied, baseline, runs_named)
+    base = find_point(points, varied, baseline, named)
     rows = paired_rows(varied, points, base)
     table = point_rows(points)
     if as_json:

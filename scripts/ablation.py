@@ -100,11 +100,12 @@ def paired_to(rows: dict[str, list[Path]]) -> dict[str, dict]:
     by seed (pairing.paired_comparison): the difference, its 95% interval and the rest."""
     points = {row: Point.row(row, [load_run(run) for run in runs]) for row, runs in rows.items()}
     names, labels = list(points), {"row": "row"}
-    return {
-        row: {"vs_previous": paired_comparison(points[names[i - 1]], points[row], labels),
-              "vs_first": paired_comparison(points[names[0]], points[row], labels)}
-        for i, row in enumerate(names) if i > 0
-    }
+    out = {}
+    for i, row in enumerate(names[1:], start=1):
+        previous = paired_comparison(points[names[i - 1]], points[row], labels)
+        first = previous if i == 1 else paired_comparison(points[names[0]], points[row], labels)
+        out[row] = {"vs_previous": previous, "vs_first": first}
+    return out
 
 
 def _mean_std(values: list[float], digits: int) -> str:

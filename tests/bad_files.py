@@ -154,10 +154,6 @@ def _cut(name: str, keep: float = 0.5) -> Callable[[Path], None]:
     return change
 
 
-def _text(name: str, text: str) -> Callable[[Path], None]:
-    return lambda folder: (folder / name).write_text(text)
-
-
 def _remove(*names: str) -> Callable[[Path], None]:
     def change(folder: Path) -> None:
         for name in names:
@@ -167,14 +163,14 @@ def _remove(*names: str) -> Callable[[Path], None]:
 
 
 MODEL_FOLDERS: dict[str, tuple[Callable[[Path], None], bool]] = {  # case -> (damage, found by loading the model)
-    "model-config-malformed": (_text("config.json", "{"), False),
-    "model-config-empty": (_text("config.json", ""), False),
-    "model-config-a-list": (_text("config.json", "[]"), False),
-    "model-config-no-model-type": (_text("config.json", "{}"), False),
-    "model-config-unknown-model-type": (_text("config.json", '{"model_type": "nonsense"}'), False),
-    "model-generation-config-malformed": (_text("generation_config.json", "{"), False),
+    "model-config-malformed": (_write("config.json", "{"), False),
+    "model-config-empty": (_write("config.json", ""), False),
+    "model-config-a-list": (_write("config.json", "[]"), False),
+    "model-config-no-model-type": (_write("config.json", "{}"), False),
+    "model-config-unknown-model-type": (_write("config.json", '{"model_type": "nonsense"}'), False),
+    "model-generation-config-malformed": (_write("generation_config.json", "{"), False),
     "model-tokenizer-truncated": (_cut("tokenizer.json"), False),
-    "model-tokenizer-config-malformed": (_text("tokenizer_config.json", "{"), False),
+    "model-tokenizer-config-malformed": (_write("tokenizer_config.json", "{"), False),
     "model-no-tokenizer": (_remove("tokenizer.json", "tokenizer_config.json"), False),
     "model-no-chat-template": (_remove("chat_template.jinja"), False),
     "model-no-weights": (_remove("model.safetensors"), True),
@@ -222,12 +218,12 @@ CHECKPOINTS: dict[str, tuple[Callable[[Path], None], bool]] = {
     "checkpoint-state-missing": (_remove("trainer_state.pt"), False),
     "checkpoint-state-empty": (_cut("trainer_state.pt", 0.0), False),
     "checkpoint-state-truncated": (_cut("trainer_state.pt"), False),
-    "checkpoint-state-text": (_text("trainer_state.pt", "not a torch file\n"), False),
+    "checkpoint-state-text": (_write("trainer_state.pt", "not a torch file\n"), False),
     "checkpoint-state-not-a-trainer-state": (_torch_save({"step": 1}), False),
     "checkpoint-state-a-list": (_torch_save([1, 2]), False),
     "checkpoint-config-missing": (_remove("config.yaml"), False),
-    "checkpoint-config-malformed": (_text("config.yaml", "dapo: [\n"), False),
-    "checkpoint-config-unknown-key": (_text("config.yaml", "dapo:\n  no_such_key: 1\n"), False),
+    "checkpoint-config-malformed": (_write("config.yaml", "dapo: [\n"), False),
+    "checkpoint-config-unknown-key": (_write("config.yaml", "dapo:\n  no_such_key: 1\n"), False),
     "checkpoint-model-config-missing": (_remove("config.json"), False),
     "checkpoint-weights-truncated": (_cut("model.safetensors"), True),
 }
@@ -299,8 +295,6 @@ def command_cases() -> list[Case]:
         Case("output-dir-under-a-file", ["run", *SMALL_RUN, "output_dir=taken/run"], _write("taken", "x\n")),
         Case("sweep-a-bad-last-value", ["sweep", "bad.yaml", "dapo.eps_high=0.1,-1"], _write("bad.yaml", "seed: 1\n")),
     ]
-
-
 
 
 def make_trained_run(root: Path) -> None:

@@ -110,7 +110,7 @@ def test_final_full_off_adds_no_eval(tmp_path, monkeypatch):
     assert all(FINAL.accuracy not in row for row in read_metrics(out))
 
 
-def test_a_resume_moves_the_records_of_later_steps_aside_and_a_fresh_run_drops_them(tmp_path):
+def test_a_resume_moves_the_records_of_later_steps_aside_and_drop_items_clears_them(tmp_path):
     from dapo_train.rundir import set_aside_abandoned
 
     for kind, step in (("step", 0), ("step", 2), ("final", 4), ("step", 5)):

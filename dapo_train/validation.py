@@ -52,15 +52,10 @@ def _check_seed_and_optimizer(cfg: Any) -> None:
     _require(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", f"got {t.adam_beta1}; must be in [0, 1)")
     _require(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", f"got {t.adam_beta2}; must be in [0, 1)")
     _require(t.weight_decay >= 0.0, "train.weight_decay", f"got {t.weight_decay}; must be >= 0")
-    _require(cfg.eval.print_samples >= 0, "eval.print_samples", f"got {cfg.eval.print_samples}; must be >= 0")
 
 
-def validate(cfg: Any) -> None:
-    """Invariants across fields; called from Config.__post_init__."""
-    _check_choices(cfg, "")
-    _check_names(cfg)
-    _check_seed_and_optimizer(cfg)
-    d, r, t = cfg.dapo, cfg.rollout, cfg.train
+def _check_dapo(d: Any) -> None:
+    """The clip bounds of every objective, the KL weight, dynamic sampling and the rollout correction."""
     _require(0.0 <= d.eps_low < 1.0, "dapo.eps_low", f"got {d.eps_low}; must be in [0, 1)")
     _require(d.eps_high >= 0.0, "dapo.eps_high", f"got {d.eps_high}; must be >= 0")
     _require(0.0 <= d.gspo_eps_low < 1.0, "dapo.gspo_eps_low", f"got {d.gspo_eps_low}; must be in [0, 1)")
@@ -80,6 +75,11 @@ def validate(cfg: Any) -> None:
     _require(d.num_iterations >= 1, "dapo.num_iterations", f"got {d.num_iterations}; must be >= 1")
     _require(d.rollout_correction_cap > 1.0, "dapo.rollout_correction_cap",
              f"got {d.rollout_correction_cap}; must be > 1")
+
+
+def _check_rollout_and_train(cfg: Any) -> None:
+    """Sampling, prompt and step sizes, the learning schedule and the update's layout."""
+    r, t = cfg.rollout, cfg.train
     _require(r.group_size >= 2, "rollout.group_size", f"got {r.group_size}; must be >= 2 (advantages need a group)")
     _require(r.max_new_tokens >= 1, "rollout.max_new_tokens", f"got {r.max_new_tokens}; must be >= 1")
     _require(r.temperature > 0.0, "rollout.temperature", f"got {r.temperature}; must be > 0")
@@ -110,6 +110,11 @@ def validate(cfg: Any) -> None:
     )
     _require(t.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
     _require(t.num_threads >= 0, "train.num_threads", "must be >= 0 (0 = torch default)")
+
+
+def _check_eval_checkpoint_lora_logging(cfg: Any) -> None:
+    """Eval and checkpoint cadence, the LoRA adapter, the trackers."""
+    _require(cfg.eval.print_samples >= 0, "eval.print_samples", f"got {cfg.eval.print_samples}; must be >= 0")
     _require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0 = off)")
     _require(cfg.eval.num_items >= 0, "eval.num_items", "must be >= 0 (0 = whole split)")
     _require(cfg.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
@@ -129,5 +134,15 @@ def validate(cfg: Any) -> None:
         len(set(cfg.logging.trackers)) == len(cfg.logging.trackers),
         "logging.trackers", f"got {cfg.logging.trackers!r}; a tracker is named twice",
     )
-    # Rewards (names, args, overlong lengths) are checked by rewards.build_rewards, which `run`
-    # (first thing in setup) and `config` call, before anything heavy loads.
+
+
+def validate(cfg: Any) -> None:
+    """Invariants across fields; called from Config.__post_init__. Rewards (names, args, overlong
+    lengths) are checked by rewards.build_rewards, which `run` (first thing in setup) and `config`
+    call, before anything heavy loads."""
+    _check_choices(cfg, "")
+    _check_names(cfg)
+    _check_seed_and_optimizer(cfg)
+    _check_dapo(cfg.dapo)
+    _check_rollout_and_train(cfg)
+    _check_eval_checkpoint_lora_logging(cfg)

@@ -188,6 +188,15 @@ def _interval(low: float | None, high: float | None) -> str:
     return MISSING if low is None else f"[{low:+.3f}, {high:+.3f}]"
 
 
+def format_delta(paired: dict | None) -> str:
+    """A paired difference as one table cell, `+0.020 [-0.016, +0.055]` (a study script's tables); `-`
+    without an interval. paired: a paired_comparison result, or an outcome of its run_outcomes."""
+    if paired is None or paired["low"] is None:
+        return MISSING
+    return f"{_signed(paired['difference'] if 'difference' in paired else paired['mean'])} " \
+           f"{_interval(paired['low'], paired['high'])}"
+
+
 def format_paired(varied: list[str], points: list[Point], rows: list[dict], baseline: Point) -> str:
     """The paired table under the compare table: one line per point, the baseline marked."""
     left = varied or ["run"]

@@ -34,7 +34,7 @@ from dapo_train.checkpoint import checkpoint_dirs
 from dapo_train.config import Config, config_to_dict, load_config, read_yaml, save_config
 from dapo_train.eval_items import FINAL
 from dapo_train.metrics import read_metrics
-from dapo_train.pairing import paired_comparison
+from dapo_train.pairing import format_delta, paired_comparison
 from dapo_train.report import Point, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,12 +114,6 @@ def _mean_std(values: list[float], digits: int) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def _difference(paired: dict | None) -> str:
-    if paired is None:
-        return "-"
-    return f"{paired['difference']:+.3f} [{paired['low']:+.3f}, {paired['high']:+.3f}]"
-
-
 def table(results: dict[str, list[dict]], paired: dict[str, dict], items: int) -> str:
     lines = [
         f"| row | seeds | final acc ({items}) | Δ vs previous row [95% CI] | Δ vs row 1 [95% CI] | completions | "
@@ -131,7 +125,7 @@ def table(results: dict[str, list[dict]], paired: dict[str, dict], items: int) -
         against = paired.get(row, {})
         lines.append(
             f"| {row} | {len(runs)} | {_mean_std([r['final'] for r in runs], 3)} | "
-            f"{_difference(against.get('vs_previous'))} | {_difference(against.get('vs_first'))} | "
+            f"{format_delta(against.get('vs_previous'))} | {format_delta(against.get('vs_first'))} | "
             f"{_mean_std([r['completions'] for r in runs], 0)} | {_mean_std(fired, 2) if fired else '-'} | "
             f"{_mean_std([r['truncated'] for r in runs], 3)} | {max(r['length_max'] for r in runs)} | "
             f"{_mean_std([r['wall'] for r in runs], 0)} |"

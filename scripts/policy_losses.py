@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dapo_train.pairing import paired_comparison
+from dapo_train.pairing import format_delta, paired_comparison
 from dapo_train.report import Point, load_run, plot, point_rows
 
 from ablation import ROOT, TASKS, row_config, run_one
@@ -52,12 +52,6 @@ def _stat(stat: dict | None, fmt: str) -> str:
     return f"{stat['mean']:{fmt}}" if not stat["std"] else f"{stat['mean']:{fmt}} ± {stat['std']:{fmt}}"
 
 
-def _delta(stat: dict | None) -> str:
-    if stat is None or stat["low"] is None:
-        return "-"
-    return f"{stat['mean']:+.3f} [{stat['low']:+.3f}, {stat['high']:+.3f}]"
-
-
 def study_table(points: dict[str, Point]) -> tuple[str, dict]:
     """-> (the markdown table, each row's pairing against the first row)."""
     names, baseline = list(points), next(iter(points.values()))
@@ -67,10 +61,9 @@ def study_table(points: dict[str, Point]) -> tuple[str, dict]:
     lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
     for name, row in zip(names, point_rows(list(points.values()))):
         pair = paired.get(name)
-        accuracy = None if pair is None else {"mean": pair["difference"], "low": pair["low"], "high": pair["high"]}
         entropy = None if pair is None else pair["run_outcomes"].get("entropy_last")
-        cells = [name, str(len(row["seeds"])), _stat(row["final_accuracy"], ".3f"), _delta(accuracy),
-                 *(_stat(row[key], fmt) for key, (_, fmt) in SHOWN.items()), _delta(entropy)]
+        cells = [name, str(len(row["seeds"])), _stat(row["final_accuracy"], ".3f"), format_delta(pair),
+                 *(_stat(row[key], fmt) for key, (_, fmt) in SHOWN.items()), format_delta(entropy)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines), paired
 

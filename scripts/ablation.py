@@ -31,11 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dapo_train.checkpoint import checkpoint_dirs
-from dapo_train.config import Config, config_to_dict, load_config, read_yaml, save_config
-from dapo_train.eval_items import FINAL
-from dapo_train.metrics import read_metrics
+from dapo_train.config import Config, config_to_dict, load_config, save_config
 from dapo_train.pairing import format_delta, paired_comparison
-from dapo_train.report import Point, load_run
+from dapo_train.report import Point, RunRecord, load_run, summarize_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = {"tiny": ROOT / "configs" / "tiny-cpu.yaml", "long": ROOT / "configs" / "tiny-long-cpu.yaml"}
@@ -68,26 +66,27 @@ def run_one(task: Path, row: Path, seed: int, out: Path, extra: list[str]) -> Pa
     return run_dir
 
 
-def summarize(run_dir: Path) -> dict:
-    """One run's numbers from its metrics.jsonl and config."""
-    cfg = load_config(None, [], base=read_yaml(run_dir / "config.yaml"))
-    rows = read_metrics(run_dir)
-    evals = [(r["step"], r["accuracy"]) for r in rows if "accuracy" in r]
-    finals = [r[FINAL.accuracy] for r in rows if FINAL.accuracy in r]
-    per_step = cfg.train.prompts_per_step * cfg.rollout.group_size
+def summarize(run: RunRecord) -> dict:
+    """One run's numbers: accuracy and wall time as `compare` reads them (report.summarize_metrics), and
+    what only this table shows (generated completions, the accuracy curve, overlong and truncation)."""
+    rows, cfg = run.rows, run.config
+    shared = summarize_metrics(rows)
+    per_step = cfg["train.prompts_per_step"] * cfg["rollout.group_size"]
+    optimizer_steps = cfg["train.updates_per_step"] * cfg["dapo.num_iterations"]
     completions, curve = 0, []
     for r in rows:
         if r["step"] > 0:
             completions += r.get("gen_rounds", 1) * per_step
         if "accuracy" in r:
-            curve.append((r["step"] * cfg.train.updates_per_step * cfg.dapo.num_iterations, completions, r["accuracy"]))
+            curve.append((r["step"] * optimizer_steps, completions, r["accuracy"]))
     train_rows = [r for r in rows if r["step"] > 0]
     fired = [r["rewards/overlong/mean"] != 0 for r in train_rows if "rewards/overlong/mean" in r]
+    final = shared["final_accuracy"]
     return {
-        "final": finals[-1] if finals else evals[-1][1],
-        "best": max(acc for step, acc in evals if step > 0),
+        "final": shared["last_accuracy"] if final is None else final,
+        "best": shared["best_accuracy"],
         "completions": completions,
-        "wall": sum(r.get("seconds_step", 0) + r.get("seconds_eval", 0) + r.get(FINAL.seconds, 0) for r in rows),
+        "wall": shared["wall_seconds"],
         "length_max": max(r["completion_length_max"] for r in train_rows),
         "truncated": statistics.mean(r["truncated_ratio"] for r in train_rows),
         "overlong_steps": (sum(fired) / len(fired)) if fired else None,
@@ -95,10 +94,10 @@ def summarize(run_dir: Path) -> dict:
     }
 
 
-def paired_to(rows: dict[str, list[Path]]) -> dict[str, dict]:
+def paired_to(rows: dict[str, list[RunRecord]]) -> dict[str, dict]:
     """Each row's final accuracy against the previous row and against row 1, item by item and seed
     by seed (pairing.paired_comparison): the difference, its 95% interval and the rest."""
-    points = {row: Point.row(row, [load_run(run) for run in runs]) for row, runs in rows.items()}
+    points = {row: Point.row(row, runs) for row, runs in rows.items()}
     names, labels = list(points), {"row": "row"}
     out = {}
     for i, row in enumerate(names[1:], start=1):
@@ -162,9 +161,9 @@ def run_task(task: str, rows: list[Path], seeds: list[int], args: argparse.Names
     jobs = [(row, seed) for seed in seeds for row in rows]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         run_dirs = list(pool.map(lambda job: run_one(TASKS[task], job[0], job[1], out, args.set), jobs))
-    by_row: dict[str, list[Path]] = {row.stem: [] for row in rows}
+    by_row: dict[str, list[RunRecord]] = {row.stem: [] for row in rows}
     for (row, _), run_dir in zip(jobs, run_dirs):
-        by_row[row.stem].append(run_dir)
+        by_row[row.stem].append(load_run(run_dir))  # each run's files read once, for both tables
     results = {row: [summarize(run) for run in runs] for row, runs in by_row.items()}
     paired = paired_to(by_row)
     items = next(iter(paired.values()))["vs_first"]["items"] if paired else 0

@@ -13,6 +13,7 @@ from small_task import write_small_task
 
 from dapo_train.config import config_to_dict, flatten_config, load_config, save_config
 from dapo_train.eval_items import FINAL, PERIODIC, write_items
+from dapo_train.report import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 ABLATION = ROOT / "configs" / "ablation"
@@ -98,12 +99,12 @@ def test_the_ablation_script_counts_completions_and_reads_accuracy(tmp_path):
     """summarize on a hand-made run: 8 prompts x G=8 per round, 2 steps of 1 and 3 rounds -> 256
     completions; best leaves out step 0; the overlong penalty fired on one of two steps; the final
     accuracy is the end-of-run eval (0.25), not the last periodic one (0.3), and its seconds count."""
-    summary = ablation.summarize(_hand_made_run(tmp_path / "run", final=[1, 0, 0, 0]))
+    summary = ablation.summarize(load_run(_hand_made_run(tmp_path / "run", final=[1, 0, 0, 0])))
     assert (summary["final"], summary["best"], summary["completions"], summary["wall"]) == (0.25, 0.3, 256, 9.0)
     assert (summary["overlong_steps"], summary["length_max"], summary["truncated"]) == (0.5, 70, 0.25)
     assert summary["curve"] == [(0, 0, 0.2), (16, 256, 0.3)]  # 8 optimizer steps per step
-    paired = ablation.paired_to({"a": [_hand_made_run(tmp_path / "a", [1, 0, 0, 0])],
-                                 "b": [_hand_made_run(tmp_path / "b", [1, 1, 1, 0])]})
+    paired = ablation.paired_to({"a": [load_run(_hand_made_run(tmp_path / "a", [1, 0, 0, 0]))],
+                                 "b": [load_run(_hand_made_run(tmp_path / "b", [1, 1, 1, 0]))]})
     assert paired["b"]["vs_previous"]["difference"] == pytest.approx(0.5)  # 0.75 - 0.25 on the same 4 items
     table = ablation.table({"a": [summary, summary], "b": [summary]}, paired, 4)
     assert "| a | 2 | 0.250 ± 0.000 | - | - |" in table

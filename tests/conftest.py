@@ -24,6 +24,30 @@ torch.set_num_threads(1)
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b, "÷": lambda a, b: a / b}
 
 
+def assert_shipped_data(splits: dict, data_dir: Path, rebuild: str) -> None:
+    """The shipped train/test JSON Lines are exactly what the generator makes (`rebuild`: the command)."""
+    import json
+
+    for name in ("train", "test"):
+        lines = (data_dir / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
+        assert [json.loads(line) for line in lines] == splits[name], f"rebuild: {rebuild}"
+
+
+def assert_worked_solutions(rows: list[dict], step_re, steps: range, max_result: int) -> None:
+    """Every row's answer: len(steps) worked lines "... a op b = c" (step_re captures a, op, b, c) that
+    are exact arithmetic with 0 < c <= max_result, then "#### answer_only" where answer_only, an int, is
+    the last step's result."""
+    for row in rows:
+        *lines, final = row["answer"].split("\n")
+        assert set(row) == {"question", "question_zh-cn", "answer", "answer_only"}
+        assert final == f"#### {row['answer_only']}" and isinstance(row["answer_only"], int)
+        assert len(lines) in steps, row["answer"]
+        for line in lines:
+            a, op, b, c = step_re.match(line).groups()
+            assert OPS[op](int(a), int(b)) == int(c) and 0 < int(c) <= max_result, line
+        assert int(c) == row["answer_only"]
+
+
 @pytest.fixture(scope="module")
 def build():
     """scripts/make_tiny_model.py as a module (a script, so loaded by its path)."""

@@ -23,7 +23,7 @@ from dapo_train.errors import UserError
 from dapo_train.metrics import read_metrics
 from dapo_train.modeling import load_tokenizer
 
-from conftest import OPS
+from conftest import assert_shipped_data, assert_worked_solutions
 from tiny_task import concise
 from tiny_task_long import MAX_RESULT, make_long_splits
 
@@ -41,20 +41,11 @@ def splits():
 def test_shipped_long_data_is_what_the_generator_makes(splits):
     assert (len(splits["train"]), len(splits["test"])) == (4000, 500)
     assert not {r["question_zh-cn"] for r in splits["train"]} & {r["question_zh-cn"] for r in splits["test"]}
-    for name in ("train", "test"):
-        lines = (TINY_LONG_DATA_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
-        assert [json.loads(line) for line in lines] == splits[name], "rebuild: make_tiny_model.py --recipe tiny-long"
+    assert_shipped_data(splits, TINY_LONG_DATA_DIR, "python scripts/make_tiny_model.py --recipe tiny-long")
 
 
 def test_every_worked_step_is_exact_and_the_last_is_the_answer(splits):
-    for row in splits["train"] + splits["test"]:
-        *steps, final = row["answer"].split("\n")
-        assert set(row) == {"question", "question_zh-cn", "answer", "answer_only"}
-        assert final == f"#### {row['answer_only']}" and 3 <= len(steps) <= 6
-        for line in steps:
-            a, op, b, c = LINE_RE.match(line).groups()
-            assert OPS[op](int(a), int(b)) == int(c) and 0 < int(c) <= MAX_RESULT, line
-        assert int(c) == row["answer_only"]
+    assert_worked_solutions(splits["train"] + splits["test"], LINE_RE, range(3, 7), MAX_RESULT)
 
 
 def _solve(question: str) -> int:

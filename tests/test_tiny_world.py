@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from dapo_train.config import DEFAULT_SYSTEM_PROMPT, TINY_DATA_DIR, TINY_MODEL_DIR
 
-from conftest import OPS
+from conftest import assert_shipped_data, assert_worked_solutions
 from tiny_task import MAX_AMOUNT, MAX_FACTOR, MAX_RESULT, NOTES, Problem, Rejected, generate_problems, make_splits
 
 STEP_RE = re.compile(r"^[^：]+：(\d+) ([-+×÷]) (\d+) = (\d+)$")
@@ -47,21 +47,11 @@ def test_splits_have_the_documented_sizes_and_share_no_question(splits):
 
 
 def test_shipped_data_is_what_the_generator_makes(splits):
-    for name in ("train", "test"):
-        lines = (TINY_DATA_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
-        assert [json.loads(line) for line in lines] == splits[name], "rebuild: python scripts/make_tiny_model.py"
+    assert_shipped_data(splits, TINY_DATA_DIR, "python scripts/make_tiny_model.py")
 
 
 def test_every_worked_step_is_exact_arithmetic_and_ends_in_answer_only(splits):
-    for row in splits["train"] + splits["test"]:
-        *steps, final = row["answer"].split("\n")
-        assert set(row) == {"question", "question_zh-cn", "answer", "answer_only"}
-        assert final == f"#### {row['answer_only']}" and isinstance(row["answer_only"], int)
-        assert 1 <= len(steps) <= 3
-        for line in steps:
-            a, op, b, c = STEP_RE.match(line).groups()
-            assert OPS[op](int(a), int(b)) == int(c) and 0 < int(c) <= MAX_RESULT, line
-        assert int(c) == row["answer_only"]  # the last step's result is the answer
+    assert_worked_solutions(splits["train"] + splits["test"], STEP_RE, range(1, 4), MAX_RESULT)
 
 
 def test_numbers_in_questions_stay_small(splits):

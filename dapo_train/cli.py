@@ -11,8 +11,8 @@ from pathlib import Path
 
 import typer
 
-from dapo_train.config import describe_keys, dump_config, load_config
-from dapo_train.config_keys import select_keys
+from dapo_train.config.keys import describe_keys, select_keys
+from dapo_train.config.load import dump_config, load_config
 from dapo_train.errors import TrainingAborted, UserError
 
 app = typer.Typer(
@@ -65,14 +65,14 @@ def config_cmd(
         for key, default, text, allowed in select_keys(describe_keys(with_choices=True), args or []):
             typer.echo(f"{key} = {default}{f'  (allowed: {allowed})' if allowed else ''}\n    {text}")
             if key == "rewards":
-                from dapo_train.reward_catalogue import reward_lines
+                from dapo_train.rewards.catalogue import reward_lines
 
                 typer.echo("\n".join(f"    {line}" for line in reward_lines()))
         return
     config_path, overrides = split_config_args(args or [])
     cfg = load_config(config_path, overrides)
-    from dapo_train.rewards import rewards_from_config  # the checks `run` does first
-    from dapo_train.update import loss_settings
+    from dapo_train.rewards.scoring import rewards_from_config  # the checks `run` does first
+    from dapo_train.train.objective import loss_settings
 
     rewards_from_config(cfg)
     loss_settings(cfg)
@@ -99,9 +99,9 @@ def run_cmd(
     Sections: model, data, rollout, dapo, rewards, train, eval, checkpoint, logging; list every key
     with `dapo-train config --keys`.
     """
-    from dapo_train.rundir import resume_config
-    from dapo_train.signals import StopRequested
-    from dapo_train.trainer import train
+    from dapo_train.run.folder import resume_config
+    from dapo_train.run.signals import StopRequested
+    from dapo_train.train.loop import train
 
     _setup_logging()
     config_path, overrides = split_config_args(args or [])
@@ -138,7 +138,7 @@ def eval_cmd(
     """Evaluate checkpoints: greedy accuracy with its standard error and 95% interval, format rate,
     lengths, truncation; writes eval_<what>.json and completions_<what>.jsonl next to each, <what>
     naming the split, limit and sampling (test, test_limit100, test_k8_t0.9)."""
-    from dapo_train.eval_command import EvalOptions, run_eval
+    from dapo_train.evaluation.command import EvalOptions, run_eval
 
     _setup_logging()
     targets, overrides = split_eval_args(args or [])
@@ -164,7 +164,7 @@ def export_cmd(
     transformers folder (weights, config, generation_config, tokenizer) that from_pretrained and vLLM
     load without peft; without it, the adapter alone; a full checkpoint, its model without the
     trainer state."""
-    from dapo_train.export import export_checkpoint
+    from dapo_train.model.export import export_checkpoint
 
     _setup_logging()
     export_checkpoint(checkpoint, out, merge=merge, dtype=dtype)
@@ -190,8 +190,8 @@ def sweep_cmd(
     """Train every point of a grid, one run after another, into SWEEP_DIR/<point>_seed<N>/. Run the
     same command again to skip finished points and resume an interrupted one; SWEEP_DIR/sweep.json
     holds each point's status."""
-    from dapo_train.signals import StopRequested
-    from dapo_train.sweep import plan_sweep, run_sweep
+    from dapo_train.run.signals import StopRequested
+    from dapo_train.study.sweep import plan_sweep, run_sweep
 
     _setup_logging()
     plan = plan_sweep(config, args or [], seeds, sweep_dir)
@@ -215,11 +215,11 @@ def compare_cmd(
     and wall time. With --baseline, every point's accuracy difference to it on the same items with a
     95% paired-bootstrap interval (McNemar's test for single runs) and its entropy difference seed by seed."""
     if baseline is not None:
-        from dapo_train.pairing import compare_with_baseline
+        from dapo_train.study.compare import compare_with_baseline
 
         typer.echo(compare_with_baseline(paths, baseline, as_json))
         return
-    from dapo_train.report import compare
+    from dapo_train.study.compare import compare
 
     typer.echo(compare(paths, as_json))
 
@@ -231,7 +231,7 @@ def plot_cmd(
 ) -> None:
     """Eval accuracy, reward, entropy, clip fractions, completion length and kept/carried groups over
     steps, one colour per point (seeds as a mean line with a min-max band). Needs matplotlib."""
-    from dapo_train.report import plot
+    from dapo_train.study.plot import plot
 
     typer.echo(f"wrote {plot(paths, out)}")
 

@@ -13,7 +13,7 @@ thread each, as the demo). Running the command again skips finished runs and res
 
 Per row the table gives the final greedy accuracy on the whole eval split (mean +- sample std over
 seeds), its paired difference to the previous row and to row 1 with a 95% interval (item by item and
-seed by seed, the machinery of `dapo-train compare --baseline`: dapo_train/pairing.py), the generated
+seed by seed, the machinery of `dapo-train compare --baseline`: dapo_train/study/compare.py), the generated
 completions (dynamic sampling generates more for the same optimizer steps), how often the soft
 overlong punishment fired, the truncated share, and the wall time. The plot shows eval accuracy
 against both optimizer steps and generated completions.
@@ -30,10 +30,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dapo_train.checkpoint import checkpoint_dirs
-from dapo_train.config import Config, config_to_dict, load_config, save_config
-from dapo_train.pairing import format_delta, paired_comparison
-from dapo_train.report import Point, RunRecord, load_run, summarize_metrics
+from dapo_train.config.load import config_to_dict, load_config, save_config
+from dapo_train.config.schema import Config
+from dapo_train.model.checkpoint import checkpoint_dirs
+from dapo_train.study.compare import format_delta, paired_comparison
+from dapo_train.study.runs import Point, RunRecord, load_run, summarize_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = {"tiny": ROOT / "configs" / "tiny-cpu.yaml", "long": ROOT / "configs" / "tiny-long-cpu.yaml"}

@@ -48,8 +48,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from dapo_train.decoding import generate_rows
     from dapo_train.rollout import SamplingSettings, build_engine, sample_completions
+    from dapo_train.rollout.decoding import generate_rows
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -103,7 +103,7 @@ def main() -> None:
 
 
 def _rollout_cfg():
-    from dapo_train.schema import RolloutConfig
+    from dapo_train.config.schema import RolloutConfig
 
     return RolloutConfig()
 

@@ -29,7 +29,7 @@ ROWS, PROMPT, COMPLETION, VOCAB = 8, 128, 128, 151936
 def build():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from dapo_train.logprobs import collate
+    from dapo_train.model.scoring import collate
 
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -51,7 +51,7 @@ def naive(model, batch) -> torch.Tensor:
 
 
 def ours(model, batch, chunk_mib: float) -> torch.Tensor:
-    from dapo_train.logprobs import score_tokens
+    from dapo_train.model.scoring import score_tokens
 
     return score_tokens(model, batch, temperature=1.0, chunk_mib=chunk_mib)[0]
 
@@ -86,7 +86,7 @@ def measure(path: str, chunk_mib: float) -> dict:
 
 
 def main() -> None:
-    from dapo_train.schema import TrainConfig
+    from dapo_train.config.schema import TrainConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chunk-mib", type=float, default=TrainConfig().logprob_chunk_mib)

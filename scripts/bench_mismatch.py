@@ -40,10 +40,10 @@ VARIANTS = {
 
 def mismatch(model, completions, temperature: float, autocast: bool) -> dict:
     """The trainer's rollout_* figures of `completions` against the training forward of `model`."""
-    from dapo_train.batches import TrainSample, collate_micro_batch
-    from dapo_train.logprobs import score_tokens
-    from dapo_train.mismatch import RolloutCorrection, rollout_mismatch
-    from dapo_train.update import ROLLOUT_MEANS
+    from dapo_train.algo.correction import RolloutCorrection, rollout_mismatch
+    from dapo_train.model.scoring import score_tokens
+    from dapo_train.train.batching import TrainSample, collate_micro_batch
+    from dapo_train.train.update import ROLLOUT_MEANS
 
     device = next(model.parameters()).device
     samples = [TrainSample(c.prompt_ids, c.completion_ids, 0.0, True, behaviour_logprobs=c.behaviour_logprobs)
@@ -69,9 +69,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     args = parser.parse_args()
 
-    from dapo_train.config import load_config
-    from dapo_train.data import load_prompts
+    from dapo_train.config.load import load_config
     from dapo_train.rollout import EngineSetup, SamplingSettings, engine_factory
+    from dapo_train.task.prompts import load_prompts
 
     cuda = torch.cuda.is_available()
     model, tokenizer = random_model(args.shape, torch.device("cuda" if cuda else "cpu"))

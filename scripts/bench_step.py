@@ -52,7 +52,7 @@ SHAPES = {
 def build_model(shape: str, folder: Path) -> None:
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from dapo_train.config import TINY_MODEL_DIR
+    from dapo_train.task.locations import TINY_MODEL_DIR
 
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
     config = Qwen2Config(**SHAPES[shape], eos_token_id=tokenizer.eos_token_id)
@@ -88,9 +88,9 @@ def main() -> None:
                         help="extra settings, e.g. rollout.compile=off train.shared_prefix=off (one lever off)")
     args = parser.parse_args()
 
-    from dapo_train.config import load_config
-    from dapo_train.metrics import read_metrics
-    from dapo_train.trainer import train
+    from dapo_train.config.load import load_config
+    from dapo_train.run.logs import read_metrics
+    from dapo_train.train.loop import train
 
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [

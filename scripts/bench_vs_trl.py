@@ -36,9 +36,9 @@ SCRIPTS = Path(__file__).resolve().parent
 
 def fixed_prompts(args) -> list:
     """The first steps x prompts training prompts of the tiny task, in file order."""
-    from dapo_train.config import load_config
-    from dapo_train.data import load_prompts
-    from dapo_train.modeling import load_tokenizer
+    from dapo_train.config.load import load_config
+    from dapo_train.model.loading import load_tokenizer
+    from dapo_train.task.prompts import load_prompts
 
     cfg = load_config(None, [])
     prompts, _ = load_prompts(cfg.data, load_tokenizer(cfg.model), cfg.data.train_split)
@@ -61,9 +61,9 @@ class FixedOrder:
 
 
 def run_ours(args, model_path: str) -> dict:
-    from dapo_train.config import load_config
-    from dapo_train.session import setup
-    from dapo_train.trainer import train_step
+    from dapo_train.config.load import load_config
+    from dapo_train.train.loop import train_step
+    from dapo_train.train.session import setup
 
     cfg = load_config(None, [
         f"model.name_or_path={model_path}", f"output_dir={tempfile.mkdtemp()}", f"seed={args.seed}",
@@ -90,7 +90,7 @@ def run_trl(args, model_path: str) -> dict:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from dapo_train.config import load_config
+    from dapo_train.config.load import load_config
     from dapo_train.rewards import rewards_from_config, score
 
     torch.set_num_threads(args.threads)
@@ -175,7 +175,7 @@ def main() -> None:
         raise SystemExit("--micro-batch must divide prompts x group size (TRL accumulates whole micro-batches)")
     with tempfile.TemporaryDirectory() as tmp:
         if args.shape == "tiny":
-            from dapo_train.config import TINY_MODEL_DIR
+            from dapo_train.task.locations import TINY_MODEL_DIR
 
             model_path = str(TINY_MODEL_DIR)
         else:

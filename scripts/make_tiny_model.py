@@ -58,14 +58,9 @@ from typing import NamedTuple
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from dapo_train.config import (
-    DEFAULT_SYSTEM_PROMPT,
-    TINY_DATA_DIR,
-    TINY_LONG_DATA_DIR,
-    TINY_LONG_MODEL_DIR,
-    TINY_MODEL_DIR,
-)
-from dapo_train.data import chat_prompt
+from dapo_train.config.schema import DEFAULT_SYSTEM_PROMPT
+from dapo_train.task.locations import TINY_DATA_DIR, TINY_LONG_DATA_DIR, TINY_LONG_MODEL_DIR, TINY_MODEL_DIR
+from dapo_train.task.prompts import chat_prompt
 
 from tiny_measure import measure, remeasure, write_info
 

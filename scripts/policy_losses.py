@@ -29,8 +29,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dapo_train.pairing import format_delta, paired_comparison
-from dapo_train.report import Point, load_run, plot, point_rows
+from dapo_train.study.compare import format_delta, paired_comparison, point_rows
+from dapo_train.study.plot import plot
+from dapo_train.study.runs import Point, load_run
 
 from ablation import ROOT, TASKS, row_config, run_one
 

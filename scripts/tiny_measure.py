@@ -9,9 +9,9 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-from dapo_train.config import DataConfig
-from dapo_train.data import load_prompts
-from dapo_train.evaluate import evaluate_prompts
+from dapo_train.config.schema import DataConfig
+from dapo_train.evaluation.generate import evaluate_prompts
+from dapo_train.task.prompts import load_prompts
 
 SEED = 0  # the T=1 samples' seed (the build's SEED)
 MAX_NEW_TOKENS = 96  # the completion budget of the measurement (the trainer's default)

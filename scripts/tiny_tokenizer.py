@@ -11,7 +11,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from dapo_train.config import DEFAULT_SYSTEM_PROMPT
+from dapo_train.config.schema import DEFAULT_SYSTEM_PROMPT
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")

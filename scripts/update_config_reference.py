@@ -8,8 +8,8 @@ tests/test_docs.py fails when the page and the code disagree.
 
 from pathlib import Path
 
-from dapo_train.config import reference_table
-from dapo_train.reward_catalogue import reward_table
+from dapo_train.config.keys import reference_table
+from dapo_train.rewards.catalogue import reward_table
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"

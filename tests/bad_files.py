@@ -130,7 +130,7 @@ def yaml_cases() -> list[Case]:
 
 def _model_copy(change: Callable[[Path], None]) -> Callable[[Path], None]:
     def make(folder: Path) -> None:
-        from dapo_train.config import TINY_MODEL_DIR
+        from dapo_train.task.locations import TINY_MODEL_DIR
 
         shutil.copytree(TINY_MODEL_DIR, folder / "model")
         change(folder / "model")
@@ -300,8 +300,8 @@ def command_cases() -> list[Case]:
 def make_trained_run(root: Path) -> None:
     """A 2-step run with checkpoint_1 and checkpoint_2, trained once for the checkpoint cases: they resume
     from checkpoint_1, so a refusal that moved checkpoint_2 aside first would show as a change."""
-    from dapo_train.config import load_config
-    from dapo_train.trainer import train
+    from dapo_train.config.load import load_config
+    from dapo_train.train.loop import train
 
     out = root / "trained" / "run"
     cfg = load_config(None, [

@@ -158,7 +158,7 @@ class Outcome:
 def wrong_type_values(annotation: object, choices: tuple | None) -> list[str]:
     """KEY=VALUE texts of the wrong type for `annotation` (and outside `choices`); a type with no rule
     here is an error, so a new kind of key cannot go untested."""
-    from dapo_train.schema import RewardSpec
+    from dapo_train.config.schema import RewardSpec
 
     optional = type(None) in typing.get_args(annotation)
     base = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation) if optional else annotation
@@ -173,8 +173,8 @@ def wrong_type_values(annotation: object, choices: tuple | None) -> list[str]:
 
 
 def schema_cases() -> list[Case]:
-    from dapo_train.config_keys import schema_keys
-    from dapo_train.validation import NON_EMPTY
+    from dapo_train.config.keys import schema_keys
+    from dapo_train.config.validate import NON_EMPTY
 
     cases = []
     for info in schema_keys():

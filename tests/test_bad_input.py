@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from dapo_train import modeling, rundir, validation
-from dapo_train.config import load_config
-from dapo_train.config_keys import schema_keys
+from dapo_train.config import validate
+from dapo_train.config.keys import schema_keys
+from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError, UserError
+from dapo_train.model import loading
+from dapo_train.run import folder as rundir
 
 from bad_inputs import IMPOSSIBLE, IMPOSSIBLE_TOGETHER, schema_cases, wrong_type_values
 
@@ -46,10 +48,10 @@ def test_every_schema_key_gets_invalid_values_and_every_range_check_is_tried():
     keys = [info.key for info in schema_keys()]
     covered = {case.names[0] for case in schema_cases() if len(case.names) == 1}
     assert covered == set(keys)
-    source = inspect.getsource(validation)
+    source = inspect.getsource(validate)
     checked = set(re.findall(r'"([a-z_]+(?:\.[a-z_]+)*)"', source)) & set(keys)
     together = {item.split("=")[0] for items in IMPOSSIBLE_TOGETHER for item in items}
-    untried = checked - set(IMPOSSIBLE) - together - set(validation.NON_EMPTY)
+    untried = checked - set(IMPOSSIBLE) - together - set(validate.NON_EMPTY)
     assert not untried, f"validation.validate checks {sorted(untried)}: give each an impossible value in IMPOSSIBLE"
 
 
@@ -75,13 +77,13 @@ def test_the_text_none_and_an_unknown_kernel_are_config_errors():
 def test_a_flash_kernel_needs_its_package_and_cuda(monkeypatch):
     import torch
 
-    monkeypatch.setattr(modeling.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="flash_attention_2 needs the flash-attn package.*pip install flash-attn"):
-        modeling.check_attention_kernel("flash_attention_2", torch.device("cpu"))
-    monkeypatch.setattr(modeling.importlib.util, "find_spec", lambda name: object())  # installed, but no CUDA
+        loading.check_attention_kernel("flash_attention_2", torch.device("cpu"))
+    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: object())  # installed, but no CUDA
     with pytest.raises(ConfigError, match="flash_attention_3 runs on CUDA only, not on cpu"):
-        modeling.check_attention_kernel("flash_attention_3", torch.device("cpu"))
-    modeling.check_attention_kernel("sdpa", torch.device("cpu"))  # built into torch: nothing to check
+        loading.check_attention_kernel("flash_attention_3", torch.device("cpu"))
+    loading.check_attention_kernel("sdpa", torch.device("cpu"))  # built into torch: nothing to check
 
 
 # --------------------------------------------------------------------------------------------
@@ -92,19 +94,19 @@ def test_an_empty_or_non_model_folder_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.txt").write_text("x\n")
     with pytest.raises(UserError, match=r"empty is not a model folder \(no config.json or adapter_config.json\)"):
-        modeling.load_tokenizer(load_config(None, [f"model.name_or_path={tmp_path / 'empty'}"]).model)
+        loading.load_tokenizer(load_config(None, [f"model.name_or_path={tmp_path / 'empty'}"]).model)
     with pytest.raises(UserError, match="notes.txt is a file; give the folder that holds config.json"):
-        modeling.check_model_path(str(tmp_path / "notes.txt"))  # defect 9: not "folder not found"
+        loading.check_model_path(str(tmp_path / "notes.txt"))  # defect 9: not "folder not found"
 
 
 def test_the_prompt_and_completion_budget_must_fit_the_models_positions():
     # The tiny model has 512 positions (its config.json); 256 + 96 fits, 4000 + 96 does not, 416 + 96 just does.
-    assert modeling.context_length(load_config(None, []).model) == 512
-    modeling.check_sequence_budget(load_config(None, []), 96)
-    modeling.check_sequence_budget(load_config(None, ["data.max_prompt_length=416"]), 96)
+    assert loading.context_length(load_config(None, []).model) == 512
+    loading.check_sequence_budget(load_config(None, []), 96)
+    loading.check_sequence_budget(load_config(None, ["data.max_prompt_length=416"]), 96)
     with pytest.raises(ConfigError, match=r"data.max_prompt_length.*4000 prompt \+ 96 completion tokens need 4096 "
                                           r"positions, but builtin:tiny has 512.*at most 416"):
-        modeling.check_sequence_budget(load_config(None, ["data.max_prompt_length=4000"]), 96)
+        loading.check_sequence_budget(load_config(None, ["data.max_prompt_length=4000"]), 96)
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,17 +115,17 @@ def test_the_prompt_and_completion_budget_must_fit_the_models_positions():
 
 def test_plot_into_an_unwritable_place_is_one_line_before_reading_runs(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    from dapo_train import report
+    from dapo_train.study import plot
 
     def must_not_run(paths):
         raise AssertionError("the runs were read before the output path was checked")
 
-    monkeypatch.setattr(report, "load_runs", must_not_run)
+    monkeypatch.setattr(plot, "load_runs", must_not_run)
     with pytest.raises(UserError, match=r"-o /proc/x.png: cannot write in /proc"):
-        report.plot([str(tmp_path)], "/proc/x.png")
+        plot.plot([str(tmp_path)], "/proc/x.png")
     (tmp_path / "figs").mkdir()
     with pytest.raises(UserError, match=r"figs is a folder; choose another file"):
-        report.plot([str(tmp_path)], str(tmp_path / "figs"))
+        plot.plot([str(tmp_path)], str(tmp_path / "figs"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,7 +179,7 @@ def test_resume_with_overwrite_is_refused_before_anything(tmp_path):
 
 
 def test_compare_a_file_says_it_is_a_file(tmp_path):
-    from dapo_train.report import expand
+    from dapo_train.study.runs import expand
 
     (tmp_path / "afile").write_text("x\n")
     with pytest.raises(UserError, match="afile is a file; give a run folder"):
@@ -187,7 +189,7 @@ def test_compare_a_file_says_it_is_a_file(tmp_path):
 def test_under_a_launcher_only_rank_0_says_a_signal_was_received(monkeypatch, capsys):
     import signal
 
-    from dapo_train.signals import StopRequested
+    from dapo_train.run.signals import StopRequested
 
     for rank, says in (("1", False), ("0", True)):
         monkeypatch.setenv("RANK", rank)
@@ -198,7 +200,7 @@ def test_under_a_launcher_only_rank_0_says_a_signal_was_received(monkeypatch, ca
 
 
 def test_default_sweep_folders_differ_per_grid_and_fixed_overrides(tmp_path, monkeypatch):
-    from dapo_train.sweep import plan_sweep
+    from dapo_train.study.sweep import plan_sweep
 
     monkeypatch.chdir(tmp_path)
     config = str(Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml")

@@ -166,8 +166,8 @@ def test_config_keys_lists_allowed_values(tmp_path):
 
 
 def test_config_keys_rewards_lists_every_registered_reward_and_its_args(tmp_path):
-    from dapo_train.reward_catalogue import reward_docs
     from dapo_train.rewards import REWARDS
+    from dapo_train.rewards.catalogue import reward_docs
 
     result = dapo("config", "--keys", "rewards", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -186,14 +186,14 @@ def test_config_keys_rewards_follows_the_registry(monkeypatch):
     the registry, not kept by hand."""
     from typer.testing import CliRunner
 
-    from dapo_train import rewards
     from dapo_train.cli import app
+    from dapo_train.rewards import scoring
 
     def bonus(completions, answers, *, lengths=None, prompts=None, amount=0.5, max_length):
         """0.5 per completion, as a test reward."""
         return [amount] * len(completions)
 
-    monkeypatch.setitem(rewards.REWARDS, "bonus_test", rewards.RewardEntry(bonus))
+    monkeypatch.setitem(scoring.REWARDS, "bonus_test", scoring.RewardEntry(bonus))
     result = CliRunner().invoke(app, ["config", "--keys", "rewards"])
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if line.strip().startswith("bonus_test:"))
@@ -219,9 +219,9 @@ def test_output_dir_that_cannot_be_a_folder_fails_before_loading(tmp_path):
 
 def test_unwritable_output_dir_is_one_clear_error(tmp_path, monkeypatch):
     # Tests may run as root, which chmod cannot lock out, so the file system's answer is stubbed.
-    from dapo_train import rundir
-    from dapo_train.config import load_config
+    from dapo_train.config.load import load_config
     from dapo_train.errors import UserError
+    from dapo_train.run import folder as rundir
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")

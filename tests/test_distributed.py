@@ -18,18 +18,18 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from dapo_train import checkpoint as ckpt
-from dapo_train import distributed, trainer
-from dapo_train.batches import mini_batches, rank_mini_batches
-from dapo_train.collect import Group
-from dapo_train.config import load_config
-from dapo_train.data import Prompt
-from dapo_train.distributed import full_weights, interleave, rank_seed
-from dapo_train.metrics import read_metrics
-from dapo_train.old_logprobs import record_old_logprobs
-from dapo_train.plan import StepBatch, take_counts
+from dapo_train.config.load import load_config
+from dapo_train.model import checkpoint as ckpt
 from dapo_train.rollout import Completion
-from dapo_train.update import Learner
+from dapo_train.run.logs import read_metrics
+from dapo_train.task.prompts import Prompt
+from dapo_train.train import distributed
+from dapo_train.train.batching import mini_batches, rank_mini_batches
+from dapo_train.train.distributed import full_weights, interleave, rank_seed
+from dapo_train.train.old_policy import record_old_logprobs
+from dapo_train.train.ranks import take_counts
+from dapo_train.train.records import Group, StepBatch
+from dapo_train.train.update import Learner, update
 
 from conftest import EOS2_ID, EOS_ID, make_random_model
 
@@ -204,7 +204,7 @@ def _update(accelerator, overrides: list[str], groups: list[Group], fsdp: int = 
             record_old_logprobs(plain, groups, learner.batching, learner.scorer)
         if correcting:
             _add_behaviour(groups)
-    metrics = trainer.update(learner, StepBatch(groups, distributed.gather(len(groups)), {}), cfg)
+    metrics = update(learner, StepBatch(groups, distributed.gather(len(groups)), {}), cfg)
     weights = distributed.full_state_dict(model) if fsdp else accelerator.unwrap_model(model).state_dict()
     weights = {key: value.detach().clone() for key, value in weights.items()}
     if save_to is not None and distributed.is_main():  # what the trainer's save does with sharded weights

@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dapo_train.config import load_config
-from dapo_train.logprobs import head_logprobs
-from dapo_train.metrics import read_metrics
-from dapo_train.modeling import gradient_checkpointing, mixed_precision
-from dapo_train.trainer import train
+from dapo_train.config.load import load_config
+from dapo_train.model.loading import gradient_checkpointing, mixed_precision
+from dapo_train.model.scoring import head_logprobs
+from dapo_train.run.logs import read_metrics
+from dapo_train.train.loop import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -40,9 +40,9 @@ def test_the_lm_head_kernel_under_cuda_bf16_autocast_matches_float64():
 
 
 def test_the_cuda_rollout_samples_from_a_bf16_copy_with_the_compiled_static_cache():
-    from dapo_train.data import load_prompts
-    from dapo_train.modeling import load_model, load_tokenizer
+    from dapo_train.model.loading import load_model, load_tokenizer
     from dapo_train.rollout import SamplingSettings, StaticCacheEngine, build_engine
+    from dapo_train.task.prompts import load_prompts
 
     cfg = load_config(None, [])
     tokenizer = load_tokenizer(cfg.model)

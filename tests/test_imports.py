@@ -1,7 +1,9 @@
-"""The package's modules form layers: no import cycle, counting imports inside functions too (a
-lazy import hides a cycle from Python, not from a reader)."""
+"""The package's modules form layers: its folders import only the folders below them, nothing but the
+entry points and two helpers live at its root, and no module imports a cycle, counting imports inside
+functions too (a lazy import hides a cycle or an upward edge from Python, not from a reader)."""
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dapo_train"
 
 
 def module_files(package: Path) -> dict[str, Path]:
-    """Dotted module name -> file, for the package and any subpackage ("dapo_train.config")."""
+    """Dotted module name -> file, for the package and any subpackage ("dapo_train.config.load")."""
     names = {}
     for path in sorted(package.rglob("*.py")):
         parts = (package.name, *path.relative_to(package).with_suffix("").parts)
@@ -112,7 +114,93 @@ def test_find_cycle(graph, cycle):
 
 def test_the_package_has_no_import_cycle():
     graph = import_graph(PACKAGE)
-    assert {"dapo_train.config", "dapo_train.modeling", "dapo_train.lora"} <= set(graph)  # the package's modules
-    assert "dapo_train.lora" in graph["dapo_train.modeling"]  # and their imports
+    assert {"dapo_train.config.load", "dapo_train.model.loading", "dapo_train.model.lora"} <= set(graph)  # modules
+    assert "dapo_train.model.lora" in graph["dapo_train.model.loading"]  # and their imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# Each layer folder -> the folders it may import, besides itself and the root helpers (errors, plugins).
+# Read bottom up: the maths and the settings know nothing else; the loop and the studies know everything
+# below them; nothing but cli.py imports a command's whole stack.
+LAYERS = {
+    "algo": set(),
+    "config": set(),
+    "task": {"config"},
+    "model": {"config", "task"},
+    "rollout": {"config", "model"},
+    "rewards": {"algo", "config", "task", "model"},
+    "run": {"config", "model"},
+    "evaluation": {"config", "task", "model", "rollout", "rewards", "run"},
+    "train": {"algo", "config", "task", "model", "rollout", "rewards", "run", "evaluation"},
+    "study": {"algo", "config", "task", "model", "rollout", "rewards", "run", "evaluation", "train"},
+}
+ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "plugins"}
+HELPERS = {"dapo_train.errors", "dapo_train.plugins"}  # import nothing of the package but each other
+
+
+def layer_of(module: str) -> str | None:
+    """'dapo_train.train.collect' -> 'train'; a root module -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that breaks LAYERS, as 'importer -> imported'."""
+    found = []
+    for module, imported in graph.items():
+        layer = layer_of(module)
+        for target in sorted(imported):
+            target_layer = layer_of(target)
+            if module in HELPERS:
+                allowed = target in HELPERS
+            elif layer is None:  # cli.py and the entry points call into every layer
+                allowed = True
+            elif target_layer is None:  # a layer imports no entry point, only the helpers
+                allowed = target in HELPERS
+            else:
+                allowed = target_layer in LAYERS[layer] | {layer}
+            if not allowed:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_the_layer_rule_catches_an_upward_import():
+    graph = {"dapo_train.rollout.engines": {"dapo_train.train.update", "dapo_train.model.scoring"},
+             "dapo_train.algo.objectives": {"dapo_train.plugins", "dapo_train.config.schema"},
+             "dapo_train.plugins": {"dapo_train.errors", "dapo_train.config.keys"},
+             "dapo_train.model.loading": {"dapo_train.cli", "dapo_train.task.locations"}}
+    assert upward_imports(graph) == [
+        "dapo_train.rollout.engines -> dapo_train.train.update",
+        "dapo_train.algo.objectives -> dapo_train.config.schema",
+        "dapo_train.plugins -> dapo_train.config.keys",
+        "dapo_train.model.loading -> dapo_train.cli",
+    ]
+
+
+def test_each_folder_imports_only_the_layers_below_it():
+    graph = import_graph(PACKAGE)
+    assert {layer_of(module) for module in graph} - {None} == set(LAYERS)  # every folder has its rule
+    assert upward_imports(graph) == []
+
+
+def test_only_entry_points_and_helpers_live_at_the_root_and_every_folder_says_what_it_is_for():
+    root = {path.stem for path in PACKAGE.glob("*.py")}
+    assert root == ROOT_MODULES
+    folders = {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
+    assert folders == set(LAYERS)
+    for folder in folders:
+        doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text(encoding="utf-8")))
+        assert doc and len(doc.splitlines()) >= 3, folder
+        for path in (PACKAGE / folder).glob("*.py"):  # and each module what it owns
+            assert ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))), path
+
+
+def test_the_maths_imports_torch_and_the_standard_library_only():
+    third_party = set()
+    for path in (PACKAGE / "algo").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            third_party |= {name.split(".")[0] for name in names}
+    assert third_party - sys.stdlib_module_names == {"torch", "dapo_train"}

@@ -9,12 +9,12 @@ import pytest
 import typer
 
 from dapo_train.cli import app, bare_resume_to_latest, debug_first, is_override, split_config_args
-from dapo_train.config import load_config
-from dapo_train.config_keys import describe_keys, select_keys
+from dapo_train.config.keys import describe_keys, select_keys
+from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
 from dapo_train.rewards import rewards_from_config
-from dapo_train.sweep import plan_sweep
-from dapo_train.update import loss_settings
+from dapo_train.study.sweep import plan_sweep
+from dapo_train.train.objective import loss_settings
 
 from doc_markdown import commands, is_synopsis, section
 

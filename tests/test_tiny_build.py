@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from dapo_train.config import TINY_DATA_DIR, TINY_MODEL_DIR
+from dapo_train.task.locations import TINY_DATA_DIR, TINY_MODEL_DIR
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from dapo_train.config import (
+from dapo_train.config.load import load_config
+from dapo_train.errors import UserError
+from dapo_train.model.loading import load_tokenizer
+from dapo_train.run.logs import read_metrics
+from dapo_train.task.locations import (
     TINY_LONG_DATA_DIR,
     TINY_LONG_MODEL_DIR,
     TINY_MODEL_DIR,
-    load_config,
     resolve_data_path,
     resolve_model_path,
 )
-from dapo_train.data import load_prompts
-from dapo_train.errors import UserError
-from dapo_train.metrics import read_metrics
-from dapo_train.modeling import load_tokenizer
+from dapo_train.task.prompts import load_prompts
 
 from conftest import assert_shipped_data, assert_worked_solutions
 from tiny_task import concise
@@ -208,7 +208,7 @@ def test_an_option_the_recipe_does_not_read_is_an_error(build, capsys):
 def test_two_steps_of_the_long_config_truncate_a_tenth_of_the_completions(tmp_path):
     """The acceptance check: `dapo-train run configs/tiny-long-cpu.yaml train.max_steps=2
     eval.every_steps=0` logs truncated_ratio >= 0.1 in its first steps, and the overlong penalty acts."""
-    from dapo_train.trainer import train
+    from dapo_train.train.loop import train
 
     cfg = load_config(str(CONFIG), ["train.max_steps=2", "eval.every_steps=0", f"output_dir={tmp_path / 'run'}",
                                     "logging.progress_bar=false"])

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-from dapo_train.config import DEFAULT_SYSTEM_PROMPT, TINY_DATA_DIR, TINY_MODEL_DIR
+from dapo_train.config.schema import DEFAULT_SYSTEM_PROMPT
+from dapo_train.task.locations import TINY_DATA_DIR, TINY_MODEL_DIR
 
 from conftest import assert_shipped_data, assert_worked_solutions
 from tiny_task import MAX_AMOUNT, MAX_FACTOR, MAX_RESULT, NOTES, Problem, Rejected, generate_problems, make_splits
@@ -139,8 +140,8 @@ def test_chat_template_is_qwen_style(tokenizer):
 LOAD_AND_GENERATE = """
 import json, sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from dapo_train.config import TINY_MODEL_DIR
-from dapo_train.config import DEFAULT_SYSTEM_PROMPT
+from dapo_train.task.locations import TINY_MODEL_DIR
+from dapo_train.config.schema import DEFAULT_SYSTEM_PROMPT
 tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
 model = AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR).eval()
 tokenizer.padding_side = "left"

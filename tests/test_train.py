@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dapo_train import algo
-from dapo_train.config import load_config
+from dapo_train.algo import objectives
+from dapo_train.config.load import load_config
 from dapo_train.errors import TrainingAborted
-from dapo_train.metrics import read_metrics
-from dapo_train.trainer import train
+from dapo_train.run.logs import read_metrics
+from dapo_train.train.loop import train
 
 MODEL = "builtin:tiny"
 
@@ -23,7 +23,7 @@ SMALL = [
     "train.micro_batch_size=4", "train.updates_per_step=2", "eval.every_steps=0", "train.deterministic=true",
     "train.num_threads=1",
     "rewards=[{name: accuracy}, {name: overlong, args: {cache_length: 16}}]", "logging.progress_bar=false",
-    "eval.final_full=false",  # the end-of-run eval on all 500 items is tested in test_eval_items.py
+    "eval.final_full=false",  # the end-of-run eval on all 500 items is tested in tests/run/test_eval_items.py
 ]
 
 
@@ -83,13 +83,13 @@ def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(tmp_path):
 
 
 def test_non_finite_losses_skip_updates_then_abort(tmp_path, monkeypatch):
-    real = algo.policy_loss  # what update's LossSettings calls
+    real = objectives.policy_loss  # what update's LossSettings calls
 
     def poisoned(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
         return loss * float("nan"), metrics
 
-    monkeypatch.setattr(algo, "policy_loss", poisoned)
+    monkeypatch.setattr(objectives, "policy_loss", poisoned)
     out = tmp_path / "nan"
     with pytest.raises(TrainingAborted, match="2 non-finite steps"):
         _run(out, "train.max_steps=50", "train.max_bad_steps=2", "dapo.dynamic_sampling=false")

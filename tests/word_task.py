@@ -4,7 +4,7 @@ Gold answers are words; a completion is right when its <answer> block holds the 
 `parity` grades IdTokenizer outputs (space-separated ids): the gold says whether a completion has
 an even or an odd number of tokens."""
 
-from dapo_train.answers import answer_block
+from dapo_train.task.answers import answer_block
 
 
 def same_word(completion: str, gold: str) -> bool:

@@ -1,0 +1,122 @@
+"""The schema's keys as the user sees them: every dotted key with its type, default, allowed values
+and help (`dapo-train config --keys [KEY|SECTION ...]`, docs/configuration.md's reference table), and the
+closest valid key to a mistyped one."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from dapo_train.config.schema import Config
+from dapo_train.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One option of the schema. annotation: its type (`float | None`); choices: its fixed set of
+    values, if it has one."""
+
+    key: str
+    annotation: Any
+    default: Any
+    help: str
+    choices: tuple | None
+
+
+def schema_keys(cls: type = Config, prefix: str = "") -> Iterator[KeyInfo]:
+    """Every option of the schema, in field order, nested sections (model.lora) walked."""
+    hints = typing.get_type_hints(cls)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from schema_keys(hints[f.name], key + ".")
+            continue
+        text = f.metadata.get("help", "") + _item_help(hints[f.name])
+        yield KeyInfo(key, hints[f.name], getattr(defaults, f.name), text, f.metadata.get("choices"))
+
+
+def _item_help(annotation: Any) -> str:
+    """For a list of records (rewards: list[RewardSpec]), what each item's fields are, from their own help."""
+    items = typing.get_args(annotation) if typing.get_origin(annotation) is list else ()
+    item = items[0] if items else None
+    if not dataclasses.is_dataclass(item):
+        return ""
+    defaults = item()
+    fields = [f"{f.name} (default {show_value(getattr(defaults, f.name))}): {f.metadata.get('help', '')}"
+              for f in dataclasses.fields(item)]
+    return " Each item: " + " ".join(fields)
+
+
+def show_value(value: Any) -> str:
+    """A default as `config --keys` and docs/configuration.md show it: strings quoted, None as the null a YAML
+    file or KEY=VALUE must write."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, list):
+        return str([dataclasses.asdict(item) if dataclasses.is_dataclass(item) else item for item in value])
+    return str(value)
+
+
+def _allowed(info: KeyInfo) -> str:
+    if info.choices:
+        return ", ".join(show_value(c) if c is None else str(c) for c in info.choices)
+    return "true, false" if info.annotation is bool else ""
+
+
+def describe_keys(with_choices: bool = False) -> list[tuple]:
+    """(dotted key, default, help) for every option: used by `config --keys` and docs/configuration.md; with
+    `with_choices`, a fourth item lists the allowed values of a key that has a fixed set ('' if none)."""
+    rows: list[tuple] = []
+    for info in schema_keys():
+        row = (info.key, show_value(info.default), info.help)
+        rows.append(row + (_allowed(info),) if with_choices else row)
+    return rows
+
+
+def select_keys(rows: list[tuple], wanted: list[str]) -> list[tuple]:
+    """The rows of the keys `wanted` names (a key, or a section: `dapo`, `model.lora`), in schema
+    order; every name must match something, else a ConfigError naming the closest key."""
+    names: dict[str, None] = {}  # every key and section, in schema order
+    for key in (row[0] for row in rows):
+        parts = key.split(".")
+        names.update(dict.fromkeys(".".join(parts[: i + 1]) for i in range(len(parts))))
+    for name in wanted:
+        prefix = ""
+        for part in name.split("."):
+            if prefix + part not in names:
+                siblings = [n for n in names if n.startswith(prefix) and "." not in n[len(prefix) :]]
+                raise unknown_key(prefix + part, siblings)
+            prefix += part + "."
+    return [row for row in rows if not wanted or any(row[0] == n or row[0].startswith(n + ".") for n in wanted)]
+
+
+def unknown_key(key: str, valid: list[str]) -> ConfigError:
+    """A ConfigError for `key`, naming the closest of `valid` (dotted keys of the same section)."""
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], [v.rsplit(".", 1)[-1] for v in valid], n=1)
+    hint = ""
+    if close:
+        parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
+        hint = f"; did you mean '{parent}{close[0]}'?"
+    return ConfigError(key, f"unknown key{hint} (valid: {', '.join(v.rsplit('.', 1)[-1] for v in valid)})")
+
+
+def markdown_cell(text: str) -> str:
+    """Prose in a Markdown table cell: `|` would end the cell and `<name>` would be read as an HTML tag."""
+    return text.replace("|", "/").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def reference_table() -> str:
+    """Markdown table of every key, each default written whole (docs/configuration.md embeds it; a test
+    keeps the two in step)."""
+    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for key, default, text in describe_keys():
+        default = default.replace("\n", "\\n").replace("|", "\\|")
+        lines.append(f"| `{key}` | `{default}` | {markdown_cell(text)} |")
+    return "\n".join(lines)

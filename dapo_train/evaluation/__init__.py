@@ -1,0 +1,8 @@
+"""Evaluation: a model's accuracy on fixed items with its uncertainty, pass@k and maj@k, and the
+statistics that compare two evaluations of the same items.
+
+generate.py  generate and grade: one record per completion (the trainer's evals and `dapo-train eval`)
+stats.py     accuracy, standard error, Wilson interval, pass@k, maj@k; paired bootstrap, McNemar, t
+command.py   `dapo-train eval CHECKPOINT...`: resolve, check, evaluate, write, compare
+table.py     rows of text cells as the aligned table eval and compare print
+"""

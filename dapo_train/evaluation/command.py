@@ -1,0 +1,348 @@
+"""`dapo-train eval CHECKPOINT...`: resolve targets, check everything, evaluate, write, compare.
+
+Order matters: every target is resolved and its config, data split and tokenizer are checked
+before any model loads, so a typo in the third checkpoint fails in a second, not after the first
+two evaluations. Then one model at a time is loaded, evaluated with evaluate.evaluate_prompts and
+its results written next to it, and one comparison table is printed at the end.
+
+Where results go: eval_<what>.json (metrics, resolved config, checkpoint, time) and
+completions_<what>.jsonl (one line per completion) inside the checkpoint or local model folder;
+for a hub id, a builtin model, a --config-only run or a read-only folder, under
+<output_dir>/eval/<model name>/. <what> names what was evaluated (see result_name): the split,
+then _limit<N> for a --limit that left items out, _k<K>_t<T> for sampling, _len<N> for a
+completion budget other than the config's, so evals of different kinds never overwrite each other.
+
+A bare checkpoint_N belongs to the latest run: the run under outputs/ whose training wrote last
+(rundir.latest_run), which evaluating never changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from dapo_train.config.load import config_to_dict, load_config, read_saved_config
+from dapo_train.config.schema import Config
+from dapo_train.errors import ConfigError, UserError, folder_listing
+from dapo_train.evaluation.generate import eval_max_new_tokens, evaluate_prompts
+from dapo_train.evaluation.table import aligned_table
+from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
+from dapo_train.model.loading import MODEL_FILES, check_model_path, load_model, load_tokenizer, mixed_precision
+from dapo_train.model.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
+from dapo_train.run.files import write_json_atomic, write_jsonl_atomic
+from dapo_train.run.folder import RUNS_ROOT, describe_runs, latest_run
+from dapo_train.task.answers import answer_check
+from dapo_train.task.locations import looks_like_path
+from dapo_train.task.prompts import Prompt, fixed_eval_subset, load_prompts
+
+# The trainer's precision (modeling.mixed_precision) -> autocast dtype on CUDA, so eval numerics match.
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": None}
+
+
+@dataclass(frozen=True)
+class EvalTarget:
+    """One thing to evaluate. model: model.name_or_path to load (None: the config's own model);
+    saved_config: a checkpoint's config.yaml; folder: a local folder results may be written into."""
+
+    label: str
+    model: str | None
+    saved_config: Path | None = None
+    folder: Path | None = None
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """A target with everything resolved and checked; only the model is left to load."""
+
+    target: EvalTarget
+    cfg: Config
+    split: str
+    prompts: list[Prompt]
+    tokenizer: object
+    batch_size: int
+    max_new_tokens: int
+    out_dir: Path
+    result_name: str  # eval_<result_name>.json, completions_<result_name>.jsonl
+
+
+# --------------------------------------------------------------------------------------------
+# Targets: a checkpoint path, a bare checkpoint_N, a model folder or hub id, or the config's model.
+
+
+def _bare_checkpoint(name: str, run_dir: str | None) -> Path:
+    run = Path(run_dir) if run_dir else latest_run()
+    if not run.is_dir():
+        raise UserError(f"--run-dir {run}: no such folder; {folder_listing(run)}")
+    path = run / name
+    if not path.is_dir():
+        found = ", ".join(p.name for p in checkpoint_dirs(run)) or "none"
+        where = f"run {run}" if run_dir else f"the latest run, {run} (trained last)"
+        others = "" if run_dir else f"; runs under {RUNS_ROOT}/, latest first: {describe_runs()}; choose with --run-dir"
+        raise UserError(f"{name} not found in {where}; its checkpoints: {found}{others}")
+    return path
+
+
+def _looks_local(target: str) -> bool:
+    """A name the user meant as a path even though it does not exist (not a hub id)."""
+    first = Path(target).parts[0] if Path(target).parts else target
+    return (
+        looks_like_path(target)
+        or bool(CHECKPOINT_RE.match(Path(target).name))
+        or Path(first).is_dir()
+    )
+
+
+def _folder_target(label: str, folder: Path) -> EvalTarget:
+    saved = folder / CONFIG_FILE
+    if not any((folder / name).is_file() for name in MODEL_FILES):
+        found = ", ".join(p.name for p in checkpoint_dirs(folder))
+        hint = f"; it looks like a run folder, its checkpoints: {found}" if found else f"; {folder_listing(folder)}"
+        raise UserError(f"{label} is not a checkpoint or model folder (no config.json or {ADAPTER_CONFIG}){hint}")
+    return EvalTarget(label, str(folder), saved if saved.is_file() else None, folder)
+
+
+def resolve_target(target: str | None, run_dir: str | None) -> EvalTarget:
+    """What `target` names; raises UserError for a path that does not exist."""
+    if target is None:
+        return EvalTarget("--config", None)  # relabelled with the config's model once it is read
+    target = target.rstrip("/") or target
+    path = Path(target).expanduser()
+    if CHECKPOINT_RE.match(target) and not path.exists():
+        found = _bare_checkpoint(target, run_dir)
+        return _folder_target(str(found), found)
+    if path.is_dir():
+        return _folder_target(target, path)
+    if target.startswith("builtin:"):
+        check_model_path(target)  # a shipped model whose folder is missing fails here
+        return EvalTarget(target, target)
+    if path.exists():
+        raise UserError(f"{target} is a file; give a checkpoint or model folder")
+    if _looks_local(target):
+        raise UserError(f"checkpoint or model folder not found: {target}; {folder_listing(path)}")
+    return EvalTarget(target, target)  # a hub id; load_tokenizer reports it if unreachable
+
+
+# --------------------------------------------------------------------------------------------
+# Config: the checkpoint's saved config <- --config <- KEY=VALUE; the target's model on top.
+
+
+def target_config(target: EvalTarget, config_path: str | None, overrides: list[str]) -> Config:
+    """The config that says how to evaluate `target` (data, split, prompt, budgets), with
+    model.name_or_path set to the target itself: a checkpoint is evaluated, not its base model."""
+    if target.saved_config is None and config_path is None:
+        kind = "checkpoint" if target.folder and CHECKPOINT_RE.match(target.folder.name) else "model"
+        raise UserError(
+            f"{target.label}: this {kind} has no saved {CONFIG_FILE}; pass --config CONFIG to say which "
+            "data, split and prompt to evaluate it on"
+        )
+    if target.saved_config is None:
+        cfg = load_config(config_path, overrides)
+        return cfg if target.model is None else _with_model(cfg, target.model)
+    try:
+        cfg = load_config(config_path, overrides, base=read_saved_config(target.saved_config))
+    except ConfigError as exc:
+        raise UserError(f"{exc} (config: {target.saved_config}{' + ' + config_path if config_path else ''})") from None
+    return _with_model(cfg, target.model)
+
+
+def _with_model(cfg: Config, model: str) -> Config:
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=model))
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"
+
+
+def output_folder(target: EvalTarget, cfg: Config) -> Path:
+    """The target's own folder when writable; else <output_dir>/eval/<model name>/."""
+    if target.folder is not None and os.access(target.folder, os.W_OK):
+        return target.folder
+    return Path(cfg.output_dir) / "eval" / _safe_name(target.model or cfg.model.name_or_path)
+
+
+# --------------------------------------------------------------------------------------------
+# The comparison table.
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+# Column header -> how one row's metrics render in it (K = samples per item).
+_BASE_COLUMNS = (
+    ("items", lambda m, k: str(m["num_items"])),
+    ("accuracy", lambda m, k: _percent(m["accuracy"])),
+    ("stderr", lambda m, k: f"{100 * m['accuracy_stderr']:.1f}"),
+    ("95% CI", lambda m, k: f"[{100 * m['accuracy_ci95_low']:.1f}, {100 * m['accuracy_ci95_high']:.1f}]"),
+    ("format", lambda m, k: _percent(m["format_rate"])),
+    ("len mean", lambda m, k: f"{m['completion_length_mean']:.1f}"),
+    ("len max", lambda m, k: str(m["completion_length_max"])),
+    ("truncated", lambda m, k: _percent(m["truncated_rate"])),
+)
+_SAMPLED_COLUMNS = (
+    ("pass@1", lambda m, k: _percent(m["pass@1"])),
+    ("pass@K", lambda m, k: _percent(m[f"pass@{k}"])),
+    ("maj@K", lambda m, k: _percent(m[f"maj@{k}"])),
+)
+
+
+def format_table(rows: Sequence[tuple[str, dict]], samples: int = 1) -> str:
+    """One line per evaluated target, columns aligned; stderr and the CI in accuracy points."""
+    columns = _BASE_COLUMNS + (_SAMPLED_COLUMNS if samples > 1 else ())
+    headers = ["model"] + [name.replace("K", str(samples)) for name, _ in columns]
+    body = [[label] + [render(metrics, samples) for _, render in columns] for label, metrics in rows]
+    return "\n".join(aligned_table(headers, body))
+
+
+# --------------------------------------------------------------------------------------------
+# The command.
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """The command-line settings of one `dapo-train eval` call (None = from the config)."""
+
+    config_path: str | None = None
+    split: str | None = None
+    limit: int | None = None
+    batch_size: int | None = None
+    max_new_tokens: int | None = None
+    samples: int = 1
+    temperature: float = 1.0
+    overrides: tuple[str, ...] = ()
+    run_dir: str | None = None
+
+    def check(self) -> None:
+        checks = (
+            (self.samples >= 1, f"--samples must be >= 1, got {self.samples}"),
+            (self.samples == 1 or self.temperature > 0, f"--temperature must be > 0 to sample, got {self.temperature}"),
+            (self.limit is None or self.limit >= 0, f"--limit must be >= 0 (0 = whole split), got {self.limit}"),
+            (self.batch_size is None or self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (
+                self.max_new_tokens is None or self.max_new_tokens >= 1,
+                f"--max-new-tokens must be >= 1, got {self.max_new_tokens}",
+            ),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+
+
+def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
+    """Resolve one target and load its tokenizer and prompts; no model is loaded."""
+    resolved = resolve_target(target, options.run_dir)
+    cfg = target_config(resolved, options.config_path, list(options.overrides))
+    if resolved.model is None:
+        resolved = dataclasses.replace(resolved, label=f"{cfg.model.name_or_path} (--config)")
+    split = options.split or cfg.data.eval_split
+    if resolved.folder is not None and is_adapter_folder(resolved.folder):
+        require_peft(f"{resolved.label} is a LoRA adapter checkpoint; evaluating it")
+    tokenizer = load_tokenizer(cfg.model)
+    prompts, _ = load_prompts(cfg.data, tokenizer, split)
+    chosen = fixed_eval_subset(prompts, options.limit or 0)
+    max_new_tokens = options.max_new_tokens or eval_max_new_tokens(cfg)
+    return EvalPlan(
+        target=resolved,
+        cfg=cfg,
+        split=split,
+        prompts=chosen,
+        tokenizer=tokenizer,
+        batch_size=options.batch_size or cfg.eval.batch_size,
+        max_new_tokens=max_new_tokens,
+        out_dir=output_folder(resolved, cfg),
+        result_name=result_name(
+            split, len(chosen) if len(chosen) < len(prompts) else None, options.samples, options.temperature,
+            max_new_tokens if max_new_tokens != eval_max_new_tokens(cfg) else None,
+        ),
+    )
+
+
+def result_name(split: str, limit: int | None, samples: int, temperature: float, max_new_tokens: int | None) -> str:
+    """What an eval covered, as a file-name part, so different evals of one checkpoint coexist:
+    'test' (every item, greedy), 'test_limit100', 'test_k8_t0.9', 'test_limit100_len64'."""
+    parts = [_safe_name(split)]
+    if limit is not None:
+        parts.append(f"limit{limit}")
+    if samples > 1:
+        parts.append(f"k{samples}_t{temperature:g}")
+    if max_new_tokens is not None:
+        parts.append(f"len{max_new_tokens}")
+    return "_".join(parts)
+
+
+def _autocast(cfg: Config, device: torch.device):
+    dtype = AUTOCAST_DTYPES[mixed_precision(cfg, cuda=True)] if device.type == "cuda" else None
+    return torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) -> tuple[dict, list[Path]]:
+    """Load the plan's model, evaluate, write both files; returns (metrics, paths written)."""
+    started = time.monotonic()
+    if plan.cfg.train.num_threads > 0:
+        torch.set_num_threads(plan.cfg.train.num_threads)  # as the trainer does; tiny models run fastest on 1
+    model = load_model(plan.cfg.model, device)
+    with _autocast(plan.cfg, device):
+        result = evaluate_prompts(
+            model, plan.tokenizer, plan.prompts,
+            max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size,
+            samples=options.samples, temperature=options.temperature, seed=plan.cfg.seed,
+            check=answer_check(plan.cfg.data.correctness),
+        )
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    json_path = plan.out_dir / f"eval_{plan.result_name}.json"
+    completions_path = plan.out_dir / f"completions_{plan.result_name}.jsonl"
+    summary = {
+        "checkpoint": plan.cfg.model.name_or_path,
+        "target": plan.target.label,
+        "split": plan.split,
+        "metrics": result.metrics,
+        "settings": {
+            "limit": options.limit or 0, "batch_size": plan.batch_size, "max_new_tokens": plan.max_new_tokens,
+            "samples": options.samples, "temperature": options.temperature if options.samples > 1 else 0.0,
+            "decoding": "sampling" if options.samples > 1 else "greedy", "device": device.type,
+        },
+        "completions_file": completions_path.name,
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "elapsed_s": round(time.monotonic() - started, 2),
+        "config": config_to_dict(plan.cfg),
+    }
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    write_jsonl_atomic(completions_path, result.records)
+    write_json_atomic(json_path, summary)
+    return result.metrics, [json_path, completions_path]
+
+
+def run_eval(targets: list[str], options: EvalOptions) -> list[dict]:
+    """The whole `dapo-train eval` command; returns one metrics dict per target, in order."""
+    options.check()
+    if not targets and options.config_path is None:
+        raise UserError("nothing to evaluate: give CHECKPOINT (or a model folder / hub id), or --config CONFIG")
+    plans = [plan_target(target, options) for target in (targets or [None])]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows, written = [], []
+    decoding = "greedy" if options.samples == 1 else f"{options.samples} samples at T={options.temperature}"
+    for index, plan in enumerate(plans, start=1):
+        print(
+            f"[{index}/{len(plans)}] {plan.target.label}: {len(plan.prompts)} items of "
+            f"{plan.cfg.data.path} [{plan.split}], {decoding}, "
+            f"max_new_tokens={plan.max_new_tokens}, on {device.type}",
+            flush=True,
+        )
+        metrics, paths = evaluate_plan(plan, options, device)
+        rows.append((plan.target.label, metrics))
+        written.append(paths)
+    print(format_table(rows, options.samples))
+    for json_path, completions_path in written:
+        print(f"wrote {json_path} and {completions_path.name}")
+    return [metrics for _, metrics in rows]

@@ -1,0 +1,138 @@
+"""Evaluation of a loaded model on a list of prompts: generate, grade, one record per completion.
+
+The trainer's periodic eval, `dapo-train eval` and the tiny model's build all call
+`evaluate_prompts` (or `eval_records`), so the numbers a run logs and the numbers a later `eval`
+prints come from the same prompt builder (task/prompts.py), the same batched, left-padded generation
+(rollout/) and the same answer check (the task's data.correctness; numeric by default).
+- Greedy decoding over a fixed item list by default, so two evals of the same weights on the same
+  items give the same numbers.
+- Completions are cut at the first EOS token.
+With `samples = K > 1`, K completions per item are sampled at the given temperature; the summary
+(evaluation/stats.py) adds pass@K and maj@K.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dapo_train.config.schema import Config
+from dapo_train.evaluation.stats import summarize_records
+from dapo_train.rewards.scoring import REWARDS
+from dapo_train.rollout.decoding import SamplingSettings
+from dapo_train.rollout.engines import Completion, sample_completions
+from dapo_train.task.answers import ANSWER_CHECKS, AnswerCheck
+from dapo_train.task.prompts import Prompt
+
+NUMERIC = ANSWER_CHECKS["numeric"]
+
+
+@dataclass
+class EvalResult:
+    """metrics: stable keys (see summarize_records); records: one dict per completion, in
+    item order and, within an item, sample order (keys: uid, question, gold, completion,
+    extracted, correct, format_ok, length, truncated, and sample when K > 1)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    records: list[dict] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
+# Generation and scoring.
+
+
+def eval_max_new_tokens(cfg: Config) -> int:
+    """eval.max_new_tokens, or the rollout budget when it is 0."""
+    return cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+
+
+def completion_records(
+    prompts: Sequence[Prompt], completions: Sequence[Completion], samples: int, check: AnswerCheck = NUMERIC
+) -> list[dict]:
+    """One record per completion: the task's answer and correct bit (check, data.correctness) and
+    the hard format check of the `hard_format` reward (format_ok)."""
+    texts = [c.text for c in completions]
+    golds = [prompts[i // samples].gold for i in range(len(completions))]
+    format_scores = REWARDS["hard_format"].fn(texts, golds)
+    records = []
+    for index, (completion, gold, format_score) in enumerate(zip(completions, golds, format_scores)):
+        prompt = prompts[index // samples]
+        record = {
+            "uid": prompt.uid,
+            "question": prompt.question,
+            "gold": gold,
+            "completion": completion.text,
+            "extracted": check.extract(completion.text),
+            "correct": bool(check.is_correct(completion.text, gold)),
+            "format_ok": format_score > 0,
+            "length": completion.length,
+            "truncated": completion.truncated,
+        }
+        if samples > 1:
+            record["sample"] = index % samples
+        records.append(record)
+    return records
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device):
+    """Seed sampling without disturbing the caller's RNG streams (the trainer's stay intact)."""
+    if seed is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type):
+        torch.manual_seed(seed)
+        yield
+
+
+def evaluate_prompts(model, tokenizer, prompts: list[Prompt], *, samples: int = 1, **options) -> EvalResult:
+    """Evaluate an already-loaded model on `prompts`, in their order: eval_records (same options),
+    summarised."""
+    records = eval_records(model, tokenizer, prompts, samples=samples, **options)
+    return EvalResult(metrics=summarize_records(records, samples), records=records)
+
+
+def eval_records(
+    model,
+    tokenizer,
+    prompts: list[Prompt],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    samples: int = 1,
+    temperature: float = 1.0,
+    seed: int | None = None,
+    check: AnswerCheck = NUMERIC,
+) -> list[dict]:
+    """The completion records (completion_records) of an already-loaded model on `prompts`, in their
+    order; the trainer's ranks each make their share's and summarise the gathered whole once.
+
+    samples == 1: greedy decoding (temperature ignored), deterministic for a fixed item list and
+    batch size. samples == K > 1: K samples per item at `temperature` (top_p = 1, top_k = 0),
+    reproducible when `seed` is given (the caller's RNG state is restored afterwards).
+    batch_size counts sequences per generate call (prompts x samples). The model is switched to
+    eval mode during generation and back to its previous mode afterwards.
+    """
+    if not prompts:
+        raise ValueError("evaluate_prompts needs at least one prompt")
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if samples > 1 and temperature <= 0:
+        raise ValueError(f"sampling needs temperature > 0, got {temperature}")
+    settings = SamplingSettings(max_new_tokens=max_new_tokens, do_sample=samples > 1, temperature=temperature)
+    prompt_ids = [prompt.input_ids for prompt in prompts]
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with _seeded(seed if samples > 1 else None, device):
+            completions = sample_completions(  # N*K rows, K per item
+                model, tokenizer, prompt_ids, settings, batch_size=batch_size, group_size=samples
+            )
+    finally:
+        model.train(was_training)
+    return completion_records(prompts, completions, samples, check)

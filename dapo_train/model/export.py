@@ -1,0 +1,89 @@
+"""`dapo-train export CHECKPOINT [--merge] -o DIR`: a checkpoint as a folder other tools load.
+
+- A LoRA checkpoint with --merge: the adapter folded into its base (W + alpha / r * B A) and
+  written as a plain transformers folder (model.safetensors, config.json, generation_config.json,
+  the tokenizer) that AutoModelForCausalLM.from_pretrained and vLLM load with no peft installed.
+- A LoRA checkpoint without --merge: the adapter alone (adapter_model.safetensors and an
+  adapter_config.json naming its base) with the tokenizer, for peft or a server's LoRA support.
+- A full checkpoint: the plain folder, without the trainer state (--merge has nothing to merge).
+
+Weights are written in --dtype: float32 (the training master weights, exact) unless told
+otherwise; bfloat16 halves the folder. The folder is written beside DIR and renamed into place,
+and an existing, non-empty DIR is never replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from dapo_train.config.load import load_config, read_saved_config
+from dapo_train.config.schema import ModelConfig
+from dapo_train.errors import UserError
+from dapo_train.model.checkpoint import CONFIG_FILE, usual_file_modes
+from dapo_train.model.loading import DTYPES, load_model
+from dapo_train.model.lora import is_adapter_folder, require_peft
+
+logger = logging.getLogger(__name__)
+
+
+def _check_paths(source: Path, target: Path, dtype: str) -> bool:
+    """Everything that can be wrong before a model loads. -> whether `source` is a LoRA adapter."""
+    if not source.is_dir():
+        raise UserError(f"checkpoint not found: {source}")
+    adapter = is_adapter_folder(source)
+    if not adapter and not (source / "config.json").is_file():
+        raise UserError(f"{source} is not a checkpoint or model folder (no config.json or adapter_config.json)")
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype {dtype!r}: allowed: {', '.join(DTYPES)}")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UserError(f"-o {target} already exists and is not empty; choose another folder or remove it")
+    if adapter:
+        require_peft(f"{source} is a LoRA adapter checkpoint; exporting it")
+    return adapter
+
+
+def _model_settings(source: Path) -> ModelConfig:
+    """How to load `source`: its run's model settings (dtype, remote code) when it has a config.yaml."""
+    saved = source / CONFIG_FILE
+    model_cfg = ModelConfig()
+    if saved.is_file():
+        model_cfg = load_config(None, [], base=read_saved_config(saved, notify=False)).model
+    return dataclasses.replace(model_cfg, name_or_path=str(source), dtype="auto")
+
+
+def export_checkpoint(checkpoint: str, out: str, merge: bool = False, dtype: str = "float32") -> Path:
+    """Write the export of `checkpoint` to `out`; returns its path."""
+    from transformers import AutoTokenizer
+
+    source, target = Path(checkpoint).expanduser(), Path(out).expanduser()
+    adapter = _check_paths(source, target, dtype)
+    if merge and not adapter:
+        logger.warning("--merge: %s holds full weights, not a LoRA adapter; there is nothing to merge", source)
+    model = load_model(_model_settings(source), torch.device("cpu"))
+    if adapter and merge:
+        model = model.merge_and_unload()
+    model = model.to(DTYPES[dtype])
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        usual_file_modes(tmp)
+        if target.is_dir():
+            target.rmdir()  # empty (checked above)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise UserError(f"could not write {target}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    kind = "merged model" if adapter and merge else "LoRA adapter" if adapter else "model"
+    print(f"wrote {target}: {kind} ({dtype}) and tokenizer", flush=True)
+    return target

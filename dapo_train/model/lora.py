@@ -1,0 +1,173 @@
+"""LoRA through the peft library: adapters on the policy, the base as the reference, adapter checkpoints.
+
+With model.lora.r > 0 the loaded model is wrapped in LoRA adapters (peft) and only they train, so
+the optimizer holds a few million numbers instead of three copies of every weight. With
+dapo.beta > 0 the reference policy is the same model inside `disable_adapter()`: the frozen base
+weights, already in memory, instead of a second copy of them.
+
+A LoRA run's checkpoint holds the adapter (adapter_model.safetensors, adapter_config.json), the
+tokenizer, config.yaml and trainer_state.pt; its base model is config.yaml's model.name_or_path.
+Resume rebuilds the adapters from the config and loads their weights; eval loads base + adapter;
+`dapo-train export --merge` folds them into a plain transformers folder.
+
+Every name in model.lora.target_modules must match a layer peft can adapt: a typo in one of seven
+names would otherwise train fewer layers without a word (peft only fails when none match).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from dapo_train.config.load import read_saved_config
+from dapo_train.config.schema import Config, LoraConfig
+from dapo_train.errors import ConfigError, UserError
+from dapo_train.model.checkpoint import CONFIG_FILE
+
+logger = logging.getLogger(__name__)
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_HINT = "pip install 'dapo-train[lora]' (or pip install peft)"
+
+
+def require_peft(why: str) -> None:
+    """One UserError when peft cannot be imported; `why` says what needed it."""
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise UserError(f"{why} needs the peft package, which is not installed: {PEFT_HINT}") from None
+
+
+def check_lora_start(cfg: Config) -> None:
+    """Before the run folder exists: a LoRA run needs peft; LoRA settings with r = 0 cannot act."""
+    lora = cfg.model.lora
+    if lora.r > 0:
+        require_peft(f"model.lora.r={lora.r}")
+        return
+    inert = [f"model.lora.{name}" for name, value in vars(lora).items() if value != getattr(LoraConfig(), name)]
+    if inert:
+        logger.warning("%s set but model.lora.r=0 (LoRA off): they have no effect", ", ".join(inert))
+
+
+@contextlib.contextmanager
+def _quiet_peft():
+    """peft reads transformers' deprecated `is_gradient_checkpointing` when it wraps a model; its
+    FutureWarning says nothing the user can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(folder: str | Path) -> str:
+    """The base model an adapter folder was trained on: its config.yaml's model.name_or_path (a run's
+    checkpoint; keeps builtin:tiny portable), else peft's adapter_config.json record."""
+    folder = Path(folder)
+    saved = folder / CONFIG_FILE
+    if saved.is_file():
+        base = read_saved_config(saved, notify=False).get("model", {}).get("name_or_path")
+        if base:
+            return base
+    base = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if not base:
+        raise UserError(f"{folder}: {ADAPTER_CONFIG} does not name its base model (base_model_name_or_path)")
+    return base
+
+
+def adaptable_layers(model: torch.nn.Module) -> list[str]:
+    """Dotted names of the layers peft's LoRA can wrap (linear, embedding, GPT-2's Conv1D)."""
+    from transformers.pytorch_utils import Conv1D
+
+    kinds = (torch.nn.Linear, torch.nn.Embedding, Conv1D)
+    return [name for name, module in model.named_modules() if name and isinstance(module, kinds)]
+
+
+def check_target_modules(model: torch.nn.Module, targets: list[str], model_name: str) -> None:
+    """Every target matches some adaptable layer by name or dotted suffix (peft's rule), else one
+    ConfigError naming the unmatched ones and the layer names the model has."""
+    layers = adaptable_layers(model)
+    unmatched = [t for t in targets if not any(name == t or name.endswith("." + t) for name in layers)]
+    if unmatched:
+        have = sorted({name.rsplit(".", 1)[-1] for name in layers})
+        raise ConfigError(
+            "model.lora.target_modules",
+            f"{', '.join(unmatched)} {'matches' if len(unmatched) == 1 else 'match'} no linear or embedding layer "
+            f"of {model_name}; its layers are named: {', '.join(have) or 'none'}",
+        )
+
+
+def apply_lora(model: torch.nn.Module, lora: LoraConfig, model_name: str):
+    """Wrap `model` in trainable LoRA adapters (B = 0: the wrapped model computes what the base does);
+    every other weight is frozen."""
+    require_peft(f"model.lora.r={lora.r}")
+    import peft
+
+    check_target_modules(model, lora.target_modules, model_name)
+    settings = peft.LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    with _quiet_peft():
+        wrapped = peft.get_peft_model(model, settings)
+    trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in wrapped.parameters())
+    logger.info("LoRA r=%d on %s: %d trainable parameters of %d (%.2f%%)", lora.r,
+                ", ".join(lora.target_modules), trainable, total, 100 * trainable / max(total, 1))
+    return wrapped
+
+
+def load_adapter_weights(model, checkpoint: Path) -> None:
+    """Load a checkpoint's adapter weights into adapters built from the same settings (resume)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    saved = load_file(str(checkpoint / ADAPTER_WEIGHTS))
+    result = set_peft_model_state_dict(model, saved)
+    missing = [key for key in result.missing_keys if "lora_" in key]
+    if result.unexpected_keys or missing:
+        raise UserError(f"{checkpoint}: its adapter does not fit the adapters model.lora describes "
+                        f"({len(missing)} missing, {len(result.unexpected_keys)} unexpected weights)")
+
+
+def check_resume(cfg: Config, checkpoint: Path) -> None:
+    """A run cannot switch LoRA on or off, or change its rank or layers, when it resumes: the
+    checkpoint's weights and optimizer state have the shapes it trained with."""
+    adapter = is_adapter_folder(checkpoint)
+    if adapter != (cfg.model.lora.r > 0):
+        held = "a LoRA adapter" if adapter else "full weights"
+        raise UserError(
+            f"--resume {checkpoint}: it holds {held}, but model.lora.r={cfg.model.lora.r}; a run keeps its "
+            "model.lora.r (to train further with the other, start a new run from an exported model)"
+        )
+    if not adapter:
+        return
+    saved = read_saved_config(checkpoint / CONFIG_FILE, notify=False).get("model", {}).get("lora", {})
+    for key in ("r", "target_modules"):
+        if key in saved and saved[key] != getattr(cfg.model.lora, key):
+            raise UserError(
+                f"--resume {checkpoint}: model.lora.{key} is {saved[key]!r} in the checkpoint and "
+                f"{getattr(cfg.model.lora, key)!r} now; the adapter's shapes cannot change when resuming"
+            )
+
+
+def attach_adapter(base: torch.nn.Module, folder: str, device: torch.device):
+    """`base` (the model adapter_base names) with the folder's adapter on top, for inference: peft
+    reads the adapter's own settings from adapter_config.json, so any peft LoRA adapter folder loads.
+    Needs peft: check it with require_peft before loading the base."""
+    from peft import PeftModel
+
+    with _quiet_peft():
+        return PeftModel.from_pretrained(base, folder).to(device)
+
+
+def is_peft_model(model) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "merge_and_unload")

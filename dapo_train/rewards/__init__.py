@@ -1,0 +1,28 @@
+"""Rewards: a completion and its gold answer in, a float out, chosen by name from one registry.
+
+scoring.py    the registry (`register`), a config's rewards bound to their args, scoring completions
+rules.py      the built-in rule rewards (accuracy, format, overlong = Eq. 13); they import no model code
+catalogue.py  the registered rewards as a user reads them (`dapo-train config --keys rewards`)
+
+Plugin authors import from here: `from dapo_train.rewards import register, extract_answer, is_correct`.
+"""
+
+from dapo_train.rewards import rules  # noqa: F401  (fills REWARDS with the built-in rule rewards)
+from dapo_train.rewards.scoring import (
+    FILLED_ARGS,
+    REWARDS,
+    BoundReward,
+    RewardError,
+    RewardSet,
+    Scores,
+    build_rewards,
+    register,
+    rewards_from_config,
+    score,
+)
+from dapo_train.task.answers import extract_answer, is_correct
+
+__all__ = [
+    "FILLED_ARGS", "REWARDS", "BoundReward", "RewardError", "RewardSet", "Scores", "build_rewards", "extract_answer",
+    "is_correct", "register", "rewards_from_config", "score",
+]

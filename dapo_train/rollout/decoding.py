@@ -1,0 +1,283 @@
+"""Decoding with a transformers model: prompt ids in, generated ids and behaviour log-probs out.
+
+The token-level work behind engines.py's transformers engines (which add the chunking, the records
+and the rollout weights):
+
+- `decode_loop`: a loop over the model's forward. Each prompt is prefilled ONCE and its KV cache
+  repeated for its G completions; rows leave the batch (and the cache) as soon as they emit EOS, and
+  the cache's layers are preallocated, so no step copies the cache or works on finished rows.
+- `generate_rows`: `model.generate` on rows given as they are (G copies of each prompt), with the
+  behaviour log-probs recorded while it runs (BehaviourRecorder) at O(N x V) memory.
+
+Both return (generated (N, T) ids, padded after the first EOS; behaviour log-probs (N, T) float32)
+on the CPU, row b*G + g being prompt b's g-th completion. The behaviour log-prob of a token is taken
+from `behaviour_distribution`, the one definition every engine records.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from dapo_train.model.scoring import padded_position_ids
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Everything that shapes the sampling distribution, passed to generate explicitly."""
+
+    max_new_tokens: int
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def generation_config(self, eos_ids: list[int], pad_id: int):
+        """A fresh GenerationConfig for `generate`: these settings and the stop ids, nothing else (a
+        checkpoint's suppress_tokens, min_p, no_repeat_ngram_size, ... must not shape the rollout).
+        Temperature, top-k and top-p are left neutral here: the BehaviourRecorder applies them itself,
+        so generate samples from exactly the distribution it records."""
+        from transformers import GenerationConfig
+
+        neutral = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if self.do_sample else {}
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=self.do_sample, eos_token_id=eos_ids,
+                                pad_token_id=pad_id, **neutral)
+
+    def warpers(self):
+        """The logits warpers `generate` applies for these settings, in its order (temperature,
+        top-k, top-p); an empty list for greedy decoding."""
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        warpers = LogitsProcessorList()
+        if self.do_sample:
+            if self.temperature != 1.0:
+                warpers.append(TemperatureLogitsWarper(self.temperature))
+            if self.top_k > 0:
+                warpers.append(TopKLogitsWarper(self.top_k))
+            if self.top_p < 1.0:
+                warpers.append(TopPLogitsWarper(self.top_p))
+        return warpers
+
+
+def behaviour_distribution(scores: Tensor, settings: SamplingSettings) -> Tensor:
+    """The distribution an engine samples from and records: the rollout model's raw logits (A, V), cast
+    to float32, -> log-probs (A, V). log_softmax(logits / temperature) after top-k / top-p truncation
+    (the warpers, renormalised: truncated tokens get -inf); greedy: log_softmax(logits)."""
+    return torch.log_softmax(settings.warpers()(None, scores), dim=-1)
+
+
+def _picked(distribution: Tensor, tokens: Tensor) -> Tensor:
+    """distribution (A, V), tokens (A,) -> (A,) the tokens' entries."""
+    return distribution.gather(-1, tokens[:, None])[:, 0]
+
+
+def left_pad(sequences: Sequence[Tensor], pad_id: int, multiple: int = 1) -> tuple[Tensor, Tensor]:
+    """Left-pad 1-D id tensors -> (ids (B, P), attention_mask (B, P)); P is rounded up to `multiple`."""
+    width = -(-max(int(s.numel()) for s in sequences) // multiple) * multiple
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq.numel():
+            ids[row, width - seq.numel() :] = seq
+            mask[row, width - seq.numel() :] = 1
+    return ids, mask
+
+
+def draw_tokens(distribution: Tensor) -> Tensor:
+    """One token per row from a behaviour distribution, log-probs (A, V) -> (A,) ids.
+
+    The Gumbel-max trick, argmax(log p - log E) with E ~ Exp(1): the categorical distribution that
+    generate's multinomial draws from, in one cheap pass (truncated tokens stay at -inf)."""
+    return (distribution - torch.empty_like(distribution).exponential_().log()).argmax(dim=-1)
+
+
+# ---------------------------------------------------------------- the decode loop
+
+
+def _cache_keyword(model) -> str:
+    """The forward's KV-cache argument: `cache` (transformers >= 5.2x) or `past_key_values` (before).
+    Read from the transformers model itself: a PEFT wrapper's forward takes **kwargs."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _output_cache(output):
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+try:
+    from transformers.cache_utils import DynamicLayer as _DynamicLayer
+except ImportError:  # transformers without per-layer caches: _preallocate does nothing
+    _DynamicLayer = None
+
+
+def _preallocate(cache, extra: int) -> None:
+    """Give each plain dynamic layer of `cache` room for `extra` more tokens, so a decode step writes
+    its keys in place instead of concatenating (copying) the whole cache each step. Other cache types
+    (sliding windows, hybrid models, older transformers) are left as they are."""
+    if _DynamicLayer is None:
+        return
+    for index, layer in enumerate(getattr(cache, "layers", [])):
+        if type(layer) is _DynamicLayer and layer.is_initialized and layer.get_seq_length() > 0:
+            cache.layers[index] = _GrowingLayer(layer, extra)
+
+
+class _GrowingLayer(_DynamicLayer or object):
+    """A dynamic cache layer over a preallocated buffer: keys/values are views of its first `length` slots."""
+
+    def __init__(self, layer, extra: int) -> None:
+        super().__init__()
+        batch, heads, length, dim = layer.keys.shape
+        self.device, self.is_initialized, self.length = layer.keys.device, True, length
+        self._keys = layer.keys.new_empty((batch, heads, length + extra, dim))
+        self._values = layer.values.new_empty((batch, heads, length + extra, layer.values.shape[-1]))
+        self._keys[:, :, :length], self._values[:, :, :length] = layer.keys, layer.values
+        self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        end = self.length + key_states.shape[-2]  # the decode loop never writes past the room it reserved
+        self._keys[:, :, self.length : end] = key_states
+        self._values[:, :, self.length : end] = value_states
+        self.length = end
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._keys = self._keys.repeat_interleave(repeats, dim=0)
+        self._values = self._values.repeat_interleave(repeats, dim=0)
+        self._views()
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self._keys, self._values = self._keys[indices], self._values[indices]
+        self._views()
+
+
+@torch.no_grad()
+def decode_loop(
+    model, prompts: list[Tensor], group_size: int, settings: SamplingSettings, eos_ids: list[int], pad_id: int,
+) -> tuple[Tensor, Tensor]:
+    """Sample group_size completions for each prompt -> (generated (B*G, T), behaviour log-probs (B*G, T)).
+
+    The prompts are prefilled once (B rows); the cache, last logits and mask are then repeated G
+    times. After each token, rows that emitted EOS are dropped from the batch and the cache."""
+    device = next(model.parameters()).device
+    input_ids, attention_mask = left_pad(prompts, pad_id)  # (B, P)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=padded_position_ids(attention_mask),
+                use_cache=True, logits_to_keep=1)
+    cache = _output_cache(out)
+    logits = out.logits[:, -1, :]  # (B, V)
+    _preallocate(cache, settings.max_new_tokens)
+    if group_size > 1:
+        cache.batch_repeat_interleave(group_size)
+        logits = logits.repeat_interleave(group_size, dim=0)
+        attention_mask = attention_mask.repeat_interleave(group_size, dim=0)
+    rows = logits.shape[0]
+    budget = settings.max_new_tokens
+    generated = torch.full((rows, budget), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((rows, budget), dtype=torch.float32, device=device)
+    active = torch.arange(rows, device=device)  # original row of each batch row
+    next_position = attention_mask.sum(dim=1)  # (A,) position id of the token being sampled
+    eos = torch.tensor(eos_ids, device=device)
+    for step in range(budget):
+        distribution = behaviour_distribution(logits.float(), settings)  # (A, V)
+        tokens = draw_tokens(distribution) if settings.do_sample else distribution.argmax(dim=-1)  # (A,)
+        generated[active, step] = tokens
+        logprobs[active, step] = _picked(distribution, tokens)
+        if step == budget - 1:
+            break
+        running = ~torch.isin(tokens, eos)  # (A,)
+        if not bool(running.all()):
+            if not bool(running.any()):
+                break
+            keep = running.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            active, tokens = active[keep], tokens[keep]
+            attention_mask, next_position = attention_mask[keep], next_position[keep]
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
+        out = model(input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=next_position[:, None],
+                    use_cache=True, **{_cache_keyword(model): cache})
+        logits = out.logits[:, -1, :]
+        next_position = next_position + 1
+    return generated.cpu(), logprobs.cpu()
+
+
+# ---------------------------------------------------------------- model.generate
+
+
+class BehaviourRecorder(LogitsProcessor):
+    """The one logits processor of `generate`: turns each step's scores into the behaviour distribution
+    (temperature, top-k, top-p: behaviour_distribution) and hands it back for generate to sample from,
+    recording the log-prob of each token it picks. It holds one step's distribution (N, V) instead of
+    every step's logits (`output_logits` keeps (N, T, V): gigabytes at Qwen's vocabulary).
+
+    generate runs its own processors first and its warpers after the user's; with the fresh
+    generation config of SamplingSettings.generation_config it has neither, so this sees the float32
+    logits and its output is what generate samples from. The newest column of input_ids is the token
+    picked from the previous step's distribution; the last one is looked up once generate has returned."""
+
+    def __init__(self, settings: SamplingSettings) -> None:
+        self.settings = settings
+        self.distribution: Tensor | None = None  # (N, V) the latest step's
+        self.picked: list[Tensor] = []  # (N,) one per token whose successor was scored
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self.distribution is not None:
+            self.picked.append(_picked(self.distribution, input_ids[:, -1]))
+        self.distribution = behaviour_distribution(scores, self.settings)
+        return self.distribution
+
+    def logprobs(self, generated: Tensor) -> Tensor:
+        """generated (N, T), on the model's device -> behaviour log-probs (N, T)."""
+        picked = self.picked[: generated.shape[1]]  # generate may have undone steps it had scored
+        if len(picked) < generated.shape[1]:
+            picked.append(_picked(self.distribution, generated[:, len(picked)]))
+        return torch.stack(picked, dim=1)
+
+
+@contextmanager
+def _generation_config(model, config):
+    """generate fills every field a passed config leaves unset from the model's own generation_config:
+    the model holds `config` meanwhile, so nothing of the checkpoint's reaches the rollout."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT generates with the base
+    saved = base.generation_config
+    base.generation_config = config
+    try:
+        yield
+    finally:
+        base.generation_config = saved
+
+
+@torch.no_grad()
+def generate_rows(
+    model, rows: list[Tensor], settings: SamplingSettings, eos_ids: list[int], pad_id: int, *,
+    width_multiple: int = 1, **generate_kwargs,
+) -> tuple[Tensor, Tensor]:
+    """`model.generate` on rows, left-padded to a multiple of width_multiple (generate_kwargs passed
+    on) -> (generated (N, T), behaviour log-probs (N, T))."""
+    device = next(model.parameters()).device
+    input_ids, attention_mask = left_pad(rows, pad_id, width_multiple)
+    recorder = BehaviourRecorder(settings)
+    config = settings.generation_config(eos_ids, pad_id)
+    model_kwargs = config.update(**generate_kwargs)  # generation fields (cache_implementation) go in the config
+    with _generation_config(model, config):
+        sequences = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config,
+            logits_processor=LogitsProcessorList([recorder]), **model_kwargs,
+        )
+    generated = sequences[:, input_ids.shape[1] :]  # (N, T)
+    return generated.cpu(), recorder.logprobs(generated).cpu()

@@ -1,0 +1,342 @@
+"""Rollout: prompts -> sampled completions with exact token masks and behaviour log-probs, behind an
+engine interface.
+
+`collect` talks to a RolloutEngine (generate G completions for each prompt; take new weights after
+each step's updates), chosen by `rollout.engine` from ROLLOUT_ENGINES. Built in, over a transformers
+model (the token-level work is decoding.py's):
+
+- `hf` (default): DecodeLoopEngine, a decode loop over the model's forward, each prompt prefilled
+  ONCE for its G completions and finished rows dropped; or, when `rollout.compile` is on (auto: with
+  CUDA), StaticCacheEngine, transformers' static-cache generate (compiled into CUDA graphs on CUDA)
+  on batch rows bucketed to powers of two, so dynamic sampling's rounds reuse a few compiled shapes.
+  On CUDA both sample from a bfloat16 copy of the weights, refreshed after every step's updates.
+- `hf-generate`: GenerateEngine, plain `model.generate` on G copies of each prompt: the reference
+  the loop is tested against.
+
+Another engine (vLLM, SGLang, ...) is one module: a class with the two methods of RolloutEngine,
+registered with `@register_engine("name")` (or named in the config as 'pkg.module:Class'). It gets
+the unwrapped model and the tokenizer, and must keep the semantics below.
+
+Semantics every engine keeps: the sampling settings are passed explicitly (a checkpoint's
+generation_config, e.g. Qwen2.5's repetition penalty and top_p/top_k, must not silently change the
+distribution the loss assumes); a completion's valid tokens run up to AND including the first EOS,
+where EOS is any id of generation_config.eos_token_id or the tokenizer's (Qwen's pad id is also an
+EOS id, so masks come from the first EOS position, never from comparing with the pad id); a row
+with no EOS within max_new_tokens is truncated. The EOS is in the loss, so the model learns to stop.
+Each completion carries the behaviour log-probs of its tokens, those of the distribution it was
+sampled from (decoding.behaviour_distribution).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from dapo_train.plugins import decorator_for
+from dapo_train.rollout.decoding import SamplingSettings, decode_loop, generate_rows
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Completion:
+    """One sampled completion. L = number of valid tokens (EOS included when present)."""
+
+    prompt_ids: torch.Tensor  # (P,) the prompt's tokens, no padding
+    completion_ids: torch.Tensor  # (L,) valid generated tokens, no padding
+    truncated: bool  # no EOS within max_new_tokens
+    text: str  # decoded completion, special tokens skipped
+    behaviour_logprobs: torch.Tensor | None = None  # (L,) float32 under the sampling distribution; every engine sets it
+
+    @property
+    def length(self) -> int:
+        return int(self.completion_ids.numel())
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """All ids that end a completion: generation_config.eos_token_id (int or list) + tokenizer's."""
+    ids: list[int] = []
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (configured, tokenizer.eos_token_id):
+        if value is None:
+            continue
+        for token_id in value if isinstance(value, (list, tuple)) else [value]:
+            if int(token_id) not in ids:
+                ids.append(int(token_id))
+    if not ids:
+        raise ValueError(
+            "the model defines no EOS token id (generation_config.eos_token_id and tokenizer.eos_token_id are unset)"
+        )
+    return ids
+
+
+def pad_token_id(model, tokenizer) -> int:
+    """Padding id for batched generation: the tokenizer's pad, else the generation config's, else EOS."""
+    for value in (tokenizer.pad_token_id, getattr(model.generation_config, "pad_token_id", None)):
+        if value is not None:
+            return int(value)
+    return eos_token_ids(model, tokenizer)[0]
+
+
+def completion_mask(generated: torch.Tensor, eos_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Valid-token mask of generated ids: up to and including the first EOS.
+
+    generated (N, T) -> (mask (N, T) long, truncated (N,) bool). Tokens after the first EOS
+    (padding, which may itself be an EOS id) are 0; a row without EOS is all 1 and truncated.
+    """
+    is_eos = torch.isin(generated, torch.tensor(list(eos_ids), device=generated.device))  # (N, T)
+    seen_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()  # EOS count strictly before t
+    mask = (seen_before == 0).long()  # (N, T)
+    truncated = ~is_eos.any(dim=1)  # (N,)
+    return mask, truncated
+
+
+def _completions(
+    prompts: Sequence[torch.Tensor], generated: torch.Tensor, logprobs: torch.Tensor, eos_ids, tokenizer
+) -> list[Completion]:
+    """Generated ids (N, T) and their behaviour log-probs (N, T) of N rows (row i continues prompts[i])
+    -> Completions."""
+    mask, truncated = completion_mask(generated, eos_ids)
+    lengths = mask.sum(dim=1).tolist()
+    valid = [generated[row, :length] for row, length in enumerate(lengths)]
+    texts = tokenizer.batch_decode(valid, skip_special_tokens=True)
+    return [
+        Completion(
+            prompt_ids=prompts[row], completion_ids=ids, truncated=bool(truncated[row]), text=texts[row],
+            behaviour_logprobs=logprobs[row, : lengths[row]].clone(),
+        )
+        for row, ids in enumerate(valid)
+    ]
+
+
+def _prompt_chunks(prompts: Sequence[Sequence[int]], group_size: int, batch_size: int) -> list[list[torch.Tensor]]:
+    """Prompts in order, cut so that a chunk's rows (prompts x group_size) stay within batch_size."""
+    per_chunk = max(1, batch_size // group_size)
+    tensors = [torch.as_tensor(list(p), dtype=torch.long) for p in prompts]
+    return [tensors[start : start + per_chunk] for start in range(0, len(tensors), per_chunk)]
+
+
+Decode = Callable[[torch.nn.Module, list[torch.Tensor], int, SamplingSettings, list[int], int],
+                  tuple[torch.Tensor, torch.Tensor]]
+
+
+def sample_completions(
+    model, tokenizer, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *, batch_size: int,
+    group_size: int = 1, decode: Decode = decode_loop,
+) -> list[Completion]:
+    """group_size completions of each prompt, prompt-major (prompt 0's first), sampled from `model` as
+    it is: evaluation samples the training model so; an engine passes its rollout model and decoder.
+
+    decode(model, prompts (B,), group_size, settings, eos_ids, pad_id) -> (ids (B*G, T), behaviour
+    log-probs (B*G, T)) runs on whole groups of at most batch_size rows. The model is in eval mode
+    meanwhile: training mode would turn the KV cache off under gradient checkpointing."""
+    eos_ids, pad_id = eos_token_ids(model, tokenizer), pad_token_id(model, tokenizer)
+    was_training = model.training
+    model.eval()
+    try:
+        completions: list[Completion] = []
+        for chunk in _prompt_chunks(prompts, group_size, batch_size):
+            generated, logprobs = decode(model, chunk, group_size, settings, eos_ids, pad_id)
+            completions += _completions(_rows(chunk, group_size), generated, logprobs, eos_ids, tokenizer)
+        return completions
+    finally:
+        model.train(was_training)
+
+
+def _rows(prompts: list[torch.Tensor], group_size: int) -> list[torch.Tensor]:
+    """Each prompt group_size times, in order: the rows of a chunk."""
+    return [prompt for prompt in prompts for _ in range(group_size)]
+
+
+# ---------------------------------------------------------------- engines
+
+
+class RolloutEngine(Protocol):
+    """What collect needs from a rollout backend."""
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, group_size: int
+    ) -> list[Completion]:
+        """group_size completions per prompt, prompt-major, with the semantics of this module's docstring."""
+
+    def sync_weights(self) -> None:
+        """Take the training model's current weights; the trainer calls it after every step's updates."""
+
+
+@dataclass
+class EngineSetup:
+    """What an engine factory receives. model: the UNWRAPPED training model (float32 master weights)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    batch_size: int  # rollout.generation_batch_size: most sequences per batch
+    dtype: str  # rollout.dtype: auto | float32 | bfloat16
+    compile: str  # rollout.compile: auto | on | off
+
+
+ROLLOUT_ENGINES: dict[str, Callable[[EngineSetup], RolloutEngine]] = {}
+
+
+# Decorator of an engine class (or factory function): @register_engine("name") makes
+# `rollout.engine: name` build it from an EngineSetup.
+register_engine = decorator_for(ROLLOUT_ENGINES)
+
+
+# What an engine must have, and what a plugin engine is told when it lacks it.
+ENGINE_METHODS = ("generate", "sync_weights")
+ENGINE_HINT = (
+    "an engine is a class (or factory) taking an EngineSetup, with generate() and sync_weights() (docs/benchmarks.md)"
+)
+
+
+def _lacks(thing: object) -> str:
+    """'generate() and sync_weights()': the engine methods `thing` does not have ('' if none)."""
+    return " and ".join(f"{method}()" for method in ENGINE_METHODS if not callable(getattr(thing, method, None)))
+
+
+def engine_factory(name: str) -> Callable[[EngineSetup], RolloutEngine]:
+    """The factory `rollout.engine` names (a registered name or 'pkg.module:Factory'); ConfigError if none,
+    or if a plugin is a class without the engine's methods or cannot take one EngineSetup. Cheap: the
+    trainer calls it before loading the model."""
+    from dapo_train.errors import ConfigError
+    from dapo_train.plugins import import_plugin, require_signature
+
+    if name in ROLLOUT_ENGINES:
+        return ROLLOUT_ENGINES[name]
+    if ":" not in name:
+        raise ConfigError("rollout.engine", f"unknown engine {name!r}; built in: {', '.join(ROLLOUT_ENGINES)}, "
+                          "or 'pkg.module:Factory'")
+    factory = import_plugin(name, "rollout.engine")
+    if isinstance(factory, type) and _lacks(factory):
+        raise ConfigError("rollout.engine", f"{name} is a class without {_lacks(factory)}; {ENGINE_HINT}")
+    require_signature(factory, (None,), "rollout.engine",
+                      f"{name} cannot be called with one EngineSetup; {ENGINE_HINT}")
+    return factory
+
+
+def build_engine(rollout_cfg, model, tokenizer) -> RolloutEngine:
+    """The engine of a RolloutConfig for an UNWRAPPED model. A plugin factory that fails on the
+    EngineSetup, or returns something without the engine's methods, is a ConfigError naming it."""
+    from dapo_train.errors import ConfigError
+
+    setup = EngineSetup(model=model, tokenizer=tokenizer, batch_size=rollout_cfg.generation_batch_size,
+                        dtype=rollout_cfg.dtype, compile=rollout_cfg.compile)
+    name, factory = rollout_cfg.engine, engine_factory(rollout_cfg.engine)
+    if name in ROLLOUT_ENGINES:
+        return factory(setup)
+    try:
+        engine = factory(setup)
+    except Exception as exc:  # the plugin's own code, given what every engine gets
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError("rollout.engine", f"{name}(EngineSetup) failed: {type(exc).__name__}: {said}; "
+                          f"{ENGINE_HINT}") from exc
+    if _lacks(engine):
+        raise ConfigError("rollout.engine", f"{name} returned {engine!r:.60} ({type(engine).__name__}), which has no "
+                          f"{_lacks(engine)}; {ENGINE_HINT}")
+    return engine
+
+
+ROLLOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def rollout_dtype(setting: str, device: torch.device) -> torch.dtype:
+    """rollout.dtype -> the dtype the rollout's weights use. auto: bfloat16 on CUDA, float32 elsewhere."""
+    if setting == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return ROLLOUT_DTYPES[setting]
+
+
+def _rollout_copy(model: torch.nn.Module, setting: str) -> torch.nn.Module | None:
+    """A frozen copy of `model` in rollout.dtype, or None when that is the training weights' dtype."""
+    dtype = rollout_dtype(setting, next(model.parameters()).device)
+    if dtype == next(model.parameters()).dtype:
+        return None
+    frozen = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
+    logger.info("rollout: sampling from a %s copy of the weights, refreshed after every step's updates",
+                str(dtype).removeprefix("torch."))
+    return frozen
+
+
+class TransformersEngine(ABC):
+    """Base of the transformers engines: the rollout model (the training model, or its copy in
+    rollout.dtype, synced after each update) sampled through sample_completions; a subclass decodes."""
+
+    def __init__(self, setup: EngineSetup) -> None:
+        self.model, self.tokenizer, self.batch_size = setup.model, setup.tokenizer, setup.batch_size
+        self.copy = _rollout_copy(setup.model, setup.dtype)
+
+    @property
+    def rollout_model(self) -> torch.nn.Module:
+        """The weights the engine samples from."""
+        return self.copy if self.copy is not None else self.model
+
+    def sync_weights(self) -> None:
+        if self.copy is None:
+            return
+        with torch.no_grad():
+            for target, source in zip(self.copy.parameters(), self.model.parameters()):
+                target.copy_(source)
+
+    def generate(self, prompts, settings: SamplingSettings, group_size: int) -> list[Completion]:
+        return sample_completions(self.rollout_model, self.tokenizer, prompts, settings, batch_size=self.batch_size,
+                                  group_size=group_size, decode=self.decode)
+
+    @abstractmethod
+    def decode(self, model, prompts: list[torch.Tensor], group_size: int, settings: SamplingSettings,
+               eos_ids: list[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chunk of whole groups -> (ids (B*G, T), behaviour log-probs (B*G, T)); see `Decode`."""
+
+
+class DecodeLoopEngine(TransformersEngine):
+    """decoding.decode_loop: each prompt prefilled once for its group, finished rows dropped."""
+
+    def decode(self, model, prompts, group_size, settings, eos_ids, pad_id):
+        return decode_loop(model, prompts, group_size, settings, eos_ids, pad_id)
+
+
+BUCKET_WIDTH = 64  # the static-cache engine pads prompt widths to a multiple of this
+
+
+def bucket_size(rows: int, limit: int) -> int:
+    """The smallest power of two >= rows, capped at max(rows, limit)."""
+    size = 1
+    while size < rows:
+        size *= 2
+    return min(size, max(rows, limit))
+
+
+class StaticCacheEngine(TransformersEngine):
+    """transformers' static-cache `generate` (its decode step compiled into CUDA graphs on CUDA) on G
+    copies of each prompt. A call's rows are padded up to a power of two (at most batch_size) with
+    copies of its first row, whose outputs are dropped, and the prompt width up to a multiple of
+    BUCKET_WIDTH, so the compiled step sees few distinct shapes."""
+
+    def decode(self, model, prompts, group_size, settings, eos_ids, pad_id):
+        rows = _rows(prompts, group_size)
+        padded = rows + [rows[0]] * (bucket_size(len(rows), self.batch_size) - len(rows))
+        generated, logprobs = generate_rows(model, padded, settings, eos_ids, pad_id, width_multiple=BUCKET_WIDTH,
+                                            cache_implementation="static")
+        return generated[: len(rows)], logprobs[: len(rows)]
+
+
+@register_engine("hf-generate")
+class GenerateEngine(TransformersEngine):
+    """Plain `model.generate` on G copies of each prompt: the reference semantics."""
+
+    def decode(self, model, prompts, group_size, settings, eos_ids, pad_id):
+        return generate_rows(model, _rows(prompts, group_size), settings, eos_ids, pad_id)
+
+
+@register_engine("hf")
+def hf_engine(setup: EngineSetup) -> TransformersEngine:
+    """rollout.engine=hf: the static-cache engine when rollout.compile is on (auto: on with CUDA), else
+    the decode loop. One name for both: rollout.compile is the switch users already have."""
+    device = next(setup.model.parameters()).device
+    compiled = setup.compile == "on" or (setup.compile == "auto" and device.type == "cuda")
+    return StaticCacheEngine(setup) if compiled else DecodeLoopEngine(setup)

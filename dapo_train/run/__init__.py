@@ -1,0 +1,10 @@
+"""The run folder and what a run writes into it, below the training loop: logs, trackers, per-item
+records, atomic files, where a run starts or resumes, and the signals that stop it gracefully.
+
+folder.py      which folder a run writes, what --resume continues, which run is the latest
+logs.py        metrics.jsonl and the two text logs, split at a resumed step
+trackers.py    TensorBoard, W&B and the others through accelerate; the no-op tracker
+eval_items.py  per-item eval records (eval_items/), so runs compare item by item
+files.py       JSON and JSON Lines written atomically; the JSON Lines reader
+signals.py     SIGINT/SIGTERM: finish the step, save, say how to resume
+"""

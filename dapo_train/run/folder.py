@@ -1,0 +1,324 @@
+"""The run folder: where a run may start, what `--resume` continues, which run is the latest.
+
+- A fresh start checks, before anything loads or is created, that output_dir can be written and
+  that the packages the trackers and LoRA need are installed; it refuses to replace a run that
+  saved a checkpoint unless told (--overwrite), and starts again over one that never saved any
+  (nothing there can be resumed).
+- `--resume` continues a run with its own saved config (the checkpoint's config.yaml); KEY=VALUE
+  overrides change it and every changed key is listed, old -> new, before the model loads. A
+  CONFIG file given with `--resume` only says where the run is (its output_dir).
+- A run whose checkpoint already reached train.max_steps is finished: resuming it says so and
+  changes nothing (no re-save, no rewritten logs, its checkpoints' eval files stay).
+- Resuming from a checkpoint that is not the run's last abandons what came after it: the later
+  checkpoints (with their eval files), the log rows past its step and the config they ran with move
+  into abandoned_after_step<N>_<time>/ inside the run folder, never deleted, so the run folder, its
+  summary and a later `--resume RUN` follow the live trajectory alone.
+- The latest run is the one whose training wrote last (metrics.jsonl, checkpoint weights), which
+  `dapo-train eval` never touches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import tempfile
+import time
+from pathlib import Path
+
+from dapo_train.config.load import config_from_dict, config_to_dict, flatten_config, load_config, read_saved_config
+from dapo_train.config.schema import Config
+from dapo_train.errors import ConfigError, UserError
+from dapo_train.model.checkpoint import (
+    CHECKPOINT_RE,
+    CONFIG_FILE,
+    STATE_FILE,
+    checkpoint_dirs,
+    latest_checkpoint,
+    load_state,
+)
+from dapo_train.model.lora import check_lora_start, check_resume
+from dapo_train.run.eval_items import ITEMS_DIR, items_after
+from dapo_train.run.logs import METRICS_FILE, split_logs
+from dapo_train.run.trackers import check_trackers
+
+logger = logging.getLogger(__name__)
+
+RUNS_ROOT = Path("outputs")
+# Sub-folder of a run holding what a resume from an earlier checkpoint left behind (set_aside_abandoned).
+ABANDONED_PREFIX = "abandoned_after_step"
+# Files training writes and eval never does: their times say when a run last trained.
+TRAINING_FILES = (METRICS_FILE,)
+CHECKPOINT_TRAINING_FILES = ("config.json", STATE_FILE)
+
+
+def resume_command(run_dir: str | Path) -> str:
+    return f"dapo-train run --resume {shlex.quote(str(run_dir))}"
+
+
+def checkpoint_step(checkpoint: Path) -> int | None:
+    match = CHECKPOINT_RE.match(checkpoint.name)
+    return int(match.group(1)) if match else None
+
+
+# --------------------------------------------------------------------------------------------
+# Starting: checks that cost nothing, before the model loads and before the folder exists.
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why `folder` cannot be created and written in, or None. A real probe (a temporary folder made
+    and removed in the nearest existing folder), since permission bits do not tell root, read-only
+    mounts or pseudo file systems (/sys, /proc) apart."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} exists and is not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".dapo-write-check-", dir=existing))
+    except OSError as exc:
+        return f"cannot write in {existing} ({exc.strerror or exc})"
+    return None
+
+
+def check_writable(run_dir: Path) -> None:
+    """Fail before anything loads when output_dir cannot be created or written."""
+    problem = unwritable(run_dir)
+    if problem is not None:
+        raise UserError(f"output_dir {run_dir}: {problem}; set output_dir=... to a writable folder")
+
+
+def holds_run(run_dir: Path) -> bool:
+    return (run_dir / CONFIG_FILE).exists() or (run_dir / METRICS_FILE).exists()
+
+
+def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bool) -> tuple[Path, Path | None]:
+    """-> (run dir, checkpoint to resume from). Refuses to clobber a run that saved a checkpoint;
+    with --overwrite the old run is only removed later, once setup has succeeded."""
+    run_dir = Path(cfg.output_dir)
+    if resume and overwrite:
+        raise UserError("--resume continues the run in output_dir and --overwrite replaces it: give one of them")
+    check_writable(run_dir)
+    check_trackers(cfg.logging.trackers)
+    check_lora_start(cfg)
+    if resume:
+        source = _resume_source(run_dir, resume)
+        load_state(source, mmap=True)  # a damaged state fails now, not after the model loaded
+        check_resume(cfg, source)  # LoRA on/off, rank and layers cannot change: say so before the data loads
+        return run_dir, source
+    if holds_run(run_dir) and not overwrite:
+        if checkpoint_dirs(run_dir):
+            raise UserError(
+                f"output_dir {run_dir} already holds a run; continue it with: {resume_command(run_dir)}; or pass "
+                "--overwrite to replace it, or set output_dir=... / run_name=..."
+            )
+        logger.warning("%s holds a run that never saved a checkpoint; starting it again", run_dir)
+    return run_dir, None
+
+
+def _resume_source(run_dir: Path, resume: str | Path | bool) -> Path:
+    source = latest_checkpoint(run_dir) if resume is True else Path(resume)
+    if source is None:
+        raise UserError(_no_checkpoint(run_dir))
+    if not source.is_dir():
+        raise UserError(f"--resume: checkpoint not found: {source}")
+    return source
+
+
+def _no_checkpoint(run_dir: Path) -> str:
+    if (run_dir / CONFIG_FILE).is_file():
+        return (
+            f"--resume: {run_dir} holds a run that never saved a checkpoint, so there is nothing to resume; "
+            f"start it again with: dapo-train run {shlex.quote(str(run_dir / CONFIG_FILE))}"
+        )
+    return f"--resume: no checkpoint_<step>/ in {run_dir}; start without --resume"
+
+
+def finished(cfg: Config, checkpoint: Path) -> bool:
+    """True when `checkpoint` already reached train.max_steps: resuming it would train nothing."""
+    step = checkpoint_step(checkpoint)
+    return step is not None and step >= cfg.train.max_steps
+
+
+def finished_message(cfg: Config, run_dir: Path, checkpoint: Path) -> str:
+    return (
+        f"{run_dir} is already finished: {checkpoint.name} reached train.max_steps={cfg.train.max_steps}; "
+        "nothing was changed.\n"
+        f"  evaluate it: dapo-train eval {shlex.quote(str(checkpoint))}\n"
+        f"  train further: {resume_command(run_dir)} train.max_steps=N"
+    )
+
+
+def set_aside_abandoned(run_dir: Path, step: int) -> Path | None:
+    """A run resumed at `step`: move what its folder holds from after that step (later checkpoints,
+    log rows past it, the per-item records of later evals, the config they ran with) into
+    abandoned_after_step<step>_<time>/, and say
+    what moved in one line. -> that folder, or None when nothing came after `step`."""
+    later = [c for c in checkpoint_dirs(run_dir) if checkpoint_step(c) > step]
+    logs, evals = split_logs(run_dir, step), items_after(run_dir, step)
+    if not later and not evals and not any(rest for _, rest in logs.values()):
+        return None
+    folder = _new_folder(run_dir, f"{ABANDONED_PREFIX}{step}_{time.strftime('%Y%m%d-%H%M%S')}")
+    for checkpoint in later:
+        os.replace(checkpoint, folder / checkpoint.name)
+    if evals:
+        (folder / ITEMS_DIR).mkdir()
+        for path in evals:
+            os.replace(path, folder / ITEMS_DIR / path.name)
+    for name, (kept, rest) in logs.items():
+        if rest:
+            (folder / name).write_text(rest, encoding="utf-8")
+            (run_dir / name).write_text(kept, encoding="utf-8")
+    names, moved = [c.name for c in later], []
+    if names:
+        moved.append(", ".join(names) if len(names) <= 3 else f"{names[0]} ... {names[-1]} ({len(names)} checkpoints)")
+    if rows := logs[METRICS_FILE][1].count("\n"):
+        moved.append(f"{rows} metrics rows")
+    if evals:
+        moved.append(f"{len(evals)} eval record file{'s' if len(evals) > 1 else ''}")
+    if (run_dir / CONFIG_FILE).is_file():
+        os.replace(run_dir / CONFIG_FILE, folder / CONFIG_FILE)
+        moved.append(CONFIG_FILE)
+    logger.warning("resuming %s at step %d, before its end: moved what came after it (%s) to %s", run_dir, step,
+                   ", ".join(moved), folder)
+    return folder
+
+
+def _new_folder(parent: Path, name: str) -> Path:
+    """parent/name, made now; parent/name_2, _3, ... when it exists (two resumes in one second)."""
+    folder, number = parent / name, 1
+    while folder.exists():
+        number += 1
+        folder = parent / f"{name}_{number}"
+    folder.mkdir()
+    return folder
+
+
+# --------------------------------------------------------------------------------------------
+# Resuming: the run's own config, and every change to it named.
+
+
+def _find_resumable(resume: str, located: Config | None) -> tuple[Path, Path]:
+    """`--resume` [latest | RUN_DIR | CHECKPOINT] -> (run folder, checkpoint); `latest` looks in the
+    output_dir of `located` (CONFIG and KEY=VALUE on the defaults)."""
+    if resume == "latest":
+        run_dir = Path(located.output_dir)
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            hint = "" if run_dir.is_dir() else (
+                "; a run's name comes from its config file and overrides, so name the run instead: "
+                "dapo-train run --resume RUN_DIR [KEY=VALUE ...]"
+            )
+            raise UserError(_no_checkpoint(run_dir) + hint)
+        return run_dir, checkpoint
+    path = Path(resume)
+    if checkpoint_step(path) is not None or (path / STATE_FILE).is_file():
+        if not path.is_dir():
+            raise UserError(f"--resume: checkpoint not found: {path}")
+        return path.parent, path
+    if not path.is_dir():
+        what = "is a file, not a run or checkpoint folder" if path.exists() else "no such run or checkpoint folder"
+        raise UserError(f"--resume {resume}: {what}")
+    checkpoint = latest_checkpoint(path)
+    if checkpoint is None:
+        raise UserError(_no_checkpoint(path))
+    return path, checkpoint
+
+
+def resume_config(resume: str, config_path: str | None, overrides: list[str]) -> tuple[Config, Path]:
+    """The config and checkpoint `dapo-train run [CONFIG] [KEY=VALUE] --resume [RUN_DIR|CHECKPOINT]`
+    continues: the checkpoint's saved config, with output_dir the run's folder, then the KEY=VALUE
+    overrides. CONFIG only locates the run; where it differs from the saved config it says so."""
+    located = load_config(config_path, overrides) if resume == "latest" or config_path is not None else None
+    run_dir, checkpoint = _find_resumable(resume, located)
+    saved = read_saved_config(checkpoint / CONFIG_FILE, notify=False)  # train's warn_config_changes says it
+    if Path(saved.get("output_dir") or run_dir).resolve() != run_dir.resolve():
+        saved["output_dir"] = str(run_dir)  # the run was moved, or the checkpoint copied: write beside it
+    try:
+        cfg = load_config(None, overrides, base=saved)
+    except ConfigError as exc:
+        raise UserError(f"{exc} (in {checkpoint / CONFIG_FILE}{' or KEY=VALUE' if overrides else ''})") from None
+    if config_path is not None:
+        name = Path(config_path).name
+        ignored = config_differences(located, cfg, skip=("output_dir", "run_name"))
+        if ignored:
+            logger.warning(
+                "%s differs from the saved config of %s, which --resume keeps: %s; to change a setting, pass "
+                "KEY=VALUE", config_path, run_dir,
+                ", ".join(f"{key} (run: {in_run!r}, {name}: {in_file!r})" for key, in_file, in_run in ignored),
+            )
+    return cfg, checkpoint
+
+
+def config_differences(old: Config, new: Config, skip: tuple[str, ...] = ()) -> list[tuple[str, object, object]]:
+    """[(dotted key, value in old, value in new)] for every key whose value differs, by key; a key
+    only one side has (a reward the other lacks) pairs with None."""
+    before, after = flatten_config(config_to_dict(old)), flatten_config(config_to_dict(new))
+    return [(key, before.get(key), after.get(key)) for key in sorted(before.keys() | after.keys())
+            if key not in skip and before.get(key) != after.get(key)]
+
+
+def saved_run_config(run_dir: Path) -> Config:
+    """A run folder's config.yaml as this version reads it: retired keys dropped and keys added
+    since at their defaults, so an old run and a new one of the same settings compare equal."""
+    path = run_dir / CONFIG_FILE
+    try:
+        return config_from_dict(read_saved_config(path))
+    except UserError as exc:
+        raise UserError(f"{path}: {exc}") from None
+
+
+def warn_config_changes(cfg: Config, checkpoint: Path) -> None:
+    """Name, key by key, what a resumed run changes from the settings its checkpoint trained with."""
+    # Keys added since the checkpoint was saved take their defaults.
+    saved = load_config(None, [], base=read_saved_config(checkpoint / CONFIG_FILE))
+    changed = config_differences(saved, cfg)
+    if Path(saved.output_dir).resolve() == Path(cfg.output_dir).resolve():
+        changed = [change for change in changed if change[0] != "output_dir"]
+    if changed:
+        logger.warning(
+            "resuming %s with settings changed from %s's: %s", cfg.output_dir, checkpoint.name,
+            ", ".join(f"{key} {old!r} -> {new!r}" for key, old, new in changed),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# The latest run, for bare checkpoint_N names.
+
+
+def last_trained(run_dir: Path) -> float | None:
+    """When training last wrote to `run_dir` (None: it holds no checkpoint)."""
+    checkpoints = checkpoint_dirs(run_dir)
+    if not checkpoints:
+        return None
+    files = [run_dir / name for name in TRAINING_FILES]
+    files += [checkpoint / name for checkpoint in checkpoints for name in CHECKPOINT_TRAINING_FILES]
+    times = [path.stat().st_mtime for path in files if path.is_file()]
+    return max(times) if times else None
+
+
+def runs_under(root: Path) -> dict[Path, float]:
+    """Run folders with checkpoints under `root` (and one level down: sweeps) -> last training time."""
+    if not root.is_dir():
+        return {}
+    candidates = [d for d in root.iterdir() if d.is_dir()]
+    candidates += [d for parent in candidates for d in parent.iterdir() if d.is_dir()]
+    candidates = [d for d in candidates if not d.name.startswith(ABANDONED_PREFIX)]
+    found = {d: last_trained(d) for d in candidates}
+    return {d: when for d, when in found.items() if when is not None}
+
+
+def latest_run(root: Path = RUNS_ROOT) -> Path:
+    """The run under `root` whose training wrote last."""
+    runs = runs_under(root)
+    if not runs:
+        raise UserError(f"no run with checkpoints under {root}/; give the checkpoint's path or --run-dir RUN")
+    return max(runs, key=runs.get)
+
+
+def describe_runs(root: Path = RUNS_ROOT, most: int = 8) -> str:
+    """'outputs/a (checkpoint_2, checkpoint_4), outputs/b (checkpoint_10)', newest training first."""
+    runs = sorted(runs_under(root).items(), key=lambda item: -item[1])
+    shown = [f"{run} ({', '.join(p.name for p in checkpoint_dirs(run))})" for run, _ in runs[:most]]
+    more = f" and {len(runs) - most} more" if len(runs) > most else ""
+    return ", ".join(shown) + more or "none"

@@ -1,0 +1,73 @@
+"""Run logs: metrics.jsonl (one JSON object per step) and two plain text logs.
+
+- metrics.jsonl: every metric of a step in one object with a `step` key; stable key names.
+- training_losses.txt: `step,loss`; accuracy_losses.txt: `step,accuracy` (first row = step 0,
+  before any update) -- simple files that plotting scripts read as CSV.
+A resumed run appends to all three; their rows past the checkpoint's step were split off first
+(split_logs), so they never hold duplicate steps. The same rows go to the trackers (run/trackers.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dapo_train.run.files import json_safe, read_jsonl
+from dapo_train.run.trackers import NullTracker
+
+METRICS_FILE = "metrics.jsonl"
+# MetricsLogger's sinks: kind -> file name in the run folder.
+LOG_FILES = {"jsonl": METRICS_FILE, "loss": "training_losses.txt", "accuracy": "accuracy_losses.txt"}
+
+
+class MetricsLogger:
+    """One `log(step, metrics)` call per step writes every sink."""
+
+    def __init__(self, run_dir: str | Path, tracker=None, resume_step: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.paths = {kind: self.run_dir / name for kind, name in LOG_FILES.items()}
+        for path in self.paths.values():
+            if resume_step is None or not path.exists():
+                path.write_text("")
+        self.tracker = tracker or NullTracker()
+
+    def log(self, step: int, metrics: dict) -> None:
+        row = json_safe({"step": step, **metrics})
+        with self.paths["jsonl"].open("a") as f:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        if "loss" in metrics:
+            with self.paths["loss"].open("a") as f:
+                f.write(f"{step},{metrics['loss']}\n")
+        if "accuracy" in metrics:
+            with self.paths["accuracy"].open("a") as f:
+                f.write(f"{step},{metrics['accuracy']}\n")
+        self.tracker.log(step, metrics)
+
+    def close(self) -> None:
+        self.tracker.close()
+
+
+def _row_step(kind: str, line: str) -> int | None:
+    """The step a log line belongs to; None for a line cut short (a kill during the write)."""
+    try:
+        return int(json.loads(line)["step"]) if kind == "jsonl" else int(line.split(",")[0])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def split_logs(run_dir: str | Path, step: int) -> dict[str, tuple[str, str]]:
+    """Each log file of the run folder -> (its rows of steps <= `step`, the rest), as text: what a run
+    resumed at `step` keeps, and what came after it (a line cut short goes with the rest)."""
+    parts = {}
+    for kind, name in LOG_FILES.items():
+        path = Path(run_dir) / name
+        kept, later = [], []
+        for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+            row_step = _row_step(kind, line)
+            (kept if row_step is not None and row_step <= step else later).append(line + "\n")
+        parts[name] = ("".join(kept), "".join(later))
+    return parts
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    return read_jsonl(Path(run_dir) / METRICS_FILE)

@@ -1,0 +1,58 @@
+"""Graceful stop on SIGINT/SIGTERM: the first signal lets the current step finish, then the
+trainer writes a checkpoint and exits non-zero with the command that resumes; a second SIGINT
+stops at once (KeyboardInterrupt)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+class StopRequested:
+    """Set by a signal handler; polled by the training loop between steps."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def request(self, signum: int) -> None:
+        self.signum = signum
+
+    def install(self) -> StopRequested:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return  # already stopping: keep the first signal's exit code and message
+        self.request(signum)
+        if os.environ.get("RANK", "0") != "0":
+            return  # a Ctrl-C reaches every rank of a launcher (torchrun, accelerate launch): rank 0 says it once
+        name = signal.Signals(signum).name
+        print(
+            f"\n{name} received: finishing this step and saving a checkpoint (Ctrl-C again to stop now)",
+            file=sys.stderr, flush=True,
+        )
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or 0)
+
+    def report(self, run_dir: Path, processes: int = 1) -> None:
+        """The exact command that continues the run: --resume RUN_DIR reads the run's own saved config;
+        a run of several processes resumes under the same launcher with as many."""
+        from dapo_train.run.folder import resume_command
+
+        command = resume_command(run_dir)
+        if processes > 1:
+            command = command.replace("dapo-train", f"torchrun --nproc_per_node {processes} -m dapo_train", 1)
+            command += f" (or accelerate launch with --num_processes {processes})"
+        print(f"stopped early; resume with: {command}", file=sys.stderr, flush=True)

@@ -1,0 +1,329 @@
+"""`dapo-train compare`: points side by side, and with `--baseline POINT` every other point against one,
+item by item.
+
+The table aggregates each point's seeds (mean and sample std) over the columns of COLUMNS. With a
+baseline, each point is compared on the per-item records both kept (run/eval_items.py): the final
+eval on the whole split when every run of both has one, else the latest periodic eval step they all
+have. The accuracy difference gets a 95% interval from a paired bootstrap over items and seeds, and
+two single runs McNemar's test (evaluation/stats.py); the last step's entropy, a per-run outcome, is
+paired seed by seed where both points have the same seeds. Records of different items (another
+split, subset or task) cannot be paired: that is refused in one line, as is a point whose runs kept
+no records.
+
+The baseline is named by a run folder (the point it belongs to) or by its settings: KEY=VALUE for
+the settings that differ between the points, with the short key of the plot legend or the dotted
+key of the table (`eps_high=0.28` or `dapo.eps_high=0.28`; several separated by spaces).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from dapo_train.errors import UserError
+from dapo_train.evaluation.stats import bootstrap_difference, mcnemar, t_interval
+from dapo_train.evaluation.table import aligned_table
+from dapo_train.run.eval_items import FINAL, PERIODIC, read_items, saved_evals
+from dapo_train.study.runs import (
+    MISSING,
+    Point,
+    RunRecord,
+    _show,
+    expand,
+    group_points,
+    key_labels,
+    load_runs,
+    summarize_metrics,
+)
+
+# Summary key -> (column header, number format).
+COLUMNS = {
+    "final_accuracy": ("final acc", ".3f"),
+    "last_accuracy": ("last acc", ".3f"),
+    "best_accuracy": ("best acc", ".3f"),
+    "clip_frac_high": ("clip high", ".4f"),
+    "clip_frac_low": ("clip low", ".4f"),
+    "entropy_first": ("entropy first", ".3f"),
+    "entropy_last": ("entropy last", ".3f"),
+    "completion_length": ("length", ".1f"),
+    "steps": ("steps", ".0f"),
+    "wall_seconds": ("wall s", ".0f"),
+}
+
+
+def aggregate(values: list[float | None]) -> dict | None:
+    """Across a point's seeds: mean, sample std (n - 1; None for one seed) and n; None if no run has it."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    std = statistics.stdev(present) if len(present) > 1 else None
+    return {"mean": statistics.fmean(present), "std": std, "n": len(present)}
+
+
+def compare_rows(runs: list[RunRecord]) -> tuple[list[str], list[dict]]:
+    """-> (varied keys, one row per point): what `compare --json` prints."""
+    varied, points = group_points(runs)
+    return varied, point_rows(points)
+
+
+def point_rows(points: list[Point]) -> list[dict]:
+    """One compare row per point: its settings, seeds, runs and each COLUMNS number over its seeds."""
+    rows = []
+    for point in points:
+        summaries = [summarize_metrics(run.rows) for run in point.runs]
+        runs = point.runs
+        row = {"point": point.values, "seeds": [r.seed for r in runs], "runs": [str(r.path) for r in runs]}
+        row.update({key: aggregate([s[key] for s in summaries]) for key in COLUMNS})
+        rows.append(row)
+    return rows
+
+
+def _cell(stat: dict | None, fmt: str) -> str:
+    if stat is None:
+        return MISSING
+    if stat["std"] is None or stat["std"] == 0 or math.isnan(stat["std"]):
+        return format(stat["mean"], fmt)
+    return f"{stat['mean']:{fmt}} ± {stat['std']:{fmt}}"
+
+
+def format_compare(varied: list[str], rows: list[dict]) -> str:
+    """The rows as an aligned text table; the point's own settings on the left."""
+    left = varied or ["run"]
+    headers = [*left, "seeds", *(header for header, _ in COLUMNS.values())]
+    body = [
+        [*(_show(row["point"][k]) if varied else Path(row["runs"][0]).name for k in left), str(len(row["seeds"])),
+         *(_cell(row[key], fmt) for key, (_, fmt) in COLUMNS.items())]
+        for row in rows
+    ]
+    table = aligned_table(headers, body, left=len(left))
+    table.append("final acc: the whole eval split at the end (eval.final_full); last / best acc: the periodic evals "
+                 "of eval.num_items items, best leaving out step 0 (before training)")
+    if any(len(row["seeds"]) > 1 for row in rows):
+        table.append("mean ± sample std over a point's seeds")
+    return "\n".join(table)
+
+
+def compare(paths: list[str], as_json: bool = False) -> str:
+    varied, rows = compare_rows(load_runs(paths))
+    return json.dumps(rows, ensure_ascii=False, indent=2) if as_json else format_compare(varied, rows)
+
+# Per-run outcomes (summarize_metrics keys) paired seed by seed -> their column header.
+RUN_OUTCOMES = {"entropy_last": "entropy last"}
+
+
+# --------------------------------------------------------------------------------------------
+# Naming the baseline.
+
+
+def _value(text: str) -> object:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def find_point(points: list[Point], varied: list[str], name: str, named: set[Path] | None) -> Point:
+    """The point `name` names: the one holding a run of a given folder (named: its run folders,
+    resolved), else the one whose settings match every KEY=VALUE of name (short or dotted keys, values
+    compared as YAML)."""
+    if named is not None:
+        found = [p for p in points if any(run.path.resolve() in named for run in p.runs)]
+    else:
+        labels = key_labels(varied)
+        by_name = {**{labels[key]: key for key in varied}, **{key: key for key in varied}}
+        wanted = {}
+        for part in name.split():
+            key, equals, value = part.partition("=")
+            if not equals:
+                raise UserError(f"--baseline {name}: neither a run or sweep folder nor KEY=VALUE settings "
+                                "(e.g. eps_high=0.28)")
+            if key not in by_name:
+                raise UserError(f"--baseline {name}: {key!r} is not a setting that differs between the points "
+                                f"(those are: {', '.join(labels.values()) or 'none'}); or give a run folder")
+            wanted[by_name[key]] = _value(value)
+        found = [p for p in points if all(_value(p.settings[k]) == v for k, v in wanted.items())]
+    if len(found) != 1:
+        shown = "; ".join(p.label(key_labels(varied)) for p in (found or points))
+        narrow = "give one run folder" if named is not None else "name more settings"
+        problem = f"matches {len(found)} points ({shown}); {narrow}" if found else f"names none of the points ({shown})"
+        raise UserError(f"--baseline {name}: {problem}")
+    return found[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Which eval, which items.
+
+
+def run_evals(run: RunRecord) -> dict[str, Path]:
+    """'final' (its end-of-run eval, at the run's last step) and 'step N' -> per-item file."""
+    last = max((row["step"] for row in run.rows), default=0)
+    found = {}
+    for (kind, step), path in saved_evals(run.path).items():
+        if kind == PERIODIC.name:
+            found[f"step {step}"] = path
+        elif kind == FINAL.name and step == last:
+            found["final"] = path
+    return found
+
+
+def common_eval(runs: list[RunRecord]) -> str | None:
+    """The final eval if every run has one, else the latest step every run has records of."""
+    shared = set.intersection(*(set(run_evals(run)) for run in runs))
+    if "final" in shared:
+        return "final"
+    steps = [int(name.split()[1]) for name in shared]
+    return f"step {max(steps)}" if steps else None
+
+
+def item_table(point: Point, eval_name: str) -> tuple[list, list[str], dict[str, str], np.ndarray]:
+    """-> (seeds, uids in file order, uid -> gold, (seeds, items) correctness), runs sorted by seed."""
+    runs = sorted(point.runs, key=lambda run: str(run.seed))
+    seeds, uids, golds, rows = [], None, None, []
+    for run in runs:
+        records = read_items(run_evals(run)[eval_name])
+        these = {r["uid"]: r["gold"] for r in records}
+        if golds is not None and these != golds:
+            raise UserError(f"{run.path}: its {eval_name} eval covers other items than {runs[0].path}'s")
+        uids, golds = uids or [r["uid"] for r in records], these
+        correct = {r["uid"]: float(r["correct"]) for r in records}
+        seeds.append(run.seed)
+        rows.append([correct[uid] for uid in uids])
+    return seeds, uids, golds, np.array(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# One point against the baseline.
+
+
+def paired_comparison(baseline: Point, other: Point, labels: dict[str, str]) -> dict:
+    """other - baseline, item by item (and seed by seed): the JSON `compare --baseline` prints."""
+    name, base_name = other.label(labels), baseline.label(labels)
+    eval_name = common_eval(baseline.runs + other.runs)
+    if eval_name is None:
+        raise UserError(
+            f"compare --baseline: {name} and the baseline {base_name} share no eval with per-item records "
+            "(eval_items/; runs made before dapo-train kept them have none): compare them without --baseline"
+        )
+    base_seeds, uids, base_golds, base_table = item_table(baseline, eval_name)
+    seeds, other_uids, golds, table = item_table(other, eval_name)
+    if golds != base_golds:
+        raise UserError(
+            f"compare --baseline: {name} and the baseline {base_name} were evaluated on different items "
+            f"({eval_name}: {len(other_uids)} vs {len(uids)} items, other uids or gold answers); paired "
+            "differences need the same items (the same data, split and eval.num_items)"
+        )
+    column = {uid: index for index, uid in enumerate(other_uids)}
+    table = table[:, [column[uid] for uid in uids]]  # the baseline's item order
+    seeds_paired = sorted(map(str, seeds)) == sorted(map(str, base_seeds)) and len(set(map(str, seeds))) == len(seeds)
+    result = bootstrap_difference(base_table, table, seeds_paired=seeds_paired)
+    row = {"eval": eval_name, **dataclasses.asdict(result), "seeds": seeds, "baseline_seeds": base_seeds}
+    row["mcnemar"] = None
+    if len(seeds) == 1 and len(base_seeds) == 1:
+        b = int(((base_table[0] == 1) & (table[0] == 0)).sum())
+        c = int(((base_table[0] == 0) & (table[0] == 1)).sum())
+        row["mcnemar"] = dataclasses.asdict(mcnemar(b, c))
+    row["run_outcomes"] = _run_outcomes(baseline, other) if seeds_paired else {}
+    return row
+
+
+def _run_outcomes(baseline: Point, other: Point) -> dict:
+    """RUN_OUTCOMES paired by seed: mean difference and Student t interval over the seed pairs."""
+    base = {str(run.seed): summarize_metrics(run.rows) for run in baseline.runs}
+    mine = {str(run.seed): summarize_metrics(run.rows) for run in other.runs}
+    outcomes = {}
+    for key in RUN_OUTCOMES:
+        diffs = [mine[s][key] - base[s][key] for s in sorted(mine) if mine[s][key] is not None
+                 and base[s][key] is not None]
+        outcomes[key] = dataclasses.asdict(t_interval(diffs)) if diffs else None
+    return outcomes
+
+
+def paired_rows(varied: list[str], points: list[Point], baseline: Point) -> list[dict]:
+    labels = key_labels(varied)
+    return [{"is_baseline": True} if point is baseline else paired_comparison(baseline, point, labels)
+            for point in points]
+
+
+# --------------------------------------------------------------------------------------------
+# The text.
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.3f}"
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    return MISSING if low is None else f"[{low:+.3f}, {high:+.3f}]"
+
+
+def format_delta(paired: dict | None) -> str:
+    """A paired difference as one table cell, `+0.020 [-0.016, +0.055]` (a study script's tables); `-`
+    without an interval. paired: a paired_comparison result, or an outcome of its run_outcomes."""
+    if paired is None or paired["low"] is None:
+        return MISSING
+    return f"{_signed(paired['difference'] if 'difference' in paired else paired['mean'])} " \
+           f"{_interval(paired['low'], paired['high'])}"
+
+
+def format_paired(varied: list[str], points: list[Point], rows: list[dict], baseline: Point) -> str:
+    """The paired table under the compare table: one line per point, the baseline marked."""
+    left = varied or ["run"]
+    tests = any(row.get("mcnemar") for row in rows)
+    outcomes = [key for key in RUN_OUTCOMES if any((row.get("run_outcomes") or {}).get(key) for row in rows)]
+    headers = [*left, "eval", "items", "seeds", "accuracy", "Δ accuracy", "95% CI"]
+    headers += ["b/c", "McNemar p"] if tests else []
+    headers += [cell for key in outcomes for cell in (f"Δ {RUN_OUTCOMES[key]}", "95% CI")]
+    pairs = [row for row in rows if not row.get("is_baseline")]
+    body = []
+    for point, row in zip(points, rows):
+        names = [point.settings.get(k) or point.runs[0].path.name for k in left]
+        if row.get("is_baseline"):
+            one_eval = len({pair["eval"] for pair in pairs}) == 1  # then the baseline's accuracy is one number
+            shown = [pairs[0]["eval"], str(pairs[0]["items"]), str(len(point.runs)),
+                     f"{pairs[0]['baseline_accuracy']:.3f}"] if one_eval else ["", "", str(len(point.runs)), ""]
+            body.append([*names, *shown, "baseline", *[""] * (len(headers) - len(left) - 5)])
+            continue
+        count = len(row["seeds"])
+        seeds = f"{count} paired" if row["seeds_paired"] else f"{count} vs {len(row['baseline_seeds'])}"
+        cells = [*names, row["eval"], str(row["items"]), seeds, f"{row['accuracy']:.3f}", _signed(row["difference"]),
+                 _interval(row["low"], row["high"])]
+        test = row["mcnemar"]
+        cells += ([f"{test['baseline_only']}/{test['other_only']}", f"{test['p']:.3g} {test['method']}"] if test
+                  else [MISSING, MISSING]) if tests else []
+        for key in outcomes:
+            stat = row["run_outcomes"].get(key)
+            cells += [_signed(stat["mean"]), _interval(stat["low"], stat["high"])] if stat else [MISSING, MISSING]
+        body.append(cells)
+    notes = [
+        f"Δ = point - baseline ({baseline.label(key_labels(varied))}), on the same items; accuracy interval: "
+        "paired bootstrap, 10,000 draws of the items and, independently, the seeds (one draw for both where "
+        "the seeds are the same)",
+    ]
+    if tests:
+        notes.append("b/c: items only the baseline / only the point got right; McNemar's test on them "
+                     "(exact binomial below 25 discordant items)")
+    if outcomes:
+        notes.append("per-run outcomes paired seed by seed: mean difference, Student t interval")
+    return "\n".join([*aligned_table(headers, body, left=len(left)), *notes])
+
+
+def compare_with_baseline(paths: list[str], baseline: str, as_json: bool = False) -> str:
+    """`dapo-train compare PATHS --baseline POINT`: the compare table, then every point against it."""
+    given = Path(baseline).is_dir()
+    named = {run.resolve() for run in expand(Path(baseline))} if given else None
+    runs = load_runs(paths + ([baseline] if given else []))  # a baseline outside PATHS joins them
+    varied, points = group_points(runs)
+    if len(points) < 2:
+        raise UserError("compare --baseline needs at least two points (settings that differ) to compare")
+    base = find_point(points, varied, baseline, named)
+    rows = paired_rows(varied, points, base)
+    table = point_rows(points)
+    if as_json:
+        return json.dumps([{**row, "paired": paired} for row, paired in zip(table, rows)], ensure_ascii=False, indent=2)
+    return f"{format_compare(varied, table)}\n\n{format_paired(varied, points, rows, base)}"

@@ -1,0 +1,103 @@
+"""`dapo-train plot`: eval accuracy, reward, entropy, clip fractions, length and groups over steps, one
+colour per point (a mean line over its seeds and a min-max band).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from dapo_train.errors import UserError
+from dapo_train.run.folder import unwritable
+from dapo_train.study.runs import Point, RunRecord, _number, group_points, key_labels, load_runs
+
+# --------------------------------------------------------------------------------------------
+# The plot.
+
+# Panel title -> (metric key, line style) drawn in it.
+PANELS = {
+    "eval accuracy": (("accuracy", "-"),),
+    "reward (reward_mean)": (("reward_mean", "-"),),
+    "entropy": (("entropy", "-"),),
+    "clip fraction (solid high, dashed low)": (("clip_frac_high", "-"), ("clip_frac_low", "--")),
+    "completion length (mean)": (("completion_length_mean", "-"),),
+    "groups (solid kept, dashed carried)": (("groups_kept", "-"), ("groups_carried", "--")),
+    "rollout KL(behaviour || training), k3": (("rollout_kl", "-"),),
+    "rollout |log-prob diff| (solid mean, dashed max)": (("rollout_logprob_diff_mean", "-"),
+                                                         ("rollout_logprob_diff_max", "--")),
+    "rollout IS weight (solid mean, dashed clipped frac)": (("rollout_is_weight_mean", "-"),
+                                                            ("rollout_is_clipped_frac", "--")),
+}
+
+
+def seed_band(runs: list[RunRecord], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    """-> (steps, mean, min, max) of `key` across runs, at every step some run logged it."""
+    by_step: dict[int, list[float]] = {}
+    for run in runs:
+        for row in run.rows:
+            if (value := _number(row.get(key))) is not None:
+                by_step.setdefault(row["step"], []).append(value)
+    steps = sorted(by_step)
+    return (
+        steps, [statistics.fmean(by_step[s]) for s in steps], [min(by_step[s]) for s in steps],
+        [max(by_step[s]) for s in steps],
+    )
+
+
+def make_figure(varied: list[str], points: list[Point]):
+    """A panel per PANELS entry over steps, three to a row; one colour per point, its seeds as a mean line
+    and a min-max band."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    rows = -(-len(PANELS) // 3)
+    fig = Figure(figsize=(15, 4.25 * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    colours = [f"C{i % 10}" for i in range(len(points))]
+    for ax, (title, series) in zip(fig.subplots(rows, 3).flatten(), PANELS.items()):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        for point, colour in zip(points, colours):
+            for key, style in series:
+                steps, mean, low, high = seed_band(point.runs, key)
+                if not steps:
+                    continue
+                ax.plot(steps, mean, style, color=colour, marker="o" if key == "accuracy" else None, markersize=3)
+                if len(point.runs) > 1:
+                    ax.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
+    labels = key_labels(varied)
+    handles = [Line2D([], [], color=colour, label=p.label(labels)) for p, colour in zip(points, colours)]
+    widest = max(len(handle.get_label()) for handle in handles)
+    columns = max(1, min(len(handles), 200 // (widest + 6)))  # about 200 characters fit across at this size
+    fig.legend(handles=handles, loc="outside lower center", ncol=columns, fontsize=9)
+    seeds = "; line = mean over a point's seeds, shaded band = min-max" if any(len(p.runs) > 1 for p in points) else ""
+    fig.suptitle(f"{', '.join(varied) or 'runs'}{seeds}", fontsize=11)
+    return fig
+
+
+def plot(paths: list[str], out: str) -> Path:
+    """Write the figure of `paths` to `out`; where it cannot be written is found before anything is read."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError("dapo-train plot needs matplotlib: pip install 'dapo-train[plot]'") from None
+    target = Path(out)
+    problem = f"{target} is a folder" if target.is_dir() else unwritable(target.parent)
+    if problem is not None:
+        raise UserError(f"-o {out}: {problem}; choose another file")
+    fig = make_figure(*group_points(load_runs(paths)))
+    supported = fig.canvas.get_supported_filetypes()
+    if target.suffix.lstrip(".").lower() not in supported:
+        raise UserError(f"-o {out}: unknown image type; end the name in one of .{', .'.join(sorted(supported))}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(target, dpi=110)
+    except OSError as exc:
+        raise UserError(f"-o {out}: could not write it ({exc.strerror or exc})") from None
+    return target

@@ -1,0 +1,187 @@
+"""Runs read back for a study: a run folder's config.yaml and metrics.jsonl (no model or tokenizer is
+loaded; this works while a sweep is still running), a sweep folder's runs, and runs grouped into
+points.
+
+A point is a set of settings: runs whose configs agree on everything but seed, output_dir and
+run_name are seeds of one point. The varied keys are the dotted keys whose values differ between
+points; tables and legends name only those, by their short labels (key_labels).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from dapo_train.config.load import config_to_dict, flatten_config
+from dapo_train.errors import UserError
+from dapo_train.model.checkpoint import CONFIG_FILE
+from dapo_train.run.eval_items import FINAL, PERIODIC
+from dapo_train.run.folder import saved_run_config
+from dapo_train.run.logs import read_metrics
+
+SWEEP_FILE = "sweep.json"
+
+
+def key_labels(keys: list[str]) -> dict[str, str]:
+    """Short names for dotted keys: the last part (`eps_high`), or the whole key where two keys
+    share a last part (`rollout.max_new_tokens`, `eval.max_new_tokens`)."""
+    last = [key.rsplit(".", 1)[-1] for key in keys]
+    return {key: short if last.count(short) == 1 else key for key, short in zip(keys, last)}
+
+# What makes seeds of one point: everything in the config but these.
+PER_RUN_KEYS = ("seed", "output_dir", "run_name")
+MISSING = "-"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run folder read back. config: flattened dotted config; rows: metrics.jsonl by step."""
+
+    path: Path
+    config: dict
+    rows: list[dict]
+
+    @property
+    def seed(self) -> object:
+        return self.config.get("seed")
+
+
+@dataclass(frozen=True)
+class Point:
+    """Runs of one setting. settings: varied key -> value as text; values: the same as the config
+    holds them (numbers, lists; `-` where a run's config lacks the key)."""
+
+    settings: dict[str, str]
+    runs: list[RunRecord]
+    values: dict[str, object]
+
+    @classmethod
+    def row(cls, name: str, runs: list[RunRecord]) -> Point:
+        """A study script's row of runs (scripts/ablation.py, scripts/policy_losses.py): `row=<name>`."""
+        return cls({"row": name}, runs, {"row": name})
+
+    def label(self, labels: dict[str, str]) -> str:
+        named = " ".join(f"{labels[k]}={v}" for k, v in self.settings.items()) or self.runs[0].path.name
+        return named if len(self.runs) == 1 else f"{named} ({len(self.runs)} seeds)"
+
+
+# --------------------------------------------------------------------------------------------
+# Finding and reading runs.
+
+
+def is_run(path: Path) -> bool:
+    return (path / CONFIG_FILE).is_file() and (path / "metrics.jsonl").is_file()
+
+
+def _sweep_runs(sweep_dir: Path) -> list[Path]:
+    """The sweep's run folders in grid order; run_dir is re-rooted at sweep_dir so a moved sweep
+    folder still reads. Points not started yet have no run to show."""
+    try:
+        points = json.loads((sweep_dir / SWEEP_FILE).read_text(encoding="utf-8"))["points"]
+        found = [sweep_dir / Path(p["run_dir"]).name for p in points]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{sweep_dir / SWEEP_FILE} is damaged ({exc}); compare its run folders one by one") from None
+    return [path for path in found if is_run(path)]
+
+
+def expand(path: Path) -> list[Path]:
+    """A run folder -> itself; a sweep folder -> its runs; a folder of runs or sweeps -> theirs."""
+    if path.is_file():
+        raise UserError(f"{path} is a file; give a run folder (config.yaml and metrics.jsonl) or a sweep folder")
+    if not path.is_dir():
+        raise UserError(f"{path}: no such folder")
+    if (path / SWEEP_FILE).is_file():
+        return _sweep_runs(path)
+    if is_run(path):
+        return [path]
+    children = [c for c in sorted(path.iterdir()) if c.is_dir() and (is_run(c) or (c / SWEEP_FILE).is_file())]
+    if not children:
+        raise UserError(
+            f"{path} is neither a run (config.yaml and metrics.jsonl), a sweep (sweep.json) nor a folder of them"
+        )
+    return [run for child in children for run in expand(child)]
+
+
+def load_run(path: Path) -> RunRecord:
+    try:
+        rows = sorted(read_metrics(path), key=lambda row: row["step"])
+    except (ValueError, KeyError) as exc:
+        raise UserError(f"{path / 'metrics.jsonl'}: a line is not a metrics row ({exc})") from None
+    return RunRecord(path, flatten_config(config_to_dict(saved_run_config(path))), rows)
+
+
+def load_runs(paths: list[str]) -> list[RunRecord]:
+    seen: dict[Path, RunRecord] = {}
+    for given in paths:
+        for run_dir in expand(Path(given)):
+            if run_dir.resolve() not in seen:
+                seen[run_dir.resolve()] = load_run(run_dir)
+    if not seen:
+        raise UserError(f"no run with metrics yet in {', '.join(paths)}")
+    return list(seen.values())
+
+
+def _show(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def group_points(runs: list[RunRecord]) -> tuple[list[str], list[Point]]:
+    """-> (varied keys, points in order of first appearance); see the module docstring."""
+    groups: dict[tuple, list[RunRecord]] = {}
+    for run in runs:
+        setting = tuple(sorted((k, _show(v)) for k, v in run.config.items() if k not in PER_RUN_KEYS))
+        groups.setdefault(setting, []).append(run)
+    keys = list(dict.fromkeys(k for run in runs for k in run.config if k not in PER_RUN_KEYS))
+    members = list(groups.values())
+    varied = [k for k in keys if len({_show(group[0].config.get(k, MISSING)) for group in members}) > 1]
+    values = [{k: group[0].config.get(k, MISSING) for k in varied} for group in members]
+    points = [Point({k: _show(v) for k, v in value.items()}, group, value) for group, value in zip(members, values)]
+    return varied, points
+
+
+# --------------------------------------------------------------------------------------------
+# The comparison table.
+
+
+def _number(value: object) -> float | None:
+    """A metric value as a float; NaN/inf were stored as strings (metrics.json_safe)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    return None
+
+
+def _values(rows: list[dict], key: str) -> list[float]:
+    return [v for row in rows if (v := _number(row.get(key))) is not None]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
+    """One run's metrics rows -> its numbers in the compare table (COLUMNS). The final accuracy is
+    the end-of-run eval on the whole split (`final_accuracy`, eval.final_full); periodic eval rows
+    carry `accuracy` on the fixed subset (step 0 = before training; best counts only steps after
+    it); training rows are steps >= 1; wall time is training plus every eval's seconds."""
+    evals = [(row["step"], _number(row["accuracy"])) for row in rows if _number(row.get("accuracy")) is not None]
+    finals = _values(rows, FINAL.accuracy)
+    train = [row for row in rows if row["step"] > 0]
+    entropy = _values(train, "entropy")
+    return {
+        "final_accuracy": finals[-1] if finals else None,
+        "last_accuracy": evals[-1][1] if evals else None,
+        "best_accuracy": max((acc for step, acc in evals if step > 0), default=None),
+        "clip_frac_high": _mean(_values(train, "clip_frac_high")),
+        "clip_frac_low": _mean(_values(train, "clip_frac_low")),
+        "entropy_first": entropy[0] if entropy else None,
+        "entropy_last": entropy[-1] if entropy else None,
+        "completion_length": _mean(_values(train, "completion_length_mean")),
+        "steps": float(max((row["step"] for row in rows), default=0)),
+        "wall_seconds": sum(_values(train, "seconds_step")) + sum(_values(rows, PERIODIC.seconds))
+        + sum(_values(rows, FINAL.seconds)),
+    }

@@ -1,0 +1,220 @@
+"""Completions laid out for a forward: samples, micro-batches, mini-batches, and the plan of a step's
+update that ranks.py agrees across ranks and update.py runs.
+
+A step's rollout batch (its informative groups) is cut into `train.updates_per_step` mini-batches
+of whole groups, each one optimizer step (mini_batches); each mini-batch into micro-batches, by
+count or by a padded-token budget, whose gradients accumulate (split_micro_batches). Scoring reads
+logits / the rollout temperature, the distribution the rollout sampled from (Scorer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dapo_train.algo.correction import RolloutCorrection
+from dapo_train.config.schema import Config
+from dapo_train.model.scoring import TokenBatch, collate, score_tokens, supports_shared_prefix
+from dapo_train.train.records import Group
+
+NO_CORRECTION = RolloutCorrection("off")
+
+
+@dataclass
+class TrainSample:
+    """One completion ready for the loss. L = its valid tokens (EOS included)."""
+
+    prompt_ids: torch.Tensor  # (P,)
+    completion_ids: torch.Tensor  # (L,)
+    advantage: float  # Eq. 9, broadcast over its tokens
+    in_loss: bool  # False when overlong filtering masks a truncated completion
+    old_logprobs: torch.Tensor | None = None  # (L,) training forward of the generating policy; None = not recorded
+    behaviour_logprobs: torch.Tensor | None = None  # (L,) what the rollout sampled from; None = not recorded
+    version: int = 0  # optimizer steps before it was generated
+
+
+def flatten_groups(groups: list[Group], overlong_filtering: bool) -> list[TrainSample]:
+    return [
+        TrainSample(
+            c.prompt_ids, c.completion_ids, float(group.advantages[j]), not (overlong_filtering and c.truncated),
+            None if group.old_logprobs is None else group.old_logprobs[j], c.behaviour_logprobs, group.version,
+        )
+        for group in groups
+        for j, c in enumerate(group.completions)
+    ]
+
+
+def split_micro_batches(samples: list[TrainSample], max_count: int, max_tokens: int = 0) -> list[list[TrainSample]]:
+    """Consecutive micro-batches of at most max_count samples and, if max_tokens > 0, at most
+    max_tokens padded tokens (rows x widest prompt+completion); a single sample always fits."""
+    batches: list[list[TrainSample]] = []
+    current: list[TrainSample] = []
+    widest = 0
+    for sample in samples:
+        width = int(sample.prompt_ids.numel() + sample.completion_ids.numel())
+        new_widest = max(widest, width)
+        too_many = len(current) >= max_count
+        too_wide = max_tokens > 0 and current and new_widest * (len(current) + 1) > max_tokens
+        if current and (too_many or too_wide):
+            batches.append(current)
+            current, new_widest = [], width
+        current.append(sample)
+        widest = new_widest
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class MicroBatch:
+    """Collated rows on the device. N rows, T = padded completion width. batch.completion_mask is the
+    loss mask: overlong filtering and the rollout correction's masked tokens (mis) are already out."""
+
+    batch: TokenBatch
+    advantages: torch.Tensor  # (N,)
+    old_logprobs: torch.Tensor | None  # (N, T) float32, 0 where has_old is False; None if no row has any
+    has_old: torch.Tensor | None  # (N, 1) bool
+    behaviour_logprobs: torch.Tensor | None = None  # (N, T) float32, 0 off behaviour_mask; None if no row has any
+    behaviour_mask: torch.Tensor | None = None  # (N, T) bool: tokens with a behaviour log-prob
+    versions: torch.Tensor | None = None  # (N,) long, on the CPU: optimizer steps before each row was generated
+    correction_weight: torch.Tensor | None = None  # (N, T) float32 on the token losses; None = 1 (no correction)
+
+
+def _per_token(values: list[torch.Tensor | None], shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per-row (L_i,) values (or None) -> ((N, T) float32, 0 where absent; (N, T) bool where present), or
+    None when no row has any."""
+    if all(value is None for value in values):
+        return None
+    out = torch.zeros(shape, dtype=torch.float32)
+    present = torch.zeros(shape, dtype=torch.bool)
+    for row, value in enumerate(values):
+        if value is not None:
+            out[row, : value.numel()], present[row, : value.numel()] = value, True
+    return out, present
+
+
+def collate_micro_batch(samples: list[TrainSample], pad_id: int, device, share_prefix: bool = False,
+                        correction: RolloutCorrection = NO_CORRECTION) -> MicroBatch:
+    """Rows -> MicroBatch; a sample out of the loss gets an all-zero mask. share_prefix: consecutive
+    samples of one group share one copy of their prompt (logprobs.collate). correction: the rollout
+    correction, applied now to the tokens that have both old and behaviour log-probs (weights for tis,
+    the loss mask for mis), so the Eq. 12 normaliser counted from the masks is the loss's."""
+    batch = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id, share_prefix)
+    in_loss = torch.tensor([s.in_loss for s in samples], dtype=torch.float32).unsqueeze(1)  # (N, 1)
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # (N,)
+    shape = batch.completion_ids.shape
+    old = _per_token([s.old_logprobs for s in samples], shape)
+    behaviour = _per_token([s.behaviour_logprobs for s in samples], shape)
+    weight = None
+    if old is not None and behaviour is not None and correction.mode != NO_CORRECTION.mode:
+        weight, masked, _ = correction(old[0], behaviour[0], old[1] & behaviour[1])  # (N, T) each
+        batch.completion_mask = batch.completion_mask * ~masked
+    batch.completion_mask = batch.completion_mask * in_loss
+    has_old = None if old is None else torch.tensor([s.old_logprobs is not None for s in samples]).unsqueeze(1)
+    return MicroBatch(
+        batch.to(device), advantages.to(device), None if old is None else old[0].to(device),
+        None if has_old is None else has_old.to(device),
+        behaviour_logprobs=None if behaviour is None else behaviour[0].to(device),
+        behaviour_mask=None if behaviour is None else behaviour[1].to(device),
+        versions=torch.tensor([s.version for s in samples], dtype=torch.long),
+        correction_weight=None if weight is None else weight.to(device),
+    )
+
+
+def use_shared_prefix(cfg: Config, model) -> bool:
+    """train.shared_prefix: on / off, or auto = on when the model's attention takes a 4-D mask."""
+    if cfg.train.shared_prefix == "auto":
+        return supports_shared_prefix(model)
+    return cfg.train.shared_prefix == "on"
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How samples become micro-batches on the device (train.micro_batch_size / micro_batch_tokens,
+    train.shared_prefix)."""
+
+    pad_id: int
+    device: torch.device
+    share_prefix: bool
+    max_count: int
+    max_tokens: int = 0
+    correction: RolloutCorrection = NO_CORRECTION  # dapo.rollout_correction resolved
+
+    @classmethod
+    def from_config(cls, cfg: Config, model, pad_id: int, device,
+                    correction: RolloutCorrection = NO_CORRECTION) -> Batching:
+        t = cfg.train
+        return cls(pad_id, device, use_shared_prefix(cfg, model), t.micro_batch_size, t.micro_batch_tokens, correction)
+
+    def micro_batches(self, samples: list[TrainSample]) -> list[MicroBatch]:
+        split = split_micro_batches(samples, self.max_count, self.max_tokens)
+        return [collate_micro_batch(micro, self.pad_id, self.device, self.share_prefix, self.correction)
+                for micro in split]
+
+    def filler(self) -> MicroBatch:
+        """A one-token row out of the loss: the forward/backward a rank with fewer micro-batches runs
+        so that every rank makes the same collective calls; it adds exactly zero to the gradient."""
+        pad = torch.tensor([self.pad_id])
+        return collate_micro_batch([TrainSample(pad, pad, 0.0, in_loss=False)], self.pad_id, self.device)
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """Per-token log-probs and entropy of a TokenBatch under a model, from logits / the rollout
+    temperature (rollout.temperature) through the LM head in chunks (train.logprob_chunk_mib)."""
+
+    temperature: float
+    chunk_mib: float
+
+    def __call__(self, model, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logprobs (N, T) float32, differentiable; entropy (N, T) float32, detached)."""
+        return score_tokens(model, batch, temperature=self.temperature, chunk_mib=self.chunk_mib)
+
+
+def mini_batches(groups: list, updates: int) -> list[list]:
+    """Whole groups cut into min(updates, len(groups)) consecutive parts whose sizes differ by at most one."""
+    parts = max(1, min(updates, len(groups)))
+    bounds = [len(groups) * i // parts for i in range(parts + 1)]
+    return [groups[bounds[i] : bounds[i + 1]] for i in range(parts)]
+
+
+def rank_mini_batches(counts: list[int], rank: int, updates: int) -> list[list[int]]:
+    """This rank's share of each mini-batch of the step's global rollout batch, as local indices.
+
+    counts: every rank's number of groups. The global batch orders them by (local index, rank) --
+    rank 0's first group, rank 1's first, ..., then the second ones -- which is the order of one
+    process holding them all (each rank generated batch[rank::N] of the same prompts), and is cut
+    like mini_batches, so every rank makes the same optimizer steps and each mini-batch spreads over
+    the ranks. One process: its groups cut by mini_batches."""
+    order = [(index, process) for index in range(max(counts, default=0))
+             for process, count in enumerate(counts) if index < count]
+    return [[index for index, process in part if process == rank] for part in mini_batches(order, updates)]
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer step's share on this rank: its micro-batches, the Eq. 12 normaliser of the whole
+    mini-batch over all ranks, the forward/backward calls every rank makes for it (this rank pads
+    its own micro-batches with fillers), and the versions of its groups (for staleness)."""
+
+    micro_batches: list[MicroBatch]
+    normalizer: float
+    calls: int
+    versions: list[int]
+
+
+@dataclass
+class UpdatePlan:
+    """A step's updates on this rank, agreed across ranks before the first micro-batch runs (ranks.py).
+
+    passes: dapo.num_iterations (each pass makes every mini-batch's optimizer step); loss_scale:
+    the number of ranks (DDP/FSDP average the ranks' gradients, Eq. 12 wants their sum); the totals
+    are over all ranks and one pass."""
+
+    mini_batches: list[MiniBatch]
+    passes: int
+    loss_scale: int
+    valid_tokens: float
+    forward_tokens: float
+    micro_batch_count: int

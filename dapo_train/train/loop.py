@@ -1,0 +1,239 @@
+"""The DAPO training loop (arXiv 2503.14476); the only module that knows the order of the stages.
+
+Each step (one rollout batch; train.max_steps counts these), in train_step:
+  1. collect     -- rounds of generation until the batch holds train.prompts_per_step informative
+                    groups or rounds run out: G completions per prompt, rewards, group advantages
+                    (Eq. 9), dynamic sampling (Eq. 11), surplus carried over (collect.py)
+  2. old logprobs -- the log-probs of the policy that sampled, for every group a later update trains
+                    after the policy moved, or the rollout's own when it is the training forward
+                    (old_policy.py)
+  3. update      -- the plan every rank agrees on, then train.updates_per_step mini-batches x
+                    dapo.num_iterations passes, each an optimizer step on the token-level objective
+                    (Eq. 10, 12), exact over micro-batches and ranks (update.py, ranks.py, optim.py)
+  4. sync        -- the rollout engine takes the new weights
+  5. log         -- metrics.jsonl + training_losses.txt / accuracy_losses.txt (run/logs.py); the bar
+                    or a line per step (progress.py)
+Around the steps: greedy eval on a fixed subset every eval.every_steps, step 0 first, and at the end
+on the whole eval split (eval.final_full), each eval's per-item records in eval_items/
+(evaluation/generate.py, run/eval_items.py); checkpoint_<step>/ atomically every
+checkpoint.every_steps and at the end (state.py, model/checkpoint.py). The Run the loop works on is
+built by session.setup.
+
+Where this departs from the paper's recipe, on purpose: dynamic sampling runs a bounded number of
+rounds and then trains on what it kept (or skips the update) instead of sampling until full;
+informative groups beyond the batch carry over to the next step with the old log-probs of the
+policy that generated them instead of being dropped; evaluation is greedy on fixed items.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm  # eval's sample completions, written around the bar
+
+from dapo_train.config.load import save_config
+from dapo_train.config.schema import Config
+from dapo_train.errors import TrainingAborted
+from dapo_train.evaluation.generate import eval_max_new_tokens, eval_records
+from dapo_train.evaluation.stats import summarize_records
+from dapo_train.model import checkpoint as ckpt
+from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, write_items
+from dapo_train.run.folder import finished, finished_message, prepare_run_dir, set_aside_abandoned, warn_config_changes
+from dapo_train.run.logs import MetricsLogger
+from dapo_train.run.signals import StopRequested
+from dapo_train.run.trackers import NullTracker, start_trackers
+from dapo_train.task.answers import answer_check
+from dapo_train.task.prompts import Prompt
+from dapo_train.train import distributed
+from dapo_train.train.collect import fill_batch
+from dapo_train.train.old_policy import needing_old_logprobs, record_old_logprobs, require_behaviour_logprobs
+from dapo_train.train.progress import Progress, end_of_run_summary
+from dapo_train.train.ranks import total
+from dapo_train.train.records import StepBatch
+from dapo_train.train.session import Run, setup
+from dapo_train.train.state import restore, save
+from dapo_train.train.update import update
+
+logger = logging.getLogger(__name__)
+
+
+def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records: list[dict] | None = None
+             ) -> tuple[dict, list[dict]]:
+    """Greedy accuracy on `prompts`, each rank generating its slice (or the given `records` of these
+    prompts, already generated); the main process writes the per-item records
+    (eval_items/<kind>_<step>.jsonl) and prints a few sample completions of a periodic eval.
+    -> (metrics under the kind's keys, records in item order)."""
+    cfg = run.cfg
+    start = time.perf_counter()
+    if records is None:
+        shard, records = prompts[distributed.rank() :: distributed.world_size()], []
+        with distributed.full_weights(run.accelerator, run.model) as model:
+            if shard:
+                records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
+                                       batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness))
+        records = distributed.interleave(distributed.gather(records))  # item order, on every rank
+    if distributed.is_main():
+        write_items(run.run_dir, kind, run.step, records)
+        shown = cfg.eval.print_samples if kind is PERIODIC else 0  # the final eval's items are the subset's and more
+        for record in records[:shown]:
+            tqdm.write(
+                f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}"
+                f"\n    {record['completion']!r}"
+            )
+    metrics = {
+        kind.accuracy if key == "accuracy" else f"{kind.prefix}{key}": value
+        for key, value in summarize_records(records, samples=1).items() if key != "samples"
+    }
+    metrics[kind.seconds] = time.perf_counter() - start
+    return metrics, records
+
+
+def step_evals(run: Run) -> dict:
+    """The evals due after a step: the fixed subset every eval.every_steps and at the last step, and at
+    the last step the whole split too (eval.final_full), from the subset's records when the subset
+    is the whole split (eval.num_items 0 or larger)."""
+    cfg, metrics, records = run.cfg, {}, None
+    last = run.step == cfg.train.max_steps
+    if _due(run.step, cfg.eval.every_steps) or (cfg.eval.every_steps > 0 and last):
+        metrics, records = evaluate(run, run.eval_prompts)
+    if last and cfg.eval.final_full:
+        whole = records if records is not None and len(run.eval_prompts) == len(run.final_prompts) else None
+        metrics.update(evaluate(run, run.final_prompts, FINAL, whole)[0])
+    return metrics
+
+
+def train_step(run: Run) -> dict:
+    """One step (one rollout batch), numbered as in the module docstring. -> the step's metrics."""
+    start = time.perf_counter()
+    with distributed.full_weights(run.accelerator, run.model) as model:  # whole on this rank: generation, scoring
+        batch = collect(run)  # 1
+        metrics = {**batch.metrics, **score_old_logprobs(run, batch, model)}  # 2
+    if metrics["groups_kept"]:  # over all ranks: a rank without groups of its own still joins the update
+        update_start = time.perf_counter()
+        metrics.update(update(run.learner, batch, run.cfg))  # 3
+        sync_weights(run)  # 4
+        metrics["seconds_update"] = time.perf_counter() - update_start
+    else:
+        metrics.update(skipped_no_groups=1, lr=run.learner.optimizer.lr)
+        logger.warning(
+            "step %d: no informative group after %d rounds; update skipped", run.step + 1, metrics["gen_rounds"]
+        )
+    run.step += 1
+    if metrics.get("skipped_nonfinite"):
+        run.bad_steps += 1
+        logger.warning("step %d: non-finite loss or grad norm; update skipped (%d in a row)", run.step, run.bad_steps)
+    else:
+        run.bad_steps = 0
+    metrics["seconds_step"] = time.perf_counter() - start
+    metrics["tokens_per_second"] = metrics["generated_tokens"] / max(metrics["seconds_step"], 1e-9)
+    return metrics
+
+
+def collect(run: Run) -> StepBatch:
+    """Step 1 (Eq. 9, 11): generation rounds until the step's batch is full, then its groups."""
+    return fill_batch(run.engine, run.reward_set, run.prompt_sampler, run.buffer, run.cfg,
+                      version=run.learner.optimizer.steps)
+
+
+def score_old_logprobs(run: Run, batch: StepBatch, model: torch.nn.Module) -> dict:
+    """Step 2: old log-probs, while `model` (the training weights, whole) is still the policy that
+    sampled, for this step's groups and the surplus carried over."""
+    start = time.perf_counter()
+    behaviour = run.learner.behaviour
+    if behaviour.old_from_rollout:  # the behaviour log-probs are the old ones: no pass
+        require_behaviour_logprobs(batch.groups + run.buffer.groups, run.cfg.rollout.engine)
+    groups = needing_old_logprobs(run.cfg, batch.groups, run.buffer.groups, behaviour)
+    rows = record_old_logprobs(model, groups, run.learner.batching, run.learner.scorer)
+    return {"old_logprob_rows": int(total(rows)), "seconds_old_logprobs": time.perf_counter() - start}
+
+
+def sync_weights(run: Run) -> None:
+    """Step 4: the next rollout samples from the updated policy."""
+    with distributed.full_weights(run.accelerator, run.model):
+        run.engine.sync_weights()
+
+
+def _due(step: int, every: int) -> bool:
+    return every > 0 and step % every == 0
+
+
+def train(
+    cfg: Config, *, resume: str | Path | bool | None = None, overwrite: bool = False, stop: StopRequested | None = None
+) -> Path:
+    """Run (or resume) training; returns the run directory. resume: True = the latest checkpoint in
+    output_dir, or a checkpoint folder. Resuming a finished run says so and changes nothing."""
+    stop, started = stop or StopRequested(), time.monotonic()
+    run_dir, resume_from = prepare_run_dir(cfg, resume, overwrite)
+    if resume_from is not None:
+        if finished(cfg, resume_from):
+            print(finished_message(cfg, run_dir, resume_from), flush=True)
+            return run_dir
+        warn_config_changes(cfg, resume_from)
+    run = setup(cfg, run_dir, resume_from)
+    run.started = started
+    main = distributed.is_main()  # the one process that writes the run's logs and checkpoints
+    distributed.barrier()  # every rank has checked output_dir before the main process may replace it
+    if main:
+        if overwrite and resume_from is None and run_dir.exists():
+            shutil.rmtree(run_dir)  # only now: bad input found by setup must not cost the old run
+        run_dir.mkdir(parents=True, exist_ok=True)
+    distributed.barrier()
+    if resume_from is not None:
+        restore(run, ckpt.load_state(resume_from), resume_from)
+        logger.info("resumed from %s at step %d", resume_from, run.step)
+    resume_step = run.step if resume_from else None
+    if main:
+        if resume_step is None:
+            drop_items(run_dir)  # a fresh start, as MetricsLogger empties the logs
+        else:
+            set_aside_abandoned(run_dir, resume_step)  # what came after the checkpoint (evals too): moved, not lost
+        save_config(cfg, run_dir / ckpt.CONFIG_FILE)
+    # Only the main process writes the run's logs and shows progress.
+    metrics_log = MetricsLogger(run_dir, start_trackers(run.accelerator, cfg, resume_step), resume_step=resume_step) \
+        if main else NullTracker()
+    progress = Progress(cfg, run.step) if main else NullTracker()
+    try:
+        if resume_from is None and cfg.eval.every_steps > 0:
+            _log(run, metrics_log, progress, evaluate(run, run.eval_prompts)[0])
+        while run.step < cfg.train.max_steps and not _stop_agreed(stop):
+            metrics = train_step(run)
+            metrics.update(step_evals(run))
+            _log(run, metrics_log, progress, metrics)
+            if run.bad_steps >= cfg.train.max_bad_steps:
+                raise TrainingAborted(
+                    f"{run.bad_steps} non-finite steps in a row (train.max_bad_steps); the last good checkpoint is "
+                    "intact; lower train.learning_rate or check the data, then --resume"
+                )
+            if _due(run.step, cfg.checkpoint.every_steps) and run.step < cfg.train.max_steps:
+                save(run)
+        if run.saved_step != run.step:
+            save(run)
+    finally:
+        progress.close()
+        metrics_log.close()
+    if main:
+        session = time.monotonic() - started if resume_from is not None else None
+        print(end_of_run_summary(run_dir, run.step, cfg.train.max_steps, run.wall_seconds, stop.requested, session),
+              flush=True)
+        if stop.requested:
+            stop.report(run_dir, distributed.world_size())
+    return run_dir
+
+
+def _stop_agreed(stop: StopRequested) -> bool:
+    """A signal reaches the ranks at different moments (or only some of them): all stop at the same
+    step boundary, the first one at which any rank has it, with that signal's exit code."""
+    signum = int(distributed.all_reduce([stop.signum or 0], op="max")[0])
+    if signum and not stop.requested:
+        stop.request(signum)
+    return stop.requested
+
+
+def _log(run: Run, metrics_log: MetricsLogger, progress: Progress, metrics: dict) -> None:
+    metrics = {**metrics, "num_processes": distributed.world_size()}
+    metrics_log.log(run.step, metrics)
+    progress.log(run.step, metrics)

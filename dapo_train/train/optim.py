@@ -1,0 +1,95 @@
+"""The policy's optimizer: AdamW over the trainable weights, the learning-rate schedule, and the
+optimizer-step counter that is the schedule's clock.
+
+One optimizer step per mini-batch (update.py); a step (one rollout batch, train.max_steps) makes
+train.updates_per_step x dapo.num_iterations of them. The LR is a pure function of the optimizer
+step, so resuming needs only the counter (saved in trainer_state.pt) and the AdamW state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from dapo_train.config.schema import Config
+
+
+def _constant(progress: float) -> float:
+    return 1.0
+
+
+def _cosine(progress: float) -> float:
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+# Name -> LR factor of the post-warmup progress in [0, 1]; config train.lr_scheduler's choices.
+LR_SCHEDULES = {"constant": _constant, "cosine": _cosine}
+
+
+def total_optimizer_steps(cfg: Config) -> int:
+    """The LR schedule's horizon: optimizer steps of a run whose every rollout batch is full."""
+    return cfg.train.max_steps * cfg.train.updates_per_step * cfg.dapo.num_iterations
+
+
+def learning_rate(cfg: Config, step: int) -> float:
+    """LR for OPTIMIZER step `step` (0-based, counting every update of every rollout batch): linear
+    warmup over train.warmup_steps, then constant or cosine to 0 at total_optimizer_steps."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.learning_rate * (step + 1) / t.warmup_steps
+    progress = (step - t.warmup_steps) / max(1, total_optimizer_steps(cfg) - t.warmup_steps)
+    return t.learning_rate * LR_SCHEDULES[t.lr_scheduler](progress)
+
+
+def adamw(cfg: Config, parameters: list[torch.nn.Parameter]) -> torch.optim.AdamW:
+    """AdamW over `parameters` (every weight, or the LoRA adapters alone) with train.* settings."""
+    t = cfg.train
+    return torch.optim.AdamW(parameters, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+                             weight_decay=t.weight_decay)
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """What one optimizer step did: the gradient norm before clipping, the LR, whether it was applied."""
+
+    grad_norm: float
+    lr: float
+    applied: bool
+
+
+class PolicyOptimizer:
+    """The optimizer (as accelerate prepared it), the schedule, and `steps`, the optimizer steps taken
+    in the run so far."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg: Config, steps: int = 0) -> None:
+        self.optimizer, self.cfg, self.steps = optimizer, cfg, steps
+        self.max_grad_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
+
+    def state_dict(self) -> dict:
+        """The AdamW state (the counter is saved beside it, in trainer_state.pt)."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+    @property
+    def lr(self) -> float:
+        """The LR of the next optimizer step."""
+        return learning_rate(self.cfg, self.steps)
+
+    def step(self, model: torch.nn.Module, accelerator, loss: float) -> OptimizerStep:
+        """Apply the gradients accumulated in .grad: clip their norm (train.max_grad_norm), then one
+        AdamW step at this step's LR. A non-finite loss or gradient norm drops the gradients instead
+        (the caller skips the rest of the step); the gradients are cleared either way."""
+        lr = self.lr
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), self.max_grad_norm))
+        applied = math.isfinite(loss) and math.isfinite(grad_norm)
+        if applied:
+            self.optimizer.step()
+            self.steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return OptimizerStep(grad_norm, lr, applied)

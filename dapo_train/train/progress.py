@@ -1,0 +1,169 @@
+"""What a run says while it trains and when it ends.
+
+- The tqdm bar (logging.progress_bar) labels its fields, so eval and train accuracy are never
+  confused: `reward`, `train_acc` (this step's rollouts), `eval_acc` (the last eval), `ent`.
+- Without the bar (server logs, CI) every step logs one plain line instead.
+- Every eval logs one line: step, accuracy with its 95% interval, and the means since the last eval
+  of reward, train accuracy, entropy, clip fractions, the rollout's KL to the training forward
+  (rollout_kl) and seconds per step.
+- The end of a run prints a summary: eval accuracy first -> best -> last, the final accuracy on
+  the whole eval split (eval.final_full), wall time, the checkpoints, and the command to run next.
+Lines go through `logging` (redirected around the bar, so the bar stays one line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import shlex
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from dapo_train.config.schema import Config
+from dapo_train.model.checkpoint import checkpoint_dirs
+from dapo_train.run.eval_items import FINAL
+from dapo_train.run.logs import read_metrics
+
+logger = logging.getLogger(__name__)
+
+# Label in a log line -> the step metric it shows (means over the steps the line covers).
+STEP_FIELDS = (
+    ("reward", "reward_mean", "{:.3f}"),
+    ("train acc", "train_accuracy", "{:.3f}"),
+    ("entropy", "entropy", "{:.3f}"),
+    ("clip high", "clip_frac_high", "{:.4f}"),
+    ("low", "clip_frac_low", "{:.4f}"),
+    ("rollout kl", "rollout_kl", "{:.1e}"),
+)
+
+
+def duration(seconds: float) -> str:
+    """3725 -> '1h02m', 200 -> '3m20s', 7.4 -> '7s'."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def _mean(rows: list[dict], key: str) -> float | None:
+    values = [row[key] for row in rows if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])]
+    return sum(values) / len(values) if values else None
+
+
+def step_fields(rows: list[dict]) -> str:
+    """'reward 0.412, train acc 0.375, entropy 0.521, clip high 0.0120 low 0.0030, 4.1 s/step': means
+    over `rows`; a metric no row has (no update ran) is left out."""
+    parts = []
+    for label, key, form in STEP_FIELDS:
+        value = _mean(rows, key)
+        if value is not None:
+            parts.append(f"{label} {form.format(value)}")
+    seconds = _mean(rows, "seconds_step")
+    if seconds is not None:
+        parts.append(f"{seconds:.1f} s/step")
+    return ", ".join(parts).replace(", low ", " low ")
+
+
+def eval_line(step: int, max_steps: int, metrics: dict, since: list[dict]) -> str:
+    """One line per eval: accuracy with its interval, then what training did since the last eval."""
+    low, high = metrics.get("eval/accuracy_ci95_low"), metrics.get("eval/accuracy_ci95_high")
+    interval = f" (95% CI {low:.3f}-{high:.3f})" if low is not None and high is not None else ""
+    items = metrics.get("eval/num_items")
+    head = f"eval step {step}/{max_steps}: accuracy {metrics['accuracy']:.3f}{interval}"
+    head += f" on {int(items)} items" if items is not None else ""
+    if step == 0 or not since:
+        return head + (" (before training)" if step == 0 else "")
+    return f"{head}; since the last eval: {step_fields(since)}"
+
+
+def final_line(step: int, metrics: dict) -> str:
+    """The end-of-run eval on the whole split (eval.final_full), apart from the periodic evals."""
+    low, high = metrics[f"{FINAL.prefix}accuracy_ci95_low"], metrics[f"{FINAL.prefix}accuracy_ci95_high"]
+    return (
+        f"final eval step {step}: accuracy {metrics[FINAL.accuracy]:.3f} (95% CI {low:.3f}-{high:.3f}) on all "
+        f"{int(metrics[f'{FINAL.prefix}num_items'])} items of the eval split"
+    )
+
+
+class Progress:
+    """The bar or the plain lines, and the eval lines, for one training session."""
+
+    def __init__(self, cfg: Config, start_step: int) -> None:
+        self.max_steps = cfg.train.max_steps
+        self.use_bar = cfg.logging.progress_bar
+        self.started, self.start_step = time.monotonic(), start_step
+        self.since_eval: list[dict] = []
+        self.eval_accuracy: float | None = None
+        self.bar = tqdm(total=self.max_steps, initial=start_step, disable=not self.use_bar, desc="dapo")
+        self._stack = contextlib.ExitStack()
+        if self.use_bar:
+            self._stack.enter_context(logging_redirect_tqdm())
+
+    def log(self, step: int, metrics: dict) -> None:
+        """Called with every metrics row the trainer writes (step 0: the eval before training)."""
+        if step > 0:
+            self.since_eval.append(metrics)
+            self.bar.update(1)
+            if not self.use_bar:
+                logger.info("step %d/%d: %s%s", step, self.max_steps, step_fields([metrics]), self._eta(step))
+        if "accuracy" in metrics:
+            logger.info("%s", eval_line(step, self.max_steps, metrics, self.since_eval))
+            self.since_eval, self.eval_accuracy = [], metrics["accuracy"]
+        if FINAL.accuracy in metrics:
+            logger.info("%s", final_line(step, metrics))
+        if step > 0:
+            fields = {"reward": f"{metrics['reward_mean']:.3f}", "train_acc": f"{metrics['train_accuracy']:.3f}"}
+            if self.eval_accuracy is not None:
+                fields["eval_acc"] = f"{self.eval_accuracy:.3f}"
+            fields["ent"] = f"{metrics.get('entropy', 0.0):.3f}"
+            self.bar.set_postfix(fields)
+
+    def _eta(self, step: int) -> str:
+        done = step - self.start_step
+        if done <= 0 or step >= self.max_steps:
+            return ""
+        return f", eta {duration((time.monotonic() - self.started) / done * (self.max_steps - step))}"
+
+    def close(self) -> None:
+        self.bar.close()
+        self._stack.close()
+
+
+def _at(row: dict) -> str:
+    return f"{row['accuracy']:.3f} (step {row['step']})"
+
+
+def end_of_run_summary(
+    run_dir: Path, step: int, max_steps: int, wall_s: float, stopped: bool, session_s: float | None = None
+) -> str:
+    """The end-of-run report (printed): accuracy first -> best -> last, wall time (the whole run's;
+    session_s, a resumed session's own), checkpoints, next."""
+    head = f"stopped {run_dir} at step {step} of {max_steps}" if stopped else f"finished {run_dir}: {step} steps"
+    session = f" (this session: {duration(session_s)})" if session_s is not None else ""
+    lines = [f"{head} in {duration(wall_s)}{session}"]
+    rows = read_metrics(run_dir)
+    evals = [row for row in rows if "accuracy" in row]
+    if evals:
+        best = max(evals, key=lambda row: row["accuracy"])
+        items = evals[-1].get("eval/num_items")
+        on = f" ({int(items)} eval items)" if items is not None else ""
+        lines.append(f"  eval accuracy{on}: first {_at(evals[0])} -> best {_at(best)} -> last {_at(evals[-1])}")
+    else:
+        lines.append("  eval accuracy: not evaluated (eval.every_steps=0)")
+    finals = [row for row in rows if FINAL.accuracy in row]
+    if finals:
+        lines.append(f"  {final_line(finals[-1]['step'], finals[-1])}")
+    checkpoints = checkpoint_dirs(run_dir)
+    if checkpoints:
+        names = [p.name for p in checkpoints]
+        shown = ", ".join(names) if len(names) <= 4 else f"{names[0]}, ..., {names[-1]} ({len(names)})"
+        lines.append(f"  checkpoints in {run_dir}: {shown}")
+    if checkpoints and not stopped:  # a stopped run: signals.StopRequested.report says how to resume
+        lines.append(f"  next: dapo-train eval {shlex.quote(str(checkpoints[-1]))}   # every item of data.eval_split")
+    return "\n".join(lines)

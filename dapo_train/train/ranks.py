@@ -1,0 +1,122 @@
+"""What crosses ranks in one step, agreed in one place: when the batch is full (Eq. 11), which
+buffered groups the step trains, the update plan (mini-batches, Eq. 12 normalisers, forward/backward
+calls, token totals) and, after the update, its metric sums. collect.py and update.py work on this
+rank's groups and records alone and make no collective call of their own: they ask this module; with
+one process every function here is arithmetic on this process's own counts.
+
+Under N ranks (`accelerate launch`, `torchrun`; distributed.py holds the primitives):
+- each generation round, every rank generates its slice of the same prompts, and the batch is full
+  when the groups buffered on ALL ranks reach prompts_per_step, so every rank runs the same rounds;
+- the step's groups are dealt from the ranks' buffers in turn (take_counts), so the ranks' shares
+  differ as little as their buffers allow, and the generation stats are merged over ranks;
+- the mini-batches are cut from all ranks' groups in one global order (batching.rank_mini_batches),
+  so every rank makes the same optimizer steps; each mini-batch's Eq. 12 normaliser is summed over
+  ranks before its first micro-batch; every rank makes as many forward/backward calls as the rank
+  with the most micro-batches (padding with fillers that add nothing), and each loss is scaled by N
+  because DDP/FSDP average the ranks' gradients where Eq. 12 sums them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from dapo_train.algo.reductions import loss_normalizer
+from dapo_train.config.schema import Config
+from dapo_train.train import distributed
+from dapo_train.train.batching import Batching, MiniBatch, UpdatePlan, flatten_groups, rank_mini_batches
+from dapo_train.train.records import StepBatch, UpdateResult
+
+
+def buffered_groups(count: int) -> int:
+    """The groups buffered on all ranks, from this rank's `count`: every rank sees the same total, so
+    every rank runs the same generation rounds."""
+    return int(distributed.all_reduce([count])[0])
+
+
+def own_share(prompts: list) -> list:
+    """This rank's slice of a round's prompts (every rank draws the same ones): batch[rank::N]."""
+    return prompts[distributed.rank() :: distributed.world_size()]
+
+
+@dataclass
+class Deal:
+    """Which buffered groups each rank trains this step (take_counts), with what every rank had
+    buffered and its generation stats, in rank order; `own` is this rank's take."""
+
+    takes: list[int]
+    counts: list[int]
+    stats: list
+    own: int
+
+
+def deal_groups(count: int, stats, wanted: int) -> Deal:
+    """Every rank's buffered count and stats, and the step's `wanted` groups dealt over them."""
+    gathered = distributed.gather((count, stats))
+    counts = [rank_count for rank_count, _ in gathered]
+    takes = take_counts(counts, wanted)
+    return Deal(takes, counts, [rank_stats for _, rank_stats in gathered], takes[distributed.rank()])
+
+
+def take_counts(counts: list[int], wanted: int) -> list[int]:
+    """How many of its buffered groups each rank trains this step, given every rank's count: `wanted`
+    in all (every buffered group if there are fewer), dealt one per rank in turn so the ranks' shares
+    differ as little as their buffers allow. One process: [min(count, wanted)]."""
+    takes = [0] * len(counts)
+    remaining = min(wanted, sum(counts))
+    while remaining:
+        for process, count in enumerate(counts):
+            if remaining and takes[process] < count:
+                takes[process] += 1
+                remaining -= 1
+    return takes
+
+
+def plan_update(batch: StepBatch, batching: Batching, cfg: Config) -> UpdatePlan:
+    """The step's mini-batches of micro-batches on this rank, with every count that must be global
+    summed over ranks before any micro-batch runs."""
+    local = []
+    for indices in rank_mini_batches(batch.takes, distributed.rank(), cfg.train.updates_per_step):
+        part = [batch.groups[index] for index in indices]
+        micro = batching.micro_batches(flatten_groups(part, cfg.dapo.overlong_filtering))
+        normalizer = loss_normalizer([m.batch.completion_mask for m in micro], cfg.dapo.loss_reduction,
+                                     cfg.rollout.max_new_tokens)
+        local.append(MiniBatch(micro, normalizer, len(micro), [group.version for group in part]))
+    valid_tokens = sum(float(m.batch.completion_mask.sum()) for mini in local for m in mini.micro_batches)
+    forward_tokens = sum(m.batch.forward_tokens for mini in local for m in mini.micro_batches)
+    count = sum(len(mini.micro_batches) for mini in local)
+    *normalizers, valid_tokens, forward_tokens, count = distributed.all_reduce(
+        [mini.normalizer for mini in local] + [valid_tokens, forward_tokens, count]
+    )
+    calls = distributed.all_reduce([mini.calls for mini in local], op="max")
+    mini_batches = [replace(mini, normalizer=normalizer, calls=int(call))
+                    for mini, normalizer, call in zip(local, normalizers, calls)]
+    return UpdatePlan(mini_batches, cfg.dapo.num_iterations, distributed.world_size(), valid_tokens,
+                      forward_tokens, int(count))
+
+
+def total(count: float) -> float:
+    """A count summed over ranks (e.g. the completions whose old log-probs were scored)."""
+    return distributed.all_reduce([count])[0]
+
+
+def reduce_update(result: UpdateResult) -> UpdateResult:
+    """A step's optimizer-step sums over all ranks (every rank made the same optimizer steps, the
+    failing one included, with the same keys): sums and counts added, maxima the largest; and their
+    groups' staleness from every rank."""
+    steps = result.applied + ([result.failed] if result.failed is not None else [])
+    flat = distributed.all_reduce([value for step in steps for part in (step.sums, step.counts)
+                                   for value in part.values()])
+    largest = distributed.all_reduce([value for step in steps for value in step.maxima.values()], op="max")
+    reduced, start, at = [], 0, 0
+    for step in steps:
+        sums = dict(zip(step.sums, flat[start : start + len(step.sums)]))
+        start += len(step.sums)
+        counts = dict(zip(step.counts, flat[start : start + len(step.counts)]))
+        start += len(step.counts)
+        maxima = dict(zip(step.maxima, largest[at : at + len(step.maxima)]))
+        at += len(step.maxima)
+        reduced.append(replace(step, sums=sums, counts=counts, maxima=maxima))
+    staleness = [value for ranks in distributed.gather(result.staleness) for value in ranks]
+    if result.failed is not None:
+        return UpdateResult(reduced[:-1], reduced[-1], staleness)
+    return UpdateResult(reduced, None, staleness)

@@ -1,0 +1,110 @@
+"""The typed records the stages of a step pass each other.
+
+Group: one prompt and its G scored completions, made by step 1 (collect.py), kept in the
+dynamic-sampling buffer across steps and checkpoints, given old log-probs by step 2 (old_policy.py)
+and trained by step 3 (update.py). StepBatch: the groups one step trains. UpdateSums and
+UpdateResult: what the optimizer steps of step 3 measured, per rank until ranks.py sums them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dapo_train.rollout.engines import Completion
+from dapo_train.task.prompts import Prompt
+
+
+@dataclass
+class Group:
+    """One prompt and its G scored completions.
+
+    version: optimizer steps taken before it was generated (its staleness when trained is the
+    optimizer step count then minus this). old_logprobs: per completion, (L,) float32 log-probs
+    under the training forward of the policy that generated it, recorded right after collection
+    (old_policy.py; None while the update can prove the ratio is 1 and needs none, or when the
+    completions' behaviour log-probs serve as old ones: dapo.old_logprobs=rollout). The completions
+    carry their behaviour log-probs (Completion.behaviour_logprobs), through checkpoints too.
+    """
+
+    prompt: Prompt
+    completions: list[Completion]  # G
+    rewards: torch.Tensor  # (G,) float32 total reward
+    correct: torch.Tensor  # (G,) bool
+    advantages: torch.Tensor  # (G,) float32 (Eq. 9)
+    per_reward: dict[str, list[float]] = field(default_factory=dict)  # name -> G unweighted values
+    version: int = 0
+    old_logprobs: list[torch.Tensor] | None = None  # G x (L_i,)
+
+    def to_state(self) -> dict:
+        """Plain tensors/lists only, loadable with torch.load(weights_only=True)."""
+        return {
+            "prompt_uid": self.prompt.uid,
+            "prompt_ids": [c.prompt_ids for c in self.completions],
+            "completion_ids": [c.completion_ids for c in self.completions],
+            "truncated": [c.truncated for c in self.completions],
+            "texts": [c.text for c in self.completions],
+            "behaviour_logprobs": [c.behaviour_logprobs for c in self.completions],
+            "rewards": self.rewards,
+            "correct": self.correct,
+            "advantages": self.advantages,
+            "per_reward": self.per_reward,
+            "version": self.version,
+            "old_logprobs": self.old_logprobs,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict, prompts_by_uid: dict[str, Prompt]) -> Group:
+        # Optional in checkpoints: a group saved before they were kept has none (its old log-probs are recorded).
+        behaviour = state.get("behaviour_logprobs") or [None] * len(state["completion_ids"])
+        completions = [
+            Completion(prompt_ids=p, completion_ids=c, truncated=t, text=x, behaviour_logprobs=b)
+            for p, c, t, x, b in zip(state["prompt_ids"], state["completion_ids"], state["truncated"], state["texts"],
+                                     behaviour)
+        ]
+        return cls(
+            prompt=prompts_by_uid[state["prompt_uid"]],
+            completions=completions,
+            rewards=state["rewards"],
+            correct=state["correct"],
+            advantages=state["advantages"],
+            per_reward=state["per_reward"],
+            version=int(state.get("version", 0)),  # optional in checkpoints: a missing one reads as fresh
+            old_logprobs=state.get("old_logprobs"),
+        )
+
+
+@dataclass
+class StepBatch:
+    """The groups this rank trains this step, every rank's count of them (the global batch is
+    their sum, in rank-interleaved order), and the collection metrics over all ranks."""
+
+    groups: list[Group]
+    takes: list[int]
+    metrics: dict
+
+
+@dataclass
+class UpdateSums:
+    """One optimizer step's metric sums over its micro-batches, on this rank until plan.reduce_update
+    combines them over ranks. sums: token-weighted (value x tokens), with `loss` (the summed micro-batch
+    losses) and `num_tokens`; counts: plain sums (the rollout mismatch's, mismatch.MISMATCH_SUMS);
+    maxima: largest values (summed over ranks as a maximum)."""
+
+    sums: dict[str, float]
+    grad_norm: float = 0.0
+    lr: float = 0.0
+    counts: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class UpdateResult:
+    """A step's optimizer steps: those applied, the one that failed (non-finite loss or gradient
+    norm: the step's updates end there), if any, and the staleness of each group an applied step
+    trained (optimizer steps between its generation and that step)."""
+
+    applied: list[UpdateSums] = field(default_factory=list)
+    failed: UpdateSums | None = None
+    staleness: list[int] = field(default_factory=list)

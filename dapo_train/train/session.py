@@ -1,0 +1,207 @@
+"""One training session's objects, built once: the accelerator and seeds, rewards, prompts, the model
+and its optimizer (the Learner), the rollout engine and the dynamic-sampling buffer (`Run`).
+
+`setup` checks what is cheap first (rewards, engine, policy objective, data) so that bad input
+fails in one line before the model loads, and says at start which settings cannot act.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from dapo_train.config.schema import Config
+from dapo_train.evaluation.generate import eval_max_new_tokens
+from dapo_train.model.loading import (
+    check_attention_kernel,
+    check_sequence_budget,
+    gradient_checkpointing,
+    load_policy,
+    load_tokenizer,
+    mixed_precision,
+    reference_policy,
+    trainable_parameters,
+)
+from dapo_train.rewards.scoring import RewardSet, rewards_from_config
+from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id
+from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
+from dapo_train.train import distributed
+from dapo_train.train.batching import Batching
+from dapo_train.train.collect import GroupBuffer
+from dapo_train.train.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
+from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences
+from dapo_train.train.optim import adamw
+from dapo_train.train.update import Learner, Reference
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Run:
+    """Everything the loop touches, built once by `setup`."""
+
+    cfg: Config
+    run_dir: Path
+    accelerator: Accelerator
+    tokenizer: PreTrainedTokenizerBase
+    reward_set: RewardSet
+    learner: Learner  # the model (as accelerate prepared it), its optimizer, the loss
+    engine: RolloutEngine
+    prompt_sampler: PromptSampler  # the training prompts' order
+    eval_prompts: list[Prompt]  # the fixed subset of every periodic eval (eval.num_items)
+    final_prompts: list[Prompt]  # the whole eval split, for the end-of-run eval (eval.final_full; else empty)
+    buffer: GroupBuffer
+    prompts_by_uid: dict[str, Prompt]
+    step: int = 0
+    bad_steps: int = 0
+    saved_step: int | None = None  # the step of the checkpoint on disk that holds these weights
+    started: float = field(default_factory=time.monotonic)  # when this session began (train: before setup)
+    seconds_before: float = 0.0  # wall time of the sessions before this one (a resumed run's checkpoint)
+
+    @property
+    def wall_seconds(self) -> float:
+        """The run's wall time so far, every session up to its checkpoint included."""
+        return self.seconds_before + time.monotonic() - self.started
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.learner.model
+
+
+def start_accelerator(cfg: Config, cuda: bool, run_dir: Path):
+    """The Accelerator (under torchrun / accelerate launch it joins the other ranks; its trackers
+    write under the run folder), this rank's seeds, and a log line from each rank saying what it does."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(
+        mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda, log_with=cfg.logging.trackers or None,
+        project_dir=str(run_dir),
+    )
+    distributed.check_strategy(accelerator)
+    seed = distributed.rank_seed(cfg.seed, accelerator.process_index)
+    seed_everything(seed)
+    distributed.configure_rank_logging(
+        accelerator.process_index, accelerator.num_processes,
+        f"at work: {accelerator.distributed_type.value} on {accelerator.device}, seed {seed}, generating its slice "
+        f"of each round's {cfg.train.prompts_per_step} prompts",
+    )
+    return accelerator
+
+
+def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
+    """Validate cheap things first (rewards, engine, objective, data), then load the model."""
+    cuda = torch.cuda.is_available()
+    accelerator = start_accelerator(cfg, cuda, run_dir)
+    if cfg.train.num_threads > 0:
+        torch.set_num_threads(cfg.train.num_threads)
+    if cfg.train.deterministic:
+        torch.use_deterministic_algorithms(True)
+    reward_set = rewards_from_config(cfg)
+    engine_factory(cfg.rollout.engine)  # an unknown engine or objective fails here, before anything loads
+    loss_settings(cfg)
+    check_sequence_budget(cfg, max(cfg.rollout.max_new_tokens, eval_max_new_tokens(cfg) if cfg.eval.every_steps else 0))
+    if cfg.model.attn_implementation:
+        check_attention_kernel(cfg.model.attn_implementation, accelerator.device)  # load_model would, after the data
+    tokenizer = load_tokenizer(cfg.model)
+    evaluating, final = cfg.eval.every_steps > 0, cfg.eval.final_full
+    wanted = [cfg.data.train_split, cfg.data.eval_split] if evaluating or final else [cfg.data.train_split]
+    splits = load_prompt_splits(cfg.data, tokenizer, wanted)  # each split logs its row counts
+    train_prompts = splits[cfg.data.train_split][0]
+    all_eval = splits[cfg.data.eval_split][0] if evaluating or final else []
+    eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items) if evaluating else []
+    final_prompts = all_eval if final else []
+    _log_final_eval_cost(cfg, len(eval_prompts), len(final_prompts))
+    model = load_policy(cfg, accelerator.device, resume_from)
+    if gradient_checkpointing(cfg, cuda):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
+    unwrapped = accelerator.unwrap_model(model)
+    with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
+        engine = build_engine(cfg.rollout, unwrapped, tokenizer)
+    behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda))
+    learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
+                            prepare_reference(cfg, accelerator, model, unwrapped), behaviour=behaviour)
+    log_behaviour(behaviour, cfg, unwrapped)
+    _log_speed_settings(cfg, learner.batching, unwrapped, cuda)
+    _warn_inert_settings(cfg)
+    return Run(
+        cfg=cfg, run_dir=run_dir, accelerator=accelerator, tokenizer=tokenizer, reward_set=reward_set,
+        learner=learner, engine=engine, prompt_sampler=PromptSampler(train_prompts, cfg.seed),
+        eval_prompts=eval_prompts, final_prompts=final_prompts, buffer=GroupBuffer(),
+        prompts_by_uid={p.uid: p for p in train_prompts},
+    )
+
+
+def _log_final_eval_cost(cfg: Config, periodic: int, final: int) -> None:
+    """Say at start what the end-of-run eval on the whole split adds (eval.final_full): nothing when
+    the periodic eval already covers the split (its last records are reused)."""
+    if not final or periodic == final:
+        return
+    compared = f", {final / periodic:.1f}x a periodic eval of {periodic} items" if periodic else ""
+    logger.info(
+        "eval.final_full: the run ends with a greedy eval on all %d items of %r%s (eval.final_full=false skips it)",
+        final, cfg.data.eval_split, compared,
+    )
+
+
+def prepare_reference(cfg: Config, accelerator: Accelerator, model, unwrapped) -> Reference | None:
+    """dapo.beta > 0: the frozen reference, prepared as the policy was (accelerate's mixed-precision
+    autocast, the device) but not wrapped for training, so that while the policy's weights are the
+    reference's their log-probs agree and the KL is 0. With LoRA it is the prepared policy itself."""
+    ref_model, scope = reference_policy(cfg, model, unwrapped, accelerator.device)
+    if ref_model is None:
+        return None
+    if ref_model is not model:
+        ref_model = accelerator.prepare_model(ref_model, evaluation_mode=True)
+    return Reference(ref_model, scope)
+
+
+def _warn_inert_settings(cfg: Config) -> None:
+    """Say at start which settings cannot act as configured."""
+    if cfg.train.updates_per_step > cfg.train.prompts_per_step:
+        logger.warning(
+            "train.updates_per_step=%d > train.prompts_per_step=%d: updates train whole groups, so a step makes "
+            "at most %d", cfg.train.updates_per_step, cfg.train.prompts_per_step, cfg.train.prompts_per_step,
+        )
+    if not clip_can_act(cfg):
+        low, high = clip_bound_keys(cfg.dapo.policy_loss)
+        logger.warning(
+            "dapo.%s / dapo.%s cannot act: each rollout batch gets one on-policy update (ratio 1, carried-over "
+            "groups aside); set train.updates_per_step > 1 (or dapo.num_iterations > 1) to let it act", low, high,
+        )
+    inert = inert_objective_keys(cfg)
+    if inert:
+        logger.warning("%s cannot act: dapo.policy_loss=%s reads %s", ", ".join(inert), cfg.dapo.policy_loss,
+                       " / ".join(f"dapo.{key}" for key in OBJECTIVE_KEYS[cfg.dapo.policy_loss]))
+
+
+def _log_speed_settings(cfg: Config, batching: Batching, model, cuda: bool) -> None:
+    """Say at start which speed settings act, and which cannot."""
+    from dapo_train.model.scoring import attention_implementation
+
+    logger.info("update: %s", "each group's prompt scored once for all its completions (train.shared_prefix)"
+                if batching.share_prefix else "each completion scored with its own copy of the prompt "
+                "(train.shared_prefix)")
+    if cfg.train.shared_prefix == "auto" and not batching.share_prefix:
+        logger.warning("train.shared_prefix=auto is off: the attention kernel %r takes no 4-D mask (sdpa and eager "
+                       "do)", attention_implementation(model))
+    if cfg.rollout.compile == "on" and not cuda:
+        logger.warning("rollout.compile=on without CUDA: the rollout uses transformers' static KV cache, but "
+                       "transformers compiles its decode step on CUDA only")

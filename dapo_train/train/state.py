@@ -1,0 +1,95 @@
+"""The run's state across a checkpoint: what each rank saves beside the weights, and how a resumed
+run takes it back, so that resume equals the uninterrupted run.
+
+checkpoint_<step>/trainer_state.pt holds the run's position (step, optimizer steps, the prompt
+order's state, wall time) and rank 0's own state; each rank r > 0 adds trainer_state_rank<r>.pt
+(its RNG streams, its carried-over groups and, under FSDP/ZeRO, its optimizer shard). The folder's
+format (atomic save, discovery, pruning) is model/checkpoint.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from dapo_train.errors import UserError
+from dapo_train.model import checkpoint as ckpt
+from dapo_train.train import distributed
+from dapo_train.train.session import Run
+
+logger = logging.getLogger(__name__)
+
+
+def rank_state(run: Run) -> dict:
+    """What differs between ranks: RNG streams, the dynamic-sampling carry-over, and under FSDP/ZeRO
+    the optimizer shard. (The data order is the same on every rank: each takes its slice.)"""
+    state = {"buffer": run.buffer.state_dict(), "rng": ckpt.rng_state()}
+    if distributed.shards_optimizer(run.accelerator, run.model):
+        state["optimizer"] = run.learner.optimizer.state_dict()
+    return state
+
+
+def trainer_state(run: Run) -> dict:
+    """trainer_state.pt: the run's position and rank 0's own state (rank_state)."""
+    state = {
+        "step": run.step,
+        "bad_steps": run.bad_steps,
+        "optimizer_steps": run.learner.optimizer.steps,
+        "sampler": run.prompt_sampler.state_dict(),
+        "num_processes": distributed.world_size(),
+        "wall_seconds": run.wall_seconds,
+        **rank_state(run),
+    }
+    state.setdefault("optimizer", run.learner.optimizer.state_dict())  # replicated under DDP: one copy, here
+    return state
+
+
+def restore(run: Run, state: dict, checkpoint: Path) -> None:
+    """Every rank reads trainer_state.pt; rank r > 0 its own file too. A checkpoint of another
+    number of processes resumes (the data order is shared) but does not reproduce the run."""
+    run.step, run.bad_steps = int(state["step"]), int(state["bad_steps"])
+    run.seconds_before = float(state.get("wall_seconds", 0.0))
+    # A checkpoint without the counter was written by a run that made one optimizer step per step.
+    run.learner.optimizer.steps = int(state.get("optimizer_steps", run.step))
+    run.prompt_sampler.load_state_dict(state["sampler"])
+    saved, ranks, rank = int(state.get("num_processes", 1)), distributed.world_size(), distributed.rank()
+    if saved != ranks:
+        if distributed.shards_optimizer(run.accelerator, run.model):
+            raise UserError(
+                f"{checkpoint} was saved by {saved} processes with a sharded optimizer (FSDP/ZeRO); resume it with "
+                f"as many (torchrun --nproc_per_node {saved}, accelerate launch --num_processes {saved})"
+            )
+        logger.warning(
+            "%s was saved by %d process(es), this run has %d: it continues, but ranks without a saved state start "
+            "with fresh RNG streams and no carried-over groups, so it will not reproduce the original run",
+            checkpoint, saved, ranks,
+        )
+    own = state if rank == 0 else ckpt.load_rank_state(checkpoint, rank)
+    if own is not None:
+        run.buffer.load_state_dict(own["buffer"], run.prompts_by_uid)
+        ckpt.set_rng_state(own["rng"])
+    own_optimizer = own is not None and "optimizer" in own
+    run.learner.optimizer.load_state_dict(own["optimizer"] if own_optimizer else state["optimizer"])
+    run.saved_step = run.step
+
+
+def save(run: Run) -> Path:
+    """checkpoint_<step>/ from every rank: the full weights (gathered first under FSDP/ZeRO), then each
+    rank r > 0 writes its own state into the temporary folder, then the main process completes and
+    renames it. Every rank calls it at the same step."""
+    state_dict = distributed.full_state_dict(run.model)
+    tmp = distributed.broadcast(ckpt.temporary_dir(run.run_dir, run.step) if distributed.is_main() else None)
+    if not distributed.is_main():
+        ckpt.save_rank_state(tmp, distributed.rank(), rank_state(run))
+    distributed.barrier()
+    path = run.run_dir / f"checkpoint_{run.step}"
+    if distributed.is_main():
+        path = ckpt.save_checkpoint(
+            run.run_dir, run.step, model=run.accelerator.unwrap_model(run.model), tokenizer=run.tokenizer,
+            cfg=run.cfg, state=trainer_state(run), keep_last=run.cfg.checkpoint.keep_last, state_dict=state_dict,
+            tmp=tmp,
+        )
+        logger.info("saved %s", path)
+    distributed.barrier()
+    run.saved_step = run.step
+    return path

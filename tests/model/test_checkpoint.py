@@ -1,0 +1,120 @@
+"""Checkpoints are atomic, pruned, never hold NaN weights, and report disk errors clearly."""
+
+import errno
+
+import pytest
+import torch
+
+from dapo_train.config.load import load_config
+from dapo_train.errors import UserError
+from dapo_train.model import checkpoint as ckpt
+
+from conftest import make_random_model
+
+
+class NoTokenizer:
+    def save_pretrained(self, path):
+        (path / "tokenizer.json").write_text("{}")
+
+
+def _save(run_dir, step, model, **kw):
+    # The keys every trainer state holds (load_state refuses a file without them); empty where unused here.
+    state = {"step": step, "bad_steps": 0, "sampler": {}, "buffer": {}, "rng": ckpt.rng_state(), "optimizer": {}}
+    return ckpt.save_checkpoint(
+        run_dir, step, model=model, tokenizer=NoTokenizer(), cfg=load_config(None, []), state=state, **kw
+    )
+
+
+def test_save_writes_model_config_and_state_loadable_weights_only(tmp_path):
+    path = _save(tmp_path, 3, make_random_model())
+    assert path.name == "checkpoint_3"
+    assert {"config.yaml", "model.safetensors", "trainer_state.pt", "tokenizer.json"} <= {
+        p.name for p in path.iterdir()
+    }
+    state = ckpt.load_state(path)  # torch.load(weights_only=True) inside
+    assert state["step"] == 3
+    assert ckpt.latest_checkpoint(tmp_path) == path
+
+
+def test_a_crash_during_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
+    model = make_random_model()
+    first = _save(tmp_path, 1, model)
+    before = sorted(p.name for p in first.iterdir())
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # e.g. Ctrl-C or a kill arriving mid-write
+
+    monkeypatch.setattr(ckpt.torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, 2, model)
+    assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint_1"]
+    assert sorted(p.name for p in first.iterdir()) == before
+    assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
+
+
+def test_a_leftover_temporary_folder_is_never_taken_for_a_checkpoint(tmp_path):
+    _save(tmp_path, 1, make_random_model())
+    (tmp_path / ".tmp_checkpoint_2_999").mkdir()  # what a kill -9 mid-save leaves behind
+    assert ckpt.latest_checkpoint(tmp_path).name == "checkpoint_1"
+
+
+def test_disk_full_is_one_clear_error(tmp_path, monkeypatch):
+    model = make_random_model()
+    _save(tmp_path, 1, model)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(model, "save_pretrained", full)
+    with pytest.raises(UserError, match="disk full.*earlier checkpoints are intact"):
+        _save(tmp_path, 2, model)
+    assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint_1"]
+
+
+def test_nan_weights_are_never_saved(tmp_path):
+    model = make_random_model()
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="NaN"):
+        _save(tmp_path, 1, model)
+    assert ckpt.checkpoint_dirs(tmp_path) == []
+
+
+def test_keep_last_prunes_the_oldest(tmp_path):
+    model = make_random_model()
+    for step in (1, 2, 3, 4):
+        _save(tmp_path, step, model, keep_last=2)
+    assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint_3", "checkpoint_4"]
+
+
+def test_rng_state_round_trips(tmp_path):
+    import random
+
+    import numpy as np
+
+    state = ckpt.rng_state()
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    torch.save(state, tmp_path / "rng.pt")
+    ckpt.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
+
+
+def test_missing_state_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="trainer_state.pt is missing"):
+        ckpt.load_state(tmp_path)
+
+
+def test_checkpoint_files_get_the_mode_the_umask_gives_new_files(tmp_path):
+    """safetensors writes model.safetensors as 0600; the checkpoint's files follow the umask like
+    every other file of the run (0644 under the usual 022), so the weights can be shared."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        path = _save(tmp_path, 1, make_random_model())
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.iterdir()}
+    assert modes["model.safetensors"] == 0o644, modes
+    assert set(modes.values()) == {0o644}

@@ -1,0 +1,39 @@
+"""The stop handler: the first signal asks for a graceful stop, a second Ctrl-C stops at once."""
+
+import os
+import signal
+
+import pytest
+
+from dapo_train.run.signals import StopRequested
+
+
+@pytest.fixture
+def restore_handlers():
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def test_first_signal_requests_a_graceful_stop(restore_handlers, capsys):
+    stop = StopRequested().install()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.requested and stop.exit_code == 128 + signal.SIGTERM
+    assert "finishing this step" in capsys.readouterr().err
+
+
+def test_second_ctrl_c_stops_at_once(restore_handlers):
+    stop = StopRequested().install()
+    os.kill(os.getpid(), signal.SIGINT)
+    assert stop.requested and stop.exit_code == 128 + signal.SIGINT
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_sigterm_after_a_stop_request_does_not_interrupt(restore_handlers, capsys):
+    stop = StopRequested().install()
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)  # still graceful: only a second Ctrl-C is urgent
+    assert stop.requested and stop.exit_code == 128 + signal.SIGINT
+    assert capsys.readouterr().err.count("finishing this step") == 1

@@ -1,0 +1,127 @@
+"""Experiment trackers through accelerate: TensorBoard holds exactly the scalars metrics.jsonl holds,
+the resolved config as hyperparameters, the project and run names as configured, and nothing is
+started or written on a rank other than the main one."""
+
+import pytest
+import yaml
+from accelerate import Accelerator
+from accelerate.state import PartialState
+
+from dapo_train.config.load import load_config
+from dapo_train.run.logs import read_metrics
+from dapo_train.run.trackers import TRACKERS, AccelerateTrackers
+from dapo_train.train.loop import train
+
+SMALL = [
+    "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2", "train.micro_batch_size=4",
+    "train.updates_per_step=2", "train.num_threads=1", "logging.progress_bar=false", "eval.print_samples=0",
+    "eval.final_full=false",  # the end-of-run eval on all 500 items is tested in tests/run/test_eval_items.py
+]
+
+
+def _scalars(folder) -> dict[str, dict[int, float]]:
+    """Every scalar TensorBoard reads back from an event folder: tag -> {step: value}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_reads_back_the_scalars_and_the_config(tmp_path):
+    run_dir = train(load_config(None, [
+        *SMALL, "train.max_steps=2", "eval.every_steps=2", "eval.num_items=8", "logging.trackers=[tensorboard]",
+        "run_name=tb-run", f"output_dir={tmp_path / 'run'}",
+    ]))
+    scalars = _scalars(run_dir / "dapo-train")
+    rows = read_metrics(run_dir)
+    logged = {(key, row["step"]): value for row in rows for key, value in row.items()
+              if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    assert ("loss", 2) in logged and ("accuracy", 0) in logged and ("eval/format_rate", 2) in logged
+    read_back = {(tag, step): value for tag, by_step in scalars.items() for step, value in by_step.items()}
+    assert read_back.keys() == logged.keys()  # every numeric metric of every step, and nothing else
+    for key, value in logged.items():
+        assert read_back[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key  # stored as float32
+    [hparams_file] = (run_dir / "dapo-train").glob("*/hparams.yml")
+    hparams = yaml.safe_load(hparams_file.read_text())
+    assert (hparams["run_name"], hparams["dapo.eps_high"], hparams["rewards.1.args.cache_length"]) == (
+        "tb-run", 0.28, 32,
+    )
+    assert hparams["logging.trackers.0"] == "tensorboard" and hparams["dapo.clip_ratio_c"] == "null"
+
+
+class FakeAccelerator:
+    """Records what the trainer asks of accelerate's trackers."""
+
+    is_main_process = True
+
+    def __init__(self):
+        self.calls, self.trackers = [], []
+
+    def init_trackers(self, project_name, config=None, init_kwargs=None):
+        self.calls.append(("init", project_name, config, init_kwargs))
+
+    def log(self, values, step=None):
+        self.calls.append(("log", values, step))
+
+
+def test_project_run_name_and_numeric_scalars_reach_every_tracker():
+    """logging.project is the project every tracker files the run under; run_name names the run
+    in each tracker's own keyword; a step logs its numbers only (no flags as 0/1, no strings)."""
+    cfg = load_config(None, ["logging.trackers=[wandb, mlflow, clearml, trackio]", "logging.project=studies",
+                             "run_name=eps-0.4"])
+    fake = FakeAccelerator()
+    trackers = AccelerateTrackers(fake, cfg)
+    (_, project, config, init_kwargs), = fake.calls
+    assert project == "studies"
+    assert init_kwargs == {"wandb": {"name": "eps-0.4"}, "mlflow": {"run_name": "eps-0.4"},
+                           "clearml": {"task_name": "eps-0.4"}, "trackio": {"name": "eps-0.4"}}
+    assert config["dapo.eps_high"] == 0.28 and config["logging.project"] == "studies"
+    trackers.log(3, {"loss": 0.5, "groups_kept": 2, "flag": True, "note": "text"})
+    assert fake.calls[-1] == ("log", {"loss": 0.5, "groups_kept": 2}, 3)
+
+
+def test_logging_project_names_the_tensorboard_folder(tmp_path):
+    accelerator = Accelerator(cpu=True, log_with=["tensorboard"], project_dir=str(tmp_path))
+    trackers = AccelerateTrackers(accelerator, load_config(None, ["logging.trackers=[tensorboard]",
+                                                                  "logging.project=studies"]))
+    trackers.log(1, {"loss": 0.25})
+    trackers.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["studies"]
+    assert _scalars(tmp_path / "studies") == {"loss": {1: 0.25}}
+
+
+def test_only_the_main_process_starts_and_writes_trackers(tmp_path, monkeypatch):
+    """Under several ranks, accelerate runs init_trackers and log on the main process only; the
+    trainer's tracker calls go through them, so another rank writes nothing."""
+    monkeypatch.setattr(PartialState, "is_main_process", property(lambda self: False))
+    monkeypatch.setattr(PartialState, "use_distributed", property(lambda self: True))
+    accelerator = Accelerator(cpu=True, log_with=["tensorboard"], project_dir=str(tmp_path))
+    trackers = AccelerateTrackers(accelerator, load_config(None, ["logging.trackers=[tensorboard]"]))
+    trackers.log(1, {"loss": 0.25})
+    trackers.close()
+    assert list(tmp_path.iterdir()) == [] and accelerator.trackers == []
+
+
+def test_every_tracker_name_is_one_accelerate_knows():
+    from accelerate.utils import LoggerType
+
+    from dapo_train.config.schema import TRACKER_NAMES
+
+    assert set(TRACKERS) == set(TRACKER_NAMES) <= {t.value for t in LoggerType}
+
+
+def test_a_resume_before_the_end_hides_the_abandoned_steps_from_tensorboard(tmp_path):
+    """Steps 1-2, then a resume from checkpoint_1: step 2 is logged again, and TensorBoard (purge_step)
+    shows it once, with the new value; the first value stays in the older event file, hidden."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = [*SMALL, "train.max_steps=2", "checkpoint.every_steps=1", "eval.every_steps=0",
+            "logging.trackers=[tensorboard]", f"output_dir={tmp_path / 'run'}"]
+    run_dir = train(load_config(None, args))
+    train(load_config(None, [*args, "dapo.eps_high=0.5"]), resume=run_dir / "checkpoint_1")
+    events = EventAccumulator(str(run_dir / "dapo-train"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [event.step for event in events.Scalars("loss")] == [1, 2]
+    assert events.Scalars("loss")[1].value == pytest.approx(read_metrics(run_dir)[-1]["loss"], abs=1e-6)
+    assert len(list((run_dir / "dapo-train").glob("events.out.tfevents.*"))) == 2

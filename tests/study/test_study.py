@@ -1,0 +1,397 @@
+"""Sweeps, comparisons and plots: the grid parser, skip/resume with a stand-in trainer, the table's
+numbers on hand-written runs, the figure's lines, and one real sweep on the shipped tiny model."""
+
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dapo_train.config.load import load_config, save_config
+from dapo_train.errors import TrainingAborted, UserError
+from dapo_train.run.signals import StopRequested
+from dapo_train.study.compare import compare, compare_rows, format_compare
+from dapo_train.study.plot import make_figure, plot
+from dapo_train.study.runs import SWEEP_FILE, group_points, load_runs
+from dapo_train.study.sweep import plan_sweep, run_sweep, split_top_level
+from dapo_train.train import loop
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "tiny-cpu.yaml")
+
+
+def dapo(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "dapo_train", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The grid.
+
+
+@pytest.mark.parametrize(
+    ("value", "parts"),
+    [
+        ("0.1,0.5", ["0.1", "0.5"]),
+        ("0.1", ["0.1"]),
+        ("[{name: a}, {name: b}]", ["[{name: a}, {name: b}]"]),  # one YAML list, not two values
+        ("[{name: a}],[{name: a}, {name: b}]", ["[{name: a}]", "[{name: a}, {name: b}]"]),
+        ("{a: 1, b: 2},{a: 3}", ["{a: 1, b: 2}", "{a: 3}"]),
+        ("'x, y',z", ["'x, y'", "z"]),  # quoted: the comma is text
+        ('"x\\", y",z', ['"x\\", y"', "z"]),  # an escaped quote does not close a double-quoted string
+        ("'it''s, ok',b", ["'it''s, ok'", "b"]),  # '' is an escaped quote inside single quotes
+        ("it's,b", ["it's", "b"]),  # an apostrophe inside a word opens no quote
+        ("1, 2", ["1", "2"]),
+    ],
+)
+def test_values_split_only_on_top_level_commas(value, parts):
+    assert split_top_level(value) == parts
+
+
+def test_the_grid_is_the_product_of_the_comma_lists(tmp_path):
+    sweep = plan_sweep(
+        CONFIG, ["dapo.eps_high=0.1,0.5", "rollout.group_size=4,6", "train.max_steps=2"], "1,2", str(tmp_path / "s")
+    )
+    assert sweep.varied_keys == ["dapo.eps_high", "rollout.group_size"]
+    assert sweep.plain_overrides == ["train.max_steps=2"]
+    assert len(sweep.points) == 8  # 2 x 2 values x 2 seeds
+    first = sweep.points[0]
+    assert first.name == "eps_high=0.1_group_size=4_seed1"
+    assert first.overrides == {"dapo.eps_high": "0.1", "rollout.group_size": "4"}
+    expected = load_config(CONFIG, [
+        "dapo.eps_high=0.1", "rollout.group_size=4", "train.max_steps=2", "seed=1",
+        f"output_dir={tmp_path / 's' / first.name}", f"run_name={first.name}",
+    ])
+    assert first.cfg == expected
+    assert [(p.cfg.dapo.eps_high, p.cfg.rollout.group_size, p.seed) for p in sweep.points[-2:]] == [
+        (0.5, 6, 1), (0.5, 6, 2)
+    ]
+    assert not (tmp_path / "s").exists()  # planning writes nothing
+
+
+def test_without_seeds_each_point_runs_once_with_the_configs_seed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sweep = plan_sweep(CONFIG, ["dapo.eps_high=0.1,0.5", "seed=7"])
+    assert sweep.sweep_dir == Path("outputs/sweep_tiny-cpu_eps_high=0.1-0.5_seed=7")  # the grid and fixed overrides
+    assert [p.name for p in sweep.points] == ["eps_high=0.1_seed7", "eps_high=0.5_seed7"]
+    assert [p.cfg.seed for p in sweep.points] == [7, 7]
+
+
+@pytest.mark.parametrize(
+    ("args", "seeds", "needle"),
+    [
+        (["train.max_steps=2"], None, "nothing to sweep"),
+        (["dapo.eps_high=0.1,oops"], None, "dapo.eps_high"),  # the last point is bad: found before any run
+        (["dapo.eps_hihg=0.1,0.5"], None, "did you mean 'dapo.eps_high'"),
+        (["dapo.eps_high=0.1,0.5"], "1,two", "--seeds"),
+        (["dapo.eps_high=0.1,0.5"], "1,1", "twice"),
+        (["dapo.eps_high=0.1,0.5", "seed=3"], "1,2", "--seeds"),
+        (["seed=1,2"], None, "--seeds"),
+        (["dapo.eps_high=0.1,0.5", "output_dir=x"], None, "--dir"),
+        (["dapo.eps_high=0.1,0.5", "dapo.eps_high=0.3"], None, "twice"),
+        (["dapo.eps_high=0.1,0.1"], None, "twice"),
+        (["rewards.1.args.cache_length=16,96"], None, "cache_length"),  # a reward check, not only the schema
+    ],
+)
+def test_bad_sweeps_fail_while_planning(tmp_path, args, seeds, needle):
+    with pytest.raises(UserError) as err:
+        plan_sweep(CONFIG, args, seeds, str(tmp_path / "s"))
+    assert needle in str(err.value)
+
+
+def test_an_unknown_config_fails_while_planning(tmp_path):
+    with pytest.raises(UserError, match="config file not found"):
+        plan_sweep(str(tmp_path / "nope.yaml"), ["dapo.eps_high=0.1,0.5"])
+
+
+def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path):
+    result = dapo("sweep", CONFIG, "dapo.eps_high=0.1,oops", "--dir", "D", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: config key 'dapo.eps_high': expected float, got 'oops' (str)"
+    ]
+    assert not (tmp_path / "D").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Skip, resume, restart: a stand-in trainer that only writes what the real one leaves behind.
+
+
+class FakeTrain:
+    """Records its calls; writes config.yaml, metrics.jsonl and checkpoint_<max_steps>/ like train.
+    `interrupt`: a run name that receives Ctrl-C mid-run (saves checkpoint_1, not the final one);
+    `abort`: a run name that raises TrainingAborted."""
+
+    def __init__(self, interrupt=None, abort=None):
+        self.calls = []
+        self.interrupt, self.abort = interrupt, abort
+
+    def __call__(self, cfg, *, resume=None, overwrite=False, stop=None):
+        run_dir = Path(cfg.output_dir)
+        self.calls.append((run_dir.name, resume, overwrite))
+        if run_dir.name == self.abort:
+            raise TrainingAborted("2 non-finite steps in a row")
+        if overwrite and run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "accuracy": 0.5}) + "\n")
+        if run_dir.name == self.interrupt:
+            self.interrupt = None
+            stop.request(signal.SIGINT)
+            (run_dir / "checkpoint_1").mkdir()
+        else:
+            (run_dir / f"checkpoint_{cfg.train.max_steps}").mkdir(exist_ok=True)
+        return run_dir
+
+
+GRID = ["dapo.eps_high=0.1,0.5", "train.max_steps=2"]
+NAMES = ["eps_high=0.1_seed1", "eps_high=0.1_seed2", "eps_high=0.5_seed1", "eps_high=0.5_seed2"]
+
+
+def _sweep(tmp_path, monkeypatch, fake, args=GRID):
+    monkeypatch.setattr(loop, "train", fake)  # the function run_sweep calls
+    return run_sweep(plan_sweep(CONFIG, args, "1,2", str(tmp_path / "s")), StopRequested())
+
+
+def _statuses(sweep_dir):
+    return [p["status"] for p in json.loads((sweep_dir / SWEEP_FILE).read_text())["points"]]
+
+
+def test_a_finished_sweep_run_again_trains_nothing(tmp_path, monkeypatch, capsys):
+    first = FakeTrain()
+    assert _sweep(tmp_path, monkeypatch, first) == 0
+    assert first.calls == [(name, None, True) for name in NAMES]  # fresh runs
+    out = capsys.readouterr().out
+    assert f"[2/4] eps_high=0.1 seed=2 -> {tmp_path / 's' / NAMES[1]}" in out
+    assert out.strip().splitlines()[-1].endswith(f"dapo-train compare {tmp_path / 's'}")
+    record = json.loads((tmp_path / "s" / SWEEP_FILE).read_text())
+    assert record["config"] == CONFIG and record["varied_keys"] == ["dapo.eps_high"]
+    assert record["overrides"] == ["train.max_steps=2"]
+    assert record["points"][3] == {
+        "name": NAMES[3], "overrides": {"dapo.eps_high": "0.5"}, "seed": 2,
+        "run_dir": str(tmp_path / "s" / NAMES[3]), "status": "done",
+    }
+    before = (tmp_path / "s" / SWEEP_FILE).stat().st_mtime_ns
+
+    again = FakeTrain()
+    assert _sweep(tmp_path, monkeypatch, again) == 0
+    assert again.calls == []
+    assert capsys.readouterr().out.count("done, skipped") == 4
+    assert (tmp_path / "s" / SWEEP_FILE).stat().st_mtime_ns == before
+
+
+def test_ctrl_c_stops_the_sweep_and_the_rerun_resumes_that_point(tmp_path, monkeypatch):
+    first = FakeTrain(interrupt=NAMES[1])
+    assert _sweep(tmp_path, monkeypatch, first) == 128 + signal.SIGINT
+    assert [name for name, _, _ in first.calls] == NAMES[:2]  # the next point never started
+    assert _statuses(tmp_path / "s") == ["done", "interrupted", "pending", "pending"]
+
+    again = FakeTrain()
+    assert _sweep(tmp_path, monkeypatch, again) == 0
+    assert again.calls == [(NAMES[1], True, False), (NAMES[2], None, True), (NAMES[3], None, True)]
+    assert _statuses(tmp_path / "s") == ["done"] * 4
+
+
+def test_done_needs_the_final_checkpoint_and_a_run_without_checkpoints_starts_over(tmp_path, monkeypatch):
+    assert _sweep(tmp_path, monkeypatch, FakeTrain()) == 0
+    shutil.rmtree(tmp_path / "s" / NAMES[0] / "checkpoint_2")  # "done" but its final checkpoint is gone
+    (tmp_path / "s" / NAMES[0] / "checkpoint_1").mkdir()
+    shutil.rmtree(tmp_path / "s" / NAMES[2] / "checkpoint_2")  # crashed before its first save
+    again = FakeTrain()
+    assert _sweep(tmp_path, monkeypatch, again) == 0
+    assert again.calls == [(NAMES[0], True, False), (NAMES[2], None, True)]
+
+
+def test_an_aborted_point_fails_alone(tmp_path, monkeypatch):
+    fake = FakeTrain(abort=NAMES[0])
+    assert _sweep(tmp_path, monkeypatch, fake) == 1
+    assert [name for name, _, _ in fake.calls] == NAMES  # the other points still ran
+    assert _statuses(tmp_path / "s") == ["failed", "done", "done", "done"]
+
+
+def test_a_run_folder_of_other_settings_is_refused(tmp_path, monkeypatch):
+    assert _sweep(tmp_path, monkeypatch, FakeTrain()) == 0
+    fake = FakeTrain()
+    with pytest.raises(UserError, match="other settings \\(train.learning_rate\\)"):
+        _sweep(tmp_path, monkeypatch, fake, [*GRID, "train.learning_rate=0.5"])
+    assert fake.calls == []
+
+
+# --------------------------------------------------------------------------------------------
+# compare and plot on hand-written runs.
+
+
+def make_run(run_dir, overrides, rows):
+    run_dir.mkdir(parents=True)
+    save_config(load_config(None, [*overrides, f"output_dir={run_dir}"]), run_dir / "config.yaml")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return run_dir
+
+
+def train_row(step, entropy, high, low, length, seconds, **extra):
+    row = {"step": step, "reward_mean": 0.1 * step, "entropy": entropy, "clip_frac_high": high,
+           "completion_length_mean": length, "groups_kept": 4, "seconds_step": seconds, **extra}
+    if low is not None:
+        row["clip_frac_low"] = low
+    return row
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """Point A (eps_high=0.1) with seeds 1 and 2, each ending with an eval of the whole split, point B
+    (eps_high=0.5) with one seed from an older trainer that logged neither clip_frac_low nor
+    seconds_eval nor a final eval."""
+    root = tmp_path / "runs"
+    make_run(root / "a1", ["dapo.eps_high=0.1", "seed=1"], [
+        {"step": 0, "accuracy": 0.1, "seconds_eval": 1.0},
+        train_row(1, 0.9, 0.1, 0.00, 30, 2.0),
+        train_row(2, 0.7, 0.3, 0.02, 34, 2.0, accuracy=0.2, seconds_eval=1.0, final_accuracy=0.25,
+                  seconds_final_eval=2.0),
+    ])
+    make_run(root / "a2", ["dapo.eps_high=0.1", "seed=2"], [
+        {"step": 0, "accuracy": 0.1, "seconds_eval": 1.0},
+        train_row(1, 0.8, 0.4, 0.03, 40, 3.0, accuracy=0.5, seconds_eval=1.0),
+        train_row(2, 0.6, 0.4, 0.01, 44, 3.0, accuracy=0.4, seconds_eval=1.0, final_accuracy=0.35,
+                  seconds_final_eval=2.0),
+    ])
+    make_run(root / "b1", ["dapo.eps_high=0.5", "seed=1"], [
+        {"step": 0, "accuracy": 0.6},  # training made it worse: its best is still 0.3
+        train_row(1, 1.0, 0.05, None, 20, 4.0, accuracy=0.3),
+    ])
+    return root
+
+
+def test_compare_aggregates_seeds_by_hand(runs):
+    varied, rows = compare_rows(load_runs([str(runs)]))  # a folder of runs expands to them
+    # seed, output_dir and run_name differ between every run but are not settings of a point.
+    assert varied == ["dapo.eps_high"]
+    a, b = rows
+    assert a["point"] == {"dapo.eps_high": 0.1} and a["seeds"] == [1, 2]  # the value as the config holds it
+    # final accuracy (the whole split at the end): 0.25 and 0.35 -> mean 0.3, sample std sqrt(2 * 0.05^2)
+    assert a["final_accuracy"]["mean"] == pytest.approx(0.3)
+    assert a["final_accuracy"]["std"] == pytest.approx(math.sqrt(0.005))
+    # last periodic eval: a1 ends at 0.2, a2 at 0.4 -> mean 0.3, sample std sqrt(2 * 0.1^2 / 1) = 0.1414
+    assert a["last_accuracy"]["mean"] == pytest.approx(0.3)
+    assert a["last_accuracy"]["std"] == pytest.approx(math.sqrt(0.02))
+    # best after step 0: a1 0.2, a2 0.5 (its step-1 eval, not its last) -> 0.35 +- 0.3 / sqrt(2)
+    assert a["best_accuracy"]["mean"] == pytest.approx(0.35)
+    assert a["best_accuracy"]["std"] == pytest.approx(0.3 / math.sqrt(2))
+    # per-run means first: clip high a1 (0.1 + 0.3) / 2 = 0.2, a2 0.4 -> 0.3; clip low 0.01, 0.02 -> 0.015
+    assert a["clip_frac_high"]["mean"] == pytest.approx(0.3)
+    assert a["clip_frac_low"]["mean"] == pytest.approx(0.015)
+    # entropy first 0.9 / 0.8 -> 0.85, last 0.7 / 0.6 -> 0.65; length 32 / 42 -> 37
+    assert a["entropy_first"]["mean"] == pytest.approx(0.85)
+    assert a["entropy_last"]["mean"] == pytest.approx(0.65)
+    assert a["completion_length"]["mean"] == pytest.approx(37)
+    # wall time: a1 2 + 2 s training + 1 + 1 s eval + 2 s final eval = 8, a2 3 + 3 + 1 + 1 + 1 + 2 = 11 -> 9.5
+    assert a["wall_seconds"]["mean"] == pytest.approx(9.5)
+    assert a["steps"] == {"mean": 2, "std": 0, "n": 2}
+    assert b["point"] == {"dapo.eps_high": 0.5} and b["seeds"] == [1]
+    assert b["last_accuracy"] == {"mean": 0.3, "std": None, "n": 1}
+    assert b["final_accuracy"] is None  # no eval of the whole split: shown as "-"
+    assert b["best_accuracy"]["mean"] == 0.3  # not step 0's 0.6: that is the model before training
+    assert b["clip_frac_low"] is None  # never logged: shown as "-"
+    assert b["wall_seconds"]["mean"] == pytest.approx(4.0)  # no seconds_eval counts as 0
+
+    table = format_compare(varied, rows).splitlines()
+    assert table[0].split()[:3] == ["dapo.eps_high", "seeds", "final"]
+    assert "0.300 ± 0.071  0.300 ± 0.141  0.350 ± 0.212" in table[2]  # final, last, best
+    assert table[3].split()[:6] == ["0.5", "1", "-", "0.300", "0.300", "0.0500"]
+    assert table[3].split()[6] == "-"
+    assert "final acc: the whole eval split" in table[4]  # the table says which accuracy is which
+
+
+def test_compare_json_and_run_paths(runs):
+    by_folder = json.loads(compare([str(runs)], as_json=True))
+    by_runs = json.loads(compare([str(runs / "b1"), str(runs / "a1"), str(runs / "a2"), str(runs)], as_json=True))
+    assert [row["point"] for row in by_runs] == [{"dapo.eps_high": 0.5}, {"dapo.eps_high": 0.1}]
+    assert sorted(by_runs, key=lambda row: row["point"]["dapo.eps_high"]) == by_folder  # each run counted once
+
+
+def test_compare_expands_a_sweep(tmp_path, monkeypatch):
+    assert _sweep(tmp_path, monkeypatch, FakeTrain()) == 0
+    (tmp_path / "s" / NAMES[3] / "metrics.jsonl").unlink()  # a run that has not logged yet is left out
+    varied, rows = compare_rows(load_runs([str(tmp_path / "s")]))
+    assert varied == ["dapo.eps_high"]
+    assert [(row["point"]["dapo.eps_high"], row["seeds"]) for row in rows] == [(0.1, [1, 2]), (0.5, [1])]
+
+
+def test_compare_of_a_folder_that_is_not_a_run_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for target in ("empty", "missing"):
+        result = dapo("compare", target, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and target in lines[0], result.stderr
+
+
+def test_the_figure_draws_the_mean_of_the_seeds_and_a_band(runs):
+    pytest.importorskip("matplotlib")
+    fig = make_figure(*group_points(load_runs([str(runs)])))
+    accuracy, reward, entropy, clip, length, groups = fig.axes[:6]
+    a_line, b_line = accuracy.lines
+    # steps 0, 1, 2: both seeds at 0 (0.1), only a2 evaluated at step 1 (0.5), both at 2 ((0.2 + 0.4) / 2)
+    assert list(a_line.get_xdata()) == [0, 1, 2]
+    assert list(a_line.get_ydata()) == pytest.approx([0.1, 0.5, 0.3])
+    assert list(b_line.get_ydata()) == pytest.approx([0.6, 0.3])
+    assert len(accuracy.collections) == 1  # a band for A (two seeds), none for B
+    assert len(clip.lines) == 3  # A high and low, B high only (it never logged clip_frac_low)
+    assert [text.get_text() for text in fig.legends[0].get_texts()] == [
+        "eps_high=0.1 (2 seeds)", "eps_high=0.5"
+    ]
+    assert "min-max" in fig.texts[0].get_text()  # the figure says what the band is
+    kl = fig.axes[6]
+    assert kl.get_title().startswith("rollout KL") and [t.get_text() for t in kl.texts] == ["not logged by these runs"]
+
+
+def test_plot_writes_a_png(runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = plot([str(runs)], str(tmp_path / "figs" / "p.png"))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(UserError, match="unknown image type"):
+        plot([str(runs)], str(tmp_path / "p.nope"))
+
+
+def test_plot_without_matplotlib_names_the_install_command(runs, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(UserError, match=r"pip install 'dapo-train\[plot\]'"):
+        plot([str(runs)], str(tmp_path / "p.png"))
+    assert not (tmp_path / "p.png").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# One real sweep on the shipped tiny model.
+
+
+def test_a_real_sweep_trains_each_point_once(tmp_path):
+    args = [
+        "sweep", CONFIG, "dapo.eps_high=0.1,0.5", "train.max_steps=1", "train.prompts_per_step=2",
+        "rollout.group_size=4", "train.micro_batch_size=8", "eval.every_steps=1", "eval.num_items=8",
+        "eval.final_full=false", "logging.progress_bar=false", "--dir", "D",
+    ]
+    first = dapo(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    sweep_dir = tmp_path / "D"
+    assert _statuses(sweep_dir) == ["done", "done"]
+    runs = [sweep_dir / "eps_high=0.1_seed0", sweep_dir / "eps_high=0.5_seed0"]
+    for run in runs:
+        assert (run / "checkpoint_1" / "model.safetensors").is_file()
+        assert [row["step"] for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [0, 1]
+    files = sorted(p for p in sweep_dir.rglob("*") if p.is_file())
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in files}
+
+    again = dapo(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("done, skipped") == 2
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in sweep_dir.rglob("*") if p.is_file()} == before
+
+    table = dapo("compare", "D", cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.strip().splitlines()
+    assert len(lines) == 5 and [line.split()[0] for line in lines[2:4]] == ["0.1", "0.5"]  # + the note

@@ -1,0 +1,137 @@
+"""What a run says: the eval and step lines by hand, the labelled bar, the end-of-run summary, and
+one short real run with the bar off (the setting for server logs and CI)."""
+
+import contextlib
+import io
+import json
+import logging
+
+import pytest
+
+from dapo_train.config.load import load_config
+from dapo_train.train.loop import train
+from dapo_train.train.progress import Progress, duration, end_of_run_summary, eval_line, step_fields
+
+SMALL = [
+    "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2", "train.micro_batch_size=4",
+    "train.updates_per_step=2", "train.num_threads=1", "eval.num_items=8", "eval.print_samples=0",
+    "eval.final_full=false",  # the end-of-run eval on all 500 items is tested in tests/run/test_eval_items.py
+]
+
+STEPS = [
+    {"reward_mean": 0.5, "train_accuracy": 0.25, "entropy": 0.6, "clip_frac_high": 0.01, "clip_frac_low": 0.0,
+     "seconds_step": 4.0},
+    {"reward_mean": 0.7, "train_accuracy": 0.5, "entropy": 0.4, "clip_frac_high": 0.03, "clip_frac_low": 0.002,
+     "rollout_kl": 3e-4, "seconds_step": 5.0},
+]
+EVAL = {"accuracy": 0.28, "eval/accuracy_ci95_low": 0.2, "eval/accuracy_ci95_high": 0.37, "eval/num_items": 100}
+
+
+def test_step_fields_are_means_over_the_steps_they_cover():
+    # reward (0.5 + 0.7) / 2 = 0.6; train acc 0.375; entropy 0.5; clip high 0.02, low 0.001; the rollout's
+    # KL of the one step that measured it (the other did not: no mean with a made-up 0); 4.5 s.
+    assert step_fields(STEPS) == (
+        "reward 0.600, train acc 0.375, entropy 0.500, clip high 0.0200 low 0.0010, rollout kl 3.0e-04, 4.5 s/step"
+    )
+    # A step that made no update has no entropy or clip fractions: they are left out, not zero.
+    assert step_fields([{"reward_mean": 0.0, "train_accuracy": 0.0, "seconds_step": 1.0}]) == (
+        "reward 0.000, train acc 0.000, 1.0 s/step"
+    )
+
+
+def test_eval_line_names_step_accuracy_interval_and_what_training_did():
+    assert eval_line(10, 40, EVAL, STEPS) == (
+        "eval step 10/40: accuracy 0.280 (95% CI 0.200-0.370) on 100 items; since the last eval: "
+        "reward 0.600, train acc 0.375, entropy 0.500, clip high 0.0200 low 0.0010, rollout kl 3.0e-04, 4.5 s/step"
+    )
+    assert eval_line(0, 40, EVAL, []) == (
+        "eval step 0/40: accuracy 0.280 (95% CI 0.200-0.370) on 100 items (before training)"
+    )
+
+
+def test_durations():
+    assert [duration(s) for s in (7.4, 200, 3725)] == ["7s", "3m20s", "1h02m"]
+
+
+def test_the_bar_labels_eval_and_train_accuracy_apart():
+    cfg = load_config(None, ["logging.progress_bar=true", "train.max_steps=40"])
+    progress = Progress(cfg, start_step=0)
+    try:
+        progress.log(0, dict(EVAL))
+        progress.log(1, dict(STEPS[0]))
+        fields = dict(part.split("=") for part in progress.bar.postfix.split(", "))
+    finally:
+        progress.close()
+    # Eval and train accuracy under their own names: one `acc` would mean either, depending on the step.
+    assert fields == {"reward": "0.500", "train_acc": "0.250", "eval_acc": "0.280", "ent": "0.600"}
+
+
+def test_the_summary_gives_accuracy_first_best_last_wall_time_checkpoints_and_next(tmp_path):
+    rows = [{"step": 0, **EVAL, "accuracy": 0.16}, {"step": 10, **EVAL, "accuracy": 0.30}, {"step": 20, "loss": 0.1},
+            {"step": 40, **EVAL, "accuracy": 0.28}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for step in (20, 40):
+        (tmp_path / f"checkpoint_{step}").mkdir()
+    assert end_of_run_summary(tmp_path, 40, 40, 200.0, stopped=False).splitlines() == [
+        f"finished {tmp_path}: 40 steps in 3m20s",
+        "  eval accuracy (100 eval items): first 0.160 (step 0) -> best 0.300 (step 10) -> last 0.280 (step 40)",
+        f"  checkpoints in {tmp_path}: checkpoint_20, checkpoint_40",
+        f"  next: dapo-train eval {tmp_path / 'checkpoint_40'}   # every item of data.eval_split",
+    ]
+    stopped = end_of_run_summary(tmp_path, 20, 40, 65.0, stopped=True).splitlines()
+    assert stopped[0] == f"stopped {tmp_path} at step 20 of 40 in 1m05s"
+    assert not any("next:" in line for line in stopped)  # the stop report says how to resume instead
+
+
+# --------------------------------------------------------------------------------------------
+# One real run without the bar.
+
+
+@pytest.fixture(scope="module")
+def quiet_run(tmp_path_factory):
+    """(log text, stdout, run folder) of 2 steps with an eval every step and the bar off."""
+    out = tmp_path_factory.mktemp("progress") / "run"
+    cfg = load_config(None, [*SMALL, "train.max_steps=2", "eval.every_steps=1", "logging.progress_bar=false",
+                             f"output_dir={out}"])
+    stream, stdout = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        with contextlib.redirect_stdout(stdout):
+            train(cfg)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    return stream.getvalue(), stdout.getvalue(), out
+
+
+def test_a_run_without_the_bar_logs_every_step_and_every_eval(quiet_run):
+    log, _, _ = quiet_run
+    lines = log.splitlines()
+    steps = [line for line in lines if line.startswith("step ")]
+    evals = [line for line in lines if line.startswith("eval step ")]
+    assert [line.split(":")[0] for line in steps] == ["step 1/2", "step 2/2"]
+    assert all("reward " in line and "train acc " in line and "s/step" in line for line in steps), steps
+    assert [line.split(":")[0] for line in evals] == ["eval step 0/2", "eval step 1/2", "eval step 2/2"]
+    assert evals[0].endswith("on 8 items (before training)")
+    assert all("95% CI" in line for line in evals)
+    assert all("since the last eval: reward " in line and "s/step" in line for line in evals[1:]), evals
+
+
+def test_a_run_ends_with_a_summary(quiet_run):
+    _, stdout, out = quiet_run
+    lines = stdout.splitlines()
+    assert lines[0].startswith(f"finished {out}: 2 steps in ")
+    assert lines[1].startswith("  eval accuracy (8 eval items): first ") and " -> best " in lines[1]
+    assert lines[2:] == [
+        f"  checkpoints in {out}: checkpoint_2",
+        f"  next: dapo-train eval {out / 'checkpoint_2'}   # every item of data.eval_split",
+    ]
+
+
+def test_each_split_logs_its_row_counts_once(quiet_run):
+    log, _, _ = quiet_run
+    assert log.count("4000 rows") == 1 and log.count("500 rows") == 1, log

@@ -86,25 +86,44 @@ def _mark_one(text: str) -> float:
     return value
 
 
+def _cache_tokens(cache_length: int | float, max_length: int) -> int:
+    """L_cache in tokens: an int is a token count; a float in (0, 1) a fraction of L_max (at least one
+    token), so the buffer follows rollout.max_new_tokens when the budget changes."""
+    if isinstance(cache_length, float):
+        return max(1, round(cache_length * max_length))
+    return cache_length
+
+
 def _check_overlong(args: dict) -> None:
     max_length, cache_length = args["max_length"], args["cache_length"]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (max_length, cache_length)):
+    if not isinstance(max_length, int) or isinstance(max_length, bool):
+        raise ValueError(f"overlong needs an integer max_length (L_max, tokens), got {max_length!r}")
+    if isinstance(cache_length, float):
+        if not 0.0 < cache_length < 1.0:
+            raise ValueError(f"overlong's cache_length as a fraction of max_length needs 0 < cache_length < 1, "
+                             f"got {cache_length}")
+        cache_length = _cache_tokens(cache_length, max_length)
+    elif not isinstance(cache_length, int) or isinstance(cache_length, bool):
         raise ValueError(
-            f"overlong needs integer token counts, got max_length={max_length!r}, cache_length={cache_length!r}"
+            f"overlong needs integer token counts (or cache_length as a fraction of max_length), got "
+            f"max_length={max_length!r}, cache_length={cache_length!r}"
         )
     if not 0 < cache_length < max_length:  # cache_length = max_length would punish every completion
         raise ValueError(
-            "overlong needs 0 < cache_length < max_length (L_max), "
-            f"got cache_length={cache_length}, max_length={max_length}"
+            "overlong needs 0 < cache_length < max_length (L_max, default rollout.max_new_tokens), "
+            f"got cache_length={cache_length}, max_length={max_length}; lower cache_length, or give it as a "
+            "fraction of L_max (cache_length: 0.25) so that it follows rollout.max_new_tokens"
         )
 
 
 @register("overlong", check=_check_overlong)
 def overlong(
-    completions: list[str], answers: list, *, lengths=None, prompts=None, max_length: int, cache_length: int
+    completions: list[str], answers: list, *, lengths=None, prompts=None, max_length: int, cache_length: int | float
 ) -> list[float]:
     """Soft overlong punishment (Eq. 13) on token lengths: 0 up to max_length - cache_length,
-    a linear ramp to -1 at max_length, -1 beyond. max_length defaults to rollout.max_new_tokens."""
+    a linear ramp to -1 at max_length, -1 beyond. max_length defaults to rollout.max_new_tokens;
+    cache_length is a token count, or a fraction of max_length (0.25: the last quarter)."""
     if lengths is None:
         raise UserError("reward 'overlong' needs token lengths; pass lengths= to score()")
-    return [float(overlong_penalty(int(n), max_length, cache_length)) for n in lengths]
+    cache = _cache_tokens(cache_length, max_length)
+    return [float(overlong_penalty(int(n), max_length, cache)) for n in lengths]

@@ -117,6 +117,18 @@ def test_overlong_args_override_max_length():
     assert score(rewards, ["a"], [1], lengths=[45]).per_reward["overlong"] == pytest.approx([-0.5])
 
 
+def test_a_fractional_cache_length_follows_the_budget():
+    """cache_length 0.25 is the last quarter of L_max: 20 of 80 tokens, then 8 of 32 when the budget
+    shrinks, with no second edit; a token count that no longer fits names both ways out."""
+    for budget, lengths, expected in ((80, [60, 70, 80], [0.0, -0.5, -1.0]), (32, [24, 28, 32], [0.0, -0.5, -1.0])):
+        rewards = reward_set({"name": "overlong", "args": {"cache_length": 0.25}}, max_new_tokens=budget)
+        assert score(rewards, ["a"] * 3, [1] * 3, lengths=lengths).per_reward["overlong"] == pytest.approx(expected)
+    with pytest.raises(ConfigError, match="cache_length=32, max_length=24.*fraction of L_max"):
+        reward_set({"name": "overlong", "args": {"cache_length": 32}}, max_new_tokens=24)
+    with pytest.raises(ConfigError, match="0 < cache_length < 1"):
+        reward_set({"name": "overlong", "args": {"cache_length": 1.5}})
+
+
 def test_overlong_without_lengths_fails_loudly():
     rewards = reward_set({"name": "overlong", "args": {"cache_length": 20}})
     with pytest.raises(RewardError, match="reward 'overlong'.*token lengths"):

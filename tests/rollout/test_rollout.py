@@ -138,16 +138,23 @@ def test_the_loop_prefills_each_prompt_once_and_drops_finished_rows(tiny):
 
 def test_draws_follow_the_warped_softmax():
     """20,000 draws from one row of scores: frequencies match softmax(scores / T) to 0.015, and
-    with top_k = 2 only the two best tokens appear, renormalised."""
-    scores = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]]).expand(20_000, 5).contiguous()
+    with top_k = 2 only the two best tokens appear, renormalised, whether the draw runs over the whole
+    row or over the k candidates alone (draw_tokens' top_k); with a tie at the k-th value (the warper
+    keeps every tied token) the tied tokens are all drawn."""
+    plain, tied = [2.0, 1.0, 0.5, -1.0, 0.0], [2.0, 1.0, 1.0, -1.0, 0.0]
+    hot_top2 = SamplingSettings(1, temperature=1.5, top_k=2)
+    cases = [(plain, SamplingSettings(1, temperature=0.7), 0), (plain, hot_top2, 0), (plain, hot_top2, 2),
+             (tied, SamplingSettings(1, top_k=2), 2)]
     torch.manual_seed(0)
-    for settings in (SamplingSettings(1, temperature=0.7), SamplingSettings(1, temperature=1.5, top_k=2)):
-        drawn = draw_tokens(behaviour_distribution(scores, settings))
+    for row, settings, draw_k in cases:
+        scores = torch.tensor([row]).expand(20_000, 5).contiguous()
+        drawn = draw_tokens(behaviour_distribution(scores, settings), draw_k)
         frequencies = torch.bincount(drawn, minlength=5).float() / drawn.numel()
         logits = scores[0] / settings.temperature
         if settings.top_k:
             logits = torch.where(logits >= logits.topk(settings.top_k).values[-1], logits, -torch.inf)
         torch.testing.assert_close(frequencies, torch.softmax(logits, -1), atol=0.015, rtol=0)
+    assert (frequencies[1:3] > 0.2).all()  # the tie: both tokens valued 1.0 were drawn
 
 
 def test_top_k_one_and_a_tiny_top_p_sample_the_greedy_token(random_model, id_tokenizer):

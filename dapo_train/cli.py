@@ -115,6 +115,35 @@ def run_cmd(
         raise typer.Exit(stop.exit_code)
 
 
+@app.command("preflight")
+def preflight_cmd(
+    args: list[str] = typer.Argument(
+        None, metavar="CONFIG [KEY=VALUE]...", help="The config to check (the one `run` would train) and overrides."
+    ),
+    keep: str = typer.Option(
+        None, "--keep", metavar="DIR", help="Write the rehearsal (model, run, export, preflight.log) to DIR; keep it."
+    ),
+    shards: int = typer.Option(
+        1, "--shards", metavar="N", help="Estimate memory per card for FSDP/ZeRO over N cards (default: one card)."
+    ),
+) -> None:
+    """Check a config in about a minute before training: its model config and tokenizer (no weights), every
+    row of its data, then a few steps of its own pipeline on a small random model of the same
+    architecture and vocabulary (rollout, rewards, updates, eval, checkpoint, resume, export), and the
+    real model's estimated peak memory on a CUDA card. Ends with "ready", or the first problem (exit 2)."""
+    from dapo_train.preflight.command import preflight
+    from dapo_train.train import distributed
+
+    _setup_logging(level="WARNING")
+    config_path, overrides = split_config_args(args or [])
+    cfg = load_config(config_path, overrides)
+    if shards < 1:
+        raise UserError(f"--shards must be at least 1, got {shards}")
+    report = preflight(cfg, config_path or "the embedded demo", keep, shards)
+    if distributed.is_main():
+        typer.echo(report.render())
+
+
 @app.command("eval")
 def eval_cmd(
     args: list[str] = typer.Argument(
@@ -236,7 +265,7 @@ def plot_cmd(
     typer.echo(f"wrote {plot(paths, out)}")
 
 
-def _setup_logging() -> None:
+def _setup_logging(level: str = "INFO") -> None:
     """One handler (the root's) prints every log line once: transformers and datasets add their own
     stderr handlers to their loggers (and to huggingface_hub's), which doubled each Hub warning."""
     import logging
@@ -245,7 +274,7 @@ def _setup_logging() -> None:
     import transformers
 
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers", "huggingface_hub"):
         library = logging.getLogger(noisy)

@@ -122,7 +122,7 @@ README_COMMANDS = readme_commands()
 
 
 def test_the_readme_documents_every_command_and_the_help_lists_them(tmp_path):
-    assert set(README_COMMANDS) == {"run", "eval", "export", "config", "sweep", "compare", "plot"}
+    assert set(README_COMMANDS) == {"run", "preflight", "eval", "export", "config", "sweep", "compare", "plot"}
     assert {"--resume", "--overwrite"} <= README_COMMANDS["run"] and "--keys" in README_COMMANDS["config"]
     result = dapo("--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

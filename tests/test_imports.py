@@ -134,6 +134,7 @@ LAYERS = {
     "evaluation": {"config", "task", "model", "rollout", "rewards", "run"},
     "train": {"algo", "config", "task", "model", "rollout", "rewards", "run", "evaluation"},
     "study": {"algo", "config", "task", "model", "rollout", "rewards", "run", "evaluation", "train"},
+    "preflight": {"algo", "config", "task", "model", "rollout", "rewards", "run", "evaluation", "train"},
 }
 ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "plugins"}
 HELPERS = {"dapo_train.errors", "dapo_train.plugins"}  # import nothing of the package but each other

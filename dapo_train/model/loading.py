@@ -134,6 +134,14 @@ def load_model(model_cfg: ModelConfig, device: torch.device):
     return model.to(device)
 
 
+def cpu_has_bf16_units() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX); without them torch emulates
+    bf16 matmuls, far slower than float32."""
+    cpu = torch.cpu
+    return any(bool(getattr(cpu, probe, lambda: False)()) for probe in ("_is_avx512_bf16_supported",
+                                                                          "_is_amx_tile_supported"))
+
+
 def check_attention_kernel(name: str, device: torch.device) -> None:
     """A flash-attention kernel needs its package and CUDA: say so before the weights load (transformers
     would raise mid-load)."""
@@ -150,20 +158,30 @@ def check_attention_kernel(name: str, device: torch.device) -> None:
         raise ConfigError("model.attn_implementation", f"{name} runs on CUDA only, not on {device.type}; use sdpa")
 
 
-def context_length(model_cfg: ModelConfig) -> int | None:
-    """The positions the model can attend over, from its config.json (None when it names no limit); an
-    adapter folder's are its base model's."""
-    from transformers import AutoConfig
+def load_model_config(model_cfg: ModelConfig):
+    """The model's transformers config (config.json) and its generation config (None when it has no
+    generation_config.json), read without its weights; an adapter folder's are its base model's."""
+    from transformers import AutoConfig, GenerationConfig
 
     path = check_model_path(model_cfg.name_or_path)
     if lora.is_adapter_folder(path):
         path = check_model_path(lora.adapter_base(path))
+    kwargs = hub_load_kwargs(path)
     try:
-        config = AutoConfig.from_pretrained(
-            path, trust_remote_code=model_cfg.trust_remote_code, **hub_load_kwargs(path)
-        )
+        config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **kwargs)
     except LOAD_ERRORS as exc:
         raise UserError(_unreachable(path, exc, "config")) from None
+    try:
+        generation = GenerationConfig.from_pretrained(path, **kwargs)
+    except OSError:  # no generation_config.json: transformers derives one from config.json
+        generation = None
+    return config, generation
+
+
+def context_length(model_cfg: ModelConfig) -> int | None:
+    """The positions the model can attend over, from its config.json (None when it names no limit); an
+    adapter folder's are its base model's."""
+    config, _ = load_model_config(model_cfg)
     limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions", "max_sequence_length")]
     return next((int(limit) for limit in limits if isinstance(limit, int) and limit > 0), None)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import datasets
@@ -62,6 +62,7 @@ class PromptStats:
     dropped_unreadable_answer: int = 0
     dropped_too_long: int = 0
     dropped_empty_question: int = 0
+    lengths: list[int] = field(default_factory=list)  # prompt tokens of every readable row, dropped ones included
 
     def summary(self) -> str:
         return (
@@ -133,7 +134,8 @@ def build_prompts(
             continue
         prompts.append(Prompt(f"{split}:{index}", question, gold, text, tuple(ids)))
     stats.kept = len(prompts)
-    longest = max(map(len, token_ids), default=0)
+    stats.lengths = [len(ids) for ids in token_ids]
+    longest = max(stats.lengths, default=0)
     if stats.dropped_too_long:
         logger.warning(
             "%d prompts of %s are longer than data.max_prompt_length=%d tokens and are dropped (longest: %d)",

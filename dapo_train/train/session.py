@@ -22,6 +22,7 @@ from dapo_train.evaluation.generate import eval_max_new_tokens
 from dapo_train.model.loading import (
     check_attention_kernel,
     check_sequence_budget,
+    cpu_has_bf16_units,
     gradient_checkpointing,
     load_policy,
     load_tokenizer,
@@ -202,6 +203,15 @@ def _log_speed_settings(cfg: Config, batching: Batching, model, cuda: bool) -> N
     if cfg.train.shared_prefix == "auto" and not batching.share_prefix:
         logger.warning("train.shared_prefix=auto is off: the attention kernel %r takes no 4-D mask (sdpa and eager "
                        "do)", attention_implementation(model))
+    if not cuda and cfg.model.dtype in ("bfloat16", "float16"):
+        units = cfg.model.dtype == "bfloat16" and cpu_has_bf16_units()
+        logger.warning(
+            "model.dtype=%s on a CPU %s; rollout.dtype=%s samples from a %s copy of those weights%s",
+            cfg.model.dtype, "(it has bf16 units: fine for speed)" if units else "without units for it: its matmuls "
+            "run emulated, much slower than float32; set model.dtype=float32 for a CPU run", cfg.rollout.dtype,
+            "float32" if cfg.rollout.dtype in ("auto", "float32") else cfg.rollout.dtype,
+            " (rollout.dtype=bfloat16 samples from the weights themselves)" if cfg.rollout.dtype == "auto" else "",
+        )
     if cfg.rollout.compile == "on" and not cuda:
         logger.warning("rollout.compile=on without CUDA: the rollout uses transformers' static KV cache, but "
                        "transformers compiles its decode step on CUDA only")

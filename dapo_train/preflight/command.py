@@ -1,0 +1,315 @@
+"""`dapo-train preflight CONFIG [KEY=VALUE ...]`: the config's own pipeline rehearsed end to end in about
+a minute on the machine at hand, before GPU hours are spent on it.
+
+It reads the config's model config and tokenizer (never the weights), its data (every row, under the
+chat template), then runs the training loop on a rehearsal model (rehearsal.py): rollout with the
+config's engine and sampling, every configured reward, the old-policy pass, the objective and its
+correction, updates with a non-zero gradient, an eval, a checkpoint, a resume from it and an export.
+It prints what it saw (the data, one prompt as the model sees it, the rewards on rehearsal completions,
+each phase's time, the real model's estimated peak memory on a CUDA card) and ends with "ready", or
+with the first problem in one line (exit 2). Everything is written to a temporary folder, removed
+afterwards unless --keep names one. What it proves and what it does not: docs/training.md (Preflight).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import shutil
+import statistics
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dapo_train.config.schema import Config
+from dapo_train.errors import UserError
+from dapo_train.model.memory import GIB, ModelShape, Setting, estimate
+from dapo_train.preflight import rehearsal
+from dapo_train.rollout.decoding import SamplingSettings
+from dapo_train.train import distributed
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_PROMPTS = 4  # prompts x G completions of the rollout check, scored by every reward
+PROMPT_LINES = 12  # lines of the templated prompt shown
+
+
+@dataclass
+class Report:
+    """What preflight prints: labelled lines in order, the phases' seconds, the warnings the run gave."""
+
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def add(self, label: str, text: str) -> None:
+        self.rows.append((label, text))
+
+    def render(self, columns: int = 118) -> str:
+        """Labels in a column, each text wrapped beside its label (the prompt's lines kept as they are)."""
+        width = max(len(label) for label, _ in self.rows)
+        lines = []
+        for label, text in self.rows:
+            wrapped = [part for line in text.splitlines() or [""] for part in
+                       (textwrap.wrap(line, columns - width - 2, subsequent_indent="  ") if label != "prompt"
+                        else [line])]
+            lines += [f"{label if i == 0 else '':<{width}}  {line}" for i, line in enumerate(wrapped)]
+        return "\n".join(lines)
+
+
+class _Warnings(logging.Handler):
+    """Collects the package's warnings while preflight runs, once each, for the report (the rehearsal's
+    own resume is no news)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage().splitlines()[0]
+        if message not in self.messages and not message.startswith("resuming "):
+            self.messages.append(message)
+
+
+@contextlib.contextmanager
+def phase(report: Report, name: str, log: io.StringIO):
+    """Time a phase; its stdout goes to the rehearsal's log, and any failure becomes one UserError that
+    names the phase (a UserError keeps its own words)."""
+    start = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(log):
+            yield
+    except UserError as exc:
+        raise UserError(f"preflight {name}: {exc}") from exc
+    except Exception as exc:  # the rehearsal's job is to find what breaks: say where, in one line
+        raise UserError(f"preflight {name}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from exc
+    finally:
+        report.seconds[name] = time.perf_counter() - start
+
+
+def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: int = 1) -> Report:
+    """Rehearse `cfg`; -> the report (raises UserError naming the first problem). Under torchrun or
+    accelerate launch every rank rehearses its share, and rank 0 alone builds the model, checks the
+    rollout, exports and reports."""
+    cuda = torch.cuda.is_available()
+    _join_ranks(cuda)
+    report, log, collected = Report(), io.StringIO(), _Warnings()
+    package = logging.getLogger("dapo_train")
+    package.addHandler(collected)
+    package.propagate = False  # the report lists them once instead of each phase printing its own
+    chosen = Path(keep).expanduser() if keep else Path(tempfile.mkdtemp(prefix="dapo-preflight-")) \
+        if distributed.is_main() else None
+    folder = distributed.broadcast(chosen)
+    try:
+        report.add("preflight", f"{config_name} on {'cuda: ' + torch.cuda.get_device_name() if cuda else 'cpu'} "
+                   f"(torch {torch.__version__}, {distributed.world_size()} process(es)); rehearsal in {folder}")
+        _rehearse(cfg, folder, cuda, report, log, shards)
+    finally:
+        package.removeHandler(collected)
+        package.propagate = True
+        report.warnings = collected.messages
+        if distributed.is_main():
+            if folder.is_dir():
+                (folder / "preflight.log").write_text(log.getvalue())
+            if not keep:
+                shutil.rmtree(folder, ignore_errors=True)
+    return report
+
+
+def _join_ranks(cuda: bool) -> None:
+    """Launched as several processes (WORLD_SIZE > 1): join their group now, before the trainer's
+    accelerator does, so that rank 0 can hand the others the rehearsal folder and its findings."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if cuda else "gloo")
+
+
+@contextlib.contextmanager
+def on_main(report: Report, name: str, log: io.StringIO):
+    """A phase that rank 0 runs alone (yields whether this rank runs it); the others wait, and a
+    problem found there stops every rank with the same line."""
+    problem = None
+    try:
+        with phase(report, name, log):
+            yield distributed.is_main()
+    except UserError as exc:
+        problem = str(exc)
+    problem = distributed.broadcast(problem)
+    if problem is not None:
+        raise UserError(problem)
+
+
+def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.StringIO, shards: int) -> None:
+    from dapo_train.model.loading import load_model_config, load_tokenizer
+
+    with phase(report, "read", log):
+        _check_cheap(cfg)
+        model_config, generation = load_model_config(cfg.model)
+        tokenizer = load_tokenizer(cfg.model)
+    shape = ModelShape.from_config(model_config, cfg.model.lora)
+    report.add("model", _describe_model(cfg, shape, model_config, generation, tokenizer))
+    with phase(report, "data", log):
+        prompts = _report_data(cfg, tokenizer, report)
+    small, changes = rehearsal.shrink(cfg, folder / "model", folder / "run", cuda)
+    if small.train.num_threads > 0:
+        torch.set_num_threads(small.train.num_threads)  # as the run's setup does, for the rollout check too
+    with on_main(report, "rehearsal model", log) as main:
+        if main:
+            r = small.rollout
+            sampling = SamplingSettings(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
+            model = rehearsal.build_model(model_config, generation, tokenizer, folder / "model", sampling)
+    report.add("rehearsal", f"{rehearsal.LAYERS} layers of width {rehearsal.WIDTH}, random weights biased to stop "
+               f"at each EOS id; shrunk: " + "; ".join(f"{c.key} {c.old} -> {c.new}" for c in changes))
+    with on_main(report, "rollout check", log) as main:
+        if main:
+            _report_rollout(small, model, tokenizer, prompts[:ROLLOUT_PROMPTS], report)
+    _train_and_resume(small, report, log)
+    with on_main(report, "export", log) as main:
+        if main:
+            _export_and_reload(folder / "run", folder / "export")
+    report.add("memory", _memory(cfg, shape, prompts, shards))
+    report.add("phases", ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report.seconds.items()))
+    if report.warnings:
+        report.add("warnings", "\n".join(report.warnings))
+    report.add("ready", "every phase ran: rollout, rewards, old log-probs, updates with a non-zero gradient, eval, "
+               "checkpoint, resume, export")
+
+
+def _check_cheap(cfg: Config) -> None:
+    """What `run` checks before anything loads: rewards, objective, engine, trackers."""
+    from dapo_train.rewards.scoring import rewards_from_config
+    from dapo_train.rollout.engines import engine_factory
+    from dapo_train.run.trackers import check_trackers
+    from dapo_train.train.objective import loss_settings
+
+    rewards_from_config(cfg)
+    loss_settings(cfg)
+    engine_factory(cfg.rollout.engine)
+    check_trackers(cfg.logging.trackers)
+
+
+def _describe_model(cfg: Config, shape: ModelShape, model_config, generation, tokenizer) -> str:
+    ids = rehearsal.eos_ids(generation, tokenizer)
+    eos = ", ".join(f"{i} {tokenizer.convert_ids_to_tokens(i)}" for i in ids)
+    tied = "tied" if getattr(model_config, "tie_word_embeddings", False) else "untied"
+    return (f"{cfg.model.name_or_path}: {type(model_config).__name__.removesuffix('Config')}, "
+            f"{shape.parameters / 1e9:.2f}B parameters ({shape.trainable / 1e6:.1f}M trained), vocabulary "
+            f"{shape.vocab:,} (tokenizer {len(tokenizer):,}), {tied} embeddings\n"
+            f"EOS {eos}; pad {tokenizer.pad_token_id} {tokenizer.pad_token}; config and tokenizer read, no weights")
+
+
+def _report_data(cfg: Config, tokenizer, report: Report) -> list:
+    """Every row of the train and eval splits through the real prompt builder: counts, lengths, a prompt."""
+    from dapo_train.task.prompts import load_prompt_splits
+
+    splits = [cfg.data.train_split] + ([cfg.data.eval_split] if cfg.eval.every_steps or cfg.eval.final_full else [])
+    built = load_prompt_splits(cfg.data, tokenizer, splits)
+    lines = []
+    for split, (_, stats) in built.items():
+        lengths = sorted(stats.lengths)
+        p95 = lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))]
+        lines.append(f"{split}: {stats.summary()}; prompt tokens (template and system prompt included) min "
+                     f"{lengths[0]}, median {statistics.median(lengths):g}, p95 {p95}, max {lengths[-1]} (budget "
+                     f"data.max_prompt_length={cfg.data.max_prompt_length})")
+    report.add("data", f"{cfg.data.path}\n" + "\n".join(lines))
+    train = built[cfg.data.train_split][0]
+    shown = train[0].text.splitlines()
+    more = f"\n... ({len(shown) - PROMPT_LINES} more lines)" if len(shown) > PROMPT_LINES else ""
+    report.add("prompt", f"{train[0].uid}, {len(train[0].input_ids)} tokens, as the model sees it:\n" +
+               "\n".join(shown[:PROMPT_LINES]) + more)
+    return train
+
+
+def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report) -> None:
+    """The config's engine and sampling on the rehearsal model: how completions end, and every reward's
+    mean and spread on them."""
+    from dapo_train.rewards.scoring import rewards_from_config, score
+    from dapo_train.rollout.engines import build_engine, eos_token_ids
+
+    model = model.to("cuda" if torch.cuda.is_available() else "cpu")
+    engine = build_engine(cfg.rollout, model, tokenizer)
+    r, group = cfg.rollout, cfg.rollout.group_size
+    torch.manual_seed(cfg.seed)
+    completions = engine.generate([p.input_ids for p in prompts],
+                                  SamplingSettings(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k), group)
+    ended = {i: sum(1 for c in completions if not c.truncated and int(c.completion_ids[-1]) == i)
+             for i in eos_token_ids(model, tokenizer)}
+    scores = score(rewards_from_config(cfg), [c.text for c in completions],
+                   [p.gold for p in prompts for _ in range(group)], lengths=[c.length for c in completions],
+                   prompts=[p.text for p in prompts for _ in range(group)])
+    rewards = "; ".join(f"{key} mean {statistics.fmean(values):+.3f} sd {statistics.pstdev(values):.3f}"
+                        for key, values in scores.per_reward.items())
+    stops = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} {n}" for i, n in ended.items())
+    report.add("rollout", f"{len(completions)} completions ({len(prompts)} prompts x G={group}) ended by {stops}, "
+               f"truncated {sum(c.truncated for c in completions)}; lengths {min(c.length for c in completions)}-"
+               f"{max(c.length for c in completions)}\nrewards: {rewards}")
+    if not all(ended.values()):
+        missing = [tokenizer.convert_ids_to_tokens(i) for i, n in ended.items() if not n]
+        raise UserError(f"no completion ended with {', '.join(missing)}: the rollout does not stop at every EOS id")
+
+
+def _train_and_resume(cfg: Config, report: Report, log: io.StringIO) -> None:
+    """Two steps (eval at step 0 and 2, checkpoint_2), then a resume from checkpoint_2 for a third."""
+    from dapo_train.config.load import load_config, read_saved_config
+    from dapo_train.run.logs import read_metrics
+    from dapo_train.train.loop import train
+
+    with phase(report, "train", log):
+        run_dir = train(cfg)
+    with phase(report, "resume", log):
+        checkpoint = run_dir / f"checkpoint_{cfg.train.max_steps}"
+        saved = load_config(None, [f"train.max_steps={cfg.train.max_steps + 1}"],
+                            base=read_saved_config(checkpoint / "config.yaml", notify=False))
+        train(saved, resume=checkpoint)
+        rows = read_metrics(run_dir)
+    steps = [row for row in rows if "groups_kept" in row]
+    updated = [row for row in steps if row.get("grad_norm", 0) > 0]
+    if len(steps) != cfg.train.max_steps + 1:
+        raise UserError(f"preflight resume: the run has {len(steps)} steps after the resume, expected "
+                        f"{cfg.train.max_steps + 1}")
+    if not updated:
+        kept = ", ".join(f"step {row['step']}: {row['groups_kept']} groups kept" for row in steps)
+        raise UserError(f"preflight train: no update ran with a non-zero gradient ({kept})")
+    evals = [row for row in rows if "accuracy" in row]
+
+    def total(key: str) -> float:
+        return sum(row.get(key, 0.0) for row in rows)
+
+    report.add("train", f"{len(steps)} steps ({len(updated)} with a non-zero gradient, grad norm "
+               f"{max(r['grad_norm'] for r in updated):.3g}), {int(total('optimizer_steps'))} optimizer steps, "
+               f"{int(total('groups_kept'))} groups trained, {len(evals)} evals, checkpoint_{cfg.train.max_steps} "
+               f"resumed to step {len(steps)}\ngenerate {total('seconds_generate'):.1f}s, rewards "
+               f"{total('seconds_score'):.1f}s, old log-probs {total('seconds_old_logprobs'):.1f}s, update "
+               f"{total('seconds_update'):.1f}s, eval {total('seconds_eval'):.1f}s")
+
+
+def _export_and_reload(run_dir: Path, out: Path) -> None:
+    """The last checkpoint exported, and the export loaded back by plain transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dapo_train.model.checkpoint import latest_checkpoint
+    from dapo_train.model.export import export_checkpoint
+
+    exported = export_checkpoint(str(latest_checkpoint(run_dir)), str(out))
+    AutoModelForCausalLM.from_pretrained(exported)
+    AutoTokenizer.from_pretrained(exported)
+
+
+def _memory(cfg: Config, shape: ModelShape, prompts: list, shards: int) -> str:
+    """The real model's peak per CUDA card under this config (model/memory.py)."""
+    longest = max(len(p.input_ids) for p in prompts)
+    result = estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=longest, shards=shards))
+    terms = ", ".join(f"{name} {value / GIB:.1f}" for name, value in result.terms.items() if value)
+    where = "one CUDA card" if shards == 1 else f"each of {shards} CUDA cards with FSDP/ZeRO sharding"
+    return (f"estimated peak on {where} for the real model as configured: {result.peak / GIB:.1f} GiB (at the "
+            f"{result.peak_moment}); GiB: {terms}; CUDA context not included (docs/benchmarks.md#memory)")

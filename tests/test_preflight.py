@@ -1,0 +1,118 @@
+"""`dapo-train preflight` on every shipped Qwen config, offline: Qwen2.5-Instruct's real tokenizer rebuilt
+from its BPE ranks and its config files (scripts/qwen_offline.py, no weights), and a parquet folder shaped
+like swulling/gsm8k_chinese. Each rehearsal must end "ready" having run an update with a non-zero
+gradient, evals, a checkpoint, a resume and an export; bad input must end in one line naming it."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dapo_train.config.load import load_config
+from dapo_train.errors import UserError
+from dapo_train.model.loading import cpu_has_bf16_units
+from dapo_train.preflight.command import preflight
+
+import qwen_offline
+
+ROOT = Path(__file__).resolve().parent.parent
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory):
+    """(Qwen2.5-1.5B-Instruct folder, Qwen2.5-7B-Instruct folder, GSM8K-zh-shaped data folder)."""
+    root = tmp_path_factory.mktemp("offline")
+    small = qwen_offline.build_qwen_folder(root / "Qwen2.5-1.5B-Instruct", "1.5b")
+    large = root / "Qwen2.5-7B-Instruct"
+    shutil.copytree(small, large)
+    qwen_offline.write_model_configs(large, "7b")  # the same tokenizer, the 7B's config.json
+    return small, large, qwen_offline.build_gsm8k_zh_folder(root / "gsm8k_chinese", GSM8K)
+
+
+@pytest.fixture
+def threads():
+    """preflight sets torch's threads as a run would (1 for the rehearsal on a CPU): put them back."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def _config(name: str, model: Path, data: Path, *overrides: str):
+    return load_config(str(ROOT / "configs" / f"{name}.yaml"), [f"model.name_or_path={model}", f"data.path={data}",
+                                                               *overrides])
+
+
+def _assert_ready(text: str, embeddings: str) -> None:
+    labelled = [line for line in text.splitlines() if line and not line.startswith(" ")]
+    assert labelled[-1].startswith("ready"), text  # the last row of the report
+    for expected in ("vocabulary 151,936 (tokenizer 151,665)", f"{embeddings} embeddings", "EOS 151645 <|im_end|>, "
+                     "151643 <|endoftext|>", "ended by <|im_end|>", "<|endoftext|>", "with a non-zero gradient",
+                     "checkpoint_2 resumed to step 3", "test: 319 rows, 318 prompts kept", "1 too long",
+                     "<|im_start|>assistant", "estimated peak on"):
+        assert expected in " ".join(text.split()), expected
+
+
+def test_the_shipped_qwen_job_is_ready_from_the_command_line(offline, tmp_path):
+    model, _, data = offline
+    result = subprocess.run(
+        [sys.executable, "-m", "dapo_train", "preflight", str(ROOT / "configs" / "qwen1.5b.yaml"),
+         f"model.name_or_path={model}", f"data.path={data}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    _assert_ready(result.stdout + "\n", "tied")
+    flat = " ".join(result.stdout.split())
+    assert "train.max_steps 150 -> 2" in flat and "rollout.max_new_tokens 128 -> 16" in flat
+    assert not list(tmp_path.glob("dapo-preflight-*"))  # the rehearsal's folder is removed afterwards
+
+
+@pytest.mark.parametrize("name", ["qwen1.5b-lora", "qwen1.5b-paper"])
+def test_each_qwen_config_is_ready(offline, tmp_path, threads, name):
+    model, _, data = offline
+    report = preflight(_config(name, model, data), name, keep=str(tmp_path / "kept"))
+    _assert_ready(report.render() + "\n", "tied")
+    kept = tmp_path / "kept"
+    assert (kept / "run" / "checkpoint_3").is_dir() and (kept / "preflight.log").is_file()
+    exported = {path.name for path in (kept / "export").iterdir()}
+    assert {"adapter_model.safetensors"} <= exported if name.endswith("lora") else {"model.safetensors"} <= exported
+    if name.endswith("lora"):  # a bf16 base on a CPU: kept where the CPU has bf16 units, said so either way
+        flat = " ".join(report.render().split())
+        assert ("model.dtype=bfloat16 on a CPU (it has bf16 units" in flat if cpu_has_bf16_units() else
+                "model.dtype bfloat16 -> float32" in flat), flat
+
+
+def test_the_fsdp_config_is_ready_under_two_processes(offline, tmp_path):
+    _, model, data = offline
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "dapo_train", "preflight",
+         str(ROOT / "configs" / "qwen7b-fsdp.yaml"), f"model.name_or_path={model}", f"data.path={data}",
+         "--shards", "8"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _assert_ready(result.stdout + "\n", "untied")
+    assert "2 process(es)" in result.stdout and "each of 8 CUDA cards" in " ".join(result.stdout.split())
+
+
+def test_bad_input_is_one_line_naming_it(offline, tmp_path, threads, monkeypatch):
+    model, _, data = offline
+    (tmp_path / "raising.py").write_text("def boom(completions, answers, **kw):\n    raise ValueError('no')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = [
+        ("qwen1.5b", ["data.prompt_field=question_fr"], "preflight data: data.prompt_field 'question_fr' is not a "
+         "column"),
+        ("qwen1.5b", ["data.max_prompt_length=40"], "raise data.max_prompt_length=40 (the longest prompt has 211"),
+        ("qwen1.5b", ["rewards=[{name: 'raising:boom'}]"], "preflight rollout check: reward 'boom'"),
+        ("qwen1.5b-lora", ["model.lora.target_modules=[nothing_here]"], "model.lora.target_modules"),
+    ]
+    for name, overrides, needle in cases:
+        with pytest.raises(UserError) as caught:
+            preflight(_config(name, model, data, *overrides), name)
+        message = str(caught.value)
+        assert needle in message and "\n" not in message, message

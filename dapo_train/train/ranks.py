@@ -80,7 +80,8 @@ def plan_update(batch: StepBatch, batching: Batching, cfg: Config) -> UpdatePlan
         micro = batching.micro_batches(flatten_groups(part, cfg.dapo.overlong_filtering))
         normalizer = loss_normalizer([m.batch.completion_mask for m in micro], cfg.dapo.loss_reduction,
                                      cfg.rollout.max_new_tokens)
-        local.append(MiniBatch(micro, normalizer, len(micro), [group.version for group in part]))
+        rows = [(index, j) for index in indices for j in range(len(batch.groups[index].completions))]
+        local.append(MiniBatch(micro, normalizer, len(micro), [group.version for group in part], rows))
     valid_tokens = sum(float(m.batch.completion_mask.sum()) for mini in local for m in mini.micro_batches)
     forward_tokens = sum(m.batch.forward_tokens for mini in local for m in mini.micro_batches)
     count = sum(len(mini.micro_batches) for mini in local)

@@ -21,6 +21,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from dapo_train.config.schema import Config
 from dapo_train.task.answers import answer_check
 from dapo_train.train.records import Group
@@ -41,9 +43,8 @@ def group_records(group: Group, step: int, round_: int, position: int, fate: str
                   extract: Callable[[str], str | None]) -> list[dict]:
     """One record per completion of `group` (run/rollouts.py's RECORD_KEYS); fate None: kept, the
     step's batch decides (RolloutSample.settle); ratio_mean and clip_frac come with the update."""
-    records = []
+    records, behaviour = [], _behaviour_means(group)
     for j, completion in enumerate(group.completions):
-        behaviour = completion.behaviour_logprobs  # (L,) or None
         records.append({
             "step": step, "round": round_, "group": position, "sample": j, "uid": group.prompt.uid,
             "question": group.prompt.question, "gold": group.prompt.gold, "completion": completion.text,
@@ -51,10 +52,18 @@ def group_records(group: Group, step: int, round_: int, position: int, fate: str
             "extracted": extract(completion.text), "correct": bool(group.correct[j]),
             "rewards": {key: float(values[j]) for key, values in group.per_reward.items()},
             "reward": float(group.rewards[j]), "advantage": float(group.advantages[j]), "fate": fate,
-            "behaviour_logprob_mean": None if behaviour is None or not behaviour.numel() else float(behaviour.mean()),
-            "ratio_mean": None, "clip_frac": None,
+            "behaviour_logprob_mean": behaviour[j], "ratio_mean": None, "clip_frac": None,
         })
     return records
+
+
+def _behaviour_means(group: Group) -> list[float | None]:
+    """Each completion's mean behaviour log-prob (None: the engine recorded none), fetched from the
+    rollout's device in one sync per group."""
+    recorded = [c.behaviour_logprobs for c in group.completions]
+    present = [values for values in recorded if values is not None and values.numel()]
+    means = iter(torch.stack([values.float().mean() for values in present]).tolist() if present else [])
+    return [next(means) if values is not None and values.numel() else None for values in recorded]
 
 
 def priority(seed: int, step: int, round_: int, position: int) -> float:

@@ -119,6 +119,12 @@ def test_project_run_name_and_numeric_scalars_reach_every_tracker(caplog):
                                for name in ("wandb", "clearml")]
 
 
+def test_a_rollout_table_that_cannot_act_is_named_at_start(caplog):
+    for overrides in (["logging.rollout_every=0"], ["logging.rollout_groups=0"]):
+        AccelerateTrackers(FakeAccelerator(), load_config(None, ["logging.trackers=[mlflow]", *overrides]))
+    assert caplog.messages == ["logging.rollout_every cannot act: logging.rollout_groups=0 records no rollouts"]
+
+
 def test_logging_project_names_the_tensorboard_folder(tmp_path):
     accelerator = Accelerator(cpu=True, log_with=["tensorboard"], project_dir=str(tmp_path))
     trackers = AccelerateTrackers(accelerator, load_config(None, ["logging.trackers=[tensorboard]",

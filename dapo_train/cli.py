@@ -93,8 +93,9 @@ def run_cmd(
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run in output_dir that saved checkpoints."),
 ) -> None:
-    """Train with DAPO. Writes config.yaml, metrics.jsonl, training_losses.txt, accuracy_losses.txt
-    and checkpoint_<step>/ folders to output_dir (default outputs/<run_name>).
+    """Train with DAPO. Writes config.yaml, metrics.jsonl, training_losses.txt, accuracy_losses.txt,
+    eval_items/, rollouts/ (what the model wrote: `dapo-train show`) and checkpoint_<step>/ folders to
+    output_dir (default outputs/<run_name>).
 
     Sections: model, data, rollout, dapo, rewards, train, eval, checkpoint, logging; list every key
     with `dapo-train config --keys`.
@@ -251,6 +252,26 @@ def compare_cmd(
     from dapo_train.study.compare import compare
 
     typer.echo(compare(paths, as_json))
+
+
+@app.command("show")
+def show_cmd(
+    run: str = typer.Argument(..., metavar="RUN", help="A run folder (its rollouts/step_<N>.jsonl)."),
+    step: str = typer.Option(None, "--step", help="A step, or 'all' (default: the last step with records)."),
+    where: str = typer.Option(
+        None, "--where", metavar="EXPR",
+        help="Comma-separated terms that must all hold: a flag (truncated, correct, dropped, trained, carried, a "
+        "fate), !FLAG, or FIELD OP VALUE (OP < <= > >= = !=), e.g. 'reward<0.5,!truncated' or 'rewards.overlong<0'.",
+    ),
+    limit: int = typer.Option(20, "--limit", help="Completions shown (0 = all)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the matching records as JSON Lines."),
+) -> None:
+    """What the policy wrote in a run's rollouts and why each completion got its reward: the sampled
+    groups of a step (logging.rollout_groups), dropped ones too, each completion with its answer, every
+    reward's value, advantage, ratios and its group's fate."""
+    from dapo_train.study.show import show
+
+    typer.echo(show(run, step, where, limit, as_json))
 
 
 @app.command("plot")

@@ -98,6 +98,8 @@ IMPOSSIBLE: dict[str, list[str]] = {
     "checkpoint.keep_last": ["-1"],
     "logging.trackers": ["[tensorboard, tensorboard]"],
     "logging.project": [" "],
+    "logging.rollout_groups": ["-2"],
+    "logging.rollout_every": ["-1"],
 }
 # Impossible combinations of keys: each tuple is one case.
 IMPOSSIBLE_TOGETHER = [

@@ -76,6 +76,12 @@ def test_existing_run_is_not_clobbered(tmp_path):
     assert (run_dir / "config.yaml").read_text() == "seed: 1\n"
 
 
+def test_show_of_a_folder_without_rollout_records_is_one_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    assert_one_line_error(dapo("show", "run", cwd=tmp_path), "holds no rollout records", "logging.rollout_groups")
+    assert_one_line_error(dapo("show", "nope", cwd=tmp_path), "no such run folder")
+
+
 def test_resume_without_checkpoint(tmp_path):
     assert_one_line_error(dapo("run", "output_dir=outputs/none", "--resume", cwd=tmp_path), "no checkpoint_<step>/")
 
@@ -122,7 +128,8 @@ README_COMMANDS = readme_commands()
 
 
 def test_the_readme_documents_every_command_and_the_help_lists_them(tmp_path):
-    assert set(README_COMMANDS) == {"run", "preflight", "eval", "export", "config", "sweep", "compare", "plot"}
+    assert set(README_COMMANDS) == {"run", "preflight", "eval", "export", "config", "sweep", "compare", "plot",
+                                    "show"}
     assert {"--resume", "--overwrite"} <= README_COMMANDS["run"] and "--keys" in README_COMMANDS["config"]
     result = dapo("--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -298,7 +298,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
 def test_two_ranks_train_write_once_and_resume_exactly(tmp_path):
     run = tmp_path / "run"
     proc = _torchrun(*TINY, "train.max_steps=3", "checkpoint.every_steps=1", "eval.every_steps=3", "eval.num_items=6",
-                     "eval.print_samples=0", f"output_dir={run}")
+                     "eval.print_samples=0", "logging.rollout_groups=-1", f"output_dir={run}")
     log = _finish(proc)
     assert proc.returncode == 0, log
     assert "[rank 0/2] at work" in log and "[rank 1/2] at work" in log
@@ -311,6 +311,11 @@ def test_two_ranks_train_write_once_and_resume_exactly(tmp_path):
     assert not [p for p in run.iterdir() if p.name.startswith(".tmp")]
     assert (run / "checkpoint_3" / "trainer_state_rank1.pt").is_file()
     assert (run / "training_losses.txt").read_text().count("\n") == 3  # one writer
+    rollouts = _rollouts(run)
+    for row in rows[1:]:  # one file per step, every completion of both ranks' groups in it once
+        places = [(r["round"], r["group"], r["sample"]) for r in rollouts[row["step"]]]
+        assert sorted(places) == [(round_, group, sample) for round_ in range(1, row["gen_rounds"] + 1)
+                                  for group in range(4) for sample in range(4)], row["step"]
 
     proc = _torchrun("--resume", str(run / "checkpoint_2"), "eval.every_steps=0")
     log = _finish(proc)
@@ -319,6 +324,14 @@ def test_two_ranks_train_write_once_and_resume_exactly(tmp_path):
     assert [row["step"] for row in resumed] == [0, 1, 2, 3]
     for key in ("loss", "reward_mean", "groups_kept", "completion_length_mean", "buffer_size"):
         assert resumed[3][key] == pytest.approx(rows[3][key], abs=1e-6), key
+    (aside,) = run.glob("abandoned_after_step2_*")
+    assert list(_rollouts(aside)) == [3] and _rollouts(run) == rollouts  # step 3 moved aside, then written again
+
+
+def _rollouts(run: Path) -> dict[int, list[dict]]:
+    from dapo_train.run.rollouts import read_rollouts, saved_rollouts
+
+    return {step: read_rollouts(path) for step, path in saved_rollouts(run).items()}
 
 
 def test_ctrl_c_on_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):

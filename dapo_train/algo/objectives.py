@@ -8,6 +8,8 @@ completion tokens. Choices made on purpose:
 - Positions where the mask is 0 never reach the result: their log-ratio is replaced by 0 before
   exp(), so garbage (even inf/NaN) in padded old/ref log-probs cannot make the loss or gradient NaN.
 - Clip fractions are fractions of all valid tokens, so clip_frac = clip_frac_high + clip_frac_low.
+- Per completion (per_row=True): each row's mean token ratio and clipped share, for the rollout
+  records (run/rollouts.py), fetched in the same device sync as the step's metrics.
 """
 
 
@@ -62,19 +64,24 @@ class LossSettings:
 
     def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
                  normalizer: float | Tensor | None = None, ref_logprobs: Tensor | None = None,
-                 token_weight: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+                 token_weight: Tensor | None = None, per_row: bool = False) -> tuple[Tensor, dict]:
         """policy_loss with these settings."""
         return policy_loss(
             logprobs, old_logprobs, advantages, mask, self.eps_low, self.eps_high, objective=self.objective,
             reduction=self.reduction, normalizer=normalizer, clip_ratio_c=self.clip_ratio_c,
-            ref_logprobs=ref_logprobs, beta=self.beta, token_weight=token_weight,
+            ref_logprobs=ref_logprobs, beta=self.beta, token_weight=token_weight, per_row=per_row,
         )
 
 
 # An objective: (logprobs (N, T) float32 with grad, old_logprobs (N, T), advantages (N, T) float32,
 # 0 off the mask, valid (N, T) bool, settings) -> (token_loss (N, T), its metrics: name -> 0-d tensor
-# over valid tokens). What it puts off the mask never counts: policy_loss zeroes those positions.
+# over valid tokens; and optionally, under CLIPPED_TOKENS, the (N, T) bool tokens its clip acted on).
+# What it puts off the mask never counts: policy_loss zeroes those positions.
 PolicyObjective = Callable[[Tensor, Tensor, Tensor, Tensor, LossSettings], tuple[Tensor, dict[str, Tensor]]]
+
+# The objective metrics' key of its (N, T) bool clipped tokens: policy_loss takes it out of the metrics and,
+# with per_row=True, reports each completion's share of them (row_clip_frac).
+CLIPPED_TOKENS = "clipped_tokens"
 
 # Name -> objective; config dapo.policy_loss names one. Any module (a test, a plugin) may add its own.
 POLICY_LOSSES: dict[str, PolicyObjective] = {}
@@ -169,11 +176,12 @@ def clipped_weight_objective(logprobs: Tensor, old_logprobs: Tensor, advantages:
 @torch.no_grad()
 def _clip_fractions(high: Tensor, low: Tensor, valid: Tensor) -> dict[str, Tensor]:
     """The shares of valid tokens clipped from above and below, (N, T) bools in; a token is never
-    both, so clip_frac = clip_frac_high + clip_frac_low."""
+    both, so clip_frac = clip_frac_high + clip_frac_low. CLIPPED_TOKENS: the clipped tokens themselves."""
     return {
         "clip_frac_high": _masked_mean(high.to(torch.float32), valid),
         "clip_frac_low": _masked_mean(low.to(torch.float32), valid),
         "clip_frac": _masked_mean((high | low).to(torch.float32), valid),
+        CLIPPED_TOKENS: high | low,
     }
 
 
@@ -196,7 +204,8 @@ def policy_loss(
     ref_logprobs: Tensor | None = None,
     beta: float = 0.0,
     token_weight: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+    per_row: bool = False,
+) -> tuple[Tensor, dict]:
     """The DAPO policy loss: an objective's per-token loss (by default the decoupled clip, Eq. 10)
     reduced over tokens (Eq. 12).
 
@@ -223,13 +232,18 @@ def policy_loss(
         the reference). DAPO itself uses beta = 0.
     token_weight: (N, T) detached weights on the objective's token losses (not on the KL term), e.g.
         the rollout correction's truncated importance weights (rollout_correction); None = 1.
+    per_row: also each completion's own figures over its valid tokens, as lists of N floats
+        (NaN for a row without valid tokens): row_ratio_mean (its mean ratio) and row_clip_frac (the
+        share of its tokens the objective clipped; NaN throughout for an objective that reports no
+        CLIPPED_TOKENS). Cheap: elementwise on tensors the loss has, and the same device sync.
     Every objective sees log-ratios clamped to +-LOG_RATIO_LIMIT (clamp_log_ratio).
 
     Returns (loss: float32 scalar, metrics: plain floats over valid tokens, 0.0 when there are
     none): num_tokens, the objective's own (the built-in ones: clip_frac_high (for "clip": r > 1 +
     eps_high and A > 0), clip_frac_low (r < 1 - eps_low and A < 0), clip_frac), approx_kl (mean
     old - new), ratio_mean,
-    and kl when ref_logprobs is given. An all-masked call gives loss 0 and zero gradient.
+    and kl when ref_logprobs is given; with per_row, the two lists. An all-masked call gives loss 0
+    and zero gradient.
     """
     _check_loss_args(logprobs, old_logprobs, advantages, mask, objective, reduction, clip_ratio_c, ref_logprobs,
                      beta, token_weight)
@@ -242,6 +256,7 @@ def policy_loss(
     advantages = torch.where(valid, advantages, 0.0)  # (N, T); padding values never reach a gradient
     clamped, clamped_old = clamp_log_ratio(logprobs, old_logprobs, valid)  # (N, T) each
     token_loss, objective_metrics = POLICY_LOSSES[objective](clamped, clamped_old, advantages, valid, settings)
+    clipped = objective_metrics.pop(CLIPPED_TOKENS, None)  # (N, T) bool, or None
     if token_weight is not None:
         token_loss = token_loss * torch.where(valid, token_weight.detach().to(torch.float32), 1.0)
     kl = None
@@ -257,13 +272,30 @@ def policy_loss(
     if normalizer < 0 or (normalizer == 0 and bool(valid.any())):
         raise ValueError(f"policy_loss: normalizer must be > 0 (0 only for an all-masked call), got {normalizer}")
     loss = reduction_fns.total(token_loss, valid) / (normalizer if normalizer > 0 else 1.0)  # all-masked: 0 / 1
-    return loss, _loss_metrics(masked_log_ratio(clamped, clamped_old, valid), valid, objective_metrics, kl)
+    log_ratio = masked_log_ratio(clamped, clamped_old, valid)  # (N, T)
+    rows = _row_metrics(log_ratio, valid, clipped) if per_row else {}
+    return loss, _loss_metrics(log_ratio, valid, objective_metrics, kl, rows)
+
+
+@torch.no_grad()
+def _row_metrics(log_ratio: Tensor, valid: Tensor, clipped: Tensor | None) -> dict[str, Tensor]:
+    """Each row's mean ratio and clipped share over its valid tokens, (N,) each; NaN for a row without
+    valid tokens, and for every row's clipped share when the objective reported no clipped tokens."""
+    counts = valid.sum(dim=-1).to(torch.float32)  # (N,)
+    empty = torch.where(counts > 0, 0.0, float("nan"))  # (N,): NaN marks a row without valid tokens
+    ratio = torch.where(valid, torch.exp(log_ratio), 0.0).sum(dim=-1) / counts.clamp(min=1) + empty
+    if clipped is None:
+        share = torch.full_like(counts, float("nan"))
+    else:
+        share = (clipped & valid).sum(dim=-1).to(torch.float32) / counts.clamp(min=1) + empty
+    return {"row_ratio_mean": ratio, "row_clip_frac": share}
 
 
 @torch.no_grad()
 def _loss_metrics(log_ratio: Tensor, valid: Tensor, objective_metrics: dict[str, Tensor],
-                  kl: Tensor | None) -> dict[str, float]:
-    """Diagnostics over valid tokens, as plain floats fetched with one device sync."""
+                  kl: Tensor | None, rows: dict[str, Tensor]) -> dict:
+    """Diagnostics over valid tokens, as plain floats, and the per-row lists of `rows`, fetched with
+    one device sync."""
     values = {
         "num_tokens": valid.sum().to(torch.float32),
         **objective_metrics,
@@ -272,5 +304,11 @@ def _loss_metrics(log_ratio: Tensor, valid: Tensor, objective_metrics: dict[str,
     }
     if kl is not None:
         values["kl"] = _masked_mean(kl, valid)
-    fetched = torch.stack([v.detach().to(torch.float32) for v in values.values()]).tolist()
-    return dict(zip(values, fetched))
+    scalars = torch.stack([v.detach().to(torch.float32) for v in values.values()])
+    fetched = torch.cat([scalars, *(row.to(scalars) for row in rows.values())]).tolist()
+    out: dict = dict(zip(values, fetched[: len(values)]))
+    width = valid.shape[0]
+    for index, name in enumerate(rows):
+        start = len(values) + index * width
+        out[name] = fetched[start : start + width]
+    return out

@@ -113,7 +113,7 @@ def _check_rollout_and_train(cfg: Any) -> None:
 
 
 def _check_eval_checkpoint_lora_logging(cfg: Any) -> None:
-    """Eval and checkpoint cadence, the LoRA adapter, the trackers."""
+    """Eval and checkpoint cadence, the LoRA adapter, the trackers and the rollout records."""
     _require(cfg.eval.print_samples >= 0, "eval.print_samples", f"got {cfg.eval.print_samples}; must be >= 0")
     _require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0 = off)")
     _require(cfg.eval.num_items >= 0, "eval.num_items", "must be >= 0 (0 = whole split)")
@@ -134,6 +134,9 @@ def _check_eval_checkpoint_lora_logging(cfg: Any) -> None:
         len(set(cfg.logging.trackers)) == len(cfg.logging.trackers),
         "logging.trackers", f"got {cfg.logging.trackers!r}; a tracker is named twice",
     )
+    _require(cfg.logging.rollout_groups >= -1, "logging.rollout_groups",
+             f"got {cfg.logging.rollout_groups}; must be >= 0, or -1 (every group)")
+    _require(cfg.logging.rollout_every >= 0, "logging.rollout_every", "must be >= 0 (0 = off)")
 
 
 def validate(cfg: Any) -> None:

@@ -5,6 +5,7 @@ folder.py      which folder a run writes, what --resume continues, which run is 
 logs.py        metrics.jsonl and the two text logs, split at a resumed step
 trackers.py    TensorBoard, W&B and the others through accelerate; the no-op tracker
 eval_items.py  per-item eval records (eval_items/), so runs compare item by item
+rollouts.py    rollout records (rollouts/): what the policy wrote in training, each reward, the fate
 files.py       JSON and JSON Lines written atomically; the JSON Lines reader
 signals.py     SIGINT/SIGTERM: finish the step, save, say how to resume
 """

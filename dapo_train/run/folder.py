@@ -10,9 +10,10 @@
 - A run whose checkpoint already reached train.max_steps is finished: resuming it says so and
   changes nothing (no re-save, no rewritten logs, its checkpoints' eval files stay).
 - Resuming from a checkpoint that is not the run's last abandons what came after it: the later
-  checkpoints (with their eval files), the log rows past its step and the config they ran with move
-  into abandoned_after_step<N>_<time>/ inside the run folder, never deleted, so the run folder, its
-  summary and a later `--resume RUN` follow the live trajectory alone.
+  checkpoints (with their eval files), the log rows past its step, the later steps' eval and rollout
+  records and the config they ran with move into abandoned_after_step<N>_<time>/ inside the run
+  folder, never deleted, so the run folder, its summary and a later `--resume RUN` follow the live
+  trajectory alone.
 - The latest run is the one whose training wrote last (metrics.jsonl, checkpoint weights), which
   `dapo-train eval` never touches.
 """
@@ -40,6 +41,7 @@ from dapo_train.model.checkpoint import (
 from dapo_train.model.lora import check_lora_start, check_resume
 from dapo_train.run.eval_items import ITEMS_DIR, items_after
 from dapo_train.run.logs import METRICS_FILE, split_logs
+from dapo_train.run.rollouts import ROLLOUTS_DIR, rollouts_after
 from dapo_train.run.trackers import check_trackers
 
 logger = logging.getLogger(__name__)
@@ -151,20 +153,21 @@ def finished_message(cfg: Config, run_dir: Path, checkpoint: Path) -> str:
 
 def set_aside_abandoned(run_dir: Path, step: int) -> Path | None:
     """A run resumed at `step`: move what its folder holds from after that step (later checkpoints,
-    log rows past it, the per-item records of later evals, the config they ran with) into
-    abandoned_after_step<step>_<time>/, and say
-    what moved in one line. -> that folder, or None when nothing came after `step`."""
+    log rows past it, the per-item records of later evals, the rollout records of later steps, the
+    config they ran with) into abandoned_after_step<step>_<time>/, and say what moved in one line.
+    -> that folder, or None when nothing came after `step`."""
     later = [c for c in checkpoint_dirs(run_dir) if checkpoint_step(c) > step]
-    logs, evals = split_logs(run_dir, step), items_after(run_dir, step)
-    if not later and not evals and not any(rest for _, rest in logs.values()):
+    logs, evals, rollouts = split_logs(run_dir, step), items_after(run_dir, step), rollouts_after(run_dir, step)
+    if not later and not evals and not rollouts and not any(rest for _, rest in logs.values()):
         return None
     folder = _new_folder(run_dir, f"{ABANDONED_PREFIX}{step}_{time.strftime('%Y%m%d-%H%M%S')}")
     for checkpoint in later:
         os.replace(checkpoint, folder / checkpoint.name)
-    if evals:
-        (folder / ITEMS_DIR).mkdir()
-        for path in evals:
-            os.replace(path, folder / ITEMS_DIR / path.name)
+    for name, paths in ((ITEMS_DIR, evals), (ROLLOUTS_DIR, rollouts)):
+        if paths:
+            (folder / name).mkdir()
+        for path in paths:
+            os.replace(path, folder / name / path.name)
     for name, (kept, rest) in logs.items():
         if rest:
             (folder / name).write_text(rest, encoding="utf-8")
@@ -176,6 +179,8 @@ def set_aside_abandoned(run_dir: Path, step: int) -> Path | None:
         moved.append(f"{rows} metrics rows")
     if evals:
         moved.append(f"{len(evals)} eval record file{'s' if len(evals) > 1 else ''}")
+    if rollouts:
+        moved.append(f"{len(rollouts)} rollout record file{'s' if len(rollouts) > 1 else ''}")
     if (run_dir / CONFIG_FILE).is_file():
         os.replace(run_dir / CONFIG_FILE, folder / CONFIG_FILE)
         moved.append(CONFIG_FILE)

@@ -43,6 +43,10 @@ class MetricsLogger:
                 f.write(f"{step},{metrics['accuracy']}\n")
         self.tracker.log(step, metrics)
 
+    def log_rollouts(self, step: int, records: list[dict]) -> None:
+        """A step's rollout records (already in rollouts/) to the trackers' tables."""
+        self.tracker.log_rollouts(step, records)
+
     def close(self) -> None:
         self.tracker.close()
 

@@ -6,7 +6,8 @@
   3 update.py      mini-batches x passes, each one optimizer step on the token-level objective
                    (Eq. 10, 12); objective.py resolves the config's objective, optim.py steps
   4 sync           the rollout engine takes the new weights
-  5 log            progress.py (and run/logs.py)
+  5 log            progress.py (and run/logs.py); rollout_sample.py: the step's sampled groups, kept
+                   or dropped, for the rollout records (run/rollouts.py)
 
 records.py holds the typed records the stages pass each other, batching.py how completions become
 micro- and mini-batches, ranks.py everything a step agrees on across processes (the one module of

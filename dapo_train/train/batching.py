@@ -9,7 +9,7 @@ logits / the rollout temperature, the distribution the rollout sampled from (Sco
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -196,12 +196,15 @@ def rank_mini_batches(counts: list[int], rank: int, updates: int) -> list[list[i
 class MiniBatch:
     """One optimizer step's share on this rank: its micro-batches, the Eq. 12 normaliser of the whole
     mini-batch over all ranks, the forward/backward calls every rank makes for it (this rank pads
-    its own micro-batches with fillers), and the versions of its groups (for staleness)."""
+    its own micro-batches with fillers), the versions of its groups (for staleness), and whose its
+    rows are, in micro-batch order: (index of the group in the step's batch on this rank, index of
+    the completion in it)."""
 
     micro_batches: list[MicroBatch]
     normalizer: float
     calls: int
     versions: list[int]
+    rows: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

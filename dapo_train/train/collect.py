@@ -9,7 +9,9 @@ metrics. It never loops forever and never crashes on a dry spell.
 
 Each `Group` (records.py: a prompt, its G completions, rewards, correct bits and advantages) is what
 the step passes on to the update. Surplus informative groups wait in a `GroupBuffer` for the next
-step; the buffer is part of the checkpoint, so resume is exact.
+step; the buffer is part of the checkpoint, so resume is exact. Every group generated, kept or
+dropped, is offered to the step's RolloutSample (rollout_sample.py) with its fate, for the rollout
+records.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dapo_train.rollout.engines import RolloutEngine
 from dapo_train.task.prompts import Prompt, PromptSampler
 from dapo_train.train import ranks
 from dapo_train.train.records import Group, StepBatch
+from dapo_train.train.rollout_sample import RolloutSample
 
 
 class GroupBuffer:
@@ -114,10 +117,13 @@ class CollectStats:
 
 
 def collect_round(
-    engine: RolloutEngine, reward_set, prompts: list[Prompt], cfg: Config, stats: CollectStats, version: int
+    engine: RolloutEngine, reward_set, prompts: list[Prompt], cfg: Config, stats: CollectStats, version: int,
+    sample: RolloutSample | None = None, positions: list[int] | None = None,
 ) -> list[Group]:
     """One generation round: B prompts x G completions generated, scored, advantages computed (Eq. 9),
-    and the informative groups kept (Eq. 11), stamped with `version` (optimizer steps so far)."""
+    and the informative groups kept (Eq. 11), stamped with `version` (optimizer steps so far). sample:
+    offered every group, kept or dropped, as round stats.rounds, prompt b at positions[b] (default b)
+    of the round's batch over all ranks."""
     group_size = cfg.rollout.group_size
     settings = SamplingSettings(
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -158,8 +164,13 @@ def collect_round(
             per_reward={name: values[rows] for name, values in scores.per_reward.items()},
             version=version,
         )
-        if _keep(group, cfg, stats):
+        fate = drop_reason(group, cfg)
+        if fate is None:
             groups.append(group)
+        else:
+            setattr(stats, fate, getattr(stats, fate) + 1)
+        if sample is not None:
+            sample.offer(group, stats.rounds, b if positions is None else positions[b], fate)
     return groups
 
 
@@ -172,19 +183,14 @@ def filter_values(group: Group, metric: str) -> torch.Tensor:
     return torch.tensor(group.per_reward[metric.partition(":")[2]])
 
 
-def _keep(group: Group, cfg: Config, stats: CollectStats) -> bool:
-    """Eq. 11 on the configured filter metric; counts why a group was dropped."""
-    if not cfg.dapo.dynamic_sampling:
-        return True
-    if is_informative_group(filter_values(group, cfg.dapo.filter_metric)):
-        return True
+def drop_reason(group: Group, cfg: Config) -> str | None:
+    """Eq. 11 on the configured filter metric: None when the group is kept, else why it is dropped,
+    the name of its CollectStats counter and its fate in the rollout records (run/rollouts.FATES)."""
+    if not cfg.dapo.dynamic_sampling or is_informative_group(filter_values(group, cfg.dapo.filter_metric)):
+        return None
     if bool(group.correct.all()):
-        stats.dropped_all_correct += 1
-    elif not bool(group.correct.any()):
-        stats.dropped_all_wrong += 1
-    else:
-        stats.dropped_no_variance += 1
-    return False
+        return "dropped_all_correct"
+    return "dropped_no_variance" if bool(group.correct.any()) else "dropped_all_wrong"
 
 
 def max_rounds(cfg: Config) -> int:
@@ -195,17 +201,18 @@ def max_rounds(cfg: Config) -> int:
 
 
 def fill_batch(engine: RolloutEngine, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config,
-               version: int) -> StepBatch:
+               version: int, sample: RolloutSample | None = None) -> StepBatch:
     """Step 1: generation rounds (collect_round) until prompts_per_step informative groups are buffered
     over all ranks or rounds run out, then this step's groups. version: the optimizer steps taken so
-    far, stamped on the new groups."""
+    far, stamped on the new groups; sample: offered every generated group."""
     wanted = cfg.train.prompts_per_step
     stats = CollectStats(carried_in=len(buffer))
     while stats.rounds < max_rounds(cfg) and ranks.buffered_groups(len(buffer)) < wanted:
         stats.rounds += 1
-        prompts = ranks.own_share(sampler.next_batch(wanted))
+        batch = sampler.next_batch(wanted)
+        prompts, positions = ranks.own_share(batch), ranks.own_share(list(range(len(batch))))
         if prompts:
-            buffer.add(collect_round(engine, reward_set, prompts, cfg, stats, version))
+            buffer.add(collect_round(engine, reward_set, prompts, cfg, stats, version, sample, positions))
     return take_batch(buffer, stats, wanted)
 
 

@@ -12,7 +12,8 @@ Each step (one rollout batch; train.max_steps counts these), in train_step:
                     (Eq. 10, 12), exact over micro-batches and ranks (update.py, ranks.py, optim.py)
   4. sync        -- the rollout engine takes the new weights
   5. log         -- metrics.jsonl + training_losses.txt / accuracy_losses.txt (run/logs.py); the bar
-                    or a line per step (progress.py)
+                    or a line per step (progress.py); a sample of the step's groups, dropped ones
+                    too, in rollouts/step_<N>.jsonl (rollout_sample.py, run/rollouts.py)
 Around the steps: greedy eval on a fixed subset every eval.every_steps, step 0 first, and at the end
 on the whole eval split (eval.final_full), each eval's per-item records in eval_items/
 (evaluation/generate.py, run/eval_items.py); checkpoint_<step>/ atomically every
@@ -44,16 +45,18 @@ from dapo_train.model import checkpoint as ckpt
 from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, write_items
 from dapo_train.run.folder import finished, finished_message, prepare_run_dir, set_aside_abandoned, warn_config_changes
 from dapo_train.run.logs import MetricsLogger
+from dapo_train.run.rollouts import drop_rollouts, excerpt, write_rollouts
 from dapo_train.run.signals import StopRequested
 from dapo_train.run.trackers import NullTracker, start_trackers
 from dapo_train.task.answers import answer_check
 from dapo_train.task.prompts import Prompt
-from dapo_train.train import distributed
+from dapo_train.train import distributed, ranks
 from dapo_train.train.collect import fill_batch
 from dapo_train.train.old_policy import needing_old_logprobs, record_old_logprobs, require_behaviour_logprobs
 from dapo_train.train.progress import Progress, end_of_run_summary
 from dapo_train.train.ranks import total
 from dapo_train.train.records import StepBatch
+from dapo_train.train.rollout_sample import RolloutSample, merge
 from dapo_train.train.session import Run, setup
 from dapo_train.train.state import restore, save
 from dapo_train.train.update import update
@@ -82,7 +85,7 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
         for record in records[:shown]:
             tqdm.write(
                 f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}"
-                f"\n    {record['completion']!r}"
+                f"\n    {excerpt(record['completion'])}"
             )
     metrics = {
         kind.accuracy if key == "accuracy" else f"{kind.prefix}{key}": value
@@ -109,8 +112,9 @@ def step_evals(run: Run) -> dict:
 def train_step(run: Run) -> dict:
     """One step (one rollout batch), numbered as in the module docstring. -> the step's metrics."""
     start = time.perf_counter()
+    sample = RolloutSample.for_step(run.cfg, run.step + 1)
     with distributed.full_weights(run.accelerator, run.model) as model:  # whole on this rank: generation, scoring
-        batch = collect(run)  # 1
+        batch = collect(run, sample)  # 1
         metrics = {**batch.metrics, **score_old_logprobs(run, batch, model)}  # 2
     if metrics["groups_kept"]:  # over all ranks: a rank without groups of its own still joins the update
         update_start = time.perf_counter()
@@ -118,11 +122,9 @@ def train_step(run: Run) -> dict:
         sync_weights(run)  # 4
         metrics["seconds_update"] = time.perf_counter() - update_start
     else:
-        metrics.update(skipped_no_groups=1, lr=run.learner.optimizer.lr)
-        logger.warning(
-            "step %d: no informative group after %d rounds; update skipped", run.step + 1, metrics["gen_rounds"]
-        )
+        metrics.update(skipped_no_groups=1, lr=run.learner.optimizer.lr)  # progress.py says so, and where to look
     run.step += 1
+    run.rollouts = record_rollouts(run, sample, batch)  # 5
     if metrics.get("skipped_nonfinite"):
         run.bad_steps += 1
         logger.warning("step %d: non-finite loss or grad norm; update skipped (%d in a row)", run.step, run.bad_steps)
@@ -133,10 +135,25 @@ def train_step(run: Run) -> dict:
     return metrics
 
 
-def collect(run: Run) -> StepBatch:
-    """Step 1 (Eq. 9, 11): generation rounds until the step's batch is full, then its groups."""
+def collect(run: Run, sample: RolloutSample | None = None) -> StepBatch:
+    """Step 1 (Eq. 9, 11): generation rounds until the step's batch is full, then its groups; every
+    generated group is offered to `sample`."""
     return fill_batch(run.engine, run.reward_set, run.prompt_sampler, run.buffer, run.cfg,
-                      version=run.learner.optimizer.steps)
+                      version=run.learner.optimizer.steps, sample=sample)
+
+
+def record_rollouts(run: Run, sample: RolloutSample, batch: StepBatch) -> list[dict]:
+    """Step 5's rollout records: every rank's sampled groups, fates settled against the groups this
+    step trained, gathered (ranks.py) and written by the main process as rollouts/step_<N>.jsonl.
+    -> the records on the main process (for the progress log and the trackers), [] elsewhere."""
+    if run.cfg.logging.rollout_groups == 0:
+        return []
+    per_rank = ranks.gather_rollouts(sample.settle(batch.groups))
+    if not distributed.is_main():
+        return []
+    records = merge(per_rank, run.cfg.logging.rollout_groups)
+    write_rollouts(run.run_dir, run.step, records)
+    return records
 
 
 def score_old_logprobs(run: Run, batch: StepBatch, model: torch.nn.Module) -> dict:
@@ -189,6 +206,7 @@ def train(
     if main:
         if resume_step is None:
             drop_items(run_dir)  # a fresh start, as MetricsLogger empties the logs
+            drop_rollouts(run_dir)
         else:
             set_aside_abandoned(run_dir, resume_step)  # what came after the checkpoint (evals too): moved, not lost
         save_config(cfg, run_dir / ckpt.CONFIG_FILE)
@@ -234,6 +252,12 @@ def _stop_agreed(stop: StopRequested) -> bool:
 
 
 def _log(run: Run, metrics_log: MetricsLogger, progress: Progress, metrics: dict) -> None:
+    """The step's metrics to the logs and the progress lines; its rollout records (train_step's, none for
+    the eval before training) to the progress log and, every logging.rollout_every steps, the trackers."""
     metrics = {**metrics, "num_processes": distributed.world_size()}
+    if run.rollouts:
+        progress.log_rollouts(run.step, run.rollouts)
+        if _due(run.step, run.cfg.logging.rollout_every):
+            metrics_log.log_rollouts(run.step, run.rollouts)
     metrics_log.log(run.step, metrics)
     progress.log(run.step, metrics)

@@ -6,6 +6,11 @@
 - Every eval logs one line: step, accuracy with its 95% interval, and the means since the last eval
   of reward, train accuracy, entropy, clip fractions, the rollout's KL to the training forward
   (rollout_kl) and seconds per step.
+- Every eval also shows one trained completion (the latest in the rollout records) in two lines:
+  its answer, its reward breakdown and the start of what it wrote.
+- A step that dropped every group, and a reward that has not moved in FLAT_STEPS steps, each get a
+  line saying so and the `dapo-train show` command that shows what the model wrote; the end-of-run
+  summary says the same.
 - The end of a run prints a summary: eval accuracy first -> best -> last, the final accuracy on
   the whole eval split (eval.final_full), wall time, the checkpoints, and the command to run next.
 Lines go through `logging` (redirected around the bar, so the bar stays one line).
@@ -27,6 +32,7 @@ from dapo_train.config.schema import Config
 from dapo_train.model.checkpoint import checkpoint_dirs
 from dapo_train.run.eval_items import FINAL
 from dapo_train.run.logs import read_metrics
+from dapo_train.run.rollouts import brief, saved_rollouts
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +45,9 @@ STEP_FIELDS = (
     ("low", "clip_frac_low", "{:.4f}"),
     ("rollout kl", "rollout_kl", "{:.1e}"),
 )
+# Steps in a row whose reward_mean stays within FLAT_TOLERANCE make a reward that "has not moved".
+FLAT_STEPS = 5
+FLAT_TOLERANCE = 1e-6
 
 
 def duration(seconds: float) -> str:
@@ -91,19 +100,59 @@ def final_line(step: int, metrics: dict) -> str:
     )
 
 
+def show_command(run_dir: str | Path, step: int | None = None, where: str | None = None) -> str:
+    """`dapo-train show RUN [--step N] [--where EXPR]`, quoted for a shell."""
+    command = f"dapo-train show {shlex.quote(str(run_dir))}"
+    command += f" --step {step}" if step is not None else ""
+    return command + (f" --where {where}" if where else "")
+
+
+# What the progress lines say instead of a `dapo-train show` command when the run keeps no rollout records.
+NO_RECORDS = "no rollout records to show them (logging.rollout_groups=0)"
+
+
+def all_dropped_line(step: int, metrics: dict, look: str) -> str:
+    """A step whose every group was dropped (Eq. 11): why, and where to `look`."""
+    counts = ", ".join(f"{label} {int(metrics.get(f'groups_dropped_{key}', 0))}"
+                       for key, label in (("all_correct", "all correct"), ("all_wrong", "all wrong"),
+                                          ("no_variance", "no variance")))
+    rounds = metrics.get("gen_rounds", 0)
+    return f"step {step}: every group dropped in {rounds} rounds ({counts}); update skipped; {look}"
+
+
+def flat_reward(rows: list[dict]) -> float | None:
+    """The reward_mean of the last FLAT_STEPS rows when it has not moved over them, else None."""
+    values = [row["reward_mean"] for row in rows[-FLAT_STEPS:] if "reward_mean" in row]
+    if len(values) < FLAT_STEPS or max(values) - min(values) > FLAT_TOLERANCE:
+        return None
+    return values[-1]
+
+
+def flat_line(step: int, reward: float, look: str) -> str:
+    return f"step {step}: the reward has not moved in {FLAT_STEPS} steps (mean {reward:.3f}); {look}"
+
+
 class Progress:
     """The bar or the plain lines, and the eval lines, for one training session."""
 
     def __init__(self, cfg: Config, start_step: int) -> None:
         self.max_steps = cfg.train.max_steps
         self.use_bar = cfg.logging.progress_bar
+        self.run_dir, self.records = cfg.output_dir, cfg.logging.rollout_groups != 0
         self.started, self.start_step = time.monotonic(), start_step
         self.since_eval: list[dict] = []
         self.eval_accuracy: float | None = None
+        self.trained_example: dict | None = None  # the latest trained completion of the rollout records
+        self.recent: list[dict] = []  # the last FLAT_STEPS steps' metrics
         self.bar = tqdm(total=self.max_steps, initial=start_step, disable=not self.use_bar, desc="dapo")
         self._stack = contextlib.ExitStack()
         if self.use_bar:
             self._stack.enter_context(logging_redirect_tqdm())
+
+    def log_rollouts(self, step: int, records: list[dict]) -> None:
+        """A step's rollout records, before its metrics row: its first trained completion is the one
+        the next eval shows."""
+        self.trained_example = next((r for r in records if r["fate"] == "trained"), self.trained_example)
 
     def log(self, step: int, metrics: dict) -> None:
         """Called with every metrics row the trainer writes (step 0: the eval before training)."""
@@ -112,9 +161,12 @@ class Progress:
             self.bar.update(1)
             if not self.use_bar:
                 logger.info("step %d/%d: %s%s", step, self.max_steps, step_fields([metrics]), self._eta(step))
+            self._warn_if_stuck(step, metrics)
         if "accuracy" in metrics:
             logger.info("%s", eval_line(step, self.max_steps, metrics, self.since_eval))
-            self.since_eval, self.eval_accuracy = [], metrics["accuracy"]
+            if step > 0 and self.trained_example is not None:
+                logger.info("  a trained completion: %s", "\n  ".join(brief(self.trained_example)))
+            self.since_eval, self.eval_accuracy, self.trained_example = [], metrics["accuracy"], None
         if FINAL.accuracy in metrics:
             logger.info("%s", final_line(step, metrics))
         if step > 0:
@@ -123,6 +175,18 @@ class Progress:
                 fields["eval_acc"] = f"{self.eval_accuracy:.3f}"
             fields["ent"] = f"{metrics.get('entropy', 0.0):.3f}"
             self.bar.set_postfix(fields)
+
+    def _warn_if_stuck(self, step: int, metrics: dict) -> None:
+        """A step that dropped every group; a reward that just completed FLAT_STEPS steps unmoved."""
+        if metrics.get("skipped_no_groups"):
+            look = f"see them: {show_command(self.run_dir, step, 'dropped')}" if self.records else NO_RECORDS
+            logger.warning("%s", all_dropped_line(step, metrics, look))
+        was_flat = flat_reward(self.recent) is not None
+        self.recent = [*self.recent, metrics][-FLAT_STEPS:]
+        reward = flat_reward(self.recent)
+        if reward is not None and not was_flat:
+            look = f"see what the model writes: {show_command(self.run_dir, step)}" if self.records else NO_RECORDS
+            logger.warning("%s", flat_line(step, reward, look))
 
     def _eta(self, step: int) -> str:
         done = step - self.start_step
@@ -166,4 +230,22 @@ def end_of_run_summary(
         lines.append(f"  checkpoints in {run_dir}: {shown}")
     if checkpoints and not stopped:  # a stopped run: signals.StopRequested.report says how to resume
         lines.append(f"  next: dapo-train eval {shlex.quote(str(checkpoints[-1]))}   # every item of data.eval_split")
-    return "\n".join(lines)
+    return "\n".join(lines + rollout_lines(run_dir, rows))
+
+
+def rollout_lines(run_dir: Path, rows: list[dict]) -> list[str]:
+    """The summary's pointer at the rollout records: the steps that dropped every group, a reward
+    that ended unmoved, or else where to read what the model wrote; nothing when none were kept."""
+    if not saved_rollouts(run_dir):
+        return []
+    empty = [row["step"] for row in rows if row.get("skipped_no_groups")]
+    trained = [row for row in rows if row.get("step", 0) > 0]
+    lines = []
+    if empty:
+        lines.append(f"  {len(empty)} of {len(trained)} steps dropped every group (first: step {empty[0]}); see "
+                     f"them: {show_command(run_dir, empty[0], 'dropped')}")
+    reward = flat_reward(trained)
+    if reward is not None:
+        lines.append(f"  the reward did not move in the last {FLAT_STEPS} steps (mean {reward:.3f}); see what the "
+                     f"model writes: {show_command(run_dir, trained[-1]['step'])}")
+    return lines or [f"  rollouts (what the model wrote, and each reward): {show_command(run_dir)}"]

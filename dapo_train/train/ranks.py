@@ -1,8 +1,9 @@
 """What crosses ranks in one step, agreed in one place: when the batch is full (Eq. 11), which
 buffered groups the step trains, the update plan (mini-batches, Eq. 12 normalisers, forward/backward
-calls, token totals) and, after the update, its metric sums. collect.py and update.py work on this
-rank's groups and records alone and make no collective call of their own: they ask this module; with
-one process every function here is arithmetic on this process's own counts.
+calls, token totals) and, after the update, its metric sums and the step's sampled rollout records.
+collect.py and update.py work on this rank's groups and records alone and make no collective call of
+their own: they ask this module; with one process every function here is arithmetic on this
+process's own counts.
 
 Under N ranks (`accelerate launch`, `torchrun`; distributed.py holds the primitives):
 - each generation round, every rank generates its slice of the same prompts, and the batch is full
@@ -80,7 +81,8 @@ def plan_update(batch: StepBatch, batching: Batching, cfg: Config) -> UpdatePlan
         micro = batching.micro_batches(flatten_groups(part, cfg.dapo.overlong_filtering))
         normalizer = loss_normalizer([m.batch.completion_mask for m in micro], cfg.dapo.loss_reduction,
                                      cfg.rollout.max_new_tokens)
-        local.append(MiniBatch(micro, normalizer, len(micro), [group.version for group in part]))
+        rows = [(index, j) for index in indices for j in range(len(batch.groups[index].completions))]
+        local.append(MiniBatch(micro, normalizer, len(micro), [group.version for group in part], rows))
     valid_tokens = sum(float(m.batch.completion_mask.sum()) for mini in local for m in mini.micro_batches)
     forward_tokens = sum(m.batch.forward_tokens for mini in local for m in mini.micro_batches)
     count = sum(len(mini.micro_batches) for mini in local)
@@ -92,6 +94,12 @@ def plan_update(batch: StepBatch, batching: Batching, cfg: Config) -> UpdatePlan
                     for mini, normalizer, call in zip(local, normalizers, calls)]
     return UpdatePlan(mini_batches, cfg.dapo.num_iterations, distributed.world_size(), valid_tokens,
                       forward_tokens, int(count))
+
+
+def gather_rollouts(sampled: list) -> list[list]:
+    """Every rank's sampled groups of the step (rollout_sample.SampledGroup: plain records), in rank
+    order, for the main process to merge and write: one file per step holds every rank's groups once."""
+    return distributed.gather(sampled)
 
 
 def total(count: float) -> float:

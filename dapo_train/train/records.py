@@ -2,8 +2,9 @@
 
 Group: one prompt and its G scored completions, made by step 1 (collect.py), kept in the
 dynamic-sampling buffer across steps and checkpoints, given old log-probs by step 2 (old_policy.py)
-and trained by step 3 (update.py). StepBatch: the groups one step trains. UpdateSums and
-UpdateResult: what the optimizer steps of step 3 measured, per rank until ranks.py sums them.
+and trained by step 3 (update.py), which leaves its TrainedStats on it (for the rollout records).
+StepBatch: the groups one step trains. UpdateSums and UpdateResult: what the optimizer steps of step
+3 measured, per rank until ranks.py sums them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,18 @@ import torch
 
 from dapo_train.rollout.engines import Completion
 from dapo_train.task.prompts import Prompt
+
+
+@dataclass
+class TrainedStats:
+    """What the update saw of a group's completions, one value per completion, averaged over the
+    applied optimizer steps that trained it (one per dapo.num_iterations pass): its mean token
+    ratio and the share of its valid tokens the objective clipped. None: no token of it was in the
+    loss (overlong filtering), no applied step trained it, or (clip_frac) the objective reports no
+    clipped tokens."""
+
+    ratio_mean: list[float | None]
+    clip_frac: list[float | None]
 
 
 @dataclass
@@ -36,6 +49,7 @@ class Group:
     per_reward: dict[str, list[float]] = field(default_factory=dict)  # name -> G unweighted values
     version: int = 0
     old_logprobs: list[torch.Tensor] | None = None  # G x (L_i,)
+    trained: TrainedStats | None = None  # set by the update that trains it; a buffered group has none
 
     def to_state(self) -> dict:
         """Plain tensors/lists only, loadable with torch.load(weights_only=True)."""
@@ -97,13 +111,15 @@ class UpdateSums:
     lr: float = 0.0
     counts: dict[str, float] = field(default_factory=dict)
     maxima: dict[str, float] = field(default_factory=dict)
+    rows: list[tuple[float, float]] = field(default_factory=list)  # this rank's (ratio mean, clipped share) per row
 
 
 @dataclass
 class UpdateResult:
     """A step's optimizer steps: those applied, the one that failed (non-finite loss or gradient
     norm: the step's updates end there), if any, and the staleness of each group an applied step
-    trained (optimizer steps between its generation and that step)."""
+    trained (optimizer steps between its generation and that step). UpdateSums.rows of a step are
+    its mini-batch's rows in order (MiniBatch.rows says whose); not summed over ranks."""
 
     applied: list[UpdateSums] = field(default_factory=list)
     failed: UpdateSums | None = None

@@ -75,6 +75,7 @@ class Run:
     saved_step: int | None = None  # the step of the checkpoint on disk that holds these weights
     started: float = field(default_factory=time.monotonic)  # when this session began (train: before setup)
     seconds_before: float = 0.0  # wall time of the sessions before this one (a resumed run's checkpoint)
+    rollouts: list[dict] = field(default_factory=list)  # the last step's rollout records (main process)
 
     @property
     def wall_seconds(self) -> float:

@@ -17,11 +17,16 @@ rollout recorded. A completion without either is on-policy by construction (its 
 only update) and uses its own detached log-probs, ratio exactly 1, at no extra cost. The rollout
 correction's weights and masks (algo/correction.py) were set when the plan was made; each update also
 measures the rollout mismatch where the training forward at the sampling weights is known. A
-non-finite loss or gradient norm skips that optimizer step and ends the step's updates.
+non-finite loss or gradient norm skips that optimizer step and ends the step's updates. Each trained
+group is left its completions' mean ratio and clipped share (records.TrainedStats, for the rollout
+records), from the loss's own per-row figures: no extra forward.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -37,7 +42,7 @@ from dapo_train.train.batching import Batching, MicroBatch, MiniBatch, Scorer, U
 from dapo_train.train.objective import loss_settings
 from dapo_train.train.old_policy import UNKNOWN_ROLLOUT, BehaviourPolicy, resolve
 from dapo_train.train.optim import PolicyOptimizer
-from dapo_train.train.records import StepBatch, UpdateResult, UpdateSums
+from dapo_train.train.records import Group, StepBatch, TrainedStats, UpdateResult, UpdateSums
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -89,7 +94,27 @@ def update(learner: Learner, batch: StepBatch, cfg: Config) -> dict:
     """Step 3: the plan every rank agrees on (ranks.py), the optimizer steps, and their metrics over
     all ranks."""
     plan = ranks.plan_update(batch, learner.batching, cfg)
-    return update_metrics(ranks.reduce_update(update_policy(learner, plan)), plan)
+    result = update_policy(learner, plan)
+    leave_trained_stats(batch.groups, plan, result.applied)
+    return update_metrics(ranks.reduce_update(result), plan)
+
+
+def leave_trained_stats(groups: list[Group], plan: UpdatePlan, applied: list[UpdateSums]) -> None:
+    """Each group of this rank's batch gets its TrainedStats: per completion, the mean over the applied
+    optimizer steps that trained it (one per pass) of its mean ratio and of its clipped share."""
+    seen: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for step, mini in zip(applied, itertools.cycle(plan.mini_batches)):  # applied: passes x mini-batches, in order
+        for row, values in zip(mini.rows, step.rows):
+            seen[row].append(values)
+    for index, group in enumerate(groups):
+        per_completion = [seen.get((index, j), []) for j in range(len(group.completions))]
+        group.trained = TrainedStats([_finite_mean(v[0] for v in values) for values in per_completion],
+                                     [_finite_mean(v[1] for v in values) for values in per_completion])
+
+
+def _finite_mean(values) -> float | None:
+    finite = [value for value in values if math.isfinite(value)]
+    return sum(finite) / len(finite) if finite else None
 
 
 def update_policy(learner: Learner, plan: UpdatePlan) -> UpdateResult:
@@ -118,15 +143,18 @@ def accumulate_gradients(learner: Learner, mini: MiniBatch, loss_scale: int = 1,
     in the last of its `calls` passes (this rank pads its own micro-batches with fillers).
     -> this rank's sums: loss, num_tokens and every loss metric times its micro-batch's tokens; the
     rollout mismatch's counts and largest |diff| (first_pass: the rows' recorded old log-probs are
-    measured in the first pass over the batch only, so each row counts once)."""
+    measured in the first pass over the batch only, so each row counts once); each row's mean ratio
+    and clipped share, in mini.rows order."""
     totals: dict[str, float] = {}
     counts = dict.fromkeys(MISMATCH_SUMS, 0.0)
-    weight_sum, loss_sum, largest = 0.0, 0.0, 0.0
+    weight_sum, loss_sum, largest, rows = 0.0, 0.0, 0.0, []
     for index in range(mini.calls):
         micro = mini.micro_batches[index] if index < len(mini.micro_batches) else learner.batching.filler()
         with distributed.gradient_sync(learner.accelerator, learner.model, sync=index == mini.calls - 1):
             metrics, (mismatch, diff_max) = _micro_batch_backward(learner, micro, mini.normalizer, loss_scale,
                                                                   first_pass)
+        micro_rows = list(zip(metrics.pop("row_ratio_mean"), metrics.pop("row_clip_frac")))
+        rows += micro_rows if index < len(mini.micro_batches) else []  # a filler's row is nobody's
         loss_sum += metrics.pop("loss")
         tokens = metrics.pop("num_tokens")
         _add_weighted(totals, metrics, tokens)
@@ -135,7 +163,7 @@ def accumulate_gradients(learner: Learner, mini: MiniBatch, loss_scale: int = 1,
             counts[key] += value
         largest = max(largest, diff_max)
     return UpdateSums({**totals, "loss": loss_sum, "num_tokens": weight_sum}, counts=counts,
-                      maxima={"logprob_diff_max": largest})
+                      maxima={"logprob_diff_max": largest}, rows=rows)
 
 
 def _add_weighted(totals: dict[str, float], values: dict[str, float], weight: float) -> None:
@@ -146,8 +174,8 @@ def _add_weighted(totals: dict[str, float], values: dict[str, float], weight: fl
 
 def _micro_batch_backward(learner: Learner, micro: MicroBatch, normalizer: float, loss_scale: int,
                           first_pass: bool) -> tuple[dict, tuple[dict[str, float], float]]:
-    """One micro-batch's forward and backward. -> its loss and metrics (num_tokens, entropy, clip, ...),
-    and its rollout mismatch (_mismatch)."""
+    """One micro-batch's forward and backward. -> its loss and metrics (num_tokens, entropy, clip, ...,
+    and the per-row lists row_ratio_mean, row_clip_frac), and its rollout mismatch (_mismatch)."""
     batch = micro.batch
     logprobs, entropy = learner.scorer(learner.model, batch)
     ref_logprobs = None
@@ -160,7 +188,8 @@ def _micro_batch_backward(learner: Learner, micro: MicroBatch, normalizer: float
     if micro.old_logprobs is not None:
         old_logprobs = torch.where(micro.has_old, micro.old_logprobs, old_logprobs)  # (N, T)
     loss, metrics = learner.loss(logprobs, old_logprobs, micro.advantages, batch.completion_mask,
-                                 normalizer=normalizer, ref_logprobs=ref_logprobs, token_weight=micro.correction_weight)
+                                 normalizer=normalizer, ref_logprobs=ref_logprobs, token_weight=micro.correction_weight,
+                                 per_row=True)
     learner.accelerator.backward(loss * loss_scale if loss_scale != 1 else loss)
     tokens = float(metrics["num_tokens"])
     metrics["entropy"] = float((entropy * batch.completion_mask).sum() / max(tokens, 1.0))

@@ -244,3 +244,49 @@ def test_token_weights_compose_with_every_objective_token_by_token(objective, re
                               beta=0.1)[0] - loss_and_grad(new, old, adv, mask, objective, reduction=reduction,
                                                            token_weight=w)[0] for w in (weight, None)]
     assert kl_terms[0].item() == pytest.approx(kl_terms[1].item(), abs=1e-6) and kl_terms[1].item() > 0
+
+
+# ---------------------------------------------------------------- per completion (per_row, for the rollout records)
+
+
+def test_per_row_gives_each_completions_mean_ratio_and_clipped_share():
+    """clip with bounds [0.8, 1.28], old log-probs 0. Row 0 (A = +1): ratios e^0.5 = 1.6487 (above 1.28:
+    clipped) and e^0 = 1 -> mean 1.3244, clipped 1/2. Row 1 (A = -1): e^-0.5 = 0.6065 (below 0.8:
+    clipped), e^0.1 = 1.1052, e^0 = 1 -> mean 0.9039, clipped 1/3. Row 2 has no valid token: NaN.
+    The step's figures are the token-weighted means of the rows': ratio (1.6487 + 1 + 0.6065 + 1.1052
+    + 1) / 5, clip_frac 2 / 5."""
+    new = torch.tensor([[0.5, 0.0, 7.0], [-0.5, 0.1, 0.0], [3.0, 3.0, 3.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
+    _, metrics = policy_loss(new, torch.zeros(3, 3), torch.tensor([1.0, -1.0, 1.0]), mask, 0.2, 0.28, per_row=True)
+    e = math.exp
+    ratios = metrics["row_ratio_mean"]
+    assert ratios[:2] == pytest.approx([(e(0.5) + 1) / 2, (e(-0.5) + e(0.1) + 1) / 3], abs=1e-6)
+    assert metrics["row_clip_frac"][:2] == pytest.approx([1 / 2, 1 / 3])
+    assert math.isnan(ratios[2]) and math.isnan(metrics["row_clip_frac"][2])
+    assert metrics["ratio_mean"] == pytest.approx((e(0.5) + 1 + e(-0.5) + e(0.1) + 1) / 5, abs=1e-6)
+    assert metrics["clip_frac"] == pytest.approx(2 / 5)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_per_row_leaves_the_loss_and_the_step_metrics_as_they_were(objective):
+    """per_row adds two lists and changes nothing else; without it no per-token tensor leaks into the
+    metrics (the objectives' clipped tokens are taken out)."""
+    new, old, adv, mask = random_batch(5, 6, 7)
+    loss, grad, plain = loss_and_grad(new, old, adv, mask, objective)
+    loss_rows, grad_rows, rows = loss_and_grad(new, old, adv, mask, objective, per_row=True)
+    assert torch.equal(loss, loss_rows) and torch.equal(grad, grad_rows)
+    assert {key: value for key, value in rows.items() if not key.startswith("row_")} == plain
+    assert all(isinstance(value, float) for value in plain.values())
+    assert len(rows["row_ratio_mean"]) == len(rows["row_clip_frac"]) == 6
+
+
+def test_an_objective_that_reports_no_clipped_tokens_has_no_clipped_share():
+    from dapo_train.algo import POLICY_LOSSES
+
+    POLICY_LOSSES["plain"] = lambda logprobs, old, adv, valid, settings: (-adv * logprobs, {})
+    try:
+        _, metrics = policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), 0.2, 0.28,
+                                 objective="plain", per_row=True)
+    finally:
+        del POLICY_LOSSES["plain"]
+    assert metrics["row_ratio_mean"] == [1.0] and math.isnan(metrics["row_clip_frac"][0])

@@ -171,8 +171,10 @@ def test_resuming_an_earlier_checkpoint_moves_the_abandoned_trajectory_aside(thr
     (aside,) = run.glob("abandoned_after_step1_*")
     assert sorted(p.name for p in aside.iterdir()) == [
         "accuracy_losses.txt", "checkpoint_2", "checkpoint_3", "config.yaml", "eval_items", "metrics.jsonl",
-        "training_losses.txt",
+        "rollouts", "training_losses.txt",
     ]
+    assert sorted(p.name for p in (aside / "rollouts").iterdir()) == ["step_2.jsonl", "step_3.jsonl"]
+    assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step_1.jsonl", "step_2.jsonl"]  # 2: written again
     assert (aside / "checkpoint_3" / "eval_test.json").is_file()  # moved with its checkpoint
     assert [p.name for p in (aside / "eval_items").iterdir()] == ["step_3.jsonl"]  # the step-3 eval's items
     # The live trajectory's: step 0, and its own last step's eval (the resumed run ends at step 2).
@@ -182,8 +184,8 @@ def test_resuming_an_earlier_checkpoint_moves_the_abandoned_trajectory_aside(thr
     assert (aside / "config.yaml").read_text() == old_config  # what the abandoned branch ran with
     assert old_rows == [0, 1, 2, 3] and [row["step"] for row in read_metrics(run)] == [0, 1, 2]  # the live one
     assert sorted(p.name for p in run.glob("checkpoint_*")) == ["checkpoint_1", "checkpoint_2"]
-    assert ("moved what came after it (checkpoint_2, checkpoint_3, 2 metrics rows, 1 eval record file, config.yaml)"
-            in caplog.text)
+    assert ("moved what came after it (checkpoint_2, checkpoint_3, 2 metrics rows, 1 eval record file, 2 rollout "
+            "record files, config.yaml)" in caplog.text)
 
     out = capsys.readouterr().out
     assert f"checkpoints in {run}: checkpoint_1, checkpoint_2\n" in out

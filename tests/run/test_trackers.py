@@ -1,6 +1,9 @@
 """Experiment trackers through accelerate: TensorBoard holds exactly the scalars metrics.jsonl holds,
-the resolved config as hyperparameters, the project and run names as configured, and nothing is
-started or written on a rank other than the main one."""
+the resolved config as hyperparameters, the project and run names as configured, the rollout records
+as a table every logging.rollout_every steps, and nothing is started or written on a rank other than
+the main one."""
+
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -9,7 +12,8 @@ from accelerate.state import PartialState
 
 from dapo_train.config.load import load_config
 from dapo_train.run.logs import read_metrics
-from dapo_train.run.trackers import TRACKERS, AccelerateTrackers
+from dapo_train.run.rollouts import TABLE_COLUMNS, read_rollouts, rollouts_path
+from dapo_train.run.trackers import TRACKERS, AccelerateTrackers, markdown_table
 from dapo_train.train.loop import train
 
 SMALL = [
@@ -31,7 +35,7 @@ def _scalars(folder) -> dict[str, dict[int, float]]:
 def test_tensorboard_reads_back_the_scalars_and_the_config(tmp_path):
     run_dir = train(load_config(None, [
         *SMALL, "train.max_steps=2", "eval.every_steps=2", "eval.num_items=8", "logging.trackers=[tensorboard]",
-        "run_name=tb-run", f"output_dir={tmp_path / 'run'}",
+        "run_name=tb-run", f"output_dir={tmp_path / 'run'}", "logging.rollout_every=2",
     ]))
     scalars = _scalars(run_dir / "dapo-train")
     rows = read_metrics(run_dir)
@@ -48,6 +52,30 @@ def test_tensorboard_reads_back_the_scalars_and_the_config(tmp_path):
         "tb-run", 0.28, 32,
     )
     assert hparams["logging.trackers.0"] == "tensorboard" and hparams["dapo.clip_ratio_c"] == "null"
+    # The rollout records of step 2 (logging.rollout_every=2: not step 1) as a markdown table in the Text tab.
+    (table,) = _texts(run_dir / "dapo-train")["rollouts/text_summary"].items()
+    records = read_rollouts(rollouts_path(run_dir, 2))
+    assert table == (2, markdown_table(records))
+    assert table[1].count("\n") == len(records) + 1 and records[0]["uid"] in table[1]
+
+
+def _texts(folder) -> dict[str, dict[int, str]]:
+    """Every text TensorBoard reads back from an event folder: tag -> {step: text}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    events.Reload()
+    return {tag: {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors(tag)}
+            for tag in events.Tags()["tensors"]}
+
+
+def test_a_markdown_table_keeps_one_row_per_record():
+    record = {"step": 3, "group": 1, "sample": 0, "fate": "trained", "uid": "train:5", "gold": "7", "extracted": "7",
+              "correct": True, "reward": 1.0, "rewards": {"accuracy": 1.0}, "advantage": 0.5, "length": 9,
+              "truncated": False, "completion": "a|b\nc"}
+    header, rule, row = markdown_table([record]).split("\n")
+    assert header == "| " + " | ".join(TABLE_COLUMNS) + " |" and rule == "|" + "---|" * len(TABLE_COLUMNS)
+    assert row.endswith("| a\\|b\\nc |") and row.count(" | ") == len(TABLE_COLUMNS) - 1  # no pipe or newline breaks it
 
 
 class FakeAccelerator:
@@ -64,14 +92,19 @@ class FakeAccelerator:
     def log(self, values, step=None):
         self.calls.append(("log", values, step))
 
+    def get_tracker(self, name, unwrap=False):
+        return SimpleNamespace(log_table=lambda *args, **kwargs: self.calls.append((name, args, kwargs)))
 
-def test_project_run_name_and_numeric_scalars_reach_every_tracker():
+
+def test_project_run_name_and_numeric_scalars_reach_every_tracker(caplog):
     """logging.project is the project every tracker files the run under; run_name names the run
-    in each tracker's own keyword; a step logs its numbers only (no flags as 0/1, no strings)."""
+    in each tracker's own keyword; a step logs its numbers only (no flags as 0/1, no strings); the
+    rollout records go to the trackers with a table, and the others are named at start."""
     cfg = load_config(None, ["logging.trackers=[wandb, mlflow, clearml, trackio]", "logging.project=studies",
                              "run_name=eps-0.4"])
     fake = FakeAccelerator()
     trackers = AccelerateTrackers(fake, cfg)
+    assert "logging.rollout_every: mlflow, trackio have no table through accelerate" in caplog.text
     (_, project, config, init_kwargs), = fake.calls
     assert project == "studies"
     assert init_kwargs == {"wandb": {"name": "eps-0.4"}, "mlflow": {"run_name": "eps-0.4"},
@@ -79,6 +112,17 @@ def test_project_run_name_and_numeric_scalars_reach_every_tracker():
     assert config["dapo.eps_high"] == 0.28 and config["logging.project"] == "studies"
     trackers.log(3, {"loss": 0.5, "groups_kept": 2, "flag": True, "note": "text"})
     assert fake.calls[-1] == ("log", {"loss": 0.5, "groups_kept": 2}, 3)
+    record = dict.fromkeys(TABLE_COLUMNS, 1) | {"rewards": {"digit": 0.5}, "completion": "x"}
+    trackers.log_rollouts(4, [record])
+    row = [{"rewards": "digit 0.500", "completion": "x"}.get(column, 1) for column in TABLE_COLUMNS]
+    assert fake.calls[-2:] == [(name, ("rollouts",), {"columns": list(TABLE_COLUMNS), "data": [row], "step": 4})
+                               for name in ("wandb", "clearml")]
+
+
+def test_a_rollout_table_that_cannot_act_is_named_at_start(caplog):
+    for overrides in (["logging.rollout_every=0"], ["logging.rollout_groups=0"]):
+        AccelerateTrackers(FakeAccelerator(), load_config(None, ["logging.trackers=[mlflow]", *overrides]))
+    assert caplog.messages == ["logging.rollout_every cannot act: logging.rollout_groups=0 records no rollouts"]
 
 
 def test_logging_project_names_the_tensorboard_folder(tmp_path):

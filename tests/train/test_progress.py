@@ -5,6 +5,7 @@ import contextlib
 import io
 import json
 import logging
+import re
 
 import pytest
 
@@ -121,6 +122,62 @@ def test_a_run_without_the_bar_logs_every_step_and_every_eval(quiet_run):
     assert all("since the last eval: reward " in line and "s/step" in line for line in evals[1:]), evals
 
 
+def test_each_eval_after_training_shows_a_trained_completion_in_two_lines(quiet_run):
+    """The latest trained completion of the rollout records: its answer and reward breakdown, then
+    the start of its text on one line; none before training."""
+    log, _, _ = quiet_run
+    lines = log.splitlines()
+    shown = [index for index, line in enumerate(lines) if line.startswith("  a trained completion: ")]
+    evals = [index for index, line in enumerate(lines) if line.startswith("eval step ")]
+    assert shown == [evals[1] + 1, evals[2] + 1], log
+    for index in shown:
+        assert re.search(r"\(step \d, trained\): gold \S+, got \S+ \((correct|wrong)\), \d+ tokens; reward -?\d\.\d{3} "
+                         r"\(accuracy -?\d\.\d{3}, overlong -?\d\.\d{3}\), advantage", lines[index]), lines[index]
+        assert lines[index + 1].startswith("    '") and len(lines[index + 1]) <= 200
+        assert not lines[index + 2].startswith("    ")  # two lines, however long the completion
+
+
+def test_the_progress_log_points_at_show_when_every_group_is_dropped_or_the_reward_is_flat(caplog, tmp_path):
+    cfg = load_config(None, ["logging.progress_bar=false", "train.max_steps=40", f"output_dir={tmp_path}"])
+    progress = Progress(cfg, start_step=0)
+    dropped = {"reward_mean": -1.0, "train_accuracy": 0.0, "skipped_no_groups": 1, "gen_rounds": 4,
+               "groups_dropped_all_wrong": 7, "groups_dropped_all_correct": 1}
+    with caplog.at_level(logging.WARNING):
+        for step in range(1, 7):
+            progress.log(step, dict(dropped))
+    progress.close()
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert warnings[0] == (f"step 1: every group dropped in 4 rounds (all correct 1, all wrong 7, no variance 0); "
+                           f"update skipped; see them: dapo-train show {tmp_path} --step 1 --where dropped")
+    flat = [message for message in warnings if "has not moved" in message]
+    assert flat == [f"step 5: the reward has not moved in 5 steps (mean -1.000); see what the model writes: "
+                    f"dapo-train show {tmp_path} --step 5"]  # once, when the streak reaches 5 steps
+    assert len(warnings) == 6 + 1
+    quiet = Progress(load_config(None, ["logging.progress_bar=false", "logging.rollout_groups=0"]), start_step=0)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        quiet.log(1, dict(dropped))
+    quiet.close()
+    assert caplog.records[-1].getMessage().endswith("update skipped; no rollout records to show them "
+                                                    "(logging.rollout_groups=0)")
+
+
+def test_the_summary_points_at_show(tmp_path):
+    from dapo_train.run.rollouts import write_rollouts
+
+    rows = [{"step": step, "reward_mean": 0.5, "skipped_no_groups": 1} for step in range(1, 6)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert "dapo-train show" not in end_of_run_summary(tmp_path, 5, 5, 10.0, stopped=False)  # no records: no pointer
+    write_rollouts(tmp_path, 5, [])
+    lines = end_of_run_summary(tmp_path, 5, 5, 10.0, stopped=False).splitlines()
+    assert lines[-2:] == [
+        f"  5 of 5 steps dropped every group (first: step 1); see them: dapo-train show {tmp_path} --step 1 --where "
+        "dropped",
+        f"  the reward did not move in the last 5 steps (mean 0.500); see what the model writes: dapo-train show "
+        f"{tmp_path} --step 5",
+    ]
+
+
 def test_a_run_ends_with_a_summary(quiet_run):
     _, stdout, out = quiet_run
     lines = stdout.splitlines()
@@ -129,6 +186,7 @@ def test_a_run_ends_with_a_summary(quiet_run):
     assert lines[2:] == [
         f"  checkpoints in {out}: checkpoint_2",
         f"  next: dapo-train eval {out / 'checkpoint_2'}   # every item of data.eval_split",
+        f"  rollouts (what the model wrote, and each reward): dapo-train show {out}",
     ]
 
 

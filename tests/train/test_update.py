@@ -526,3 +526,25 @@ def test_the_correction_cap_moves_the_weights():
         weights.append(([p.detach().clone() for p in model.parameters()], metrics["rollout_is_clipped_frac"]))
     assert weights[0][1] > weights[1][1]  # e^0.6 < 3: cap 3 truncates nothing, cap 1.1 some
     assert any(not torch.allclose(a, b) for a, b in zip(weights[0][0], weights[1][0]))
+
+
+def test_each_trained_completion_keeps_its_mean_ratio_and_clipped_share():
+    """Two updates of two groups each, micro-batches of 3 rows (they straddle groups): the first
+    mini-batch trains at the weights that recorded the old log-probs (ratio 1, nothing clipped), the
+    second after the first moved them (eps_high 1e-3: the clip acts). Each completion's values,
+    weighted by its valid tokens, average to the step's ratio_mean and clip_frac."""
+    model = make_random_model(seed=12).train()
+    groups = _groups(4, seed=8)
+    learner, cfg = _setup(model, "train.updates_per_step=2", "dapo.eps_high=1e-3", "dapo.eps_low=1e-3")
+    _record(learner, groups)
+    metrics = _train(learner, groups, cfg)
+    first = [value for group in groups[:2] for value in group.trained.ratio_mean]
+    second = [value for group in groups[2:] for value in group.trained.ratio_mean]
+    assert first == pytest.approx([1.0] * 8, abs=1e-5) and all(abs(value - 1) > 1e-5 for value in second)
+    assert all(share == 0.0 for group in groups[:2] for share in group.trained.clip_frac)
+    assert any(share > 0.0 for group in groups[2:] for share in group.trained.clip_frac)
+    tokens = [c.length for group in groups for c in group.completions]
+    for name, key in (("ratio_mean", "ratio_mean"), ("clip_frac", "clip_frac")):
+        values = [value for group in groups for value in getattr(group.trained, name)]
+        weighted = sum(v * n for v, n in zip(values, tokens)) / sum(tokens)
+        assert weighted == pytest.approx(metrics[key], rel=1e-5, abs=1e-7), name

@@ -1,0 +1,128 @@
+"""Rollout records inside a run folder: what the policy wrote in the rollouts a step generated, and
+why each completion got its reward.
+
+    rollouts/step_<N>.jsonl   the groups step N generated that logging.rollout_groups sampled
+
+One JSON object per completion (RECORD_KEYS), ordered by generation round, group and completion:
+where it came from (step, round, group: its prompt's position in the round's batch over all ranks,
+sample: its index in the group, uid, question, gold), what it wrote (completion, length in tokens with
+EOS, truncated, extracted: the task's answer or None), why it scored so (correct, rewards: each
+configured reward's unweighted value under its metrics key, as in `rewards/<key>/mean`; reward: the
+weighted total, Eq. 9's R; advantage, Eq. 9), what became of its group (fate, FATES), and where cheap
+what the update saw: behaviour_logprob_mean (the mean log-prob of its tokens under the policy that
+sampled them; None when the engine records none), ratio_mean and clip_frac (the mean ratio of its
+tokens and the share of them the objective clipped, over the passes that trained it; None unless its
+fate is `trained`).
+
+Written by the main process, atomically, once per step with every rank's sampled groups. A fresh
+run in an old folder drops the files, as its logs start anew; a resumed run moves the files of steps
+after its checkpoint aside with the rest (folder.set_aside_abandoned), so the folder never holds
+records of a trajectory the run no longer follows. `dapo-train show` reads them (study/show.py).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from dapo_train.run.files import read_jsonl, write_jsonl_atomic
+
+ROLLOUTS_DIR = "rollouts"
+RECORD_KEYS = (
+    "step", "round", "group", "sample", "uid", "question", "gold", "completion", "length", "truncated", "extracted",
+    "correct", "rewards", "reward", "advantage", "fate", "behaviour_logprob_mean", "ratio_mean", "clip_frac",
+)
+# A group's fate -> what it means. The dropped ones are collect.CollectStats' counters (groups_dropped_* in
+# metrics.jsonl); trained ones count in groups_kept, carried ones in the later steps' groups_carried.
+FATES = {
+    "trained": "trained this step",
+    "carried": "kept, and carried over to a later step (the batch was full)",
+    "dropped_all_correct": "every completion correct (Eq. 11)",
+    "dropped_all_wrong": "every completion wrong (Eq. 11)",
+    "dropped_no_variance": "the filter metric (dapo.filter_metric) did not vary, correct bits mixed (Eq. 11)",
+}
+_FILE_RE = re.compile(r"^step_(\d+)\.jsonl$")
+
+
+def rollouts_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / ROLLOUTS_DIR / f"step_{step}.jsonl"
+
+
+def write_rollouts(run_dir: Path, step: int, records: list[dict]) -> Path:
+    """A step's records, each cut to RECORD_KEYS, in one atomic write."""
+    path = rollouts_path(run_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl_atomic(path, [{key: record[key] for key in RECORD_KEYS} for record in records])
+    return path
+
+
+def saved_rollouts(run_dir: Path) -> dict[int, Path]:
+    """step -> file, for every rollout file of the run, by step."""
+    folder = Path(run_dir) / ROLLOUTS_DIR
+    found = {}
+    for path in folder.iterdir() if folder.is_dir() else []:
+        if match := _FILE_RE.match(path.name):
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def rollouts_after(run_dir: Path, step: int | None) -> list[Path]:
+    """The rollout files of steps after `step` (None: all of them)."""
+    return [path for saved, path in saved_rollouts(run_dir).items() if step is None or saved > step]
+
+
+def drop_rollouts(run_dir: Path) -> None:
+    """A fresh run in an old folder without checkpoints starts its records anew, as its logs do."""
+    for path in rollouts_after(run_dir, None):
+        path.unlink()
+
+
+def read_rollouts(path: Path) -> list[dict]:
+    return read_jsonl(path)
+
+
+# --------------------------------------------------------------------------------------------
+# Short forms, for the progress log and the trackers' tables.
+
+
+def excerpt(text: str, limit: int = 160) -> str:
+    """`text` on one line, as a Python literal (newlines shown as \\n), cut to about `limit` characters
+    with the number of characters left out: a log line stays one line, however long the completion."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r} ... (+{len(text) - limit} chars)"
+
+
+def reward_breakdown(record: dict) -> str:
+    """'reward 0.750 (accuracy 1.000, overlong -0.250), advantage 1.225': the total (Eq. 9's R) and
+    each reward's unweighted value."""
+    parts = ", ".join(f"{key} {value:.3f}" for key, value in record["rewards"].items())
+    return f"reward {record['reward']:.3f} ({parts}), advantage {record['advantage']:.3f}"
+
+
+def brief(record: dict, limit: int = 160) -> list[str]:
+    """Two lines about one completion: where it came from, its answer and its reward breakdown;
+    then the start of what it wrote."""
+    verdict = "correct" if record["correct"] else "wrong"
+    cut = ", truncated" if record["truncated"] else ""
+    return [
+        f"{record['uid']} (step {record['step']}, {record['fate']}): gold {record['gold']}, got "
+        f"{record['extracted']} ({verdict}), {record['length']} tokens{cut}; {reward_breakdown(record)}",
+        f"  {excerpt(record['completion'], limit)}",
+    ]
+
+
+TABLE_COLUMNS = ("step", "group", "sample", "fate", "uid", "gold", "extracted", "correct", "reward", "rewards",
+                 "advantage", "length", "truncated", "completion")
+
+
+def table_rows(records: list[dict], limit: int = 0) -> list[list]:
+    """The records as rows of TABLE_COLUMNS (rewards as 'key value' pairs; completions cut to `limit`
+    characters when limit > 0), for a tracker's table."""
+    rows = []
+    for record in records:
+        row = {**record, "rewards": ", ".join(f"{key} {value:.3f}" for key, value in record["rewards"].items())}
+        text = record["completion"]
+        row["completion"] = text if not limit or len(text) <= limit else text[:limit] + " ..."
+        rows.append([row[column] for column in TABLE_COLUMNS])
+    return rows

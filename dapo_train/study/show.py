@@ -1,0 +1,212 @@
+"""`dapo-train show RUN`: a run's rollout records (run/rollouts.py) on a terminal -- what the policy
+wrote, why each completion got its reward, what became of its group -- or as JSON Lines.
+
+    --step N      one step (default: the last step with records); `all`: every step
+    --where EXPR  terms separated by commas, all of which must hold:
+                    a flag: truncated, correct, dropped, trained, carried, or a fate (dropped_all_wrong, ...);
+                    `not X` or `!X` for its opposite
+                    FIELD OP VALUE with OP one of < <= > >= = != and FIELD a record field (reward,
+                    advantage, length, fate, uid, extracted, ratio_mean, ...) or rewards.<key>
+                  e.g. --where 'dropped'   --where 'reward<0.5,!truncated'   --where 'rewards.overlong<0'
+    --limit K     completions shown (0 = all)
+    --json        the matching records, one JSON object per line
+
+The text form prints a group's question once, then each of its completions with its reward
+breakdown, answer and ratios, and its whole text. Bad input (no such run, no records, a step without
+a file, a term that names no field) is one line, exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import re
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from dapo_train.errors import UserError
+from dapo_train.run.rollouts import FATES, RECORD_KEYS, ROLLOUTS_DIR, read_rollouts, reward_breakdown, saved_rollouts
+
+Predicate = Callable[[dict], bool]
+
+# Flag name -> what it asks of a record; every fate's name is a flag too.
+FLAGS: dict[str, Predicate] = {
+    "truncated": lambda record: bool(record["truncated"]),
+    "correct": lambda record: bool(record["correct"]),
+    "dropped": lambda record: record["fate"].startswith("dropped"),
+    **{fate: (lambda record, fate=fate: record["fate"] == fate) for fate in FATES},
+}
+OPERATORS: dict[str, Callable] = {"<=": operator.le, ">=": operator.ge, "!=": operator.ne, "==": operator.eq,
+                                  "=": operator.eq, "<": operator.lt, ">": operator.gt}
+ORDERING = ("<", "<=", ">", ">=")
+_FLAG_RE = re.compile(r"^(?:(!|not\s+))?([\w.-]+)$")
+_COMPARE_RE = re.compile(r"^([\w.-]+)\s*(<=|>=|!=|==|=|<|>)\s*(.*)$")
+
+
+def _field(name: str, reward_keys: set[str]) -> Callable[[dict], object]:
+    """The getter of a record field named in --where: a RECORD_KEYS name or rewards.<key>."""
+    if name in RECORD_KEYS and name != "rewards":
+        return lambda record: record[name]
+    if name.startswith("rewards.") and name[len("rewards."):] in reward_keys:
+        return lambda record: record["rewards"].get(name[len("rewards."):])
+    fields = [key for key in RECORD_KEYS if key != "rewards"] + [f"rewards.{key}" for key in sorted(reward_keys)]
+    raise UserError(f"--where: no record field '{name}'; fields: {', '.join(fields)}; flags: {', '.join(FLAGS)}")
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _comparison(name: str, symbol: str, raw: str, reward_keys: set[str]) -> Predicate:
+    """FIELD OP VALUE as a predicate. Ordering needs a number and holds only for numeric values;
+    equality reads VALUE as the field's type (true/false, a number, null, else text)."""
+    get, compare, wanted = _field(name, reward_keys), OPERATORS[symbol], raw.strip().strip("'\"")
+    number = _number(wanted)
+    if symbol in ORDERING:
+        if number is None:
+            raise UserError(f"--where: '{name}{symbol}{raw}' compares with {symbol}, which needs a number")
+        return lambda record: _is_number(get(record)) and compare(get(record), number)
+
+    def equal(value: object) -> bool:
+        if isinstance(value, bool):
+            return value == (wanted.lower() == "true")
+        if _is_number(value):
+            return number is not None and value == number
+        if value is None:
+            return wanted.lower() in ("null", "none")
+        return str(value) == wanted
+
+    return lambda record: compare(equal(get(record)), True)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_where(expression: str, reward_keys: set[str]) -> Predicate:
+    """--where EXPR as one predicate: every comma-separated term must hold."""
+    terms = [term.strip() for term in expression.split(",") if term.strip()]
+    if not terms:
+        raise UserError("--where: empty expression; e.g. --where dropped or --where 'reward<0.5,!truncated'")
+    predicates = []
+    for term in terms:
+        if match := _COMPARE_RE.match(term):
+            predicates.append(_comparison(*match.groups(), reward_keys))
+        elif (match := _FLAG_RE.match(term)) and match.group(2) in FLAGS:
+            flag = FLAGS[match.group(2)]
+            predicates.append((lambda record, flag=flag: not flag(record)) if match.group(1) else flag)
+        else:
+            raise UserError(f"--where: cannot read '{term}'; a term is a flag ({', '.join(FLAGS)}), `!FLAG`, or "
+                            "FIELD OP VALUE with OP one of < <= > >= = != (e.g. reward<0.5, rewards.overlong<0)")
+    return lambda record: all(predicate(record) for predicate in predicates)
+
+
+# --------------------------------------------------------------------------------------------
+# Which files.
+
+
+def _steps(run_dir: Path, step: str | None) -> dict[int, Path]:
+    """--step as the files to read: one step, every step (`all`), or by default the last one."""
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run folder")
+    saved = saved_rollouts(run_dir)
+    if not saved:
+        raise UserError(f"{run_dir} holds no rollout records ({ROLLOUTS_DIR}/step_<N>.jsonl): the run kept none "
+                        "(logging.rollout_groups=0), or trained before they were kept")
+    if step is None:
+        last = max(saved)
+        return {last: saved[last]}
+    if step == "all":
+        return saved
+    if not step.isdigit():
+        raise UserError(f"--step {step}: give a step number or 'all'")
+    if int(step) not in saved:
+        raise UserError(f"--step {step}: no {ROLLOUTS_DIR}/step_{step}.jsonl in {run_dir}; steps with records: "
+                        f"{_ranges(list(saved))}")
+    return {int(step): saved[int(step)]}
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 5] -> '1-3, 5'."""
+    parts, start = [], None
+    for index, step in enumerate(steps):
+        start = step if start is None else start
+        if index + 1 == len(steps) or steps[index + 1] != step + 1:
+            parts.append(str(step) if start == step else f"{start}-{step}")
+            start = None
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Text.
+
+
+def _group_header(record: dict) -> list[str]:
+    return [
+        f"step {record['step']}, round {record['round']}, group {record['group']}: {record['uid']}, gold "
+        f"{record['gold']} -- {record['fate']}: {FATES.get(record['fate'], '')}",
+        f"  question: {record['question']}",
+    ]
+
+
+def _completion(record: dict) -> list[str]:
+    verdict = "correct" if record["correct"] else "wrong"
+    details = [f"got {record['extracted']} ({verdict})", f"{record['length']} tokens"]
+    details += ["truncated"] if record["truncated"] else []
+    if record["behaviour_logprob_mean"] is not None:
+        details.append(f"behaviour log-prob {record['behaviour_logprob_mean']:.3f}/token")
+    if record["ratio_mean"] is not None:
+        details.append(f"ratio {record['ratio_mean']:.4f}")
+    if record["clip_frac"] is not None:
+        details.append(f"clipped {record['clip_frac']:.3f}")
+    text = record["completion"].splitlines() or [""]
+    return [f"  [{record['sample']}] {reward_breakdown(record)}; {', '.join(details)}",
+            *(f"      {line}" for line in text)]
+
+
+def render(records: list[dict]) -> list[str]:
+    """Records grouped by their group (its question once), each completion in full."""
+    lines, current = [], None
+    for record in records:
+        key = (record["step"], record["round"], record["group"])
+        if key != current:
+            lines += ([""] if lines else []) + _group_header(record)
+            current = key
+        lines += _completion(record)
+    return lines
+
+
+def _heading(files: dict[int, Path], records: list[dict], shown: int, matching: int, where: str | None) -> str:
+    what = f"step {next(iter(files))}" if len(files) == 1 else f"{len(files)} steps"
+    if not records:
+        return f"{what}: no group generated (a step whose batch came whole from carried-over groups)"
+    groups = len({(r["step"], r["round"], r["group"]) for r in records})
+    fates = Counter(r["fate"] for r in records if r["sample"] == 0)
+    head = (f"{what}: {_count(len(records), 'completion')} of {_count(groups, 'sampled group')} ("
+            f"{', '.join(f'{fate} {count}' for fate, count in fates.items())})")
+    if where:
+        head += f"; {matching} match '{where}'"
+    return head + (f"; showing {shown} (--limit)" if shown < matching else "")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def show(run: str, step: str | None = None, where: str | None = None, limit: int = 20, as_json: bool = False) -> str:
+    """The `dapo-train show` output for a run folder (see the module docstring)."""
+    if limit < 0:
+        raise UserError(f"--limit {limit}: must be >= 0 (0 = all)")
+    files = _steps(Path(run), step)
+    records = [record for path in files.values() for record in read_rollouts(path)]
+    keep = parse_where(where, {key for r in records for key in r["rewards"]}) if where else (lambda record: True)
+    matching = [record for record in records if keep(record)]
+    shown = matching[:limit] if limit else matching
+    if as_json:
+        return "\n".join(json.dumps(record, ensure_ascii=False) for record in shown)
+    lines = [_heading(files, records, len(shown), len(matching), where)]
+    return "\n".join(lines + ([""] + render(shown) if shown else []))

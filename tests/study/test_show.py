@@ -1,0 +1,107 @@
+"""`dapo-train show`: which records the filters pick (flags, comparisons, rewards.<key>), the step
+files read, the text and JSON forms, and one-line errors for what cannot be read."""
+
+import json
+
+import pytest
+
+from dapo_train.errors import UserError
+from dapo_train.run.rollouts import write_rollouts
+from dapo_train.study.show import parse_where, show
+
+
+def _record(step, group, sample, fate, reward, *, correct=False, truncated=False, overlong=0.0, ratio=None):
+    return {
+        "step": step, "round": 1, "group": group, "sample": sample, "uid": f"train:{group}",
+        "question": f"question {group}", "gold": "7", "completion": f"line one\nanswer {group}.{sample}",
+        "length": 30 + sample, "truncated": truncated, "extracted": "7" if correct else "8", "correct": correct,
+        "rewards": {"accuracy": 1.0 if correct else -1.0, "overlong": overlong}, "reward": reward, "advantage": 0.0,
+        "fate": fate, "behaviour_logprob_mean": -0.5, "ratio_mean": ratio, "clip_frac": None if ratio is None else 0.0,
+    }
+
+
+STEP_2 = [
+    _record(2, 0, 0, "trained", 1.0, correct=True, ratio=1.0),
+    _record(2, 0, 1, "trained", -1.5, truncated=True, overlong=-0.5, ratio=1.1),
+    _record(2, 1, 0, "dropped_all_wrong", -1.0),
+    _record(2, 1, 1, "dropped_all_wrong", -1.0),
+]
+
+
+@pytest.fixture
+def run(tmp_path):
+    write_rollouts(tmp_path, 1, [_record(1, 0, 0, "carried", 1.0, correct=True)])
+    write_rollouts(tmp_path, 2, STEP_2)
+    return tmp_path
+
+
+def _picked(expression: str) -> list[tuple[int, int]]:
+    keep = parse_where(expression, {"accuracy", "overlong"})
+    return [(r["group"], r["sample"]) for r in STEP_2 if keep(r)]
+
+
+def test_where_terms_are_flags_comparisons_and_all_must_hold():
+    assert _picked("dropped") == [(1, 0), (1, 1)]
+    assert _picked("!dropped") == _picked("not dropped") == _picked("trained") == [(0, 0), (0, 1)]
+    assert _picked("truncated") == [(0, 1)] and _picked("correct") == [(0, 0)]
+    assert _picked("reward<0") == [(0, 1), (1, 0), (1, 1)]
+    assert _picked("reward<-1") == [(0, 1)] and _picked("reward<=-1") == [(0, 1), (1, 0), (1, 1)]
+    assert _picked("reward<0, !truncated") == [(1, 0), (1, 1)]
+    assert _picked("rewards.overlong<0") == [(0, 1)]
+    assert _picked("fate=dropped_all_wrong") == _picked("dropped_all_wrong") == [(1, 0), (1, 1)]
+    assert _picked("extracted=7") == [(0, 0)] and _picked("extracted!=7") == [(0, 1), (1, 0), (1, 1)]
+    assert _picked("correct=false") == [(0, 1), (1, 0), (1, 1)]
+    assert _picked("ratio_mean>1.05") == [(0, 1)]  # a record without a ratio (None) never passes an ordering
+    assert _picked("ratio_mean=null") == [(1, 0), (1, 1)]
+
+
+@pytest.mark.parametrize("expression, message", [
+    ("bogus<1", "no record field 'bogus'; fields: step, round"),
+    ("rewards.nope<0", "no record field 'rewards.nope'"),
+    ("reward<high", "needs a number"),
+    ("maybe", "cannot read 'maybe'"),
+    (" , ", "empty expression"),
+])
+def test_a_term_that_cannot_be_read_is_one_error(expression, message):
+    with pytest.raises(UserError, match=message):
+        parse_where(expression, {"accuracy", "overlong"})
+
+
+def test_the_last_step_shows_by_default_grouped_with_each_completion_in_full(run):
+    text = show(str(run))
+    lines = text.splitlines()
+    assert lines[0] == "step 2: 4 completions of 2 sampled groups (trained 1, dropped_all_wrong 1)"
+    assert lines[2] == "step 2, round 1, group 0: train:0, gold 7 -- trained: trained this step"
+    assert lines[3] == "  question: question 0"
+    assert lines[4] == ("  [0] reward 1.000 (accuracy 1.000, overlong 0.000), advantage 0.000; got 7 (correct), "
+                        "30 tokens, behaviour log-prob -0.500/token, ratio 1.0000, clipped 0.000")
+    assert lines[5:7] == ["      line one", "      answer 0.0"]
+    assert "truncated" in lines[7] and text.count("question: ") == 2  # a group's question once
+    assert "group 1: train:1, gold 7 -- dropped_all_wrong: every completion wrong (Eq. 11)" in text
+
+
+def test_filters_limits_steps_and_json(run):
+    head = show(str(run), where="dropped", limit=1).splitlines()[0]
+    assert head.endswith("; 2 match 'dropped'; showing 1 (--limit)")
+    rows = [json.loads(line) for line in show(str(run), step="all", where="correct", as_json=True).splitlines()]
+    assert [(r["step"], r["fate"]) for r in rows] == [(1, "carried"), (2, "trained")]
+    assert show(str(run), step="1", limit=0).splitlines()[0].startswith("step 1: 1 completion of 1 sampled group")
+    assert show(str(run), where="reward>5").splitlines() == [
+        "step 2: 4 completions of 2 sampled groups (trained 1, dropped_all_wrong 1); 0 match 'reward>5'"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"step": "3"}, r"--step 3: no rollouts/step_3.jsonl in .*; steps with records: 1-2"),
+    ({"step": "last"}, "give a step number or 'all'"),
+    ({"limit": -1}, "must be >= 0"),
+])
+def test_bad_arguments_are_one_error(run, args, message):
+    with pytest.raises(UserError, match=message):
+        show(str(run), **args)
+
+
+def test_a_folder_without_records_says_why(tmp_path):
+    with pytest.raises(UserError, match="no such run folder"):
+        show(str(tmp_path / "nope"))
+    with pytest.raises(UserError, match=r"holds no rollout records .*logging.rollout_groups=0"):
+        show(str(tmp_path))

@@ -99,6 +99,7 @@ def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: in
     cuda = torch.cuda.is_available()
     _join_ranks(cuda)
     report, log, collected = Report(), io.StringIO(), _Warnings()
+    report.warnings = collected.messages  # the same list: filled while the phases run
     package = logging.getLogger("dapo_train")
     package.addHandler(collected)
     package.propagate = False  # the report lists them once instead of each phase printing its own
@@ -112,7 +113,6 @@ def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: in
     finally:
         package.removeHandler(collected)
         package.propagate = True
-        report.warnings = collected.messages
         if distributed.is_main():
             if folder.is_dir():
                 (folder / "preflight.log").write_text(log.getvalue())

@@ -94,7 +94,7 @@ def test_values_are_a_plain_forward_of_each_text_and_enter_the_total_with_their_
     scores = _scores(folder, weight=0.5, batch_size=7)
     assert scores.per_reward["reward_model"] == pytest.approx(expected, abs=1e-5)
     assert scores.total == pytest.approx([0.5 * value for value in expected], abs=1e-5)
-    assert len(set(round(v, 4) for v in expected)) == N  # the texts score apart: the test can tell them apart
+    assert len({round(v, 4) for v in expected}) == N  # the texts score apart: the test can tell them apart
 
 
 def test_batch_size_1_and_7_give_the_same_values(classifier):

@@ -135,13 +135,19 @@ def _tokenizer(settings: RewardModelSettings, path: str):
 
     name = path if settings.tokenizer_path is None else locations.resolve_model_path(settings.tokenizer_path,
                                                                                      "tokenizer_path")
-    if locations.looks_like_path(name) and not Path(name).expanduser().is_dir():
+    folder = Path(name).expanduser()
+    if locations.looks_like_path(name) and not folder.is_dir():
         raise ValueError(f"tokenizer_path: folder not found: {name}")
+    if folder.is_dir() and not any((folder / file).is_file() for file in loading.TOKENIZER_FILES):
+        raise ValueError(f"{name} holds no tokenizer (none of {', '.join(loading.TOKENIZER_FILES)}); set "
+                         "tokenizer_path to the reward model's own")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False,
                                                   **loading.hub_load_kwargs(name, PATH_KIND))
     except loading.LOAD_ERRORS as exc:
         raise ValueError(loading.unreachable_message(name, exc, "tokenizer", PATH_KIND)) from None
+    if not tokenizer("1 + 1 = 2", add_special_tokens=False)["input_ids"]:
+        raise ValueError(f"the tokenizer of {name} turns text into no tokens; it is not the reward model's own")
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise ValueError(f"the tokenizer of {name} has neither a pad nor an EOS token to pad batches with")

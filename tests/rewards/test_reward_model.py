@@ -174,6 +174,10 @@ def _damage(kind: str):
         elif kind == "tokenizer-damaged":
             _classifier(folder)
             (folder / "tokenizer.json").write_text("{not json")
+        elif kind == "no-tokenizer":
+            _classifier(folder)
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                (folder / name).unlink()
         elif kind == "no-chat-template":
             _classifier(folder)
             (folder / "chat_template.jinja").unlink()
@@ -188,6 +192,7 @@ REFUSALS = [  # folder kind, args, what the one line says
     ("two-labels", {}, r"has num_labels 2; a reward model gives one score"),
     ("small-vocabulary", {}, r"the tokenizer has 553 tokens but the model's embedding 100 rows"),
     ("tokenizer-damaged", {}, r"could not load the tokenizer from"),
+    ("no-tokenizer", {}, r"holds no tokenizer \(none of tokenizer.json, tokenizer_config.json"),
     ("no-chat-template", {"format": "chat"}, r"format chat: the tokenizer of .* has no chat template"),
     ("good", {"bogus": 1}, r"rewards.0.args.*unexpected keyword argument 'bogus'"),
     ("good", {"normalize": "cube"}, r"normalize: got 'cube'; allowed: none, sigmoid"),
@@ -218,3 +223,25 @@ def test_a_missing_path_and_an_unknown_builtin_name_the_reward(tmp_path):
         build_rewards([RewardSpec("reward_model", 1.0, {"path": ""})], max_new_tokens=96)
     config = json.loads((TINY_MODEL_DIR / "config.json").read_text())
     assert config["architectures"] == ["Qwen2ForCausalLM"]  # so builtin:tiny itself is the causal-LM refusal
+
+
+def test_the_study_rows_are_the_demo_with_their_rewards_and_the_verifier_rows_filter():
+    """scripts/reward_models.py's rows laid over the demo: the rule row is the demo itself, the others
+    change the rewards and (the verifier row only) dapo.filter_metric, with the demo's eval schedule."""
+    from dapo_train.config.load import load_config
+    from dapo_train.run.folder import config_differences
+
+    import reward_models
+    from ablation import TASKS, row_config
+
+    rows = {name: row_config(TASKS["tiny"], reward_models.ROWS_DIR / f"{name}.yaml", reward_models.SCHEDULE)
+            for name in reward_models.ROWS}
+    assert sorted(p.stem for p in reward_models.ROWS_DIR.glob("*.yaml")) == sorted(rows)
+    skip = ("run_name", "output_dir", "eval.print_samples")
+    assert config_differences(load_config(str(TASKS["tiny"]), []), rows["rule"], skip=skip) == []
+    changed = {name: sorted({key.partition(".")[0] if key.startswith("rewards.") else key
+                             for key, _, _ in config_differences(rows["rule"], cfg, skip=skip)})
+               for name, cfg in rows.items()}
+    assert changed == {"rule": [], "verifier": ["dapo.filter_metric", "rewards"], "both": ["rewards"]}
+    assert [r.name for r in rows["both"].rewards] == ["accuracy", "reward_model", "overlong"]
+    assert (rows["both"].eval.every_steps, rows["both"].eval.num_items, rows["both"].eval.final_full) == (10, 100, True)

@@ -137,6 +137,20 @@ def test_sigmoid_of_the_shifted_and_scaled_logit(classifier):
     assert squashed == pytest.approx(torch.sigmoid((logits - 0.1) * 3.0).tolist(), abs=1e-6)
 
 
+def test_tokenizer_path_and_dtype_are_read(classifier, tmp_path):
+    """A folder without a tokenizer scores as the one with it once tokenizer_path names one; bfloat16
+    weights give values near the float32 ones, not the same."""
+    folder = classifier[0]
+    bare = tmp_path / "bare"
+    shutil.copytree(folder, bare, ignore=shutil.ignore_patterns(*TOKENIZER_FILES))
+    with pytest.raises(ConfigError, match="holds no tokenizer"):
+        _scores(bare)
+    full = _scores(folder).per_reward["reward_model"]
+    assert _scores(bare, tokenizer_path=str(folder)).per_reward["reward_model"] == pytest.approx(full, abs=1e-6)
+    half = _scores(folder, dtype="bfloat16").per_reward["reward_model"]
+    assert half == pytest.approx(full, abs=0.05) and half != pytest.approx(full, abs=1e-6)
+
+
 def test_the_weights_load_once_when_the_set_is_loaded_and_stay_frozen(classifier, monkeypatch):
     from transformers import AutoModelForSequenceClassification
 

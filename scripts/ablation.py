@@ -67,6 +67,18 @@ def run_one(task: Path, row: Path, seed: int, out: Path, extra: list[str]) -> Pa
     return run_dir
 
 
+def run_rows(task: Path, rows_dir: Path, rows: list[str], seeds: list[int], out: Path, extra: list[str],
+             jobs: int) -> dict[str, list[RunRecord]]:
+    """Every row (rows_dir/<row>.yaml) x seed of a study on `task`, `jobs` runs at a time, every config
+    built and checked before the first run starts. -> each row's runs, read once, in seed order."""
+    for row in rows:
+        row_config(task, rows_dir / f"{row}.yaml", extra)
+    pairs = [(row, seed) for seed in seeds for row in rows]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        run_dirs = list(pool.map(lambda job: run_one(task, rows_dir / f"{job[0]}.yaml", job[1], out, extra), pairs))
+    return {row: [load_run(run) for (name, _), run in zip(pairs, run_dirs) if name == row] for row in rows}
+
+
 def summarize(run: RunRecord) -> dict:
     """One run's numbers: accuracy and wall time as `compare` reads them (report.summarize_metrics), and
     what only this table shows (generated completions, the accuracy curve, overlong and truncation)."""

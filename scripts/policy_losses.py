@@ -26,14 +26,13 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dapo_train.study.compare import format_delta, paired_comparison, point_rows
 from dapo_train.study.plot import plot
-from dapo_train.study.runs import Point, load_run
+from dapo_train.study.runs import Point
 
-from ablation import ROOT, TASKS, row_config, run_one
+from ablation import ROOT, TASKS, run_rows
 
 ROWS_DIR = ROOT / "configs" / "policy_losses"
 ROWS = ("dapo", "gspo", "cispo", "dr_grpo")  # dapo first: the baseline of the paired differences
@@ -81,22 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.rows.split(",")
     if unknown := sorted(set(rows) - set(ROWS)):
         parser.error(f"--rows: no row {', '.join(unknown)} (the rows are {', '.join(ROWS)})")
-    extra = [*SCHEDULE, *args.set]
-    for row in rows:  # every run's config is built (and checked) before the first run starts
-        row_config(TASKS["tiny"], ROWS_DIR / f"{row}.yaml", extra)
     seeds, started = [int(s) for s in args.seeds.split(",")], time.monotonic()
-    jobs = [(row, seed) for seed in seeds for row in rows]
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        run_dirs = list(pool.map(lambda job: run_one(TASKS["tiny"], ROWS_DIR / f"{job[0]}.yaml", job[1], args.out,
-                                                     extra), jobs))
-    by_row = {row: [load_run(run) for (name, _), run in zip(jobs, run_dirs) if name == row] for row in rows}
+    by_row = run_rows(TASKS["tiny"], ROWS_DIR, rows, seeds, args.out, [*SCHEDULE, *args.set], args.jobs)
     text, paired = study_table({row: Point.row(row, runs) for row, runs in by_row.items()})
     elapsed = time.monotonic() - started
-    text += f"\n\n{len(jobs)} runs, {args.jobs} at a time: {elapsed / 60:.1f} minutes"
+    text += f"\n\n{len(rows) * len(seeds)} runs, {args.jobs} at a time: {elapsed / 60:.1f} minutes"
     print(text, flush=True)
     (args.out / "policy_losses.md").write_text(text + "\n")
     (args.out / "policy_losses.json").write_text(json.dumps({"paired": paired, "elapsed_s": elapsed}, indent=1))
-    plot([str(run) for run in run_dirs], str(args.png))
+    plot([str(run.path) for runs in by_row.values() for run in runs], str(args.png))
     print(f"wrote {args.out / 'policy_losses.md'}, {args.out / 'policy_losses.json'} and {args.png}", flush=True)
     return 0
 

@@ -1,5 +1,6 @@
 """The file cases of tests/bad_inputs.py: what the trainer reads, damaged. Each case writes its files into
-its own folder; the checkpoint and plot cases copy a 2-step run trained once (make_trained_run)."""
+its own folder; the checkpoint and plot cases copy a 2-step run trained once (make_trained_run), the reward
+model cases the shipped builtin:tiny-verifier."""
 
 from __future__ import annotations
 
@@ -192,6 +193,35 @@ def model_cases() -> list[Case]:
     return cases
 
 
+def _verifier_copy(change: Callable[[Path], None]) -> Callable[[Path], None]:
+    def make(folder: Path) -> None:
+        from dapo_train.task.locations import TINY_VERIFIER_DIR
+
+        shutil.copytree(TINY_VERIFIER_DIR, folder / "rm")
+        change(folder / "rm")
+
+    return make
+
+
+REWARD_MODEL_FOLDERS: dict[str, tuple[Callable[[Path], None], str, bool]] = {  # case -> (damage, args, found loading)
+    "reward-model-two-labels": (_set_config(id2label={"0": "wrong", "1": "right"}), "", False),
+    "reward-model-tokenizer-truncated": (_cut("tokenizer.json"), "", False),
+    "reward-model-no-tokenizer": (_remove("tokenizer.json", "tokenizer_config.json"), "", False),
+    "reward-model-vocabulary-smaller-than-tokenizer": (_set_config(vocab_size=100, pad_token_id=None), "", False),
+    "reward-model-chat-without-template": (_remove("chat_template.jinja"), ", format: chat", False),
+    "reward-model-weights-truncated": (_cut("model.safetensors"), "", True),
+    "reward-model-no-weights": (_remove("model.safetensors"), "", True),
+}
+
+
+def reward_model_cases() -> list[Case]:
+    """A reward model's folder, damaged: found when the config is read, or (the weights) when it loads
+    after the policy, before the run folder is made."""
+    return [Case(case_id, ["run", *SMALL_RUN, f"rewards=[{{name: reward_model, args: {{path: ./rm{args}}}}}]"],
+                 _verifier_copy(damage), model_may_load=loads)
+            for case_id, (damage, args, loads) in REWARD_MODEL_FOLDERS.items()]
+
+
 def _checkpoint_copy(change: Callable[[Path], None] | None = None) -> Callable[[Path], None]:
     """The trained run (make_trained_run) copied into the case folder as run/, its checkpoint_1 changed."""
 
@@ -316,4 +346,5 @@ def make_trained_run(root: Path) -> None:
 
 
 def file_cases() -> list[Case]:
-    return yaml_cases() + data_cases() + model_cases() + checkpoint_cases() + plugin_cases() + command_cases()
+    return (yaml_cases() + data_cases() + model_cases() + reward_model_cases() + checkpoint_cases() + plugin_cases()
+            + command_cases())

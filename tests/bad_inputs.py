@@ -1,6 +1,6 @@
 """Bad input as a table: every key of the schema given invalid values (here), and damaged or wrong files
-of every kind the trainer reads (YAML config, JSONL / JSON / CSV / parquet data, model folder,
-checkpoint folder, reward / correctness / engine plugins) plus a few command lines (bad_files.py).
+of every kind the trainer reads (YAML config, JSONL / JSON / CSV / parquet data, model folder, reward
+model folder, checkpoint folder, reward / correctness / engine plugins) plus a few command lines (bad_files.py).
 
 Each case runs `dapo-train ARGS` in this process (cli.main) in a folder of its own, with stdout and
 stderr captured at their file descriptors, so log lines count as the user would see them. A case is
@@ -74,6 +74,11 @@ IMPOSSIBLE: dict[str, list[str]] = {
     "rewards": [
         "[{name: nope}]", "[{name: accuracy, weight: .nan}]", "[{name: overlong, args: {cache_length: 96}}]",
         "[{name: accuracy, args: {bogus: 1}}]", "[{name: 'os.path:join'}]", "[{nme: accuracy}]", "[]",
+        # A reward model: no path, a missing folder, a causal LM (no score head), an unknown arg or value.
+        "[{name: reward_model}]", "[{name: reward_model, args: {path: ./no-such-model}}]",
+        "[{name: reward_model, args: {path: builtin:tiny}}]",
+        "[{name: reward_model, args: {path: builtin:tiny-verifier, bogus: 1}}]",
+        "[{name: reward_model, args: {path: builtin:tiny-verifier, normalize: cube}}]",
     ],
     "train.max_steps": ["0"],
     "train.prompts_per_step": ["0"],

@@ -1,5 +1,6 @@
 """Several processes on CPU (gloo): the rank arithmetic, the exact Eq. 12 update split over two
-ranks, and `torchrun --nproc_per_node 2 -m dapo_train run` end to end (resume, Ctrl-C)."""
+ranks, a reward model scoring each completion once over two ranks, and `torchrun --nproc_per_node 2
+-m dapo_train run` end to end (resume, Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -269,6 +270,64 @@ def test_two_ranks_make_exactly_the_update_of_one_process_holding_every_group(tm
             saved = load_file(tmp_path / name / "checkpoint_1" / "model.safetensors")
             for key, weight in saved.items():
                 torch.testing.assert_close(weight, one["weights"][key], atol=1e-5, rtol=0, msg=f"{name}: {key}")
+
+
+# --------------------------------------------------------------------------------------------
+# A reward model under two ranks: each scores the completions it generated, once.
+
+
+class _EchoEngine:
+    """Completions that depend on the prompt and their index alone, on whichever rank makes them."""
+
+    def generate(self, prompts, settings, group_size):
+        return [Completion(torch.tensor(list(ids)), torch.tensor([5 + j]), False,
+                           f"<think>\n{ids[0]} + {j} = {ids[0] + j}\n</think>\n<answer>\n{ids[0] + j}\n</answer>")
+                for ids in prompts for j in range(group_size)]
+
+    def sync_weights(self):
+        pass
+
+
+def _collect_with_reward_model() -> dict:
+    """One step's generation round with the tiny verifier among the rewards (no dynamic sampling: every
+    group is kept): this rank's scores by (prompt, completion), the texts its model read, the metrics."""
+    from dapo_train.rewards import rewards_from_config
+    from dapo_train.task.prompts import PromptSampler
+    from dapo_train.train.collect import GroupBuffer, fill_batch
+
+    cfg = load_config(None, ["rollout.group_size=4", "train.prompts_per_step=6", "dapo.dynamic_sampling=false",
+                             "rewards=[{name: accuracy}, {name: reward_model, args: {path: builtin:tiny-verifier}}]"])
+    reward_set = rewards_from_config(cfg).load(torch.device("cpu"))
+    prompts = [Prompt(f"train:{i}", f"小明有 {i} 个苹果，又买了几个？", str(i + 1),
+                      f"<|im_start|>user\n{i}<|im_end|>\n", (i + 3, 7)) for i in range(9)]
+    batch = fill_batch(_EchoEngine(), reward_set, PromptSampler(prompts, 0), GroupBuffer(), cfg, version=0)
+    values = {(group.prompt.uid, j): (value, float(group.rewards[j]))
+              for group in batch.groups for j, value in enumerate(group.per_reward["reward_model"])}
+    return {"values": values, "read": reward_set.rewards[1].fn.texts_scored, "metrics": batch.metrics}
+
+
+def _scoring_worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo")
+    torch.save(_collect_with_reward_model(), f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_score_each_completion_once_with_the_totals_of_one_process(tmp_path):
+    out = tmp_path / "scores"
+    mp.spawn(_scoring_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+    ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
+    one = _collect_with_reward_model()
+    assert len(one["values"]) == one["read"] == 6 * 4  # one process: every completion of the step, read once
+    assert [r["read"] for r in ranks] == [12, 12]  # each rank read its 3 prompts' 12 completions, no more
+    assert not ranks[0]["values"].keys() & ranks[1]["values"].keys()  # no completion scored twice
+    together = {**ranks[0]["values"], **ranks[1]["values"]}
+    assert together.keys() == one["values"].keys()
+    for key, (value, total) in one["values"].items():
+        assert together[key] == pytest.approx((value, total), abs=1e-6), key
+    for key in ("rewards/reward_model/mean", "rewards/accuracy/mean", "reward_mean", "reward_std", "groups_kept"):
+        assert ranks[0]["metrics"][key] == pytest.approx(one["metrics"][key], abs=1e-6), key
 
 
 # --------------------------------------------------------------------------------------------

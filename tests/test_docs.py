@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from dapo_train.rewards import FILLED_ARGS, REWARDS
+from dapo_train.rewards.scoring import CALL_KEYWORDS
 
 from doc_markdown import broken_links, section
 
@@ -37,7 +38,7 @@ def test_every_registered_reward_is_documented_with_its_arguments():
         text = section(page, f"### {name}")
         args = [p for p in inspect.signature(entry.fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
         for param in args:
-            if param.name not in ("lengths", "prompts"):
+            if param.name not in CALL_KEYWORDS:
                 assert f"`{param.name}`" in text, (name, param.name)
         assert f"{{name: {name}" in text, f"{name}: no YAML example"
     for arg, key in FILLED_ARGS.items():  # the arguments the trainer fills in, and from where

@@ -1,5 +1,6 @@
 """End to end on the shipped tiny model: exact resume, graceful signals, non-finite steps."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -112,3 +113,31 @@ def test_a_short_seeded_demo_run_learns(tmp_path):
     assert after >= before + 0.05, (before, after)
     last = read_metrics(run_dir)[-1]
     assert last["final/num_items"] == 500 and last["final_accuracy"] >= 0.238 + 0.03, last["final_accuracy"]
+
+
+def test_a_run_with_the_tiny_verifier_trains_logs_its_reward_and_moves_other_weights(tmp_path, monkeypatch):
+    """The rule rewards plus builtin:tiny-verifier: the verifier loads once, each step logs its mean and
+    its seconds, the evals log its mean score on their items and keep each item's score, and the
+    weights end elsewhere than the rule-only run's (same seed, same prompts)."""
+    from transformers import AutoModelForSequenceClassification
+
+    loads = []
+    original = AutoModelForSequenceClassification.from_pretrained
+    monkeypatch.setattr(AutoModelForSequenceClassification, "from_pretrained",
+                        lambda *a, **k: loads.append(a[0]) or original(*a, **k))
+    verifier = "{name: reward_model, weight: 2.0, args: {path: builtin:tiny-verifier, normalize: sigmoid}}"
+    rules = "{name: accuracy}, {name: overlong, args: {cache_length: 16}}"
+    schedule = ["train.max_steps=2", "eval.every_steps=2", "eval.num_items=4"]
+    both = _run(tmp_path / "both", *schedule, f"rewards=[{rules}, {verifier}]")
+    assert len(loads) == 1  # once per run, not per round or per eval
+    rule_only = _run(tmp_path / "rules", *schedule)
+    rows = read_metrics(both)
+    steps = [row for row in rows if row["step"] > 0]
+    assert all(0 < row["rewards/reward_model/mean"] < 1 and row["seconds_reward_model"] > 0 for row in steps)
+    assert all(0 < row["eval/rewards/reward_model/mean"] < 1 for row in (rows[0], rows[-1]))
+    items = (both / "eval_items" / "step_2.jsonl").read_text().splitlines()
+    assert len(items) == 4 and all(0 < json.loads(line)["scores"]["reward_model"] < 1 for line in items)
+    assert "rewards/reward_model/mean" not in read_metrics(rule_only)[-1]
+    a = load_file(both / "checkpoint_2" / "model.safetensors")
+    b = load_file(rule_only / "checkpoint_2" / "model.safetensors")
+    assert any(not torch.equal(a[name], b[name]) for name in a)

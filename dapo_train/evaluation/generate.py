@@ -8,7 +8,8 @@ prints come from the same prompt builder (task/prompts.py), the same batched, le
   items give the same numbers.
 - Completions are cut at the first EOS token.
 With `samples = K > 1`, K completions per item are sampled at the given temperature; the summary
-(evaluation/stats.py) adds pass@K and maj@K.
+(evaluation/stats.py) adds pass@K and maj@K. Configured reward models score the records too
+(add_model_scores): accuracy stays the task's check, and their mean is logged beside it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from dapo_train.config.schema import Config
 from dapo_train.evaluation.stats import summarize_records
-from dapo_train.rewards.scoring import REWARDS
+from dapo_train.rewards.scoring import REWARDS, RewardSet, score
 from dapo_train.rollout.decoding import SamplingSettings
 from dapo_train.rollout.engines import Completion, sample_completions
 from dapo_train.task.answers import ANSWER_CHECKS, AnswerCheck
@@ -75,6 +76,21 @@ def completion_records(
             record["sample"] = index % samples
         records.append(record)
     return records
+
+
+def add_model_scores(reward_set: RewardSet, prompts: Sequence[Prompt], records: list[dict]) -> None:
+    """Each record's score by every reward of `reward_set` that owns a model, as record["scores"][key]
+    (records in completion_records' order, K per prompt); nothing when none is configured."""
+    models = reward_set.models()
+    if not models.rewards or not records:
+        return
+    samples = len(records) // len(prompts)
+    item = [prompts[index // samples] for index in range(len(records))]
+    scores = score(models, [r["completion"] for r in records], [r["gold"] for r in records],
+                   lengths=[r["length"] for r in records], prompts=[p.text for p in item],
+                   questions=[p.question for p in item])
+    for index, record in enumerate(records):
+        record["scores"] = {key: values[index] for key, values in scores.per_reward.items()}
 
 
 @contextlib.contextmanager

@@ -96,6 +96,7 @@ def summarize_records(records: Sequence[dict], samples: int) -> dict[str, float]
     accuracy = mean over items of the fraction of correct samples (= pass@1; greedy accuracy
     when K = 1), with accuracy_stderr and the Wilson 95% interval; format_rate, lengths (tokens,
     EOS included) and truncated_rate are over all completions. K > 1 adds pass@1, pass@K, maj@K.
+    Records a reward model scored (generate.add_model_scores) add rewards/<key>/mean.
     """
     if not records or len(records) % samples:
         raise ValueError(f"need N x {samples} records (K per item), got {len(records)}")
@@ -117,6 +118,8 @@ def summarize_records(records: Sequence[dict], samples: int) -> dict[str, float]
         "num_items": len(items),
         "samples": samples,
     }
+    for key in records[0].get("scores", {}):  # the reward models' view of the same completions
+        metrics[f"rewards/{key}/mean"] = sum(r["scores"][key] for r in records) / len(records)
     if samples > 1:
         metrics["pass@1"] = accuracy  # pass@1 = c / K averaged over items
         metrics[f"pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in correct_counts) / len(items)

@@ -46,27 +46,28 @@ ATTENTION_KERNELS: dict[str, tuple[str, str] | None] = {
 }
 
 
-def check_model_path(name_or_path: str) -> str:
+def check_model_path(name_or_path: str, kind: locations.RepoKind = MODEL_REPO) -> str:
     """Resolve builtin names; a path-like value that does not exist is an error now, not later.
 
     An existing folder is local and must hold a model (config.json) or a LoRA adapter; `name` or
     `org/name` that is not a folder is a hub id; anything else (./x, /x, ~/x, a/b/c) is a local path
-    that must exist.
+    that must exist. kind.key names the setting in the messages (model.name_or_path, a reward model's
+    rewards.<i>.args.path).
     """
-    resolved = resolve_model_path(name_or_path)
+    resolved = resolve_model_path(name_or_path, kind.key)
     local = Path(resolved).expanduser()
     if local.is_dir():
         if not any((local / name).is_file() for name in MODEL_FILES):
             raise UserError(
-                f"model.name_or_path {resolved} is not a model folder (no {' or '.join(MODEL_FILES)}); "
+                f"{kind.key} {resolved} is not a model folder (no {' or '.join(MODEL_FILES)}); "
                 f"{folder_listing(local)}"
             )
         _check_json_files(local)
         return str(local)
     if local.exists():
-        raise UserError(f"model.name_or_path {resolved} is a file; give the folder that holds config.json")
+        raise UserError(f"{kind.key} {resolved} is a file; give the folder that holds config.json")
     if looks_like_path(resolved):
-        raise UserError(f"model.name_or_path: folder not found: {resolved}")
+        raise UserError(f"{kind.key}: folder not found: {resolved}")
     return resolved
 
 
@@ -99,7 +100,7 @@ def load_tokenizer(model_cfg: ModelConfig):
             path, trust_remote_code=model_cfg.trust_remote_code, **hub_load_kwargs(path)
         )
     except LOAD_ERRORS as exc:
-        raise UserError(_unreachable(path, exc, "tokenizer")) from None
+        raise UserError(unreachable_message(path, exc, "tokenizer")) from None
     if tokenizer.chat_template is None:
         raise UserError(f"the tokenizer of {path} has no chat template; use an instruct/chat model")
     tokenizer.padding_side = "left"
@@ -130,7 +131,7 @@ def load_model(model_cfg: ModelConfig, device: torch.device):
             kwargs["config"] = _config_without_dropout(path, kwargs)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except LOAD_ERRORS as exc:
-        raise UserError(_unreachable(path, exc)) from None
+        raise UserError(unreachable_message(path, exc)) from None
     return model.to(device)
 
 
@@ -170,7 +171,7 @@ def load_model_config(model_cfg: ModelConfig):
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **kwargs)
     except LOAD_ERRORS as exc:
-        raise UserError(_unreachable(path, exc, "config")) from None
+        raise UserError(unreachable_message(path, exc, "config")) from None
     try:
         generation = GenerationConfig.from_pretrained(path, **kwargs)
     except OSError:  # no generation_config.json: transformers derives one from config.json
@@ -278,24 +279,24 @@ def _cached(repo_id: str) -> bool:
 
 
 @functools.cache
-def hub_load_kwargs(path: str) -> dict:
+def hub_load_kwargs(path: str, kind: locations.RepoKind = MODEL_REPO) -> dict:
     """Extra from_pretrained arguments for `path`. For a hub id, ask the Hub once with a timeout
     first (locations.probe): without network, from_pretrained retries for ~50 s before it fails.
     Unreachable -> the cached copy if there is one (local_files_only), else one UserError now."""
     if Path(path).is_dir() or locations.offline():
         return {}
-    unreachable = locations.probe(path, MODEL_REPO)
+    unreachable = locations.probe(path, kind)
     if unreachable is None:
         return {}
     if _cached(path):
         logger.warning("the Hugging Face Hub is unreachable (%s); using the cached copy of %s", unreachable, path)
         return {"local_files_only": True}
-    raise UserError(_unreachable(path, locations.reason(unreachable)))
+    raise UserError(unreachable_message(path, locations.reason(unreachable), kind=kind))
 
 
-def _unreachable(path: str, exc: object, what: str = "model") -> str:
+def unreachable_message(path: str, exc: object, what: str = "model", kind: locations.RepoKind = MODEL_REPO) -> str:
     """One line for a model (or its tokenizer or config) that did not load: what failed and, for a hub
-    id, how to work offline."""
+    id, how to work offline (kind.hint: which setting to point at a local copy)."""
     text = str(exc).strip()
     first = text.splitlines()[0][:200] if text else type(exc).__name__
     if "ignore_mismatched_sizes" in first:  # transformers logs the shapes; its exception only points at them
@@ -304,9 +305,9 @@ def _unreachable(path: str, exc: object, what: str = "model") -> str:
         return f"could not load the {what} from {path}: {type(exc).__name__}: {first}"
     if locations.offline():
         first = "HF_HUB_OFFLINE=1 and no cached copy"
-        return f"could not load model '{path}' ({first}); {LOCAL_MODEL_HINT}"
+        return f"could not load model '{path}' ({first}); {kind.hint}"
     return (
-        f"could not reach model '{path}' on the Hugging Face Hub ({first}); {LOCAL_MODEL_HINT}, or set "
+        f"could not reach model '{path}' on the Hugging Face Hub ({first}); {kind.hint}, or set "
         "HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache"
     )
 

@@ -9,10 +9,7 @@ import inspect
 from dataclasses import dataclass
 
 from dapo_train.config.keys import markdown_cell, show_value
-from dapo_train.rewards.scoring import FILLED_ARGS, REWARDS
-
-# What score() passes to every reward: not settable under args.
-_CALL_KEYWORDS = ("lengths", "prompts")
+from dapo_train.rewards.scoring import CALL_KEYWORDS, FILLED_ARGS, REWARDS
 
 
 @dataclass(frozen=True)
@@ -45,7 +42,7 @@ def reward_docs() -> list[RewardDoc]:
     for name in sorted(REWARDS):
         fn = REWARDS[name].fn
         params = inspect.signature(fn).parameters.values()
-        args = tuple(_arg(p) for p in params if p.kind is p.KEYWORD_ONLY and p.name not in _CALL_KEYWORDS)
+        args = tuple(_arg(p) for p in params if p.kind is p.KEYWORD_ONLY and p.name not in CALL_KEYWORDS)
         summary = " ".join((inspect.getdoc(fn) or "").split("\n\n", 1)[0].split())
         docs.append(RewardDoc(name, summary, args))
     return docs

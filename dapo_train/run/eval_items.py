@@ -4,7 +4,8 @@
     eval_items/final_<N>.jsonl   the end-of-run eval on the whole eval split (eval.final_full), N = last step
 
 One JSON object per item, in item order: uid ("<split>:<row>"), gold, extracted (None: no answer),
-correct, format_ok, length (tokens, EOS included), truncated, completion. Written by the main
+correct, format_ok, length (tokens, EOS included), truncated, completion, and with reward models
+configured their scores ({key: value}). Written by the main
 process, atomically. A resumed run drops the files of steps after its checkpoint, as metrics.jsonl
 drops those rows, so the folder never holds records of weights the run no longer has.
 
@@ -45,10 +46,12 @@ def items_path(run_dir: Path, kind: EvalKind, step: int) -> Path:
 
 
 def write_items(run_dir: Path, kind: EvalKind, step: int, records: list[dict]) -> Path:
-    """The eval's records (evaluate.completion_records), each cut to RECORD_KEYS."""
+    """The eval's records (evaluate.completion_records), each cut to RECORD_KEYS and its reward-model
+    scores where it has them."""
     path = items_path(run_dir, kind, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_jsonl_atomic(path, [{key: record[key] for key in RECORD_KEYS} for record in records])
+    write_jsonl_atomic(path, [{key: record[key] for key in (*RECORD_KEYS, "scores") if key in record}
+                              for record in records])
     return path
 
 

@@ -1,7 +1,8 @@
 """Where a model or a data set named in a config is: the shipped tiny world, a local path, or a Hub id.
 
 `builtin:tiny`, `builtin:tiny-zh-math` (dapo_train/assets/tiny/) and `builtin:tiny-long`,
-`builtin:tiny-zh-math-long` (dapo_train/assets/tiny-long/; rebuilt by scripts/make_tiny_model.py)
+`builtin:tiny-zh-math-long` (dapo_train/assets/tiny-long/; rebuilt by scripts/make_tiny_model.py), and
+the reward model `builtin:tiny-verifier` (dapo_train/assets/tiny-verifier/; scripts/make_tiny_verifier.py)
 resolve to shipped folders; a name that looks like a path is one; anything else is a Hub id.
 
 Before a Hub id is downloaded, one short question goes to the Hub: without a network,
@@ -33,8 +34,11 @@ TINY_MODEL_DIR = ASSETS_DIR / "tiny" / "model"
 TINY_DATA_DIR = ASSETS_DIR / "tiny" / "data"
 TINY_LONG_MODEL_DIR = ASSETS_DIR / "tiny-long" / "model"
 TINY_LONG_DATA_DIR = ASSETS_DIR / "tiny-long" / "data"
-# The shipped names: the short task and its model, the long-solution task and its warm start.
-BUILTIN_MODELS = {BUILTIN_MODEL: TINY_MODEL_DIR, "builtin:tiny-long": TINY_LONG_MODEL_DIR}
+TINY_VERIFIER_DIR = ASSETS_DIR / "tiny-verifier"
+# The shipped names: the short task and its model, the long-solution task and its warm start, and a
+# verifier of the short task's completions (a sequence classifier: a reward model, not a policy).
+BUILTIN_MODELS = {BUILTIN_MODEL: TINY_MODEL_DIR, "builtin:tiny-long": TINY_LONG_MODEL_DIR,
+                  "builtin:tiny-verifier": TINY_VERIFIER_DIR}
 BUILTIN_DATA_SETS = {BUILTIN_DATA: TINY_DATA_DIR, "builtin:tiny-zh-math-long": TINY_LONG_DATA_DIR}
 
 
@@ -44,9 +48,10 @@ def _resolve_builtin(name: str, shipped: dict[str, Path], key: str) -> str:
     return str(shipped.get(name, name))
 
 
-def resolve_model_path(name_or_path: str) -> str:
-    """builtin:tiny, builtin:tiny-long -> the shipped model folder; anything else unchanged."""
-    return _resolve_builtin(name_or_path, BUILTIN_MODELS, "model.name_or_path")
+def resolve_model_path(name_or_path: str, key: str = "model.name_or_path") -> str:
+    """builtin:tiny, builtin:tiny-long, builtin:tiny-verifier -> the shipped model folder; anything else
+    unchanged. key: the setting that named it, for the message."""
+    return _resolve_builtin(name_or_path, BUILTIN_MODELS, key)
 
 
 def resolve_data_path(path: str) -> str:

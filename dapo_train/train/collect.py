@@ -67,7 +67,8 @@ class CollectStats:
     dropped_all_wrong: int = 0
     dropped_no_variance: int = 0  # filter_metric total / reward:<name>: equal values, mixed correct bits
     seconds_generate: float = 0.0
-    seconds_score: float = 0.0
+    seconds_score: float = 0.0  # every reward, the reward models' seconds_reward_model included
+    seconds_reward_model: float = 0.0
     rewards: list[float] = field(default_factory=list)
     correct: list[bool] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
@@ -84,7 +85,7 @@ class CollectStats:
         for stats in ranks:
             for name in ("carried_in", "dropped_all_correct", "dropped_all_wrong", "dropped_no_variance"):
                 setattr(out, name, getattr(out, name) + getattr(stats, name))
-            for name in ("seconds_generate", "seconds_score"):
+            for name in ("seconds_generate", "seconds_score", "seconds_reward_model"):
                 setattr(out, name, max(getattr(out, name), getattr(stats, name)))
             for name in ("rewards", "correct", "lengths", "truncated"):
                 getattr(out, name).extend(getattr(stats, name))
@@ -110,6 +111,7 @@ class CollectStats:
             "batch_short": wanted - got,
             "seconds_generate": self.seconds_generate,
             "seconds_score": self.seconds_score,
+            "seconds_reward_model": self.seconds_reward_model,
             "generated_tokens": sum(self.lengths),
         }
         out.update({f"rewards/{name}/mean": sum(v) / max(1, len(v)) for name, v in self.per_reward.items()})
@@ -141,8 +143,10 @@ def collect_round(
         [p.gold for p in prompts for _ in range(group_size)],
         lengths=[c.length for c in completions],
         prompts=[p.text for p in prompts for _ in range(group_size)],
+        questions=[p.question for p in prompts for _ in range(group_size)],
     )
     stats.seconds_score += time.perf_counter() - start
+    stats.seconds_reward_model += sum(scores.seconds[r.key] for r in reward_set.rewards if r.owns_model)
     rewards = torch.tensor(scores.total, dtype=torch.float32).view(len(prompts), group_size)  # (B, G)
     correct = torch.tensor(scores.correct, dtype=torch.bool).view(len(prompts), group_size)  # (B, G)
     advantages = group_advantages(rewards, std=cfg.dapo.advantage_std)  # (B, G)

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm  # eval's sample completions, written around the bar
 from dapo_train.config.load import save_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import TrainingAborted
-from dapo_train.evaluation.generate import eval_max_new_tokens, eval_records
+from dapo_train.evaluation.generate import add_model_scores, eval_max_new_tokens, eval_records
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.model import checkpoint as ckpt
 from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, write_items
@@ -67,7 +67,7 @@ logger = logging.getLogger(__name__)
 def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records: list[dict] | None = None
              ) -> tuple[dict, list[dict]]:
     """Greedy accuracy on `prompts`, each rank generating its slice (or the given `records` of these
-    prompts, already generated); the main process writes the per-item records
+    prompts, already generated) and scoring it with the reward models; the main process writes the per-item records
     (eval_items/<kind>_<step>.jsonl) and prints a few sample completions of a periodic eval.
     -> (metrics under the kind's keys, records in item order)."""
     cfg = run.cfg
@@ -78,6 +78,7 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
             if shard:
                 records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
                                        batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness))
+                add_model_scores(run.reward_set, shard, records)
         records = distributed.interleave(distributed.gather(records))  # item order, on every rank
     if distributed.is_main():
         write_items(run.run_dir, kind, run.step, records)

@@ -2,7 +2,9 @@
 and its optimizer (the Learner), the rollout engine and the dynamic-sampling buffer (`Run`).
 
 `setup` checks what is cheap first (rewards, engine, policy objective, data) so that bad input
-fails in one line before the model loads, and says at start which settings cannot act.
+fails in one line before the model loads, and says at start which settings cannot act. Reward
+models load after the policy, once per run, on its device (never adapted: the optimizer holds the
+policy's parameters only).
 """
 
 from __future__ import annotations
@@ -137,6 +139,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     unwrapped = accelerator.unwrap_model(model)
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
         engine = build_engine(cfg.rollout, unwrapped, tokenizer)
+    reward_set = reward_set.load(accelerator.device)  # the reward models' weights, frozen
     behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda))
     learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
                             prepare_reference(cfg, accelerator, model, unwrapped), behaviour=behaviour)

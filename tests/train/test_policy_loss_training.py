@@ -244,10 +244,12 @@ def _study():
 def test_each_study_row_is_the_demo_with_only_its_own_keys_changed():
     from dapo_train.run.folder import config_differences
 
+    import ablation
+
     study = _study()
 
     def row(name):
-        return study.row_config(study.TASKS["tiny"], study.ROWS_DIR / f"{name}.yaml", study.SCHEDULE)
+        return ablation.row_config(study.TASKS["tiny"], study.ROWS_DIR / f"{name}.yaml", study.SCHEDULE)
 
     assert sorted(p.stem for p in study.ROWS_DIR.glob("*.yaml")) == sorted(study.ROWS)
     demo, dapo = load_config(str(study.TASKS["tiny"]), []), row("dapo")

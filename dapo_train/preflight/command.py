@@ -244,15 +244,16 @@ def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report
                                   SamplingSettings(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k), group)
     ended = {i: sum(1 for c in completions if not c.truncated and int(c.completion_ids[-1]) == i)
              for i in eos_token_ids(model, tokenizer)}
-    scores = score(rewards_from_config(cfg), [c.text for c in completions],
-                   [p.gold for p in prompts for _ in range(group)], lengths=[c.length for c in completions],
-                   prompts=[p.text for p in prompts for _ in range(group)])
-    rewards = "; ".join(f"{key} mean {statistics.fmean(values):+.3f} sd {statistics.pstdev(values):.3f}"
-                        for key, values in scores.per_reward.items())
+    rewards = rewards_from_config(cfg).load(next(model.parameters()).device)  # reward models too, as a run does
+    scores = score(rewards, [c.text for c in completions], [p.gold for p in prompts for _ in range(group)],
+                   lengths=[c.length for c in completions], prompts=[p.text for p in prompts for _ in range(group)],
+                   questions=[p.question for p in prompts for _ in range(group)])
+    means = "; ".join(f"{key} mean {statistics.fmean(values):+.3f} sd {statistics.pstdev(values):.3f}"
+                      for key, values in scores.per_reward.items())
     stops = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} {n}" for i, n in ended.items())
     report.add("rollout", f"{len(completions)} completions ({len(prompts)} prompts x G={group}) ended by {stops}, "
                f"truncated {sum(c.truncated for c in completions)}; lengths {min(c.length for c in completions)}-"
-               f"{max(c.length for c in completions)}\nrewards: {rewards}")
+               f"{max(c.length for c in completions)}\nrewards: {means}")
     if not all(ended.values()):
         missing = [tokenizer.convert_ids_to_tokens(i) for i, n in ended.items() if not n]
         raise UserError(f"no completion ended with {', '.join(missing)}: the rollout does not stop at every EOS id")

@@ -164,7 +164,10 @@ class DapoConfig:
         4.0, "CISPO's upper bound (policy_loss cispo): the importance weight capped at 1 + cispo_eps_high (4: a cap "
         "of 5, TRL's recommended epsilon_high for CISPO).",
     )
-    beta: float = _opt(0.0, "KL coefficient to a frozen reference (k3). 0 = no reference model (DAPO).")
+    beta: float = _opt(
+        0.0, "KL coefficient to a frozen reference: the k3 estimate at the sampled tokens, clamped as verl's (log-ratio"
+        " +-20, each token's term at most 10), not weighted by the ratio. 0 = no reference model (DAPO).",
+    )
     loss_reduction: str = _opt(
         "token", "token: Eq. 12 (sum over the step's tokens / their count); sample: GRPO mean of means; constant: "
         "Dr. GRPO, the token sum / (sequences x rollout.max_new_tokens).",

@@ -252,12 +252,24 @@ def rollout_dtype(setting: str, device: torch.device) -> torch.dtype:
     return ROLLOUT_DTYPES[setting]
 
 
+def cast_as_loaded(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`model` with its parameters and saved buffers in `dtype`, as from_pretrained(dtype=...) would load
+    it: buffers that are not saved (the rotary inv_freq) are computed at init, in float32, and keep their
+    dtype; `module.to(dtype)` would cast them too (bf16 inv_freq: 0.09 rad of rotary angle at position 500)."""
+    kept = [(module, name, buffer) for module in model.modules() for name, buffer in module._buffers.items()
+            if buffer is not None and name in module._non_persistent_buffers_set]
+    model.to(dtype)
+    for module, name, buffer in kept:
+        module._buffers[name] = buffer
+    return model
+
+
 def _rollout_copy(model: torch.nn.Module, setting: str) -> torch.nn.Module | None:
     """A frozen copy of `model` in rollout.dtype, or None when that is the training weights' dtype."""
     dtype = rollout_dtype(setting, next(model.parameters()).device)
     if dtype == next(model.parameters()).dtype:
         return None
-    frozen = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
+    frozen = cast_as_loaded(copy.deepcopy(model), dtype).eval().requires_grad_(False)
     logger.info("rollout: sampling from a %s copy of the weights, refreshed after every step's updates",
                 str(dtype).removeprefix("torch."))
     return frozen

@@ -189,6 +189,25 @@ def test_a_bfloat16_rollout_copy_follows_the_training_weights(id_tokenizer):
     assert float32.copy is None and float32.rollout_model is model
 
 
+def test_a_bfloat16_rollout_copy_keeps_the_buffers_the_loader_keeps_in_float32(tiny, id_tokenizer):
+    """from_pretrained(dtype=bfloat16) casts the weights but computes the rotary inv_freq (a non-persistent
+    buffer) in float32; the rollout copy must match it, buffer by buffer. Cast to bf16, inv_freq is off
+    by up to 3.7e-3 (relative), 0.09 rad of rotary angle at position 500."""
+    from transformers import AutoModelForCausalLM
+
+    from dapo_train.task.locations import resolve_model_path
+
+    model = tiny[0]
+    copy = build_engine(load_config(None, ["rollout.dtype=bfloat16"]).rollout, model, id_tokenizer).copy
+    loaded = AutoModelForCausalLM.from_pretrained(resolve_model_path("builtin:tiny"), dtype=torch.bfloat16)
+    reference = dict(loaded.named_buffers())
+    assert {name for name, _ in copy.named_buffers()} == set(reference) and "model.rotary_emb.inv_freq" in reference
+    for name, buffer in copy.named_buffers():
+        assert buffer.dtype == reference[name].dtype == torch.float32, name
+        torch.testing.assert_close(buffer, dict(model.named_buffers())[name], atol=0, rtol=0)
+    assert {p.dtype for p in copy.parameters()} == {torch.bfloat16}
+
+
 def test_engines_are_chosen_by_name_and_unknown_ones_refused():
     assert {"hf", "hf-generate"} <= set(ROLLOUT_ENGINES)
     with pytest.raises(ConfigError, match="rollout.engine.*unknown engine 'vllm'"):

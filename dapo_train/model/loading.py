@@ -150,20 +150,23 @@ def check_attention_kernel(name: str, device: torch.device) -> None:
         raise ConfigError("model.attn_implementation", f"{name} runs on CUDA only, not on {device.type}; use sdpa")
 
 
-def context_length(model_cfg: ModelConfig) -> int | None:
-    """The positions the model can attend over, from its config.json (None when it names no limit); an
-    adapter folder's are its base model's."""
+def model_config(model_cfg: ModelConfig):
+    """The model's config.json as transformers reads it (an adapter folder's: its base model's); no weights."""
     from transformers import AutoConfig
 
     path = check_model_path(model_cfg.name_or_path)
     if lora.is_adapter_folder(path):
         path = check_model_path(lora.adapter_base(path))
     try:
-        config = AutoConfig.from_pretrained(
-            path, trust_remote_code=model_cfg.trust_remote_code, **hub_load_kwargs(path)
-        )
+        return AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **hub_load_kwargs(path))
     except LOAD_ERRORS as exc:
         raise UserError(_unreachable(path, exc, "config")) from None
+
+
+def context_length(model_cfg: ModelConfig) -> int | None:
+    """The positions the model can attend over, from its config.json (None when it names no limit); an
+    adapter folder's are its base model's."""
+    config = model_config(model_cfg)
     limits = [getattr(config, name, None) for name in ("max_position_embeddings", "n_positions", "max_sequence_length")]
     return next((int(limit) for limit in limits if isinstance(limit, int) and limit > 0), None)
 
@@ -180,6 +183,19 @@ def check_sequence_budget(cfg: Config, completion_tokens: int) -> None:
             f"but {cfg.model.name_or_path} has {positions} (max_position_embeddings); set data.max_prompt_length to "
             f"at most {positions - completion_tokens} or lower the completion budget",
         )
+
+
+def check_lora_targets(model_cfg: ModelConfig) -> None:
+    """model.lora.r > 0: every model.lora.target_modules name matches a layer of the model, checked
+    before the data is read on the model built from its config.json on the meta device (no weights)."""
+    if model_cfg.lora.r == 0:
+        return
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(model_cfg)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+    lora.check_target_modules(skeleton, model_cfg.lora.target_modules, model_cfg.name_or_path)
 
 
 def dropout_fields(config) -> dict[str, float]:

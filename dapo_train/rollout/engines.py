@@ -217,7 +217,22 @@ def engine_factory(name: str) -> Callable[[EngineSetup], RolloutEngine]:
         raise ConfigError("rollout.engine", f"{name} is a class without {_lacks(factory)}; {ENGINE_HINT}")
     require_signature(factory, (None,), "rollout.engine",
                       f"{name} cannot be called with one EngineSetup; {ENGINE_HINT}")
+    if _takes_any_number(factory):
+        raise ConfigError("rollout.engine", f"{name} takes any number of arguments, not one EngineSetup (a "
+                          f"general function, not an engine factory); {ENGINE_HINT}")
     return factory
+
+
+def _takes_any_number(factory: Callable) -> bool:
+    """A function with *args (os.path.join, print): it binds one EngineSetup but was not written for one.
+    Found from its signature, before the data is read; a factory that fails otherwise, only when called."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except ValueError:  # no readable signature (C code): calling it will tell
+        return False
+    return any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
 
 
 def build_engine(rollout_cfg, model, tokenizer) -> RolloutEngine:

@@ -21,6 +21,7 @@ from dapo_train.config.schema import Config
 from dapo_train.evaluation.generate import eval_max_new_tokens
 from dapo_train.model.loading import (
     check_attention_kernel,
+    check_lora_targets,
     check_sequence_budget,
     gradient_checkpointing,
     load_policy,
@@ -106,7 +107,8 @@ def start_accelerator(cfg: Config, cuda: bool, run_dir: Path):
 
 
 def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
-    """Validate cheap things first (rewards, engine, objective, data), then load the model."""
+    """Validate cheap things first (rewards, engine, objective, budget, LoRA targets, data), then load the
+    model."""
     cuda = torch.cuda.is_available()
     accelerator = start_accelerator(cfg, cuda, run_dir)
     if cfg.train.num_threads > 0:
@@ -117,6 +119,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     engine_factory(cfg.rollout.engine)  # an unknown engine or objective fails here, before anything loads
     loss_settings(cfg)
     check_sequence_budget(cfg, max(cfg.rollout.max_new_tokens, eval_max_new_tokens(cfg) if cfg.eval.every_steps else 0))
+    check_lora_targets(cfg.model)
     if cfg.model.attn_implementation:
         check_attention_kernel(cfg.model.attn_implementation, accelerator.device)  # load_model would, after the data
     tokenizer = load_tokenizer(cfg.model)
@@ -125,7 +128,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     splits = load_prompt_splits(cfg.data, tokenizer, wanted)  # each split logs its row counts
     train_prompts = splits[cfg.data.train_split][0]
     all_eval = splits[cfg.data.eval_split][0] if evaluating or final else []
-    eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items) if evaluating else []
+    eval_prompts = eval_subset(cfg, all_eval) if evaluating else []
     final_prompts = all_eval if final else []
     _log_final_eval_cost(cfg, len(eval_prompts), len(final_prompts))
     model = load_policy(cfg, accelerator.device, resume_from)
@@ -147,6 +150,15 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         eval_prompts=eval_prompts, final_prompts=final_prompts, buffer=GroupBuffer(),
         prompts_by_uid={p.uid: p for p in train_prompts},
     )
+
+
+def eval_subset(cfg: Config, split: list[Prompt]) -> list[Prompt]:
+    """The fixed items of every periodic eval (eval.num_items of the eval split; 0 = all), saying so
+    when eval.num_items asks for more than the split holds."""
+    if cfg.eval.num_items > len(split):
+        logger.warning("eval.num_items=%d is more than the %d items of %r: every periodic eval covers all %d "
+                       "(eval.num_items=0 means all)", cfg.eval.num_items, len(split), cfg.data.eval_split, len(split))
+    return fixed_eval_subset(split, cfg.eval.num_items)
 
 
 def _log_final_eval_cost(cfg: Config, periodic: int, final: int) -> None:

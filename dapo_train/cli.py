@@ -1,7 +1,8 @@
 """Command line: parses arguments, builds the config, calls one function. No logic lives here.
 
 Bad input (config, paths, columns, reward plugins) is a `UserError`: one line on stderr and exit
-code 2, with the traceback only under `--debug`.
+code 2, with the traceback only under `--debug`; a run that stops on its own (it diverged or starved) is
+`TrainingAborted`: one line and exit code 3.
 """
 
 from __future__ import annotations
@@ -290,7 +291,7 @@ def main() -> None:
         if _state["debug"]:
             raise
         typer.echo(f"aborted: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(TrainingAborted.exit_code)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

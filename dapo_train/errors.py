@@ -24,7 +24,10 @@ class ConfigError(UserError):
 
 
 class TrainingAborted(Exception):
-    """The run cannot go on (e.g. too many non-finite steps): one line, exit code 1."""
+    """The run stopped on its own (it diverged, or starved of informative groups): one line, exit code
+    3 (2 is bad input; 1 an unexpected error)."""
+
+    exit_code = 3
 
 
 def folder_listing(path: Path) -> str:

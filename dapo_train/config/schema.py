@@ -261,7 +261,14 @@ class TrainConfig:
         "CPU threads for torch (0 = torch's default). The tiny model runs fastest on 1: thread start-up costs "
         "more than its maths."
     )
-    max_bad_steps: int = _opt(5, "Abort after this many NaN/inf steps in a row (each is skipped).")
+    max_bad_steps: int = _opt(
+        5, "Stop the run (exit code 3) after this many steps with a NaN/inf loss or gradient norm since the last step "
+        "that trained (each is skipped; no checkpoint is saved from the weights after one).",
+    )
+    max_starved_steps: int = _opt(
+        5, "Stop the run (exit code 3) after this many steps in a row without an informative group (Eq. 11: every "
+        "group scored alike in all dapo.max_gen_rounds rounds, as when the policy collapsed), each skipped.",
+    )
 
 
 @dataclass

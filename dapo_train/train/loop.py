@@ -119,15 +119,8 @@ def train_step(run: Run) -> dict:
         metrics["seconds_update"] = time.perf_counter() - update_start
     else:
         metrics.update(skipped_no_groups=1, lr=run.learner.optimizer.lr)
-        logger.warning(
-            "step %d: no informative group after %d rounds; update skipped", run.step + 1, metrics["gen_rounds"]
-        )
     run.step += 1
-    if metrics.get("skipped_nonfinite"):
-        run.bad_steps += 1
-        logger.warning("step %d: non-finite loss or grad norm; update skipped (%d in a row)", run.step, run.bad_steps)
-    else:
-        run.bad_steps = 0
+    run.health.record(run.step, metrics)
     metrics["seconds_step"] = time.perf_counter() - start
     metrics["tokens_per_second"] = metrics["generated_tokens"] / max(metrics["seconds_step"], 1e-9)
     return metrics
@@ -196,32 +189,44 @@ def train(
     metrics_log = MetricsLogger(run_dir, start_trackers(run.accelerator, cfg, resume_step), resume_step=resume_step) \
         if main else NullTracker()
     progress = Progress(cfg, run.step) if main else NullTracker()
+    aborted = None
     try:
         if resume_from is None and cfg.eval.every_steps > 0:
             _log(run, metrics_log, progress, evaluate(run, run.eval_prompts)[0])
         while run.step < cfg.train.max_steps and not _stop_agreed(stop):
             metrics = train_step(run)
-            metrics.update(step_evals(run))
+            aborted = run.health.abort_reason(cfg, run.step, run_dir)
+            if aborted is None:  # no eval of weights that stop the run
+                metrics.update(step_evals(run))
             _log(run, metrics_log, progress, metrics)
-            if run.bad_steps >= cfg.train.max_bad_steps:
-                raise TrainingAborted(
-                    f"{run.bad_steps} non-finite steps in a row (train.max_bad_steps); the last good checkpoint is "
-                    "intact; lower train.learning_rate or check the data, then --resume"
-                )
+            if aborted is not None:
+                break
             if _due(run.step, cfg.checkpoint.every_steps) and run.step < cfg.train.max_steps:
-                save(run)
-        if run.saved_step != run.step:
-            save(run)
+                save_clean(run)
+        if aborted is None and run.saved_step != run.step:
+            save(run)  # the end, or a stop: a stop during bad steps saves them, to resume with their count
     finally:
         progress.close()
         metrics_log.close()
     if main:
         session = time.monotonic() - started if resume_from is not None else None
-        print(end_of_run_summary(run_dir, run.step, cfg.train.max_steps, run.wall_seconds, stop.requested, session),
+        ending = "aborted" if aborted is not None else "stopped" if stop.requested else "finished"
+        print(end_of_run_summary(run_dir, run.step, cfg.train.max_steps, run.wall_seconds, ending, session),
               flush=True)
-        if stop.requested:
+        if stop.requested and aborted is None:
             stop.report(run_dir, distributed.world_size())
+    if aborted is not None:
+        raise TrainingAborted(f"step {run.step}: {aborted}")
     return run_dir
+
+
+def save_clean(run: Run) -> None:
+    """A periodic checkpoint, unless the weights are suspect (train/health.py): then say why none is saved."""
+    if run.health.suspect:
+        logger.warning("step %d: checkpoint_%d not saved: a non-finite step since step %d, the last that trained",
+                       run.step, run.step, run.health.last_trained)
+        return
+    save(run)
 
 
 def _stop_agreed(stop: StopRequested) -> bool:

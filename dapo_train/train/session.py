@@ -36,6 +36,7 @@ from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, lo
 from dapo_train.train import distributed
 from dapo_train.train.batching import Batching
 from dapo_train.train.collect import GroupBuffer
+from dapo_train.train.health import StepHealth
 from dapo_train.train.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences
 from dapo_train.train.optim import adamw
@@ -71,7 +72,7 @@ class Run:
     buffer: GroupBuffer
     prompts_by_uid: dict[str, Prompt]
     step: int = 0
-    bad_steps: int = 0
+    health: StepHealth = field(default_factory=StepHealth)  # bad steps since the last that trained
     saved_step: int | None = None  # the step of the checkpoint on disk that holds these weights
     started: float = field(default_factory=time.monotonic)  # when this session began (train: before setup)
     seconds_before: float = 0.0  # wall time of the sessions before this one (a resumed run's checkpoint)

@@ -210,9 +210,11 @@ def test_done_needs_the_final_checkpoint_and_a_run_without_checkpoints_starts_ov
 
 def test_an_aborted_point_fails_alone(tmp_path, monkeypatch):
     fake = FakeTrain(abort=NAMES[0])
-    assert _sweep(tmp_path, monkeypatch, fake) == 1
+    assert _sweep(tmp_path, monkeypatch, fake) == 3  # TrainingAborted's exit code, once the other points ran
     assert [name for name, _, _ in fake.calls] == NAMES  # the other points still ran
     assert _statuses(tmp_path / "s") == ["failed", "done", "done", "done"]
+    points = json.loads((tmp_path / "s" / SWEEP_FILE).read_text())["points"]
+    assert points[0]["reason"] == "2 non-finite steps in a row" and "reason" not in points[1]
 
 
 def test_a_run_folder_of_other_settings_is_refused(tmp_path, monkeypatch):

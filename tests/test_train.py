@@ -120,7 +120,9 @@ def test_a_diverging_run_exits_3_within_the_bound_and_saves_none_of_it(tmp_path)
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("aborted: step 3: 2 steps in a row without an informative group"), last
     assert "after 1 non-finite step(s)" in last and "no checkpoint holds weights from before it" in last, last
-    assert [row["step"] for row in read_metrics(out)] == [1, 2, 3]
+    rows = read_metrics(out)
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert [row["rollout_tokens"] for row in rows[1:]] == [0, 0] and rows[2]["rollout_kl"] is None  # no update
     assert not any(p.name.startswith("checkpoint_") for p in out.iterdir())
     assert f"aborted {out} at step 3 of 50" in done.stdout
     assert "skipped steps: 1 non-finite (loss or grad norm), 2 without an informative group, of 3" in done.stdout

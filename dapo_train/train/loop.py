@@ -50,13 +50,18 @@ from dapo_train.task.answers import answer_check
 from dapo_train.task.prompts import Prompt
 from dapo_train.train import distributed
 from dapo_train.train.collect import fill_batch
-from dapo_train.train.old_policy import needing_old_logprobs, record_old_logprobs, require_behaviour_logprobs
+from dapo_train.train.old_policy import (
+    needing_old_logprobs,
+    record_old_logprobs,
+    require_behaviour_logprobs,
+    require_kept_mass,
+)
 from dapo_train.train.progress import Progress, end_of_run_summary
 from dapo_train.train.ranks import total
 from dapo_train.train.records import StepBatch
 from dapo_train.train.session import Run, setup
 from dapo_train.train.state import restore, save
-from dapo_train.train.update import update
+from dapo_train.train.update import rollout_metrics, update
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +123,8 @@ def train_step(run: Run) -> dict:
         sync_weights(run)  # 4
         metrics["seconds_update"] = time.perf_counter() - update_start
     else:
-        metrics.update(skipped_no_groups=1, lr=run.learner.optimizer.lr)
+        metrics.update(skipped_no_groups=1, lr=run.learner.optimizer.lr, **rollout_metrics([]))
+    metrics["rollout_exact"] = int(not run.learner.behaviour.differences)  # the rollout IS the training forward
     run.step += 1
     run.health.record(run.step, metrics)
     metrics["seconds_step"] = time.perf_counter() - start
@@ -139,6 +145,7 @@ def score_old_logprobs(run: Run, batch: StepBatch, model: torch.nn.Module) -> di
     behaviour = run.learner.behaviour
     if behaviour.old_from_rollout:  # the behaviour log-probs are the old ones: no pass
         require_behaviour_logprobs(batch.groups + run.buffer.groups, run.cfg.rollout.engine)
+    require_kept_mass(batch.groups, run.cfg, behaviour)
     groups = needing_old_logprobs(run.cfg, batch.groups, run.buffer.groups, behaviour)
     rows = record_old_logprobs(model, groups, run.learner.batching, run.learner.scorer)
     return {"old_logprob_rows": int(total(rows)), "seconds_old_logprobs": time.perf_counter() - start}

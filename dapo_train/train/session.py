@@ -38,7 +38,7 @@ from dapo_train.train.batching import Batching
 from dapo_train.train.collect import GroupBuffer
 from dapo_train.train.health import StepHealth
 from dapo_train.train.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
-from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences
+from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
 from dapo_train.train.optim import adamw
 from dapo_train.train.update import Learner, Reference
 
@@ -139,7 +139,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     unwrapped = accelerator.unwrap_model(model)
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
         engine = build_engine(cfg.rollout, unwrapped, tokenizer)
-    behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda))
+    behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda), truncation(cfg, unwrapped))
     learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
                             prepare_reference(cfg, accelerator, model, unwrapped), behaviour=behaviour)
     log_behaviour(behaviour, cfg, unwrapped)

@@ -352,6 +352,27 @@ def test_the_figure_draws_the_mean_of_the_seeds_and_a_band(runs):
     assert kl.get_title().startswith("rollout KL") and [t.get_text() for t in kl.texts] == ["not logged by these runs"]
 
 
+def test_the_rollout_panels_say_exact_by_construction_instead_of_plotting_rounding(tmp_path):
+    """A point whose rollout is the training forward (rollout_exact 1 on every row, the CPU float32 demo)
+    logs a numeric gap of float rounding (1e-13): its panels say so instead of drawing it; a point of a
+    bf16 copy is drawn; the truncation's KL is drawn for both (0 without truncation)."""
+    pytest.importorskip("matplotlib")
+    gap = {"rollout_kl": 1e-13, "rollout_logprob_diff_mean": 3e-7, "rollout_logprob_diff_max": 2e-6,
+           "rollout_is_weight_mean": 1.0, "rollout_is_clipped_frac": 0.0, "rollout_kl_truncation": 0.0}
+    root = tmp_path / "runs"
+    make_run(root / "fp32", ["rollout.dtype=float32"], [
+        train_row(step, 0.5, 0.1, 0.0, 30, 1.0, rollout_exact=1, **gap) for step in (1, 2)])
+    kl, diff, weight = make_figure(*group_points(load_runs([str(root)]))).axes[6:9]
+    assert [line.get_linestyle() for line in kl.lines] == ["--"]  # the truncation's line only
+    assert not diff.lines and not weight.lines
+    assert [t.get_text() for t in diff.texts] == ["exact by construction: the rollout is the training forward"]
+    make_run(root / "bf16", ["rollout.dtype=bfloat16"], [
+        train_row(step, 0.5, 0.1, 0.0, 30, 1.0, rollout_exact=0, **{**gap, "rollout_kl": 3e-7}) for step in (1, 2)])
+    kl, diff, _ = make_figure(*group_points(load_runs([str(root)]))).axes[6:9]
+    assert len(diff.lines) == 2 and "for 1 of 2 points (not drawn)" in diff.texts[0].get_text()  # bf16's mean, max
+    assert len(kl.lines) == 3  # bf16's numeric line, and both points' truncation lines
+
+
 def test_plot_writes_a_png(runs, tmp_path):
     pytest.importorskip("matplotlib")
     out = plot([str(runs)], str(tmp_path / "figs" / "p.png"))

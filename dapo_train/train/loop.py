@@ -216,15 +216,19 @@ def train(
         progress.close()
         metrics_log.close()
     if main:
-        session = time.monotonic() - started if resume_from is not None else None
-        ending = "aborted" if aborted is not None else "stopped" if stop.requested else "finished"
-        print(end_of_run_summary(run_dir, run.step, cfg.train.max_steps, run.wall_seconds, ending, session),
-              flush=True)
-        if stop.requested and aborted is None:
-            stop.report(run_dir, distributed.world_size())
+        _report(run, stop, aborted, time.monotonic() - started if resume_from is not None else None)
     if aborted is not None:
         raise TrainingAborted(f"step {run.step}: {aborted}")
     return run_dir
+
+
+def _report(run: Run, stop: StopRequested, aborted: str | None, session_s: float | None) -> None:
+    """The end-of-run summary (finished, stopped or aborted), and for a stop the command that resumes."""
+    ending = "aborted" if aborted is not None else "stopped" if stop.requested else "finished"
+    print(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, ending, session_s),
+          flush=True)
+    if stop.requested and aborted is None:
+        stop.report(run.run_dir, distributed.world_size())
 
 
 def save_clean(run: Run) -> None:

@@ -28,6 +28,7 @@ from conftest import (
     full_distributions,
     make_engine,
     make_random_model,
+    shipped_tiny,
     top_k_logprobs,
 )
 
@@ -90,14 +91,7 @@ def test_every_engine_records_the_distribution_it_sampled_from(random_model, id_
 
 @pytest.fixture(scope="module")
 def tiny():
-    """The shipped model, tokenizer and five training prompts: a model that stops at varied lengths."""
-    from dapo_train.model.loading import load_model, load_tokenizer
-    from dapo_train.task.prompts import load_prompts
-
-    cfg = load_config(None, [])
-    tokenizer = load_tokenizer(cfg.model)
-    prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)
-    return load_model(cfg.model, torch.device("cpu")).eval(), tokenizer, [p.input_ids for p in prompts[:5]]
+    return shipped_tiny()
 
 
 @pytest.mark.parametrize("batch_size", [3, 64])

@@ -7,13 +7,10 @@ import pytest
 import torch
 
 from dapo_train.algo.correction import RolloutCorrection
-from dapo_train.config.load import load_config
-from dapo_train.model.loading import load_model, load_tokenizer
 from dapo_train.rollout import EngineSetup, SamplingSettings, engine_factory
-from dapo_train.task.prompts import load_prompts
 from dapo_train.train.batching import TrainSample, collate_micro_batch
 
-from conftest import full_distributions
+from conftest import full_distributions, shipped_tiny
 
 MODES = ("tis", "mis", "seq-tis", "seq-mis")
 # The shipped tiny model is peaked (entropy ~0.1 nat); at T = 2 top-k cuts real mass, as top-k 50 does on Qwen.
@@ -22,10 +19,8 @@ TEMPERATURE, TOKENS = 2.0, 32
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = load_config(None, [])
-    tokenizer = load_tokenizer(cfg.model)
-    prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)
-    return load_model(cfg.model, torch.device("cpu")).eval(), tokenizer, [p.input_ids for p in prompts[:4]]
+    model, tokenizer, prompts = shipped_tiny()
+    return model, tokenizer, prompts[:4]
 
 
 def _sample(tiny, top_k: int, dtype: str = "float32"):

@@ -1,7 +1,8 @@
 """Command line: parses arguments, builds the config, calls one function. No logic lives here.
 
 Bad input (config, paths, columns, reward plugins) is a `UserError`: one line on stderr and exit
-code 2, with the traceback only under `--debug`.
+code 2, with the traceback only under `--debug`; a run that stops on its own (it diverged or starved) is
+`TrainingAborted`: one line and exit code 3.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import typer
 
 from dapo_train.config.keys import describe_keys, select_keys
-from dapo_train.config.load import dump_config, load_config
+from dapo_train.config.load import dump_config, load_config, refuse_repeated_keys
 from dapo_train.errors import TrainingAborted, UserError
 
 app = typer.Typer(
@@ -38,15 +39,17 @@ def is_override(arg: str) -> bool:
 
 
 def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """`[CONFIG] [KEY=VALUE ...]` -> (config path or None, overrides)."""
-    if args and not is_override(args[0]):
-        return args[0], list(args[1:])
-    return None, list(args)
+    """`[CONFIG] [KEY=VALUE ...]` -> (config path or None, overrides; a key given twice is refused)."""
+    config, overrides = (args[0], list(args[1:])) if args and not is_override(args[0]) else (None, list(args))
+    refuse_repeated_keys(overrides)
+    return config, overrides
 
 
 def split_eval_args(args: list[str]) -> tuple[list[str], list[str]]:
-    """`[CHECKPOINT]... [KEY=VALUE]...` -> (targets, overrides)."""
-    return [a for a in args if not is_override(a)], [a for a in args if is_override(a)]
+    """`[CHECKPOINT]... [KEY=VALUE]...` -> (targets, overrides; a key given twice is refused)."""
+    overrides = [a for a in args if is_override(a)]
+    refuse_repeated_keys(overrides)
+    return [a for a in args if not is_override(a)], overrides
 
 
 @app.command("config")
@@ -338,7 +341,7 @@ def main() -> None:
         if _state["debug"]:
             raise
         typer.echo(f"aborted: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(TrainingAborted.exit_code)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

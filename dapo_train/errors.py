@@ -5,9 +5,10 @@ Anything the user can fix (a config key, a path, a dataset column, a reward plug
 `--debug` is given. Everything else is a bug and keeps its traceback.
 """
 
+import os
 from pathlib import Path
 
-_LISTING_MAX = 20
+_LISTING_CHARS = 160  # the names shown of a folder in an error line; the count of the rest follows
 
 
 class UserError(Exception):
@@ -23,15 +24,25 @@ class ConfigError(UserError):
 
 
 class TrainingAborted(Exception):
-    """The run cannot go on (e.g. too many non-finite steps): one line, exit code 1."""
+    """The run stopped on its own (it diverged, or starved of informative groups): one line, exit code
+    3 (2 is bad input; 1 an unexpected error)."""
+
+    exit_code = 3
 
 
 def folder_listing(path: Path) -> str:
-    """'<nearest existing folder> holds: a/, b.json, ...' for error messages."""
+    """'<nearest existing folder> holds: a/, b.json, ...' for error messages: its first names in sorted
+    order, about _LISTING_CHARS characters of them, then how many are left (a temporary folder holds
+    thousands)."""
     folder = path
     while not folder.is_dir() and folder != folder.parent:
         folder = folder.parent
-    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()) if folder.is_dir() else []
-    shown = ", ".join(entries[:_LISTING_MAX]) or "nothing"
-    more = f" and {len(entries) - _LISTING_MAX} more" if len(entries) > _LISTING_MAX else ""
-    return f"{folder if str(folder) != '.' else 'the current folder'} holds: {shown}{more}"
+    names = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in os.scandir(folder)) \
+        if folder.is_dir() else []
+    shown: list[str] = []
+    for name in names:
+        if shown and sum(len(n) + 2 for n in shown) + len(name) > _LISTING_CHARS:
+            break
+        shown.append(name)
+    more = f" and {len(names) - len(shown)} more ({len(names)} entries)" if len(shown) < len(names) else ""
+    return f"{folder if str(folder) != '.' else 'the current folder'} holds: {', '.join(shown) or 'nothing'}{more}"

@@ -7,13 +7,15 @@ For each rollout variant it samples G completions of a few prompts of the shippe
 0.9, as configs/qwen1.5b.yaml), scores them with the training forward (float32 master weights, full
 softmax; under bf16 autocast on CUDA, as the trainer's train.mixed_precision auto does) and prints one
 JSON line with the mismatch figures a run logs every step (rollout_kl, rollout_logprob_diff_mean / _max,
-rollout_is_weight_mean, rollout_is_clipped_frac at dapo.rollout_correction_cap 2). Variants: the float32
+rollout_is_weight_mean, rollout_is_clipped_frac at dapo.rollout_correction_cap 2: the numeric gap,
+both untruncated; rollout_kl_truncation: what top-k cut, apart). Variants: the float32
 decode loop (the training forward itself: rounding only), the bf16 copy, the bf16 copy with the
 compiled static cache (rollout.compile; uncompiled without CUDA), the same with top-k 50 (the CUDA
 default of configs/qwen1.5b.yaml), and top-k 50 alone.
 
 Random weights give near-uniform logits over 151,936 tokens, so top-k 50 removes almost all of the
-mass: its figure is an extreme, not Qwen's. The dtype and cache figures are the numerics of the shape.
+mass: its truncation figure is an extreme, not Qwen's. The dtype and cache figures are the numerics of
+the shape.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def mismatch(model, completions, temperature: float, autocast: bool) -> dict:
     from dapo_train.train.update import ROLLOUT_MEANS
 
     device = next(model.parameters()).device
-    samples = [TrainSample(c.prompt_ids, c.completion_ids, 0.0, True, behaviour_logprobs=c.behaviour_logprobs)
+    samples = [TrainSample(c.prompt_ids, c.completion_ids, 0.0, True, behaviour_logprobs=c.untruncated_logprobs)
                for c in completions]
     micro = collate_micro_batch(samples, pad_id=0, device=device)
     scope = torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
@@ -56,7 +58,9 @@ def mismatch(model, completions, temperature: float, autocast: bool) -> dict:
                                      RolloutCorrection("tis", 2.0))
     tokens = float(sums["tokens"])
     out = {name: float(sums[key]) / tokens for key, name in ROLLOUT_MEANS.items()}
-    return {**out, "rollout_logprob_diff_max": float(largest), "rollout_tokens": tokens}
+    cut = sum(0.0 if c.kept_log_mass is None else -float(c.kept_log_mass.sum()) for c in completions)
+    return {**out, "rollout_logprob_diff_max": float(largest), "rollout_tokens": tokens,
+            "rollout_kl_truncation": cut / tokens}
 
 
 def main() -> None:

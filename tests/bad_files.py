@@ -293,7 +293,8 @@ PLUGINS = {  # case -> (the module's source, config override naming it, found on
         "def Engine(setup):\n    return 42\n", "rollout.engine={m}:Engine", True),
     "engine-plugin-factory-raises": (
         "def Engine(setup):\n    raise ValueError('no GPU for vllm')\n", "rollout.engine={m}:Engine", True),
-    "engine-not-an-engine": ("", "rollout.engine=os.path:join", True),
+    "engine-not-an-engine": ("", "rollout.engine=os.path:join", False),  # its *args: refused before the data
+    "engine-a-function-of-one-argument": ("", "rollout.engine=builtins:len", True),
 }
 
 
@@ -323,6 +324,8 @@ def command_cases() -> list[Case]:
         Case("eval-a-file", ["eval", "./notes.txt"], _write("notes.txt", "x\n")),
         Case("eval-a-missing-split", ["eval", "run/checkpoint_1", "--split", "nope"], _checkpoint_copy()),
         Case("output-dir-under-a-file", ["run", *SMALL_RUN, "output_dir=taken/run"], _write("taken", "x\n")),
+        Case("a-key-given-twice", ["run", *SMALL_RUN, "train.max_steps=2"]),  # SMALL_RUN has train.max_steps=1
+        Case("lora-targets-matching-nothing", ["run", *SMALL_RUN, "model.lora.r=4", "model.lora.target_modules=[x]"]),
         Case("sweep-a-bad-last-value", ["sweep", "bad.yaml", "dapo.eps_high=0.1,-1"], _write("bad.yaml", "seed: 1\n")),
     ]
 

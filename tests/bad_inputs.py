@@ -93,6 +93,7 @@ IMPOSSIBLE: dict[str, list[str]] = {
     "train.max_grad_norm": ["-1"],
     "train.logprob_chunk_mib": ["0"],
     "train.max_bad_steps": ["0"],
+    "train.max_starved_steps": ["0"],
     "train.num_threads": ["-1"],
     "eval.every_steps": ["-1"],
     "eval.num_items": ["-1"],

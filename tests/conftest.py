@@ -112,6 +112,18 @@ def make_engine(kind: str, model, tokenizer, batch_size: int = 16):
     return engine_factory(name)(EngineSetup(model, tokenizer, batch_size, dtype="float32", compile=compile))
 
 
+def shipped_tiny():
+    """The shipped model, tokenizer and five training prompts' ids: a model that stops at varied lengths."""
+    from dapo_train.config.load import load_config
+    from dapo_train.model.loading import load_model, load_tokenizer
+    from dapo_train.task.prompts import load_prompts
+
+    cfg = load_config(None, [])
+    tokenizer = load_tokenizer(cfg.model)
+    prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)
+    return load_model(cfg.model, torch.device("cpu")).eval(), tokenizer, [p.input_ids for p in prompts[:5]]
+
+
 PROMPTS = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15]]  # different lengths -> left padding
 
 

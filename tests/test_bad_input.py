@@ -140,8 +140,10 @@ def test_a_plugin_engine_that_is_not_an_engine_is_a_config_error(random_model, i
         engine_factory("dapo_train.rollout:Completion")
     with pytest.raises(ConfigError, match="os:getcwd cannot be called with one EngineSetup"):
         engine_factory("os:getcwd")
-    rollout = load_config(None, ["rollout.engine=os.path:join"]).rollout
-    with pytest.raises(ConfigError, match=r"os.path:join\(EngineSetup\) failed: TypeError"):
+    with pytest.raises(ConfigError, match="os.path:join takes any number of arguments, not one EngineSetup"):
+        engine_factory("os.path:join")  # join(a, *p) binds one argument: its *p gives it away before the data
+    rollout = load_config(None, ["rollout.engine=builtins:len"]).rollout  # binds one argument, fails on it
+    with pytest.raises(ConfigError, match=r"builtins:len\(EngineSetup\) failed: TypeError"):
         build_engine(rollout, random_model, id_tokenizer)
     rollout = load_config(None, ["rollout.engine=builtins:repr"]).rollout  # a factory whose answer is no engine
     with pytest.raises(ConfigError, match=r"builtins:repr returned .* \(str\), which has no generate\(\) and"):
@@ -214,3 +216,62 @@ def test_default_sweep_folders_differ_per_grid_and_fixed_overrides(tmp_path, mon
     long = plan_sweep(config, ["dapo.eps_high=0.1,0.5", "data.system_prompt=" + "x" * 200], None).sweep_dir
     assert len(long.name) <= 100 and re.fullmatch(r".*_[0-9a-f]{8}", long.name)
 
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 35's rough edges: a key given twice, more eval items than the split, checks before the data, long listings.
+
+
+def test_a_key_given_twice_on_the_command_line_is_one_line(tmp_path):
+    """The last value used to win silently (and both went into the run name, ..._max_steps=1_max_steps=2)."""
+    from test_cli import assert_one_line_error, dapo
+
+    for command in (["run"], ["config"]):
+        done = dapo(*command, "train.max_steps=1", "dapo.eps_high=0.3", "train.max_steps=2", cwd=tmp_path)
+        assert_one_line_error(done, "train.max_steps", "given twice", "train.max_steps=1", "train.max_steps=2")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_more_eval_items_than_the_split_holds_is_said_at_start(caplog):
+    from dapo_train.task.prompts import Prompt
+    from dapo_train.train.session import eval_subset
+
+    split = [Prompt(f"test:{row}", "q", "1", "p", (3, 4)) for row in range(500)]
+    cfg = load_config(None, ["eval.num_items=100000"])
+    assert eval_subset(cfg, split) == split
+    assert "eval.num_items=100000 is more than the 500 items of 'test': every periodic eval covers all 500" \
+        in caplog.text
+    caplog.clear()
+    assert len(eval_subset(load_config(None, []), split)) == 100 and not caplog.text  # 100 of 500: nothing to say
+
+
+@pytest.mark.parametrize("overrides,needles", [
+    (["model.lora.r=4", "model.lora.target_modules=[nothing_here]"], ("model.lora.target_modules", "nothing_here")),
+    (["rollout.engine=os.path:join"], ("rollout.engine", "os.path:join")),
+])
+def test_lora_targets_and_the_engine_signature_fail_before_the_data_is_read(tmp_path, overrides, needles):
+    """Both were found only once the model was there, after the data had been read and logged."""
+    from test_cli import dapo
+
+    done = dapo("run", "train.max_steps=1", *overrides, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: ") and all(needle in lines[-1] for needle in needles), done.stderr
+    assert "task.prompts" not in done.stderr, done.stderr  # no data line: the data was not read
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_the_listing_of_a_large_folder_is_capped(tmp_path):
+    """A missing path's error lists its nearest folder: a few entries, not a temporary folder's thousands."""
+    from dapo_train.errors import folder_listing
+
+    for i in range(3000):
+        (tmp_path / f"session_{i:05d}_{'x' * 40}").mkdir()
+    listing = folder_listing(tmp_path / "no-such-run" / "checkpoint_3")
+    assert listing.startswith(f"{tmp_path} holds: session_00000_") and listing.endswith(" more (3000 entries)")
+    assert len(listing) - len(str(tmp_path)) < 300, listing
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "a.json").write_text("{}")
+    (small / "runs").mkdir()
+    assert folder_listing(small / "nope") == f"{small} holds: a.json, runs/"

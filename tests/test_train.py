@@ -83,20 +83,50 @@ def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(tmp_path):
     assert read_metrics(out)[-1]["step"] == step  # the checkpoint matches the last logged step
 
 
-def test_non_finite_losses_skip_updates_then_abort(tmp_path, monkeypatch):
-    real = objectives.policy_loss  # what update's LossSettings calls
+def test_non_finite_losses_skip_updates_then_abort_naming_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
+    """Two clean steps (a checkpoint after each), then every loss NaN: steps 3 and 4 are skipped, step 3's
+    checkpoint is not saved from the suspect weights, and train.max_bad_steps=2 stops the run at step 4
+    naming checkpoint_2; the summary says how it ended and counts the skipped steps."""
+    real, calls = objectives.policy_loss, []  # what update's LossSettings calls
 
     def poisoned(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
-        return loss * float("nan"), metrics
+        calls.append(1)  # 2 updates per step, one micro-batch each: calls 5 on are steps 3 on
+        return (loss * float("nan") if len(calls) > 4 else loss), metrics
 
     monkeypatch.setattr(objectives, "policy_loss", poisoned)
     out = tmp_path / "nan"
-    with pytest.raises(TrainingAborted, match="2 non-finite steps"):
-        _run(out, "train.max_steps=50", "train.max_bad_steps=2", "dapo.dynamic_sampling=false")
+    with pytest.raises(TrainingAborted, match=rf"step 4: 2 non-finite steps since step 2.*the last good checkpoint is "
+                                              rf"{out / 'checkpoint_2'} \(the weights since were not saved\)"):
+        _run(out, "train.max_steps=50", "train.max_bad_steps=2", "dapo.dynamic_sampling=false",
+             "checkpoint.every_steps=1")
     rows = read_metrics(out)
-    assert [r["skipped_nonfinite"] for r in rows] == [1, 1]
+    assert [r["skipped_nonfinite"] for r in rows] == [0, 0, 1, 1]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint_")) == ["checkpoint_1", "checkpoint_2"]
+    summary = capsys.readouterr().out
+    assert f"aborted {out} at step 4 of 50" in summary
+    assert "skipped steps: 2 non-finite (loss or grad norm), 0 without an informative group, of 4" in summary
+
+
+def test_a_diverging_run_exits_3_within_the_bound_and_saves_none_of_it(tmp_path):
+    """train.learning_rate=1e10: step 1's first update overflows the weights and its second is NaN, then every
+    completion is truncated alike (no informative group). The run stops after train.max_starved_steps=2 starved
+    steps with exit code 3 and one line saying there is no good checkpoint; nothing of it is saved."""
+    out = tmp_path / "diverged"
+    done = subprocess.run(
+        [sys.executable, "-m", "dapo_train", "run", *SMALL, "train.learning_rate=1e10", "train.max_steps=50",
+         "train.max_starved_steps=2", f"output_dir={out}"], capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 3, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("aborted: step 3: 2 steps in a row without an informative group"), last
+    assert "after 1 non-finite step(s)" in last and "no checkpoint holds weights from before it" in last, last
+    rows = read_metrics(out)
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert [row["rollout_tokens"] for row in rows[1:]] == [0, 0] and rows[2]["rollout_kl"] is None  # no update
     assert not any(p.name.startswith("checkpoint_") for p in out.iterdir())
+    assert f"aborted {out} at step 3 of 50" in done.stdout
+    assert "skipped steps: 1 non-finite (loss or grad norm), 2 without an informative group, of 3" in done.stdout
 
 
 def test_a_short_seeded_demo_run_learns(tmp_path):

@@ -102,16 +102,32 @@ def masked_log_ratio(logprobs: Tensor, old_logprobs: Tensor, valid: Tensor) -> T
 LOG_RATIO_LIMIT = 20.0
 
 
-def clamp_log_ratio(logprobs: Tensor, old_logprobs: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-    """(logprobs, old_logprobs) (N, T) as the objective sees them: where |logprobs - old_logprobs| exceeds
-    LOG_RATIO_LIMIT on a valid token, its log-ratio is the limit and it carries no gradient (torch.clamp's
-    value and gradient); every other position is the caller's exactly, so any objective that forms
-    exp(logprobs - old_logprobs) gets a finite ratio without knowing about the clamp."""
+# verl's bound on the per-token k3 KL term (its low_var_kl): a reference far from the policy adds at most this.
+KL_TERM_LIMIT = 10.0
+
+
+def clamp_log_ratio(logprobs: Tensor, old_logprobs: Tensor, valid: Tensor) -> Tensor:
+    """The old log-probs (N, T) float32 the objective sees beside `logprobs` itself: where |logprobs -
+    old_logprobs| exceeds LOG_RATIO_LIMIT on a valid token, old_logprobs is logprobs minus the clamped
+    log-ratio, so logprobs - old_logprobs is the limit and carries no gradient (torch.clamp's value and
+    gradient of the ratio), while logprobs keeps its own: the clamp bounds the ratio, not log pi
+    (CISPO's -sg(w) A log pi keeps its gradient there, as in verl and TRL). Every other position is the
+    caller's exactly, so any objective that forms exp(logprobs - old_logprobs) gets a finite ratio
+    without knowing about the clamp."""
     log_ratio = masked_log_ratio(logprobs.detach(), old_logprobs, valid)  # (N, T)
     outside = log_ratio.abs() > LOG_RATIO_LIMIT
-    frozen = torch.where(outside, logprobs.detach(), logprobs)
-    limited = logprobs.detach() - log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    return frozen, torch.where(outside, limited, old_logprobs.to(torch.float32))
+    limited = logprobs - log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # (N, T): d(logprobs - it) = 0
+    return torch.where(outside, limited, old_logprobs.to(torch.float32))
+
+
+def k3_kl(logprobs: Tensor, ref_logprobs: Tensor, valid: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(pi || ref), exp(d) - d - 1 with d = ref - logprobs, (N, T) >= 0, 0 off
+    valid; clamped as verl clamps it (d to +-LOG_RATIO_LIMIT, the term to KL_TERM_LIMIT: beyond them a
+    token's term is the bound and carries no gradient), so a reference far from the policy cannot make
+    the loss inf. Not multiplied by the ratio pi / pi_old: it is the k3 value at the sampled tokens."""
+    ref_delta = torch.where(valid, ref_logprobs.to(torch.float32) - logprobs, 0.0)  # (N, T)
+    ref_delta = ref_delta.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    return (torch.exp(ref_delta) - ref_delta - 1.0).clamp(max=KL_TERM_LIMIT)
 
 
 @register_policy_loss("clip")
@@ -229,14 +245,15 @@ def policy_loss(
     normalizer: the step's units from loss_normalizer; None = this call's own.
     clip_ratio_c: dual clip for A < 0 tokens ("clip" objective); must be > 1.
     beta > 0: adds beta * (exp(ref - logp) - (ref - logp) - 1) per token (k3 estimator of KL to
-        the reference). DAPO itself uses beta = 0.
+        the reference, clamped as verl does: k3_kl), not multiplied by the ratio. DAPO itself uses beta = 0.
     token_weight: (N, T) detached weights on the objective's token losses (not on the KL term), e.g.
         the rollout correction's truncated importance weights (rollout_correction); None = 1.
     per_row: also each completion's own figures over its valid tokens, as lists of N floats
         (NaN for a row without valid tokens): row_ratio_mean (its mean ratio) and row_clip_frac (the
         share of its tokens the objective clipped; NaN throughout for an objective that reports no
         CLIPPED_TOKENS). Cheap: elementwise on tensors the loss has, and the same device sync.
-    Every objective sees log-ratios clamped to +-LOG_RATIO_LIMIT (clamp_log_ratio).
+    Every objective sees log-ratios clamped to +-LOG_RATIO_LIMIT (clamp_log_ratio), and logprobs
+    with their gradient everywhere.
 
     Returns (loss: float32 scalar, metrics: plain floats over valid tokens, 0.0 when there are
     none): num_tokens, the objective's own (the built-in ones: clip_frac_high (for "clip": r > 1 +
@@ -254,15 +271,14 @@ def policy_loss(
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)  # (N, T)
     advantages = torch.where(valid, advantages, 0.0)  # (N, T); padding values never reach a gradient
-    clamped, clamped_old = clamp_log_ratio(logprobs, old_logprobs, valid)  # (N, T) each
-    token_loss, objective_metrics = POLICY_LOSSES[objective](clamped, clamped_old, advantages, valid, settings)
+    clamped_old = clamp_log_ratio(logprobs, old_logprobs, valid)  # (N, T)
+    token_loss, objective_metrics = POLICY_LOSSES[objective](logprobs, clamped_old, advantages, valid, settings)
     clipped = objective_metrics.pop(CLIPPED_TOKENS, None)  # (N, T) bool, or None
     if token_weight is not None:
         token_loss = token_loss * torch.where(valid, token_weight.detach().to(torch.float32), 1.0)
     kl = None
     if ref_logprobs is not None:
-        ref_delta = torch.where(valid, ref_logprobs.to(torch.float32) - logprobs, 0.0)  # (N, T)
-        kl = torch.exp(ref_delta) - ref_delta - 1.0  # (N, T), k3 >= 0
+        kl = k3_kl(logprobs, ref_logprobs, valid)  # (N, T)
         if beta > 0.0:
             token_loss = token_loss + beta * kl
     token_loss = torch.where(valid, token_loss, 0.0)  # (N, T)
@@ -272,7 +288,7 @@ def policy_loss(
     if normalizer < 0 or (normalizer == 0 and bool(valid.any())):
         raise ValueError(f"policy_loss: normalizer must be > 0 (0 only for an all-masked call), got {normalizer}")
     loss = reduction_fns.total(token_loss, valid) / (normalizer if normalizer > 0 else 1.0)  # all-masked: 0 / 1
-    log_ratio = masked_log_ratio(clamped, clamped_old, valid)  # (N, T)
+    log_ratio = masked_log_ratio(logprobs.detach(), clamped_old.detach(), valid)  # (N, T)
     rows = _row_metrics(log_ratio, valid, clipped) if per_row else {}
     return loss, _loss_metrics(log_ratio, valid, objective_metrics, kl, rows)
 

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from dapo_train.config.keys import unknown_key
-from dapo_train.config.retired import renamed_override, upgrade_retired
+from dapo_train.config.retired import RENAMED_KEYS, renamed_override, upgrade_retired
 from dapo_train.config.schema import (
     Config,
 )
@@ -214,6 +214,18 @@ def apply_override(data: dict, item: str) -> None:
         node[int(last)] = value
     else:
         node[last] = value
+
+
+def refuse_repeated_keys(overrides: list[str]) -> None:
+    """A key given twice in one command line's KEY=VALUE overrides is a ConfigError: the last would win
+    silently (and both would name the run). A retired name counts as the key it became."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        key = RENAMED_KEYS[key][0] if key in RENAMED_KEYS else key
+        if key in seen:
+            raise ConfigError(key, f"given twice on the command line ({seen[key]}, then {item}); give it once")
+        seen[key] = item
 
 
 def config_to_dict(cfg: Config) -> dict:

@@ -108,8 +108,11 @@ class RolloutConfig:
     group_size: int = _opt(8, "G: completions sampled per prompt.")
     max_new_tokens: int = _opt(96, "L_max: completion budget; no EOS within it = truncated.")
     temperature: float = _opt(1.0, "Sampling temperature; log-probs use logits / temperature too.")
-    top_p: float = _opt(1.0, "Nucleus sampling threshold (1.0 = off).")
-    top_k: int = _opt(0, "Top-k sampling (0 = off).")
+    top_p: float = _opt(
+        1.0, "Nucleus sampling threshold (1.0 = off). Truncation is not corrected: the objective stays the untruncated "
+        "policy's, the cut mass is logged (rollout_kl_truncation).",
+    )
+    top_k: int = _opt(0, "Top-k sampling (0, or at least the vocabulary, = off); see rollout.top_p.")
     generation_batch_size: int = _opt(
         256, "Most sequences per generate call (bounds rollout memory); prompts x G are batched up to it."
     )
@@ -164,7 +167,10 @@ class DapoConfig:
         4.0, "CISPO's upper bound (policy_loss cispo): the importance weight capped at 1 + cispo_eps_high (4: a cap "
         "of 5, TRL's recommended epsilon_high for CISPO).",
     )
-    beta: float = _opt(0.0, "KL coefficient to a frozen reference (k3). 0 = no reference model (DAPO).")
+    beta: float = _opt(
+        0.0, "KL coefficient to a frozen reference: the k3 estimate at the sampled tokens, clamped as verl's (log-ratio"
+        " +-20, each token's term at most 10), not weighted by the ratio. 0 = no reference model (DAPO).",
+    )
     loss_reduction: str = _opt(
         "token", "token: Eq. 12 (sum over the step's tokens / their count); sample: GRPO mean of means; constant: "
         "Dr. GRPO, the token sum / (sequences x rollout.max_new_tokens).",
@@ -190,17 +196,18 @@ class DapoConfig:
     old_logprobs: str = _opt(
         "auto",
         "Where the ratio's old log-probs come from: recompute (a no-grad pass of the training forward after "
-        "collection), rollout (the behaviour log-probs the rollout recorded: no pass), auto = rollout exactly when "
-        "the rollout is the training forward (the CPU demo: float32 weights, decode loop, no top-k/top-p), else "
-        "recompute. The choice is printed at start.", ("auto", "recompute", "rollout"),
+        "collection), rollout (the rollout's own log-probs before top-k/top-p, recorded while sampling: no pass), "
+        "auto = rollout exactly when the rollout is the training forward (the CPU demo: float32 weights, decode "
+        "loop), else recompute. The choice is printed at start.", ("auto", "recompute", "rollout"),
     )
     rollout_correction: str = _opt(
         "auto",
-        "Correct for sampling from the behaviour policy instead of the training forward: off; tis (each token's "
-        "loss times min(pi_old / pi_behav, cap), detached); mis (tokens whose weight leaves [1/cap, cap] out of the "
-        "loss and its normaliser); seq-tis / seq-mis (the same with the sequence's product of weights). auto = tis "
-        "when the rollout is not the training forward (another dtype, compiled cache, generate, top-k/top-p), off "
-        "when it is. Printed at start.", ("auto", "off", "tis", "mis", "seq-tis", "seq-mis"),
+        "Correct for sampling from the rollout's forward instead of the training forward: off; tis (each token's "
+        "loss times min(pi_old / pi_rollout, cap), detached; both before top-k/top-p, which is not corrected); mis "
+        "(tokens whose weight leaves [1/cap, cap] out of the loss and its normaliser); seq-tis / seq-mis (the same "
+        "with the sequence's product of weights). auto = tis when the rollout is not the training forward (another "
+        "dtype, compiled cache, generate, another engine), off when it is. Printed at start.",
+        ("auto", "off", "tis", "mis", "seq-tis", "seq-mis"),
     )
     rollout_correction_cap: float = _opt(
         2.0, "Cap (> 1) of dapo.rollout_correction: tis truncates weights at it, mis keeps [1/cap, cap]."
@@ -258,7 +265,14 @@ class TrainConfig:
         "CPU threads for torch (0 = torch's default). The tiny model runs fastest on 1: thread start-up costs "
         "more than its maths."
     )
-    max_bad_steps: int = _opt(5, "Abort after this many NaN/inf steps in a row (each is skipped).")
+    max_bad_steps: int = _opt(
+        5, "Stop the run (exit code 3) after this many steps with a NaN/inf loss or gradient norm since the last step "
+        "that trained (each is skipped; no checkpoint is saved from the weights after one).",
+    )
+    max_starved_steps: int = _opt(
+        5, "Stop the run (exit code 3) after this many steps in a row without an informative group (Eq. 11: every "
+        "group scored alike in all dapo.max_gen_rounds rounds, as when the policy collapsed), each skipped.",
+    )
 
 
 @dataclass

@@ -109,6 +109,7 @@ def _check_rollout_and_train(cfg: Any) -> None:
         "use auto or off",
     )
     _require(t.max_bad_steps >= 1, "train.max_bad_steps", "must be >= 1")
+    _require(t.max_starved_steps >= 1, "train.max_starved_steps", "must be >= 1")
     _require(t.num_threads >= 0, "train.num_threads", "must be >= 0 (0 = torch default)")
 
 

@@ -201,6 +201,19 @@ def check_sequence_budget(cfg: Config, completion_tokens: int) -> None:
         )
 
 
+def check_lora_targets(model_cfg: ModelConfig) -> None:
+    """model.lora.r > 0: every model.lora.target_modules name matches a layer of the model, checked
+    before the data is read on the model built from its config.json on the meta device (no weights)."""
+    if model_cfg.lora.r == 0:
+        return
+    from transformers import AutoModelForCausalLM
+
+    config, _ = load_model_config(model_cfg)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+    lora.check_target_modules(skeleton, model_cfg.lora.target_modules, model_cfg.name_or_path)
+
+
 def dropout_fields(config) -> dict[str, float]:
     """The non-zero dropout probabilities of a model config and its sub-configs (text_config, ...):
     dotted field -> value (HF names them *dropout* or *_pdrop)."""

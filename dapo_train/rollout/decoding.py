@@ -9,9 +9,10 @@ and the rollout weights):
 - `generate_rows`: `model.generate` on rows given as they are (G copies of each prompt), with the
   behaviour log-probs recorded while it runs (BehaviourRecorder) at O(N x V) memory.
 
-Both return (generated (N, T) ids, padded after the first EOS; behaviour log-probs (N, T) float32)
-on the CPU, row b*G + g being prompt b's g-th completion. The behaviour log-prob of a token is taken
-from `behaviour_distribution`, the one definition every engine records.
+Both return a `Decoded` on the CPU (ids padded after the first EOS, behaviour log-probs, and under
+top-k / top-p the log of the mass the truncation kept), row b*G + g being prompt b's g-th completion.
+The behaviour log-prob of a token is taken from `behaviour_distribution`, the one definition every
+engine records. A top_k of at least the vocabulary, or top_p 1, truncates nothing and is no truncation.
 """
 
 from __future__ import annotations
@@ -50,27 +51,61 @@ class SamplingSettings:
         return GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=self.do_sample, eos_token_id=eos_ids,
                                 pad_token_id=pad_id, **neutral)
 
-    def warpers(self):
-        """The logits warpers `generate` applies for these settings, in its order (temperature,
-        top-k, top-p); an empty list for greedy decoding."""
-        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    def truncates(self, vocab_size: int) -> bool:
+        """Whether sampling drops any token of a vocabulary of this size: top_k below it, or top_p < 1."""
+        return self.do_sample and (0 < self.top_k < vocab_size or self.top_p < 1.0)
 
-        warpers = LogitsProcessorList()
-        if self.do_sample:
-            if self.temperature != 1.0:
-                warpers.append(TemperatureLogitsWarper(self.temperature))
-            if self.top_k > 0:
-                warpers.append(TopKLogitsWarper(self.top_k))
-            if self.top_p < 1.0:
-                warpers.append(TopPLogitsWarper(self.top_p))
+    def warpers(self, vocab_size: int | None = None) -> LogitsProcessorList:
+        """The logits warpers `generate` applies for these settings, in its order (temperature,
+        top-k, top-p); an empty list for greedy decoding. A top_k of at least vocab_size keeps every
+        token, so it is left out."""
+        return LogitsProcessorList([*self._temperature(), *self._truncation(vocab_size)])
+
+    def _temperature(self) -> list:
+        from transformers import TemperatureLogitsWarper
+
+        return [TemperatureLogitsWarper(self.temperature)] if self.do_sample and self.temperature != 1.0 else []
+
+    def _truncation(self, vocab_size: int | None) -> list:
+        from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+        if not self.do_sample:
+            return []
+        warpers = []
+        if self.top_k > 0 and (vocab_size is None or self.top_k < vocab_size):
+            warpers.append(TopKLogitsWarper(self.top_k))
+        if self.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(self.top_p))
         return warpers
 
 
+def sampling_distribution(scores: Tensor, settings: SamplingSettings) -> tuple[Tensor, Tensor | None]:
+    """The distribution an engine samples from and records, and what its truncation cut: the rollout
+    model's raw logits (A, V), cast to float32, -> (log-probs (A, V): log_softmax(logits / temperature)
+    after top-k / top-p truncation, renormalised, truncated tokens at -inf; greedy: log_softmax(logits);
+    kept_log_mass (A,) <= 0: log of the probability the truncation kept, log Z = logsumexp(kept
+    logits / T) - logsumexp(logits / T), so that a token's log-prob before truncation is its log-prob
+    plus it; None when nothing is truncated)."""
+    scaled = LogitsProcessorList(settings._temperature())(None, scores)  # (A, V)
+    truncation = settings._truncation(scores.shape[-1])
+    if not truncation:
+        return torch.log_softmax(scaled, dim=-1), None
+    kept = LogitsProcessorList(truncation)(None, scaled)  # (A, V), -inf where cut
+    return torch.log_softmax(kept, dim=-1), torch.logsumexp(kept, dim=-1) - torch.logsumexp(scaled, dim=-1)
+
+
 def behaviour_distribution(scores: Tensor, settings: SamplingSettings) -> Tensor:
-    """The distribution an engine samples from and records: the rollout model's raw logits (A, V), cast
-    to float32, -> log-probs (A, V). log_softmax(logits / temperature) after top-k / top-p truncation
-    (the warpers, renormalised: truncated tokens get -inf); greedy: log_softmax(logits)."""
-    return torch.log_softmax(settings.warpers()(None, scores), dim=-1)
+    """The log-probs (A, V) of sampling_distribution: what an engine samples from and records."""
+    return sampling_distribution(scores, settings)[0]
+
+
+@dataclass
+class Decoded:
+    """What a decoder returns for N rows, on the CPU. T = the longest row's tokens."""
+
+    ids: Tensor  # (N, T) generated ids, padded after the first EOS
+    behaviour_logprobs: Tensor  # (N, T) float32 under the distribution sampled from
+    kept_log_mass: Tensor | None = None  # (N, T) float32 log of the mass top-k / top-p kept; None: no truncation
 
 
 def _picked(distribution: Tensor, tokens: Tensor) -> Tensor:
@@ -178,8 +213,8 @@ class _GrowingLayer(_DynamicLayer or object):
 @torch.no_grad()
 def decode_loop(
     model, prompts: list[Tensor], group_size: int, settings: SamplingSettings, eos_ids: list[int], pad_id: int,
-) -> tuple[Tensor, Tensor]:
-    """Sample group_size completions for each prompt -> (generated (B*G, T), behaviour log-probs (B*G, T)).
+) -> Decoded:
+    """Sample group_size completions for each prompt -> Decoded (B*G rows).
 
     The prompts are prefilled once (B rows); the cache, last logits and mask are then repeated G
     times. After each token, rows that emitted EOS are dropped from the batch and the cache."""
@@ -199,15 +234,19 @@ def decode_loop(
     budget = settings.max_new_tokens
     generated = torch.full((rows, budget), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, budget), dtype=torch.float32, device=device)
+    kept = torch.zeros((rows, budget), dtype=torch.float32, device=device) if settings.truncates(logits.shape[-1]) \
+        else None
     active = torch.arange(rows, device=device)  # original row of each batch row
     next_position = attention_mask.sum(dim=1)  # (A,) position id of the token being sampled
     eos = torch.tensor(eos_ids, device=device)
     for step in range(budget):
-        distribution = behaviour_distribution(logits.float(), settings)  # (A, V)
+        distribution, mass = sampling_distribution(logits.float(), settings)  # (A, V), (A,) or None
         sampled = settings.do_sample
         tokens = draw_tokens(distribution, settings.top_k) if sampled else distribution.argmax(dim=-1)  # (A,)
         generated[active, step] = tokens
         logprobs[active, step] = _picked(distribution, tokens)
+        if kept is not None:
+            kept[active, step] = mass
         if step == budget - 1:
             break
         running = ~torch.isin(tokens, eos)  # (A,)
@@ -223,7 +262,7 @@ def decode_loop(
                     use_cache=True, **{_cache_keyword(model): cache})
         logits = out.logits[:, -1, :]
         next_position = next_position + 1
-    return generated.cpu(), logprobs.cpu()
+    return Decoded(generated.cpu(), logprobs.cpu(), None if kept is None else kept.cpu())
 
 
 # ---------------------------------------------------------------- model.generate
@@ -244,19 +283,24 @@ class BehaviourRecorder(LogitsProcessor):
         self.settings = settings
         self.distribution: Tensor | None = None  # (N, V) the latest step's
         self.picked: list[Tensor] = []  # (N,) one per token whose successor was scored
+        self.kept: list[Tensor] = []  # (N,) the kept log-mass of every step scored (truncation only)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         if self.distribution is not None:
             self.picked.append(_picked(self.distribution, input_ids[:, -1]))
-        self.distribution = behaviour_distribution(scores, self.settings)
+        self.distribution, mass = sampling_distribution(scores, self.settings)
+        if mass is not None:
+            self.kept.append(mass)
         return self.distribution
 
-    def logprobs(self, generated: Tensor) -> Tensor:
-        """generated (N, T), on the model's device -> behaviour log-probs (N, T)."""
-        picked = self.picked[: generated.shape[1]]  # generate may have undone steps it had scored
-        if len(picked) < generated.shape[1]:
+    def decoded(self, generated: Tensor) -> Decoded:
+        """generated (N, T), on the model's device -> Decoded, on the CPU."""
+        width = generated.shape[1]
+        picked = self.picked[:width]  # generate may have undone steps it had scored
+        if len(picked) < width:
             picked.append(_picked(self.distribution, generated[:, len(picked)]))
-        return torch.stack(picked, dim=1)
+        kept = torch.stack(self.kept[:width], dim=1).cpu() if self.kept else None
+        return Decoded(generated.cpu(), torch.stack(picked, dim=1).cpu(), kept)
 
 
 @contextmanager
@@ -276,9 +320,9 @@ def _generation_config(model, config):
 def generate_rows(
     model, rows: list[Tensor], settings: SamplingSettings, eos_ids: list[int], pad_id: int, *,
     width_multiple: int = 1, **generate_kwargs,
-) -> tuple[Tensor, Tensor]:
+) -> Decoded:
     """`model.generate` on rows, left-padded to a multiple of width_multiple (generate_kwargs passed
-    on) -> (generated (N, T), behaviour log-probs (N, T))."""
+    on) -> Decoded (N rows)."""
     device = next(model.parameters()).device
     input_ids, attention_mask = left_pad(rows, pad_id, width_multiple)
     recorder = BehaviourRecorder(settings)
@@ -289,5 +333,4 @@ def generate_rows(
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config,
             logits_processor=LogitsProcessorList([recorder]), **model_kwargs,
         )
-    generated = sequences[:, input_ids.shape[1] :]  # (N, T)
-    return generated.cpu(), recorder.logprobs(generated).cpu()
+    return recorder.decoded(sequences[:, input_ids.shape[1] :])  # (N, T)

@@ -24,7 +24,10 @@ where EOS is any id of generation_config.eos_token_id or the tokenizer's (Qwen's
 EOS id, so masks come from the first EOS position, never from comparing with the pad id); a row
 with no EOS within max_new_tokens is truncated. The EOS is in the loss, so the model learns to stop.
 Each completion carries the behaviour log-probs of its tokens, those of the distribution it was
-sampled from (decoding.behaviour_distribution).
+sampled from (decoding.behaviour_distribution), and under top-k / top-p truncation the log of the
+probability mass the truncation kept at each token (kept_log_mass): the trainer corrects the rollout
+against the training forward before truncation, and reports the truncation apart (docs/training.md,
+Sampling from what is scored).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Protocol
 import torch
 
 from dapo_train.plugins import decorator_for
-from dapo_train.rollout.decoding import SamplingSettings, decode_loop, generate_rows
+from dapo_train.rollout.decoding import Decoded, SamplingSettings, decode_loop, generate_rows
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +56,21 @@ class Completion:
     truncated: bool  # no EOS within max_new_tokens
     text: str  # decoded completion, special tokens skipped
     behaviour_logprobs: torch.Tensor | None = None  # (L,) float32 under the sampling distribution; every engine sets it
+    # (L,) float32 <= 0: log of the probability top-k / top-p kept where each token was sampled, so
+    # behaviour_logprobs + kept_log_mass are the rollout's log-probs before truncation; None: nothing truncated.
+    kept_log_mass: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
         return int(self.completion_ids.numel())
+
+    @property
+    def untruncated_logprobs(self) -> torch.Tensor | None:
+        """(L,) the rollout's own log-probs before top-k / top-p truncation (its weights, logits / T): what
+        the trainer compares with the training forward; the behaviour log-probs when nothing was truncated."""
+        if self.behaviour_logprobs is None or self.kept_log_mass is None:
+            return self.behaviour_logprobs
+        return self.behaviour_logprobs + self.kept_log_mass
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -97,19 +111,18 @@ def completion_mask(generated: torch.Tensor, eos_ids: Sequence[int]) -> tuple[to
     return mask, truncated
 
 
-def _completions(
-    prompts: Sequence[torch.Tensor], generated: torch.Tensor, logprobs: torch.Tensor, eos_ids, tokenizer
-) -> list[Completion]:
-    """Generated ids (N, T) and their behaviour log-probs (N, T) of N rows (row i continues prompts[i])
-    -> Completions."""
-    mask, truncated = completion_mask(generated, eos_ids)
+def _completions(prompts: Sequence[torch.Tensor], decoded: Decoded, eos_ids, tokenizer) -> list[Completion]:
+    """A decoder's N rows (row i continues prompts[i]) -> Completions."""
+    mask, truncated = completion_mask(decoded.ids, eos_ids)
     lengths = mask.sum(dim=1).tolist()
-    valid = [generated[row, :length] for row, length in enumerate(lengths)]
+    valid = [decoded.ids[row, :length] for row, length in enumerate(lengths)]
     texts = tokenizer.batch_decode(valid, skip_special_tokens=True)
+    kept = decoded.kept_log_mass
     return [
         Completion(
             prompt_ids=prompts[row], completion_ids=ids, truncated=bool(truncated[row]), text=texts[row],
-            behaviour_logprobs=logprobs[row, : lengths[row]].clone(),
+            behaviour_logprobs=decoded.behaviour_logprobs[row, : lengths[row]].clone(),
+            kept_log_mass=None if kept is None else kept[row, : lengths[row]].clone(),
         )
         for row, ids in enumerate(valid)
     ]
@@ -122,8 +135,7 @@ def _prompt_chunks(prompts: Sequence[Sequence[int]], group_size: int, batch_size
     return [tensors[start : start + per_chunk] for start in range(0, len(tensors), per_chunk)]
 
 
-Decode = Callable[[torch.nn.Module, list[torch.Tensor], int, SamplingSettings, list[int], int],
-                  tuple[torch.Tensor, torch.Tensor]]
+Decode = Callable[[torch.nn.Module, list[torch.Tensor], int, SamplingSettings, list[int], int], Decoded]
 
 
 def sample_completions(
@@ -133,8 +145,8 @@ def sample_completions(
     """group_size completions of each prompt, prompt-major (prompt 0's first), sampled from `model` as
     it is: evaluation samples the training model so; an engine passes its rollout model and decoder.
 
-    decode(model, prompts (B,), group_size, settings, eos_ids, pad_id) -> (ids (B*G, T), behaviour
-    log-probs (B*G, T)) runs on whole groups of at most batch_size rows. The model is in eval mode
+    decode(model, prompts (B,), group_size, settings, eos_ids, pad_id) -> Decoded (B*G rows) runs on whole
+    groups of at most batch_size rows. The model is in eval mode
     meanwhile: training mode would turn the KV cache off under gradient checkpointing."""
     eos_ids, pad_id = eos_token_ids(model, tokenizer), pad_token_id(model, tokenizer)
     was_training = model.training
@@ -142,8 +154,8 @@ def sample_completions(
     try:
         completions: list[Completion] = []
         for chunk in _prompt_chunks(prompts, group_size, batch_size):
-            generated, logprobs = decode(model, chunk, group_size, settings, eos_ids, pad_id)
-            completions += _completions(_rows(chunk, group_size), generated, logprobs, eos_ids, tokenizer)
+            decoded = decode(model, chunk, group_size, settings, eos_ids, pad_id)
+            completions += _completions(_rows(chunk, group_size), decoded, eos_ids, tokenizer)
         return completions
     finally:
         model.train(was_training)
@@ -217,7 +229,22 @@ def engine_factory(name: str) -> Callable[[EngineSetup], RolloutEngine]:
         raise ConfigError("rollout.engine", f"{name} is a class without {_lacks(factory)}; {ENGINE_HINT}")
     require_signature(factory, (None,), "rollout.engine",
                       f"{name} cannot be called with one EngineSetup; {ENGINE_HINT}")
+    if _takes_any_number(factory):
+        raise ConfigError("rollout.engine", f"{name} takes any number of arguments, not one EngineSetup (a "
+                          f"general function, not an engine factory); {ENGINE_HINT}")
     return factory
+
+
+def _takes_any_number(factory: Callable) -> bool:
+    """A function with *args (os.path.join, print): it binds one EngineSetup but was not written for one.
+    Found from its signature, before the data is read; a factory that fails otherwise, only when called."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except ValueError:  # no readable signature (C code): calling it will tell
+        return False
+    return any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
 
 
 def build_engine(rollout_cfg, model, tokenizer) -> RolloutEngine:
@@ -252,12 +279,24 @@ def rollout_dtype(setting: str, device: torch.device) -> torch.dtype:
     return ROLLOUT_DTYPES[setting]
 
 
+def cast_as_loaded(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`model` with its parameters and saved buffers in `dtype`, as from_pretrained(dtype=...) would load
+    it: buffers that are not saved (the rotary inv_freq) are computed at init, in float32, and keep their
+    dtype; `module.to(dtype)` would cast them too (bf16 inv_freq: 0.09 rad of rotary angle at position 500)."""
+    kept = [(module, name, buffer) for module in model.modules() for name, buffer in module._buffers.items()
+            if buffer is not None and name in module._non_persistent_buffers_set]
+    model.to(dtype)
+    for module, name, buffer in kept:
+        module._buffers[name] = buffer
+    return model
+
+
 def _rollout_copy(model: torch.nn.Module, setting: str) -> torch.nn.Module | None:
     """A frozen copy of `model` in rollout.dtype, or None when that is the training weights' dtype."""
     dtype = rollout_dtype(setting, next(model.parameters()).device)
     if dtype == next(model.parameters()).dtype:
         return None
-    frozen = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
+    frozen = cast_as_loaded(copy.deepcopy(model), dtype).eval().requires_grad_(False)
     logger.info("rollout: sampling from a %s copy of the weights, refreshed after every step's updates",
                 str(dtype).removeprefix("torch."))
     return frozen
@@ -289,8 +328,8 @@ class TransformersEngine(ABC):
 
     @abstractmethod
     def decode(self, model, prompts: list[torch.Tensor], group_size: int, settings: SamplingSettings,
-               eos_ids: list[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One chunk of whole groups -> (ids (B*G, T), behaviour log-probs (B*G, T)); see `Decode`."""
+               eos_ids: list[int], pad_id: int) -> Decoded:
+        """One chunk of whole groups -> Decoded (B*G rows); see `Decode`."""
 
 
 class DecodeLoopEngine(TransformersEngine):
@@ -320,9 +359,11 @@ class StaticCacheEngine(TransformersEngine):
     def decode(self, model, prompts, group_size, settings, eos_ids, pad_id):
         rows = _rows(prompts, group_size)
         padded = rows + [rows[0]] * (bucket_size(len(rows), self.batch_size) - len(rows))
-        generated, logprobs = generate_rows(model, padded, settings, eos_ids, pad_id, width_multiple=BUCKET_WIDTH,
-                                            cache_implementation="static")
-        return generated[: len(rows)], logprobs[: len(rows)]
+        decoded = generate_rows(model, padded, settings, eos_ids, pad_id, width_multiple=BUCKET_WIDTH,
+                                cache_implementation="static")
+        kept = decoded.kept_log_mass
+        return Decoded(decoded.ids[: len(rows)], decoded.behaviour_logprobs[: len(rows)],
+                       None if kept is None else kept[: len(rows)])
 
 
 @register_engine("hf-generate")

@@ -1,5 +1,8 @@
 """`dapo-train plot`: eval accuracy, reward, entropy, clip fractions, length and groups over steps, one
-colour per point (a mean line over its seeds and a min-max band).
+colour per point (a mean line over its seeds and a min-max band), and the rollout's gap to the training
+forward. A point whose rollout IS the training forward (every row's rollout_exact is 1: the CPU float32
+decode loop) has no numeric gap to draw, only float rounding (~1e-13): those panels say "exact by
+construction" for it instead of plotting the noise.
 """
 
 from __future__ import annotations
@@ -22,12 +25,24 @@ PANELS = {
     "clip fraction (solid high, dashed low)": (("clip_frac_high", "-"), ("clip_frac_low", "--")),
     "completion length (mean)": (("completion_length_mean", "-"),),
     "groups (solid kept, dashed carried)": (("groups_kept", "-"), ("groups_carried", "--")),
-    "rollout KL(behaviour || training), k3": (("rollout_kl", "-"),),
+    "rollout KL, k3 (solid numeric gap, dashed truncation)": (("rollout_kl", "-"), ("rollout_kl_truncation", "--")),
     "rollout |log-prob diff| (solid mean, dashed max)": (("rollout_logprob_diff_mean", "-"),
                                                          ("rollout_logprob_diff_max", "--")),
     "rollout IS weight (solid mean, dashed clipped frac)": (("rollout_is_weight_mean", "-"),
                                                             ("rollout_is_clipped_frac", "--")),
 }
+
+
+# The series that measure the rollout's numeric gap to the training forward: rounding alone for an exact point.
+NUMERIC_GAP = ("rollout_kl", "rollout_logprob_diff_mean", "rollout_logprob_diff_max", "rollout_is_weight_mean",
+               "rollout_is_clipped_frac")
+EXACT = "exact by construction: the rollout is the training forward"
+
+
+def is_exact(point: Point) -> bool:
+    """Every run of the point logged rollout_exact = 1 on every row that has it (and some row has it)."""
+    flags = [row["rollout_exact"] for run in point.runs for row in run.rows if "rollout_exact" in row]
+    return bool(flags) and all(flag == 1 for flag in flags)
 
 
 def seed_band(runs: list[RunRecord], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
@@ -56,20 +71,24 @@ def make_figure(varied: list[str], points: list[Point]):
     fig = Figure(figsize=(15, 4.25 * rows), layout="constrained")
     FigureCanvasAgg(fig)
     colours = [f"C{i % 10}" for i in range(len(points))]
+    exact = [is_exact(point) for point in points]
     for ax, (title, series) in zip(fig.subplots(rows, 3).flatten(), PANELS.items()):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        for point, colour in zip(points, colours):
+        skipped = False
+        for point, colour, point_exact in zip(points, colours, exact):
             for key, style in series:
-                steps, mean, low, high = seed_band(point.runs, key)
-                if not steps:
+                if point_exact and key in NUMERIC_GAP:
+                    skipped = True
                     continue
-                ax.plot(steps, mean, style, color=colour, marker="o" if key == "accuracy" else None, markersize=3)
-                if len(point.runs) > 1:
-                    ax.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
-        if not ax.lines:
+                _draw(ax, point, key, style, colour)
+        if skipped:
+            note = EXACT if all(exact) else f"{EXACT}\nfor {sum(exact)} of {len(points)} points (not drawn)"
+            ax.text(0.5, 0.5 if not ax.lines else 0.9, note, ha="center", va="center", transform=ax.transAxes,
+                    fontsize=8 if ax.lines else 9)
+        elif not ax.lines:
             ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
     labels = key_labels(varied)
     handles = [Line2D([], [], color=colour, label=p.label(labels)) for p, colour in zip(points, colours)]
@@ -79,6 +98,16 @@ def make_figure(varied: list[str], points: list[Point]):
     seeds = "; line = mean over a point's seeds, shaded band = min-max" if any(len(p.runs) > 1 for p in points) else ""
     fig.suptitle(f"{', '.join(varied) or 'runs'}{seeds}", fontsize=11)
     return fig
+
+
+def _draw(ax, point: Point, key: str, style: str, colour: str) -> None:
+    """One point's mean line of `key` over its seeds, and with several seeds their min-max band."""
+    steps, mean, low, high = seed_band(point.runs, key)
+    if not steps:
+        return
+    ax.plot(steps, mean, style, color=colour, marker="o" if key == "accuracy" else None, markersize=3)
+    if len(point.runs) > 1:
+        ax.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
 
 
 def plot(paths: list[str], out: str) -> Path:

@@ -111,6 +111,7 @@ class SweepPoint:
     seed: int
     cfg: Config
     status: str = "pending"  # pending / running / done / interrupted / failed
+    reason: str = ""  # why a failed point stopped (its TrainingAborted line)
 
     @property
     def run_dir(self) -> Path:
@@ -133,8 +134,8 @@ class Sweep:
     seeds: list[int] | None
     points: list[SweepPoint] = field(default_factory=list)
 
-    def set_status(self, point: SweepPoint, status: str) -> None:
-        point.status = status
+    def set_status(self, point: SweepPoint, status: str, reason: str = "") -> None:
+        point.status, point.reason = status, reason
         self.save()
 
     def save(self) -> None:
@@ -147,7 +148,7 @@ class Sweep:
             "seeds": self.seeds,
             "points": [
                 {"name": p.name, "overrides": p.overrides, "seed": p.seed, "run_dir": str(p.run_dir),
-                 "status": p.status}
+                 "status": p.status, **({"reason": p.reason} if p.reason else {})}
                 for p in self.points
             ],
         }
@@ -239,8 +240,9 @@ def _merge_earlier(sweep: Sweep) -> None:
 
 
 def run_sweep(sweep: Sweep, stop: StopRequested) -> int:
-    """Train every unfinished point in order. -> exit code: 0, 1 when a point aborted (the others
-    still ran), or stop.exit_code when a signal stopped the sweep (the run in progress saved)."""
+    """Train every unfinished point in order. -> exit code: 0, TrainingAborted.exit_code (3) when a point
+    stopped on its own (the others still ran; sweep.json says why), or stop.exit_code when a signal
+    stopped the sweep (the run in progress saved)."""
     from dapo_train.train.loop import train  # here: compare and plot import this module, not the trainer's stack
 
     sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -259,7 +261,7 @@ def run_sweep(sweep: Sweep, stop: StopRequested) -> int:
         try:
             train(point.cfg, resume=True if resume else None, overwrite=not resume, stop=stop)
         except TrainingAborted as exc:
-            sweep.set_status(point, "failed")
+            sweep.set_status(point, "failed", str(exc))
             print(f"{head}: aborted: {exc}", file=sys.stderr, flush=True)
             continue
         except KeyboardInterrupt:
@@ -276,7 +278,7 @@ def run_sweep(sweep: Sweep, stop: StopRequested) -> int:
     summary = f"{len(failed)} failed ({', '.join(failed)}); " if failed else ""
     print(f"sweep finished: {total - len(failed)} of {total} runs done; {summary}"
           f"compare them with: dapo-train compare {sweep.sweep_dir}", flush=True)
-    return 1 if failed else 0
+    return TrainingAborted.exit_code if failed else 0
 
 
 def _stopped(sweep: Sweep, stop: StopRequested) -> int:

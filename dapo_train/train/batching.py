@@ -30,7 +30,8 @@ class TrainSample:
     advantage: float  # Eq. 9, broadcast over its tokens
     in_loss: bool  # False when overlong filtering masks a truncated completion
     old_logprobs: torch.Tensor | None = None  # (L,) training forward of the generating policy; None = not recorded
-    behaviour_logprobs: torch.Tensor | None = None  # (L,) what the rollout sampled from; None = not recorded
+    # (L,) the rollout's log-probs before top-k / top-p truncation (Completion.untruncated_logprobs); None: none
+    behaviour_logprobs: torch.Tensor | None = None
     version: int = 0  # optimizer steps before it was generated
 
 
@@ -38,7 +39,7 @@ def flatten_groups(groups: list[Group], overlong_filtering: bool) -> list[TrainS
     return [
         TrainSample(
             c.prompt_ids, c.completion_ids, float(group.advantages[j]), not (overlong_filtering and c.truncated),
-            None if group.old_logprobs is None else group.old_logprobs[j], c.behaviour_logprobs, group.version,
+            None if group.old_logprobs is None else group.old_logprobs[j], c.untruncated_logprobs, group.version,
         )
         for group in groups
         for j, c in enumerate(group.completions)
@@ -75,7 +76,7 @@ class MicroBatch:
     advantages: torch.Tensor  # (N,)
     old_logprobs: torch.Tensor | None  # (N, T) float32, 0 where has_old is False; None if no row has any
     has_old: torch.Tensor | None  # (N, 1) bool
-    behaviour_logprobs: torch.Tensor | None = None  # (N, T) float32, 0 off behaviour_mask; None if no row has any
+    behaviour_logprobs: torch.Tensor | None = None  # (N, T) float32 before truncation, 0 off behaviour_mask; or None
     behaviour_mask: torch.Tensor | None = None  # (N, T) bool: tokens with a behaviour log-prob
     versions: torch.Tensor | None = None  # (N,) long, on the CPU: optimizer steps before each row was generated
     correction_weight: torch.Tensor | None = None  # (N, T) float32 on the token losses; None = 1 (no correction)

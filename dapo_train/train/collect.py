@@ -73,6 +73,7 @@ class CollectStats:
     correct: list[bool] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
+    cut_mass: list[float] = field(default_factory=list)  # per completion: sum of -log(kept mass), top-k / top-p
     per_reward: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
 
     @classmethod
@@ -87,7 +88,7 @@ class CollectStats:
                 setattr(out, name, getattr(out, name) + getattr(stats, name))
             for name in ("seconds_generate", "seconds_score", "seconds_reward_model"):
                 setattr(out, name, max(getattr(out, name), getattr(stats, name)))
-            for name in ("rewards", "correct", "lengths", "truncated"):
+            for name in ("rewards", "correct", "lengths", "truncated", "cut_mass"):
                 getattr(out, name).extend(getattr(stats, name))
             for name, values in stats.per_reward.items():
                 out.per_reward[name] += values
@@ -113,6 +114,8 @@ class CollectStats:
             "seconds_score": self.seconds_score,
             "seconds_reward_model": self.seconds_reward_model,
             "generated_tokens": sum(self.lengths),
+            # KL(truncated || untruncated) of the sampling distribution per generated token: E[-log Z].
+            "rollout_kl_truncation": sum(self.cut_mass) / max(1, sum(self.lengths)),
         }
         out.update({f"rewards/{name}/mean": sum(v) / max(1, len(v)) for name, v in self.per_reward.items()})
         return out
@@ -154,6 +157,7 @@ def collect_round(
     stats.correct += scores.correct
     stats.lengths += [c.length for c in completions]
     stats.truncated += [c.truncated for c in completions]
+    stats.cut_mass += [0.0 if c.kept_log_mass is None else -float(c.kept_log_mass.sum()) for c in completions]
     for name, values in scores.per_reward.items():
         stats.per_reward[name] += values
     groups = []

@@ -52,14 +52,19 @@ from dapo_train.task.answers import answer_check
 from dapo_train.task.prompts import Prompt
 from dapo_train.train import distributed, ranks
 from dapo_train.train.collect import fill_batch
-from dapo_train.train.old_policy import needing_old_logprobs, record_old_logprobs, require_behaviour_logprobs
+from dapo_train.train.old_policy import (
+    needing_old_logprobs,
+    record_old_logprobs,
+    require_behaviour_logprobs,
+    require_kept_mass,
+)
 from dapo_train.train.progress import Progress, end_of_run_summary
 from dapo_train.train.ranks import total
 from dapo_train.train.records import StepBatch
 from dapo_train.train.rollout_sample import RolloutSample, merge
 from dapo_train.train.session import Run, setup
 from dapo_train.train.state import restore, save
-from dapo_train.train.update import update
+from dapo_train.train.update import rollout_metrics, update
 
 logger = logging.getLogger(__name__)
 
@@ -123,14 +128,11 @@ def train_step(run: Run) -> dict:
         sync_weights(run)  # 4
         metrics["seconds_update"] = time.perf_counter() - update_start
     else:
-        metrics.update(skipped_no_groups=1, lr=run.learner.optimizer.lr)  # progress.py says so, and where to look
+        metrics.update(skipped_no_groups=1, lr=run.learner.optimizer.lr, **rollout_metrics([]))  # progress.py says so
+    metrics["rollout_exact"] = int(not run.learner.behaviour.differences)  # the rollout IS the training forward
     run.step += 1
     run.rollouts = record_rollouts(run, sample, batch)  # 5
-    if metrics.get("skipped_nonfinite"):
-        run.bad_steps += 1
-        logger.warning("step %d: non-finite loss or grad norm; update skipped (%d in a row)", run.step, run.bad_steps)
-    else:
-        run.bad_steps = 0
+    run.health.record(run.step, metrics)
     metrics["seconds_step"] = time.perf_counter() - start
     metrics["tokens_per_second"] = metrics["generated_tokens"] / max(metrics["seconds_step"], 1e-9)
     return metrics
@@ -164,6 +166,7 @@ def score_old_logprobs(run: Run, batch: StepBatch, model: torch.nn.Module) -> di
     behaviour = run.learner.behaviour
     if behaviour.old_from_rollout:  # the behaviour log-probs are the old ones: no pass
         require_behaviour_logprobs(batch.groups + run.buffer.groups, run.cfg.rollout.engine)
+    require_kept_mass(batch.groups, run.cfg, behaviour)
     groups = needing_old_logprobs(run.cfg, batch.groups, run.buffer.groups, behaviour)
     rows = record_old_logprobs(model, groups, run.learner.batching, run.learner.scorer)
     return {"old_logprob_rows": int(total(rows)), "seconds_old_logprobs": time.perf_counter() - start}
@@ -215,32 +218,48 @@ def train(
     metrics_log = MetricsLogger(run_dir, start_trackers(run.accelerator, cfg, resume_step), resume_step=resume_step) \
         if main else NullTracker()
     progress = Progress(cfg, run.step) if main else NullTracker()
+    aborted = None
     try:
         if resume_from is None and cfg.eval.every_steps > 0:
             _log(run, metrics_log, progress, evaluate(run, run.eval_prompts)[0])
         while run.step < cfg.train.max_steps and not _stop_agreed(stop):
             metrics = train_step(run)
-            metrics.update(step_evals(run))
+            aborted = run.health.abort_reason(cfg, run.step, run_dir)
+            if aborted is None:  # no eval of weights that stop the run
+                metrics.update(step_evals(run))
             _log(run, metrics_log, progress, metrics)
-            if run.bad_steps >= cfg.train.max_bad_steps:
-                raise TrainingAborted(
-                    f"{run.bad_steps} non-finite steps in a row (train.max_bad_steps); the last good checkpoint is "
-                    "intact; lower train.learning_rate or check the data, then --resume"
-                )
+            if aborted is not None:
+                break
             if _due(run.step, cfg.checkpoint.every_steps) and run.step < cfg.train.max_steps:
-                save(run)
-        if run.saved_step != run.step:
-            save(run)
+                save_clean(run)
+        if aborted is None and run.saved_step != run.step:
+            save(run)  # the end, or a stop: a stop during bad steps saves them, to resume with their count
     finally:
         progress.close()
         metrics_log.close()
     if main:
-        session = time.monotonic() - started if resume_from is not None else None
-        print(end_of_run_summary(run_dir, run.step, cfg.train.max_steps, run.wall_seconds, stop.requested, session),
-              flush=True)
-        if stop.requested:
-            stop.report(run_dir, distributed.world_size())
+        _report(run, stop, aborted, time.monotonic() - started if resume_from is not None else None)
+    if aborted is not None:
+        raise TrainingAborted(f"step {run.step}: {aborted}")
     return run_dir
+
+
+def _report(run: Run, stop: StopRequested, aborted: str | None, session_s: float | None) -> None:
+    """The end-of-run summary (finished, stopped or aborted), and for a stop the command that resumes."""
+    ending = "aborted" if aborted is not None else "stopped" if stop.requested else "finished"
+    print(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, ending, session_s),
+          flush=True)
+    if stop.requested and aborted is None:
+        stop.report(run.run_dir, distributed.world_size())
+
+
+def save_clean(run: Run) -> None:
+    """A periodic checkpoint, unless the weights are suspect (train/health.py): then say why none is saved."""
+    if run.health.suspect:
+        logger.warning("step %d: checkpoint_%d not saved: a non-finite step since step %d, the last that trained",
+                       run.step, run.step, run.health.last_trained)
+        return
+    save(run)
 
 
 def _stop_agreed(stop: StopRequested) -> bool:

@@ -3,13 +3,21 @@
 
 Is the rollout the training forward? `dapo.old_logprobs` and `dapo.rollout_correction` are resolved
 once, at start, from the config and the engine (DESIGN: behaviour policy vs training policy). The
-rollout samples from the training forward when it is the decode loop over the training weights
-themselves (no copy in another dtype), in float32 without autocast, with no top-k / top-p truncation
-and no dropout in the training forward. Then the behaviour log-probs it records are the old
-log-probs to float rounding, so `auto` takes them as the old log-probs (no second pass) and corrects
-nothing. Anything else (a bf16 copy, the compiled static cache, `generate`, another engine,
-truncation) makes the behaviour policy differ from pi_old: `auto` recomputes the old log-probs with
-the training forward and applies truncated importance sampling (algo/correction.py).
+rollout computes the training forward when it is the decode loop over the training weights
+themselves (no copy in another dtype), in float32 without autocast, and no dropout in the training
+forward. Then its log-probs before top-k / top-p truncation (Completion.untruncated_logprobs) are the
+old log-probs to float rounding, so `auto` takes them as the old log-probs (no second pass) and
+corrects nothing. Anything else (a bf16 copy, the compiled static cache, `generate`, another engine)
+makes the rollout's numbers differ from pi_old: `auto` recomputes the old log-probs with the training
+forward and applies truncated importance sampling (algo/correction.py) to that numeric gap.
+
+Truncation is not part of that gap, by choice (docs/training.md, Sampling from what is scored): the
+objective is the untruncated policy's, and under top-k / top-p pi_old / pi_behav is the kept mass
+Z <= 1 of each position, which no weight on sampled tokens can turn into the untruncated gradient
+(the cut tokens are never sampled) and which would scale down exactly the uncertain positions (tis),
+mask them (mis) or vanish over a sequence (seq-*). The correction compares the training forward with
+the rollout's distribution before truncation; the truncation is reported apart
+(rollout_kl_truncation), and a top_k of at least the vocabulary or top_p 1 is no truncation at all.
 
 With old log-probs from the rollout, step 2 does nothing. Else they are recorded right after
 collection, while the weights are still the ones that sampled, by a no-grad pass of the training
@@ -42,12 +50,14 @@ UNKNOWN_ROLLOUT = ("the rollout engine is not known here",)
 @dataclass(frozen=True)
 class BehaviourPolicy:
     """How the update treats the distribution the rollout sampled from: dapo.old_logprobs and
-    dapo.rollout_correction resolved, and why (`differences`: how the rollout departs from the
-    training forward; empty when it is the training forward)."""
+    dapo.rollout_correction resolved, and why (`differences`: how the rollout's forward departs from
+    the training forward; empty when it is the training forward; `truncation`: top-k / top-p, which is
+    not corrected)."""
 
-    old_from_rollout: bool = False  # the behaviour log-probs are the ratio's old log-probs (no pass)
+    old_from_rollout: bool = False  # the rollout's untruncated log-probs are the ratio's old log-probs (no pass)
     correction: RolloutCorrection = RolloutCorrection()
     differences: tuple[str, ...] = UNKNOWN_ROLLOUT
+    truncation: str | None = None  # what top-k / top-p cut (old_policy.truncation); None: nothing
 
 
 def rollout_differences(cfg: Config, engine, model: torch.nn.Module, cuda: bool) -> tuple[str, ...]:
@@ -67,10 +77,6 @@ def rollout_differences(cfg: Config, engine, model: torch.nn.Module, cuda: bool)
         found.append(f"the training weights are {str(weights).removeprefix('torch.')} (model.dtype)")
     if mixed_precision(cfg, cuda) != "no":
         found.append(f"the training forward runs under {mixed_precision(cfg, cuda)} autocast (train.mixed_precision)")
-    if cfg.rollout.top_k > 0:
-        found.append(f"top-k {cfg.rollout.top_k} truncation (rollout.top_k)")
-    if cfg.rollout.top_p < 1.0:
-        found.append(f"top-p {cfg.rollout.top_p:g} truncation (rollout.top_p)")
     if cfg.model.keep_dropout and dropout_fields(model.config):
         found.append("dropout in the training forward (model.keep_dropout)")
     if cfg.model.lora.r > 0 and cfg.model.lora.dropout > 0:
@@ -78,8 +84,23 @@ def rollout_differences(cfg: Config, engine, model: torch.nn.Module, cuda: bool)
     return tuple(found)
 
 
-def resolve(cfg: Config, differences: tuple[str, ...]) -> BehaviourPolicy:
-    """dapo.old_logprobs and dapo.rollout_correction with `auto` decided by `differences`."""
+def truncation(cfg: Config, model: torch.nn.Module) -> str | None:
+    """What top-k / top-p cut from the sampling distribution, as a phrase; None when nothing is cut (top_k
+    0 or at least the vocabulary, top_p 1)."""
+    from dapo_train.rollout.decoding import SamplingSettings
+
+    r = cfg.rollout
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0) or r.top_k + 1
+    if not SamplingSettings(1, top_k=r.top_k, top_p=r.top_p).truncates(vocab):
+        return None
+    parts = ([f"top-k {r.top_k} of {vocab}"] if 0 < r.top_k < vocab else []) + \
+        ([f"top-p {r.top_p:g}"] if r.top_p < 1.0 else [])
+    return " and ".join(parts)
+
+
+def resolve(cfg: Config, differences: tuple[str, ...], truncation: str | None = None) -> BehaviourPolicy:
+    """dapo.old_logprobs and dapo.rollout_correction with `auto` decided by `differences` (not by the
+    truncation: the rollout's untruncated log-probs are compared)."""
     same = not differences
     old = cfg.dapo.old_logprobs
     mode = cfg.dapo.rollout_correction
@@ -87,7 +108,7 @@ def resolve(cfg: Config, differences: tuple[str, ...]) -> BehaviourPolicy:
         mode = "off" if same else "tis"
     return BehaviourPolicy(old_from_rollout=same if old == "auto" else old == "rollout",
                            correction=RolloutCorrection(mode, cfg.dapo.rollout_correction_cap),
-                           differences=differences)
+                           differences=differences, truncation=truncation)
 
 
 def log_behaviour(policy: BehaviourPolicy, cfg: Config, model: torch.nn.Module) -> None:
@@ -99,7 +120,10 @@ def log_behaviour(policy: BehaviourPolicy, cfg: Config, model: torch.nn.Module) 
         logger.info("rollout: the behaviour policy is not the training forward: %s", "; ".join(policy.differences))
     else:
         logger.info("rollout: the behaviour policy is the training forward (float32 decode loop over the training "
-                    "weights, no truncation)")
+                    "weights)")
+    if policy.truncation is not None:
+        logger.info("rollout: samples after %s truncation; the objective and the correction are the untruncated "
+                    "policy's, the cut mass is logged apart (rollout_kl_truncation)", policy.truncation)
     old = "rollout" if policy.old_from_rollout else "recompute"
     logger.info("dapo.old_logprobs=%s: %s", _chosen(cfg.dapo.old_logprobs, old), "the behaviour log-probs the "
                 "rollout recorded (no second pass)" if policy.old_from_rollout else "a no-grad pass of the training "
@@ -147,6 +171,21 @@ def require_behaviour_logprobs(groups: list[Group], engine: str) -> None:
         raise UserError(f"dapo.old_logprobs=rollout needs each completion's behaviour log-probs, and rollout.engine="
                         f"{engine} returned completions without them (Completion.behaviour_logprobs); set "
                         "dapo.old_logprobs=recompute")
+
+
+def require_kept_mass(groups: list[Group], cfg: Config, behaviour: BehaviourPolicy) -> None:
+    """Under top-k / top-p, what compares the rollout with pi_old (the correction, or the old log-probs
+    taken from the rollout) needs the untruncated log-probs: every completion needs its kept_log_mass."""
+    if behaviour.truncation is None or not (behaviour.old_from_rollout or behaviour.correction.mode != "off"):
+        return
+    if any(c.behaviour_logprobs is not None and c.kept_log_mass is None and c.length
+           for group in groups for c in group.completions):
+        raise UserError(
+            f"rollout.top_k={cfg.rollout.top_k} / rollout.top_p={cfg.rollout.top_p:g} truncate, and rollout.engine="
+            f"{cfg.rollout.engine} returned completions without Completion.kept_log_mass, so their behaviour log-probs "
+            "cannot be compared with the untruncated training forward (docs/training.md, Sampling from what is "
+            "scored); record it, or set dapo.rollout_correction=off and dapo.old_logprobs=recompute"
+        )
 
 
 def record_old_logprobs(model: torch.nn.Module, groups: list[Group], batching: Batching, scorer: Scorer) -> int:

@@ -11,8 +11,9 @@
 - A step that dropped every group, and a reward that has not moved in FLAT_STEPS steps, each get a
   line saying so and the `dapo-train show` command that shows what the model wrote; the end-of-run
   summary says the same.
-- The end of a run prints a summary: eval accuracy first -> best -> last, the final accuracy on
-  the whole eval split (eval.final_full), wall time, the checkpoints, and the command to run next.
+- The end of a run prints a summary: how it ended, eval accuracy first -> best -> last, the final
+  accuracy on the whole eval split (eval.final_full), the steps skipped of each kind (non-finite,
+  without an informative group), wall time, the checkpoints, and the command to run next.
 Lines go through `logging` (redirected around the bar, so the bar stays one line).
 """
 
@@ -203,12 +204,24 @@ def _at(row: dict) -> str:
     return f"{row['accuracy']:.3f} (step {row['step']})"
 
 
+def skipped_line(rows: list[dict]) -> str:
+    """'  skipped steps: 1 non-finite (loss or grad norm), 5 without an informative group, of 6': always
+    there, zeros included, so a run that trained on nothing cannot read as a good one."""
+    steps = [row for row in rows if row.get("step", 0) > 0]
+    nonfinite = sum(int(row.get("skipped_nonfinite", 0)) for row in steps)
+    starved = sum(int(row.get("skipped_no_groups", 0)) for row in steps)
+    return f"  skipped steps: {nonfinite} non-finite (loss or grad norm), {starved} without an informative group, " \
+        f"of {len(steps)}"
+
+
 def end_of_run_summary(
-    run_dir: Path, step: int, max_steps: int, wall_s: float, stopped: bool, session_s: float | None = None
+    run_dir: Path, step: int, max_steps: int, wall_s: float, ending: str = "finished", session_s: float | None = None
 ) -> str:
-    """The end-of-run report (printed): accuracy first -> best -> last, wall time (the whole run's;
-    session_s, a resumed session's own), checkpoints, next."""
-    head = f"stopped {run_dir} at step {step} of {max_steps}" if stopped else f"finished {run_dir}: {step} steps"
+    """The end-of-run report (printed): how it ended (finished, stopped by a signal, aborted:
+    train/health.py), accuracy first -> best -> last, the steps skipped of each kind, wall time (the
+    whole run's; session_s, a resumed session's own), checkpoints, next."""
+    head = f"finished {run_dir}: {step} steps" if ending == "finished" else f"{ending} {run_dir} at step {step} of " \
+        f"{max_steps}"
     session = f" (this session: {duration(session_s)})" if session_s is not None else ""
     lines = [f"{head} in {duration(wall_s)}{session}"]
     rows = read_metrics(run_dir)
@@ -223,12 +236,13 @@ def end_of_run_summary(
     finals = [row for row in rows if FINAL.accuracy in row]
     if finals:
         lines.append(f"  {final_line(finals[-1]['step'], finals[-1])}")
+    lines.append(skipped_line(rows))
     checkpoints = checkpoint_dirs(run_dir)
     if checkpoints:
         names = [p.name for p in checkpoints]
         shown = ", ".join(names) if len(names) <= 4 else f"{names[0]}, ..., {names[-1]} ({len(names)})"
         lines.append(f"  checkpoints in {run_dir}: {shown}")
-    if checkpoints and not stopped:  # a stopped run: signals.StopRequested.report says how to resume
+    if checkpoints and ending == "finished":  # stopped: StopRequested.report says how to resume; aborted: its reason
         lines.append(f"  next: dapo-train eval {shlex.quote(str(checkpoints[-1]))}   # every item of data.eval_split")
     return "\n".join(lines + rollout_lines(run_dir, rows))
 

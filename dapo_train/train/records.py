@@ -38,7 +38,8 @@ class Group:
     under the training forward of the policy that generated it, recorded right after collection
     (old_policy.py; None while the update can prove the ratio is 1 and needs none, or when the
     completions' behaviour log-probs serve as old ones: dapo.old_logprobs=rollout). The completions
-    carry their behaviour log-probs (Completion.behaviour_logprobs), through checkpoints too.
+    carry their behaviour log-probs and the mass top-k / top-p kept (Completion.behaviour_logprobs,
+    kept_log_mass), through checkpoints too.
     """
 
     prompt: Prompt
@@ -60,6 +61,7 @@ class Group:
             "truncated": [c.truncated for c in self.completions],
             "texts": [c.text for c in self.completions],
             "behaviour_logprobs": [c.behaviour_logprobs for c in self.completions],
+            "kept_log_mass": [c.kept_log_mass for c in self.completions],
             "rewards": self.rewards,
             "correct": self.correct,
             "advantages": self.advantages,
@@ -72,10 +74,11 @@ class Group:
     def from_state(cls, state: dict, prompts_by_uid: dict[str, Prompt]) -> Group:
         # Optional in checkpoints: a group saved before they were kept has none (its old log-probs are recorded).
         behaviour = state.get("behaviour_logprobs") or [None] * len(state["completion_ids"])
+        kept = state.get("kept_log_mass") or [None] * len(behaviour)  # saved before truncation was recorded: none
         completions = [
-            Completion(prompt_ids=p, completion_ids=c, truncated=t, text=x, behaviour_logprobs=b)
-            for p, c, t, x, b in zip(state["prompt_ids"], state["completion_ids"], state["truncated"], state["texts"],
-                                     behaviour)
+            Completion(prompt_ids=p, completion_ids=c, truncated=t, text=x, behaviour_logprobs=b, kept_log_mass=k)
+            for p, c, t, x, b, k in zip(state["prompt_ids"], state["completion_ids"], state["truncated"],
+                                        state["texts"], behaviour, kept)
         ]
         return cls(
             prompt=prompts_by_uid[state["prompt_uid"]],

@@ -23,6 +23,7 @@ from dapo_train.config.schema import Config
 from dapo_train.evaluation.generate import eval_max_new_tokens
 from dapo_train.model.loading import (
     check_attention_kernel,
+    check_lora_targets,
     check_sequence_budget,
     cpu_has_bf16_units,
     gradient_checkpointing,
@@ -38,8 +39,9 @@ from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, lo
 from dapo_train.train import distributed
 from dapo_train.train.batching import Batching
 from dapo_train.train.collect import GroupBuffer
+from dapo_train.train.health import StepHealth
 from dapo_train.train.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
-from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences
+from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
 from dapo_train.train.optim import adamw
 from dapo_train.train.update import Learner, Reference
 
@@ -73,7 +75,7 @@ class Run:
     buffer: GroupBuffer
     prompts_by_uid: dict[str, Prompt]
     step: int = 0
-    bad_steps: int = 0
+    health: StepHealth = field(default_factory=StepHealth)  # bad steps since the last that trained
     saved_step: int | None = None  # the step of the checkpoint on disk that holds these weights
     started: float = field(default_factory=time.monotonic)  # when this session began (train: before setup)
     seconds_before: float = 0.0  # wall time of the sessions before this one (a resumed run's checkpoint)
@@ -110,7 +112,8 @@ def start_accelerator(cfg: Config, cuda: bool, run_dir: Path):
 
 
 def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
-    """Validate cheap things first (rewards, engine, objective, data), then load the model."""
+    """Validate cheap things first (rewards, engine, objective, budget, LoRA targets, data), then load the
+    model."""
     cuda = torch.cuda.is_available()
     accelerator = start_accelerator(cfg, cuda, run_dir)
     if cfg.train.num_threads > 0:
@@ -121,6 +124,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     engine_factory(cfg.rollout.engine)  # an unknown engine or objective fails here, before anything loads
     loss_settings(cfg)
     check_sequence_budget(cfg, max(cfg.rollout.max_new_tokens, eval_max_new_tokens(cfg) if cfg.eval.every_steps else 0))
+    check_lora_targets(cfg.model)
     if cfg.model.attn_implementation:
         check_attention_kernel(cfg.model.attn_implementation, accelerator.device)  # load_model would, after the data
     tokenizer = load_tokenizer(cfg.model)
@@ -129,7 +133,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     splits = load_prompt_splits(cfg.data, tokenizer, wanted)  # each split logs its row counts
     train_prompts = splits[cfg.data.train_split][0]
     all_eval = splits[cfg.data.eval_split][0] if evaluating or final else []
-    eval_prompts = fixed_eval_subset(all_eval, cfg.eval.num_items) if evaluating else []
+    eval_prompts = eval_subset(cfg, all_eval) if evaluating else []
     final_prompts = all_eval if final else []
     _log_final_eval_cost(cfg, len(eval_prompts), len(final_prompts))
     model = load_policy(cfg, accelerator.device, resume_from)
@@ -140,7 +144,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
         engine = build_engine(cfg.rollout, unwrapped, tokenizer)
     reward_set = reward_set.load(accelerator.device)  # the reward models' weights, frozen
-    behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda))
+    behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda), truncation(cfg, unwrapped))
     learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
                             prepare_reference(cfg, accelerator, model, unwrapped), behaviour=behaviour)
     log_behaviour(behaviour, cfg, unwrapped)
@@ -152,6 +156,15 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         eval_prompts=eval_prompts, final_prompts=final_prompts, buffer=GroupBuffer(),
         prompts_by_uid={p.uid: p for p in train_prompts},
     )
+
+
+def eval_subset(cfg: Config, split: list[Prompt]) -> list[Prompt]:
+    """The fixed items of every periodic eval (eval.num_items of the eval split; 0 = all), saying so
+    when eval.num_items asks for more than the split holds."""
+    if cfg.eval.num_items > len(split):
+        logger.warning("eval.num_items=%d is more than the %d items of %r: every periodic eval covers all %d "
+                       "(eval.num_items=0 means all)", cfg.eval.num_items, len(split), cfg.data.eval_split, len(split))
+    return fixed_eval_subset(split, cfg.eval.num_items)
 
 
 def _log_final_eval_cost(cfg: Config, periodic: int, final: int) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from dapo_train.errors import UserError
 from dapo_train.model import checkpoint as ckpt
 from dapo_train.train import distributed
+from dapo_train.train.health import StepHealth
 from dapo_train.train.session import Run
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ def trainer_state(run: Run) -> dict:
     """trainer_state.pt: the run's position and rank 0's own state (rank_state)."""
     state = {
         "step": run.step,
-        "bad_steps": run.bad_steps,
+        "bad_steps": run.health.nonfinite,  # what checkpoints before the health record read
+        "health": run.health.state_dict(),
         "optimizer_steps": run.learner.optimizer.steps,
         "sampler": run.prompt_sampler.state_dict(),
         "num_processes": distributed.world_size(),
@@ -47,7 +49,7 @@ def trainer_state(run: Run) -> dict:
 def restore(run: Run, state: dict, checkpoint: Path) -> None:
     """Every rank reads trainer_state.pt; rank r > 0 its own file too. A checkpoint of another
     number of processes resumes (the data order is shared) but does not reproduce the run."""
-    run.step, run.bad_steps = int(state["step"]), int(state["bad_steps"])
+    run.step, run.health = int(state["step"]), StepHealth.from_state(state)
     run.seconds_before = float(state.get("wall_seconds", 0.0))
     # A checkpoint without the counter was written by a run that made one optimizer step per step.
     run.learner.optimizer.steps = int(state.get("optimizer_steps", run.step))

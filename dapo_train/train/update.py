@@ -260,11 +260,12 @@ ROLLOUT_MEANS = {"kl": "rollout_kl", "logprob_diff": "rollout_logprob_diff_mean"
 
 def rollout_metrics(steps: list[UpdateSums]) -> dict:
     """The step's rollout mismatch over the tokens measured in its optimizer steps (all ranks): rollout_kl,
-    rollout_logprob_diff_mean / _max, rollout_is_weight_mean, rollout_is_clipped_frac, rollout_tokens;
-    none when no token was measured (see _mismatch)."""
+    rollout_logprob_diff_mean / _max, rollout_is_weight_mean, rollout_is_clipped_frac, and rollout_tokens,
+    how many tokens they cover. Every step has them: with 0 tokens (no row's training forward at its
+    sampling weights was known, see _mismatch; or no update) the figures are None (null in metrics.jsonl)."""
     tokens = sum(step.counts.get("tokens", 0.0) for step in steps)
     if not tokens:
-        return {}
+        return {**dict.fromkeys([*ROLLOUT_MEANS.values(), "rollout_logprob_diff_max"]), "rollout_tokens": 0}
     out = {name: sum(step.counts[key] for step in steps) / tokens for key, name in ROLLOUT_MEANS.items()}
     out["rollout_logprob_diff_max"] = max(step.maxima["logprob_diff_max"] for step in steps)
     return {**out, "rollout_tokens": tokens}

@@ -231,6 +231,21 @@ def test_k3_kl_term():
         policy_loss(new, old, adv, mask, 0.2, 0.28, beta=0.1)
 
 
+def test_the_kl_term_is_clamped_like_verls():
+    """ref - logp = 99 overflows exp() (k3 = inf): as verl does, the log-ratio is clamped to +-20 and
+    the per-token k3 to at most 10 (KL_TERM_LIMIT), so the loss is finite and that token's KL gives no
+    gradient; a token inside the bounds keeps its exact k3 (0.5 - ln 0.5 - 1) and gradient (1 - 0.5)."""
+    new = torch.zeros(1, 2, requires_grad=True)
+    ref = torch.tensor([[99.0, log(0.5)]])
+    loss, metrics = policy_loss(new, torch.zeros(1, 2), torch.zeros(1), torch.ones(1, 2), 0.2, 0.28,
+                                ref_logprobs=ref, beta=0.1)
+    loss.backward()
+    k3 = 0.5 - log(0.5) - 1.0
+    assert loss.item() == pytest.approx(0.1 * (10.0 + k3) / 2, rel=1e-6)
+    assert metrics["kl"] == pytest.approx((10.0 + k3) / 2, rel=1e-6)
+    assert new.grad[0].tolist() == pytest.approx([0.0, 0.1 * (1 - 0.5) / 2], rel=1e-6)
+
+
 def test_rejects_unknown_reduction_and_bad_shapes():
     new, old, adv, mask = hand_batch()
     with pytest.raises(ValueError, match="allowed"):

@@ -124,6 +124,19 @@ def test_cispo_lower_bound_floors_the_weight_whatever_the_advantage():
     assert (m_free["clip_frac_low"], m_free["clip_frac_high"]) == (0.0, 0.5)
 
 
+def test_cispo_keeps_the_gradient_of_a_token_beyond_the_log_ratio_clamp():
+    """Two tokens, A = +1, cap 5: log r = 25 (past the +-20 clamp, algo.LOG_RATIO_LIMIT) and -0.2. CISPO's
+    loss is -sg(w) A log pi, so the clamp may bound the weight (e^20 capped to 5) but not cut log pi's
+    gradient: -5 / 2 and -e^-0.2 / 2 = -0.409 (2 tokens), as verl and TRL give. Eq. 10 gives the
+    clamped token none (it is clipped), and its other token the same -0.409."""
+    new = torch.tensor([[-1.0, -2.0]])
+    old = new - torch.tensor([[25.0, -0.2]])
+    _, grad, _ = loss_and_grad(new, old, torch.tensor([1.0]), torch.ones(1, 2), "cispo", eps=(1.0, 4.0))
+    assert grad[0].tolist() == pytest.approx([-2.5, -math.exp(-0.2) / 2], rel=1e-6)
+    _, clip_grad, _ = loss_and_grad(new, old, torch.tensor([1.0]), torch.ones(1, 2), "clip")
+    assert clip_grad[0].tolist() == pytest.approx([0.0, -math.exp(-0.2) / 2], rel=1e-6)
+
+
 # ---------------------------------------------------------------- each bound moves its own clip metric
 
 

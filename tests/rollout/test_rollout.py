@@ -28,6 +28,7 @@ from conftest import (
     full_distributions,
     make_engine,
     make_random_model,
+    shipped_tiny,
     top_k_logprobs,
 )
 
@@ -90,14 +91,7 @@ def test_every_engine_records_the_distribution_it_sampled_from(random_model, id_
 
 @pytest.fixture(scope="module")
 def tiny():
-    """The shipped model, tokenizer and five training prompts: a model that stops at varied lengths."""
-    from dapo_train.model.loading import load_model, load_tokenizer
-    from dapo_train.task.prompts import load_prompts
-
-    cfg = load_config(None, [])
-    tokenizer = load_tokenizer(cfg.model)
-    prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)
-    return load_model(cfg.model, torch.device("cpu")).eval(), tokenizer, [p.input_ids for p in prompts[:5]]
+    return shipped_tiny()
 
 
 @pytest.mark.parametrize("batch_size", [3, 64])
@@ -194,6 +188,25 @@ def test_a_bfloat16_rollout_copy_follows_the_training_weights(id_tokenizer):
     assert len(completions) == 6 and all(c.length >= 1 for c in completions)
     float32 = build_engine(load_config(None, []).rollout, model, id_tokenizer)  # auto on CPU: the weights themselves
     assert float32.copy is None and float32.rollout_model is model
+
+
+def test_a_bfloat16_rollout_copy_keeps_the_buffers_the_loader_keeps_in_float32(tiny, id_tokenizer):
+    """from_pretrained(dtype=bfloat16) casts the weights but computes the rotary inv_freq (a non-persistent
+    buffer) in float32; the rollout copy must match it, buffer by buffer. Cast to bf16, inv_freq is off
+    by up to 3.7e-3 (relative), 0.09 rad of rotary angle at position 500."""
+    from transformers import AutoModelForCausalLM
+
+    from dapo_train.task.locations import resolve_model_path
+
+    model = tiny[0]
+    copy = build_engine(load_config(None, ["rollout.dtype=bfloat16"]).rollout, model, id_tokenizer).copy
+    loaded = AutoModelForCausalLM.from_pretrained(resolve_model_path("builtin:tiny"), dtype=torch.bfloat16)
+    reference = dict(loaded.named_buffers())
+    assert {name for name, _ in copy.named_buffers()} == set(reference) and "model.rotary_emb.inv_freq" in reference
+    for name, buffer in copy.named_buffers():
+        assert buffer.dtype == reference[name].dtype == torch.float32, name
+        torch.testing.assert_close(buffer, dict(model.named_buffers())[name], atol=0, rtol=0)
+    assert {p.dtype for p in copy.parameters()} == {torch.bfloat16}
 
 
 def test_engines_are_chosen_by_name_and_unknown_ones_refused():

@@ -210,9 +210,11 @@ def test_done_needs_the_final_checkpoint_and_a_run_without_checkpoints_starts_ov
 
 def test_an_aborted_point_fails_alone(tmp_path, monkeypatch):
     fake = FakeTrain(abort=NAMES[0])
-    assert _sweep(tmp_path, monkeypatch, fake) == 1
+    assert _sweep(tmp_path, monkeypatch, fake) == 3  # TrainingAborted's exit code, once the other points ran
     assert [name for name, _, _ in fake.calls] == NAMES  # the other points still ran
     assert _statuses(tmp_path / "s") == ["failed", "done", "done", "done"]
+    points = json.loads((tmp_path / "s" / SWEEP_FILE).read_text())["points"]
+    assert points[0]["reason"] == "2 non-finite steps in a row" and "reason" not in points[1]
 
 
 def test_a_run_folder_of_other_settings_is_refused(tmp_path, monkeypatch):
@@ -348,6 +350,27 @@ def test_the_figure_draws_the_mean_of_the_seeds_and_a_band(runs):
     assert "min-max" in fig.texts[0].get_text()  # the figure says what the band is
     kl = fig.axes[6]
     assert kl.get_title().startswith("rollout KL") and [t.get_text() for t in kl.texts] == ["not logged by these runs"]
+
+
+def test_the_rollout_panels_say_exact_by_construction_instead_of_plotting_rounding(tmp_path):
+    """A point whose rollout is the training forward (rollout_exact 1 on every row, the CPU float32 demo)
+    logs a numeric gap of float rounding (1e-13): its panels say so instead of drawing it; a point of a
+    bf16 copy is drawn; the truncation's KL is drawn for both (0 without truncation)."""
+    pytest.importorskip("matplotlib")
+    gap = {"rollout_kl": 1e-13, "rollout_logprob_diff_mean": 3e-7, "rollout_logprob_diff_max": 2e-6,
+           "rollout_is_weight_mean": 1.0, "rollout_is_clipped_frac": 0.0, "rollout_kl_truncation": 0.0}
+    root = tmp_path / "runs"
+    make_run(root / "fp32", ["rollout.dtype=float32"], [
+        train_row(step, 0.5, 0.1, 0.0, 30, 1.0, rollout_exact=1, **gap) for step in (1, 2)])
+    kl, diff, weight = make_figure(*group_points(load_runs([str(root)]))).axes[6:9]
+    assert [line.get_linestyle() for line in kl.lines] == ["--"]  # the truncation's line only
+    assert not diff.lines and not weight.lines
+    assert [t.get_text() for t in diff.texts] == ["exact by construction: the rollout is the training forward"]
+    make_run(root / "bf16", ["rollout.dtype=bfloat16"], [
+        train_row(step, 0.5, 0.1, 0.0, 30, 1.0, rollout_exact=0, **{**gap, "rollout_kl": 3e-7}) for step in (1, 2)])
+    kl, diff, _ = make_figure(*group_points(load_runs([str(root)]))).axes[6:9]
+    assert len(diff.lines) == 2 and "for 1 of 2 points (not drawn)" in diff.texts[0].get_text()  # bf16's mean, max
+    assert len(kl.lines) == 3  # bf16's numeric line, and both points' truncation lines
 
 
 def test_plot_writes_a_png(runs, tmp_path):

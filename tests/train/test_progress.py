@@ -73,15 +73,26 @@ def test_the_summary_gives_accuracy_first_best_last_wall_time_checkpoints_and_ne
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     for step in (20, 40):
         (tmp_path / f"checkpoint_{step}").mkdir()
-    assert end_of_run_summary(tmp_path, 40, 40, 200.0, stopped=False).splitlines() == [
+    assert end_of_run_summary(tmp_path, 40, 40, 200.0).splitlines() == [
         f"finished {tmp_path}: 40 steps in 3m20s",
         "  eval accuracy (100 eval items): first 0.160 (step 0) -> best 0.300 (step 10) -> last 0.280 (step 40)",
+        "  skipped steps: 0 non-finite (loss or grad norm), 0 without an informative group, of 3",  # rows past 0
         f"  checkpoints in {tmp_path}: checkpoint_20, checkpoint_40",
         f"  next: dapo-train eval {tmp_path / 'checkpoint_40'}   # every item of data.eval_split",
     ]
-    stopped = end_of_run_summary(tmp_path, 20, 40, 65.0, stopped=True).splitlines()
+    stopped = end_of_run_summary(tmp_path, 20, 40, 65.0, "stopped").splitlines()
     assert stopped[0] == f"stopped {tmp_path} at step 20 of 40 in 1m05s"
     assert not any("next:" in line for line in stopped)  # the stop report says how to resume instead
+
+
+def test_the_summary_counts_the_skipped_steps_of_each_kind(tmp_path):
+    rows = [{"step": 1, "skipped_nonfinite": 1}, {"step": 2, "skipped_nonfinite": 0, "loss": 0.2},
+            {"step": 3, "skipped_no_groups": 1}, {"step": 4, "skipped_no_groups": 1}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    lines = end_of_run_summary(tmp_path, 4, 50, 9.0, "aborted").splitlines()
+    assert lines[0] == f"aborted {tmp_path} at step 4 of 50 in 9s"
+    assert "  skipped steps: 1 non-finite (loss or grad norm), 2 without an informative group, of 4" in lines
+    assert not any("next:" in line for line in lines)  # the abort's reason says what to do
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,6 +195,7 @@ def test_a_run_ends_with_a_summary(quiet_run):
     assert lines[0].startswith(f"finished {out}: 2 steps in ")
     assert lines[1].startswith("  eval accuracy (8 eval items): first ") and " -> best " in lines[1]
     assert lines[2:] == [
+        "  skipped steps: 0 non-finite (loss or grad norm), 0 without an informative group, of 2",
         f"  checkpoints in {out}: checkpoint_2",
         f"  next: dapo-train eval {out / 'checkpoint_2'}   # every item of data.eval_split",
         f"  rollouts (what the model wrote, and each reward): dapo-train show {out}",

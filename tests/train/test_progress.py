@@ -178,9 +178,9 @@ def test_the_summary_points_at_show(tmp_path):
 
     rows = [{"step": step, "reward_mean": 0.5, "skipped_no_groups": 1} for step in range(1, 6)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    assert "dapo-train show" not in end_of_run_summary(tmp_path, 5, 5, 10.0, stopped=False)  # no records: no pointer
+    assert "dapo-train show" not in end_of_run_summary(tmp_path, 5, 5, 10.0)  # no records: no pointer
     write_rollouts(tmp_path, 5, [])
-    lines = end_of_run_summary(tmp_path, 5, 5, 10.0, stopped=False).splitlines()
+    lines = end_of_run_summary(tmp_path, 5, 5, 10.0).splitlines()
     assert lines[-2:] == [
         f"  5 of 5 steps dropped every group (first: step 1); see them: dapo-train show {tmp_path} --step 1 --where "
         "dropped",

@@ -3,6 +3,8 @@ entry points and two helpers live at its root, and no module imports a cycle, co
 functions too (a lazy import hides a cycle or an upward edge from Python, not from a reader)."""
 
 import ast
+import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -205,3 +207,32 @@ def test_the_maths_imports_torch_and_the_standard_library_only():
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
             third_party |= {name.split(".")[0] for name in names}
     assert third_party - sys.stdlib_module_names == {"torch", "dapo_train"}
+
+
+# What plugin authors are told to import (DESIGN.md's interfaces, docs/training.md, docs/benchmarks.md,
+# docs/rewards-and-tasks.md): these paths are kept whatever moves inside the package.
+PUBLIC = {
+    "dapo_train.algo": ("policy_loss", "group_advantages", "overlong_penalty", "is_informative_group",
+                        "register_policy_loss", "POLICY_LOSSES", "LossSettings", "loss_normalizer",
+                        "register_loss_reduction", "RolloutCorrection", "register_rollout_correction"),
+    "dapo_train.rewards": ("register", "REWARDS", "extract_answer", "is_correct", "RewardError", "build_rewards",
+                           "score"),
+    "dapo_train.rollout": ("Completion", "EngineSetup", "SamplingSettings", "RolloutEngine", "DecodeLoopEngine",
+                           "register_engine", "build_engine", "engine_factory"),
+}
+DOCUMENTED = re.compile(r"from (dapo_train(?:\.\w+)*) import ([\w, ]+)|(dapo_train(?:\.\w+)+)\.(\w+)")
+
+
+def test_the_public_import_paths_work_and_cover_what_the_docs_name():
+    for module, names in PUBLIC.items():
+        package = importlib.import_module(module)
+        assert set(names) <= set(package.__all__) and all(hasattr(package, name) for name in names), module
+    docs = PACKAGE.parent / "docs"
+    named = set()
+    for text in [path.read_text(encoding="utf-8") for path in docs.glob("*.md")] + [(PACKAGE.parent / "README.md")
+                                                                                    .read_text(encoding="utf-8")]:
+        for match in DOCUMENTED.finditer(text):
+            module, names = (match[1], match[2].split(",")) if match[1] else (match[3], [match[4]])
+            named |= {(module, name.strip()) for name in names}
+    assert named and all(name in PUBLIC.get(module, ()) for module, name in named), named
+    assert importlib.import_module("dapo_train.rewards").extract_answer("<answer>\n-1,250\n</answer>") == "-1250"

@@ -2,8 +2,8 @@
 
     pip install -e '.[bench]'                     # TRL
     python scripts/bench_vs_trl.py                # CPU: the shipped tiny model, 5 interleaved repeats
-    python scripts/bench_vs_trl.py --shape rehearsal --prompts 4 --group-size 8 --max-new-tokens 32 \\
-        --steps 4 --repeats 3                     # CPU: Qwen2.5's vocabulary, tokenizer and stop ids
+    python scripts/bench_vs_trl.py --shape rehearsal --prompts 2 --group-size 4 --max-new-tokens 32 \\
+        --micro-batch 4 --steps 4 --repeats 5 [--trl-compact]   # CPU, Qwen2.5's vocabulary: 4-7 minutes
     python scripts/bench_vs_trl.py --shape qwen1.5b --max-new-tokens 128 --prompts 16 --micro-batch 32  # CUDA
 
 Shapes: `tiny` is the shipped model on the shipped task. `rehearsal` is preflight's stand-in for
@@ -23,6 +23,11 @@ rollout batch over micro-batches of the same size, no KL term, no reference mode
 pass, the same reward function, the same threads; dapo-train's dynamic sampling is off (TRL has
 none), so both train every generated completion. On CUDA both use float32 master weights, bf16
 autocast and gradient checkpointing (dapo-train's defaults there).
+
+One thing is not equal on a CPU: TRL's fused LM head, always on, computes logits at every position of
+every row (the prompt's too, masked afterwards) where Triton is missing, and at the completion
+positions only where it runs (CUDA). --trl-compact patches that one choice so TRL scores as it does on
+CUDA; without it the bench measures TRL as a CPU user gets it.
 
 Each side runs in its own process, the sides alternating (and swapping which goes first) for
 --repeats rounds, repeat r sampling with seed --seed + r on both sides (so neither side keeps one

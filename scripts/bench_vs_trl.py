@@ -2,19 +2,38 @@
 
     pip install -e '.[bench]'                     # TRL
     python scripts/bench_vs_trl.py                # CPU: the shipped tiny model, 5 interleaved repeats
+    python scripts/bench_vs_trl.py --shape rehearsal --prompts 2 --group-size 4 --max-new-tokens 32 \\
+        --micro-batch 4 --steps 4 --repeats 5 [--trl-compact]   # CPU, Qwen2.5's vocabulary: 4-7 minutes
     python scripts/bench_vs_trl.py --shape qwen1.5b --max-new-tokens 128 --prompts 16 --micro-batch 32  # CUDA
+
+Shapes: `tiny` is the shipped model on the shipped task. `rehearsal` is preflight's stand-in for
+Qwen2.5-1.5B-Instruct (dapo_train.preflight.rehearsal.build_model: 2 layers of width 32 with the real
+151,936-row tied embedding, Qwen's generation config with its two EOS ids, random weights biased so
+each EOS id has probability 0.02 per token under the bench's sampling) with scripts/qwen_offline.py's
+offline Qwen2.5 tokenizer, on the chat-templated questions of its GSM8K-zh stand-in (real prompt
+lengths): there the LM head and the scoring of 151,936 rows are most of the work. Any other name is a
+random scripts/bench_step.py shape with the tiny tokenizer. The model is built once, in a temporary
+folder both sides load.
 
 Equal work: both sides get the same prompts in the same order as the same token ids (checked
 before timing), G completions each, the same stop ids (generation_config's EOS ids plus the
-tokenizer's), the same sampling (temperature 1, no top-p/top-k, no repetition penalty), one
-optimizer step per rollout batch over micro-batches of the same size, no KL term, no reference
-model, no old-log-prob pass, the same reward function, the same threads; dapo-train's dynamic
-sampling is off (TRL has none), so both train every generated completion. On CUDA both use
-float32 master weights, bf16 autocast and gradient checkpointing (dapo-train's defaults there).
+tokenizer's; checked on TRL's side), the same sampling (temperature 1, no top-p/top-k, no repetition
+penalty, none of the model's generation_config fields leaking in: checked), one optimizer step per
+rollout batch over micro-batches of the same size, no KL term, no reference model, no old-log-prob
+pass, the same reward function, the same threads; dapo-train's dynamic sampling is off (TRL has
+none), so both train every generated completion. On CUDA both use float32 master weights, bf16
+autocast and gradient checkpointing (dapo-train's defaults there).
+
+One thing is not equal on a CPU: TRL's fused LM head, always on, computes logits at every position of
+every row (the prompt's too, masked afterwards) where Triton is missing, and at the completion
+positions only where it runs (CUDA). --trl-compact patches that one choice so TRL scores as it does on
+CUDA; without it the bench measures TRL as a CPU user gets it.
 
 Each side runs in its own process, the sides alternating (and swapping which goes first) for
---repeats rounds; a run's throughput is completions per second over steps 2..--steps (step 1 pays
-for warm-up). Prints each run, then the medians and, last, the paired ratio line.
+--repeats rounds, repeat r sampling with seed --seed + r on both sides (so neither side keeps one
+lucky draw of completion lengths); a run's throughput is completions (and generated tokens, EOS
+included) per second over steps 2..--steps (step 1 pays for warm-up), its memory the process's peak
+resident set (ru_maxrss). Prints each run, then the medians and, last, the paired ratio line.
 """
 
 from __future__ import annotations
@@ -22,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,15 +52,20 @@ from pathlib import Path
 import torch
 
 SCRIPTS = Path(__file__).resolve().parent
+GSM8K = SCRIPTS.parents[1] / "shared" / "data" / "gsm8k" / "test.jsonl"
+# The prompt columns of the GSM8K-zh stand-in, as configs/qwen1.5b.yaml reads them.
+GSM8K_ZH_FIELDS = ("data.prompt_field=question_zh-cn", "data.answer_field=answer_only")
+SAMPLING_CHECKED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0, "min_p": None}
 
 
 def fixed_prompts(args) -> list:
-    """The first steps x prompts training prompts of the tiny task, in file order."""
+    """The first steps x prompts training prompts of the task, in file order, through the model's tokenizer
+    and chat template."""
     from dapo_train.config.load import load_config
     from dapo_train.model.loading import load_tokenizer
     from dapo_train.task.prompts import load_prompts
 
-    cfg = load_config(None, [])
+    cfg = load_config(None, [f"model.name_or_path={args.model_path}", *args.data])
     prompts, _ = load_prompts(cfg.data, load_tokenizer(cfg.model), cfg.data.train_split)
     need = args.steps * args.prompts
     if len(prompts) < need:
@@ -60,19 +85,19 @@ class FixedOrder:
         return batch
 
 
-def run_ours(args, model_path: str) -> dict:
+def run_ours(args) -> dict:
     from dapo_train.config.load import load_config
     from dapo_train.train.loop import train_step
     from dapo_train.train.session import setup
 
     cfg = load_config(None, [
-        f"model.name_or_path={model_path}", f"output_dir={tempfile.mkdtemp()}", f"seed={args.seed}",
+        f"model.name_or_path={args.model_path}", *args.data, f"output_dir={tempfile.mkdtemp()}", f"seed={args.seed}",
         f"train.max_steps={args.steps}", f"train.prompts_per_step={args.prompts}",
         f"rollout.group_size={args.group_size}",
         f"rollout.max_new_tokens={args.max_new_tokens}", f"train.micro_batch_size={args.micro_batch}",
         "train.updates_per_step=1", "dapo.dynamic_sampling=false", "rewards=[{name: accuracy}]", "eval.every_steps=0",
-        f"train.learning_rate={args.lr}", "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
-        f"train.num_threads={args.threads}", "logging.progress_bar=false", *args.ours,
+        "eval.final_full=false", f"train.learning_rate={args.lr}", "rollout.temperature=1.0", "rollout.top_p=1.0",
+        "rollout.top_k=0", f"train.num_threads={args.threads}", "logging.progress_bar=false", *args.ours,
     ])
     run = setup(cfg, Path(cfg.output_dir), None)
     run.prompt_sampler = FixedOrder(fixed_prompts(args))
@@ -85,23 +110,29 @@ def run_ours(args, model_path: str) -> dict:
     return _result("dapo-train", args, marks, tokens)
 
 
-def run_trl(args, model_path: str) -> dict:
+def run_trl(args) -> dict:
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from dapo_train.config.load import load_config
     from dapo_train.rewards import rewards_from_config, score
 
     torch.set_num_threads(args.threads)
+    if args.trl_compact:
+        score_completions_only()
     prompts = fixed_prompts(args)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_path)
     for prompt in prompts:  # the same token ids on both sides, or no comparison
         if tokenizer(prompt.text)["input_ids"] != list(prompt.input_ids):
             raise SystemExit(f"TRL would tokenize prompt {prompt.uid} differently; no equal-work comparison")
     reward_set = rewards_from_config(load_config(None, ["rewards=[{name: accuracy}]"]))
+    tokens: list[int] = []  # generated tokens per rollout batch, EOS included (TRL logs none per step)
+    last_ids: list[int] = []  # each completion's last token: which stop id ended it, if any
 
     def accuracy(prompts, completions, gold, completion_ids, **_):
+        tokens.append(sum(len(c) for c in completion_ids))
+        last_ids.extend(c[-1] for c in completion_ids if c)
         return score(reward_set, completions, gold, lengths=[len(c) for c in completion_ids]).total
 
     marks: list[float] = []
@@ -111,8 +142,31 @@ def run_trl(args, model_path: str) -> dict:
             _sync()
             marks.append(time.perf_counter())
 
+    dataset = Dataset.from_list([{"prompt": p.text, "gold": p.gold} for p in prompts])
+    trainer = GRPOTrainer(model=args.model_path, reward_funcs=accuracy, args=trl_config(args), train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Clock()])
+    stop_ids = check_trl_sampling(trainer, tokenizer)
+    trainer.train()
+    out = _result("TRL", args, marks, tokens)
+    out["stops"] = {str(i): last_ids.count(i) for i in stop_ids}  # completions that ended at each stop id
+    return out
+
+
+def score_completions_only() -> None:
+    """TRL's fused LM head scores only the completion positions, as it does where Triton runs (CUDA), instead of
+    every position of every row (prompt too, masked afterwards) as its fallback does elsewhere. The choice is
+    trl.trainer.utils._use_triton, which that module reads for nothing else; the tiles still fold in torch."""
+    import trl.trainer.utils
+
+    trl.trainer.utils._use_triton = lambda device: True
+
+
+def trl_config(args):
+    """GRPOConfig for the same work as dapo-train's side (module docstring)."""
+    from trl import GRPOConfig
+
     cuda = torch.cuda.is_available()
-    config = GRPOConfig(
+    return GRPOConfig(
         output_dir=tempfile.mkdtemp(), max_steps=args.steps, per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=args.prompts * args.group_size // args.micro_batch, num_generations=args.group_size,
         max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
@@ -121,11 +175,23 @@ def run_trl(args, model_path: str) -> dict:
         disable_tqdm=True, use_cpu=not cuda, bf16=cuda, gradient_checkpointing=cuda, dataloader_num_workers=0,
         model_init_kwargs={"dtype": torch.float32},
     )
-    dataset = Dataset.from_list([{"prompt": p.text, "gold": p.gold} for p in prompts])
-    trainer = GRPOTrainer(model=model_path, reward_funcs=accuracy, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Clock()])
-    trainer.train()
-    return _result("TRL", args, marks, None)  # TRL logs no per-step token count; completions/s compares
+
+
+def check_trl_sampling(trainer, tokenizer) -> list[int]:
+    """TRL stops at dapo-train's stop ids and samples as the bench says, after generate fills what TRL left
+    unset from the model's generation_config (Qwen's ships temperature 0.7, top-k 20, a repetition
+    penalty). -> the stop ids."""
+    from dapo_train.rollout.engines import eos_token_ids
+
+    ours = eos_token_ids(trainer.model, tokenizer)
+    if sorted(trainer.eos_token_ids) != sorted(ours):
+        raise SystemExit(f"TRL stops at {trainer.eos_token_ids}, dapo-train at {ours}; no equal-work comparison")
+    merged, _ = trainer.model._prepare_generation_config(trainer.generation_config)
+    effective = {name: getattr(merged, name) for name in SAMPLING_CHECKED}
+    if effective != SAMPLING_CHECKED or sorted(merged.eos_token_id) != sorted(ours):
+        raise SystemExit(f"TRL's generate would sample with {effective}, stop ids {merged.eos_token_id}; "
+                         f"the bench needs {SAMPLING_CHECKED}, {ours}")
+    return ours
 
 
 def _sync() -> None:
@@ -133,28 +199,101 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _result(side: str, args, marks: list[float], tokens: list[float] | None) -> dict:
+def _result(side: str, args, marks: list[float], tokens: list[int]) -> dict:
     if len(marks) < 3:
         raise SystemExit(f"{side}: only {len(marks)} steps timed")
     seconds = marks[-1] - marks[0]  # steps 2..N
     completions = (len(marks) - 1) * args.prompts * args.group_size
-    out = {"side": side, "completions_per_s": completions / seconds, "seconds_per_step": seconds / (len(marks) - 1)}
-    if tokens is not None:
-        out["tokens_per_s"] = sum(tokens[1:]) / seconds
+    out = {"side": side, "seed": args.seed, "completions_per_s": completions / seconds,
+           "seconds_per_step": seconds / (len(marks) - 1), "tokens_per_s": sum(tokens[1:]) / seconds,
+           "mean_completion_tokens": sum(tokens[1:]) / completions,
+           "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # Linux: KiB
     if torch.cuda.is_available():
         out["peak_cuda_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return out
 
 
 def child(args) -> None:
-    model_path = args.model_path
-    result = run_ours(args, model_path) if args.side == "ours" else run_trl(args, model_path)
+    result = run_ours(args) if args.side == "ours" else run_trl(args)
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def tiny_shape(args, folder: Path) -> tuple[str, list[str]]:
+    """The shipped model on the shipped task (the config's defaults)."""
+    from dapo_train.task.locations import TINY_MODEL_DIR
+
+    return str(TINY_MODEL_DIR), []
+
+
+def rehearsal_shape(args, folder: Path) -> tuple[str, list[str]]:
+    """preflight's rehearsal model of Qwen2.5-1.5B-Instruct, biased to stop at its EOS ids under the bench's
+    sampling, on the chat-templated questions of the GSM8K-zh stand-in."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from dapo_train.preflight.rehearsal import build_model
+    from dapo_train.rollout.decoding import SamplingSettings
+
+    sys.path.insert(0, str(SCRIPTS))
+    import qwen_offline
+
+    qwen = qwen_offline.build_qwen_folder(folder / "qwen2.5-1.5b-instruct", "1.5b")
+    data = qwen_offline.build_gsm8k_zh_folder(folder / "gsm8k_zh", args.gsm8k)
+    sampling = SamplingSettings(args.max_new_tokens, True, temperature=1.0, top_p=1.0, top_k=0)
+    build_model(AutoConfig.from_pretrained(qwen), GenerationConfig.from_pretrained(qwen),
+                AutoTokenizer.from_pretrained(qwen), folder / "model", sampling, seed=args.seed)
+    return str(folder / "model"), [f"data.path={data}", *GSM8K_ZH_FIELDS]
+
+
+def random_shape(args, folder: Path) -> tuple[str, list[str]]:
+    """A random scripts/bench_step.py shape with the tiny tokenizer, on the shipped task."""
+    sys.path.insert(0, str(SCRIPTS))
+    from bench_step import build_model
+
+    build_model(args.shape, folder / "model")
+    return str(folder / "model"), []
+
+
+SHAPES = {"tiny": tiny_shape, "rehearsal": rehearsal_shape}  # any other name: random_shape
+
+
+def run_side(side: str, args, model_path: str, data: list[str], seed: int) -> dict:
+    """One side's run in its own process -> its RESULT record."""
+    command = [sys.executable, __file__, *sys.argv[1:], "--side", side, "--model-path", model_path,
+               "--seed", str(seed), "--data", *data]
+    done = subprocess.run(command, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
+        raise SystemExit(f"{side} run failed (exit {done.returncode})")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def summary(runs: dict[str, list[dict]]) -> list[str]:
+    """Per side: medians of step time, completions/s, tokens/s, completion length, peak RSS (with its range);
+    last, the paired ratio of completions/s and of tokens/s."""
+    lines = []
+    for side, values in (("dapo-train", runs["ours"]), ("TRL", runs["trl"])):
+        rss = [r["peak_rss_gib"] for r in values]
+        lines.append(
+            f"{side}: median {statistics.median(r['seconds_per_step'] for r in values):.3f} s/step, "
+            f"{statistics.median(r['completions_per_s'] for r in values):.2f} completions/s, "
+            f"{statistics.median(r['tokens_per_s'] for r in values):.1f} tokens/s, "
+            f"{statistics.median(r['mean_completion_tokens'] for r in values):.1f} tokens per completion, "
+            f"peak RSS {statistics.median(rss):.2f} GiB ({min(rss):.2f}-{max(rss):.2f})")
+    for unit, key in (("tokens/s", "tokens_per_s"), ("completions/s", "completions_per_s")):
+        ours, trl = [r[key] for r in runs["ours"]], [r[key] for r in runs["trl"]]
+        ratios = [a / b for a, b in zip(ours, trl)]
+        lines.append(f"ratio dapo-train/TRL {unit}: {statistics.median(ratios):.2f} "
+                     f"({statistics.median(ours):.1f}/s vs {statistics.median(trl):.1f}/s, median of {len(ratios)}, "
+                     f"paired ratios {min(ratios):.2f}-{max(ratios):.2f})")
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="tiny", help="tiny (the shipped model) or a bench_step.py shape")
+    parser.add_argument("--shape", default="tiny", help="tiny (the shipped model), rehearsal (Qwen2.5's vocabulary, "
+                        "tokenizer and stop ids on GSM8K questions) or a bench_step.py shape")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
@@ -163,51 +302,45 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=16, help="sequences per forward/backward, both sides")
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="repeat r samples with seed + r, on both sides")
+    parser.add_argument("--gsm8k", type=Path, default=GSM8K, help="GSM8K JSON Lines for the rehearsal's prompts")
+    parser.add_argument("--trl-compact", action="store_true", help="TRL's LM head scores only completion positions, "
+                        "as on CUDA, not every position as its CPU fallback does (a patch of TRL's choice)")
     parser.add_argument("--ours", nargs="*", default=[], help="extra KEY=VALUE settings for dapo-train's side")
     parser.add_argument("--side", choices=("ours", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
+    parser.add_argument("--data", nargs="*", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
         child(args)
         return
-    if (args.prompts * args.group_size) % args.micro_batch:
-        raise SystemExit("--micro-batch must divide prompts x group size (TRL accumulates whole micro-batches)")
+    check_args(parser, args)
     with tempfile.TemporaryDirectory() as tmp:
-        if args.shape == "tiny":
-            from dapo_train.task.locations import TINY_MODEL_DIR
-
-            model_path = str(TINY_MODEL_DIR)
-        else:
-            sys.path.insert(0, str(SCRIPTS))
-            from bench_step import build_model
-
-            model_path = str(Path(tmp) / "model")
-            build_model(args.shape, Path(model_path))
+        model_path, data = SHAPES.get(args.shape, random_shape)(args, Path(tmp))
         runs: dict[str, list[dict]] = {"ours": [], "trl": []}
         for repeat in range(args.repeats):
             order = ("ours", "trl") if repeat % 2 == 0 else ("trl", "ours")
             for side in order:
-                command = [sys.executable, __file__, "--side", side, "--model-path", model_path,
-                           *sys.argv[1:]]
-                done = subprocess.run(command, capture_output=True, text=True,
-                                      env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
-                lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-                if done.returncode != 0 or not lines:
-                    sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
-                    raise SystemExit(f"{side} run failed (exit {done.returncode})")
-                result = json.loads(lines[-1][len("RESULT "):])
+                result = run_side(side, args, model_path, data, args.seed + repeat)
                 runs[side].append(result)
                 print(f"repeat {repeat + 1} {result['side']:>10}: {json.dumps(result)}", flush=True)
-    ours = [r["completions_per_s"] for r in runs["ours"]]
-    trl = [r["completions_per_s"] for r in runs["trl"]]
-    ratios = [a / b for a, b in zip(ours, trl)]
-    for side, values in (("dapo-train", runs["ours"]), ("TRL", runs["trl"])):
-        print(f"{side}: median {statistics.median(r['seconds_per_step'] for r in values):.3f} s/step, "
-              f"{statistics.median(r['completions_per_s'] for r in values):.1f} completions/s")
-    print(f"ratio dapo-train/TRL completions/s: {statistics.median(ratios):.2f} "
-          f"({statistics.median(ours):.1f}/s vs {statistics.median(trl):.1f}/s, median of {len(ratios)}, "
-          f"paired ratios {min(ratios):.2f}-{max(ratios):.2f})")
+    print("\n".join(summary(runs)))
+
+
+def check_args(parser, args) -> None:
+    """Bad options stop with one line before any model is built."""
+    if (args.prompts * args.group_size) % args.micro_batch:
+        parser.error("--micro-batch must divide prompts x group size (TRL accumulates whole micro-batches)")
+    if args.steps < 3:
+        parser.error("--steps must be at least 3: step 1 is warm-up, and a rate needs two timed step ends")
+    if args.shape == "rehearsal" and not args.gsm8k.is_file():
+        parser.error(f"--gsm8k {args.gsm8k}: no such file (GSM8K's test.jsonl, for the rehearsal's prompts)")
+    if args.shape not in SHAPES:
+        sys.path.insert(0, str(SCRIPTS))
+        from bench_step import SHAPES as RANDOM_SHAPES
+
+        if args.shape not in RANDOM_SHAPES:
+            parser.error(f"--shape {args.shape}: choose tiny, rehearsal or one of {', '.join(sorted(RANDOM_SHAPES))}")
 
 
 if __name__ == "__main__":

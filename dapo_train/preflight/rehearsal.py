@@ -3,16 +3,17 @@ what runs in a minute without changing the wiring.
 
 The model keeps everything the pipeline depends on and nothing it does not: the architecture class,
 the vocabulary size (151,936 rows for Qwen2.5, more than the tokenizer's ids), tied or untied
-embeddings, the special-token ids, the positions, the generation config; it gets 2 layers of width
-64 and random weights. A random model never stops and answers nothing, which would leave every group
-uninformative and the update without a gradient, so one constant feature of the residual stream is
-read by the EOS rows alone: each EOS id then ends about one completion in `EOS_RATE` x 2 per token,
-and completion lengths (hence the overlong reward) vary within a group.
+embeddings, the special-token ids, the positions, the generation config; it gets LAYERS layers of
+width WIDTH and random weights. A random model never stops and answers nothing, which would leave
+every group uninformative and the update without a gradient, so one constant feature of the residual
+stream is read by the EOS rows alone, tuned so that each EOS id is drawn with probability EOS_RATE per
+token under the configured sampling: completion lengths (hence the overlong reward) vary within a
+group.
 
 The shrink changes counts, never code paths: steps, prompts per step, updates, the completion budget
-(an overlong buffer in tokens scaled with it), eval items; a bf16 base becomes float32 on a CPU; and
-dynamic sampling filters on the summed reward, since a random model's correctness bits never vary.
-Every change is listed with its reason.
+(an overlong buffer in tokens scaled with it), eval items, CPU threads; a bf16 base becomes float32 on
+a CPU without bf16 units; and dynamic sampling filters on the summed reward, since a random model's
+correctness bits never vary. Every change is listed with its reason.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dapo_train.preflight.command import preflight
 import qwen_offline
 
 ROOT = Path(__file__).resolve().parent.parent
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K = ROOT / "data" / "gsm8k" / "test.jsonl"
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import qwen_offline  # noqa: E402  (a sibling script)
 
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K = qwen_offline.GSM8K_TEST
 
 
 def random_model_folder(folder: Path, size: str) -> Path:

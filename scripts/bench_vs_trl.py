@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 SCRIPTS = Path(__file__).resolve().parent
-GSM8K = SCRIPTS.parents[1] / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K = SCRIPTS.parent / "data" / "gsm8k" / "test.jsonl"  # shipped in the repository
 # The prompt columns of the GSM8K-zh stand-in, as configs/qwen1.5b.yaml reads them.
 GSM8K_ZH_FIELDS = ("data.prompt_field=question_zh-cn", "data.answer_field=answer_only")
 SAMPLING_CHECKED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0, "min_p": None}

@@ -254,8 +254,41 @@ def test_k_mini_batches_are_k_sequential_optimizer_steps():
     assert manual.optimizer.steps == 2
     for a, b in zip(base.parameters(), other.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-    assert metrics["clip_frac_high_last"] >= 0.0 and "staleness_max" in metrics
     assert metrics["staleness_max"] == 1  # the second mini-batch was generated one update ago
+
+
+@pytest.mark.parametrize("first, last", [(2.0, 1.1), (1.1, 2.0), (1.1, 0.5)])
+def test_the_clip_fractions_are_the_shares_of_tokens_the_clip_acted_on(first, last):
+    """Old log-probs lowered by log(r) so that every token of a mini-batch starts its optimizer step at the
+    ratio pi / pi_old = r (times the first optimizer step's small drift, for the second one). Eq. 10's clip acts on the
+    A > 0 tokens where r > 1 + eps_high = 1.28 and on the A < 0 ones where r < 1 - eps_low = 0.8, on none at
+    r = 1.1: the clip fractions are those shares of each mini-batch's tokens, counted here from the groups;
+    the `_last` ones are the second mini-batch's, the plain ones both optimizer steps' token-weighted mean."""
+    groups = _groups(4)
+    learner, cfg = _setup(make_random_model(seed=5).train(), "train.updates_per_step=2", lr=1e-4)
+    _record(learner, groups)
+    before = [torch.cat(group.old_logprobs) for group in groups[2:]]
+    for group, ratio in zip(groups, (first, first, last, last)):
+        group.old_logprobs = [old - math.log(ratio) for old in group.old_logprobs]
+    metrics = _train(learner, groups, cfg)
+
+    def shares(part: list[Group], ratio: float) -> tuple[float, float, int]:
+        """(tokens clipped high, tokens clipped low, tokens) of a mini-batch starting at `ratio`."""
+        lengths = [(c.completion_ids.numel(), float(a)) for g in part for c, a in zip(g.completions, g.advantages)]
+        positive, negative = (sum(n for n, a in lengths if sign * a > 0) for sign in (1, -1))
+        return positive * (ratio > 1.28), negative * (ratio < 0.8), sum(n for n, _ in lengths)
+
+    (high_1, low_1, tokens_1), (high_2, low_2, tokens_2) = shares(groups[:2], first), shares(groups[2:], last)
+    assert 0 < shares(groups[2:], 2.0)[0] < tokens_2 and 0 < shares(groups[2:], 0.5)[1] < tokens_2  # both signs
+    assert metrics["clip_frac_high_last"] == pytest.approx(high_2 / tokens_2, abs=1e-6)
+    assert metrics["clip_frac_low_last"] == pytest.approx(low_2 / tokens_2, abs=1e-6)
+    assert metrics["clip_frac_high"] == pytest.approx((high_1 + high_2) / (tokens_1 + tokens_2), abs=1e-6)
+    assert metrics["clip_frac_low"] == pytest.approx((low_1 + low_2) / (tokens_1 + tokens_2), abs=1e-6)
+    # The premise: the optimizer steps at lr 1e-4 move these log-probs far less than the margins used
+    # (log(1.28 / 1.1) = 0.15, log(2 / 1.28) = 0.45, log(0.8 / 0.5) = 0.47), after both steps as after the first.
+    moved = [dataclasses.replace(group, old_logprobs=None) for group in groups[2:]]
+    _record(learner, moved)
+    assert max((torch.cat(group.old_logprobs) - old).abs().max().item() for group, old in zip(moved, before)) < 0.05
 
 
 def test_the_lr_schedule_counts_optimizer_steps(monkeypatch):

@@ -186,6 +186,20 @@ def check_model(settings: RewardModelSettings) -> Checked:
     return Checked(path, tokenizer, form, settings.max_tokens or positions or tokenizer.model_max_length)
 
 
+def memory_footprint(args: dict, cuda: bool) -> tuple[object, int, int, int]:
+    """What the memory estimate (model/memory.py) needs of a configured reward model, without its weights:
+    (its transformers config, bytes per weight on a CUDA card or the CPU, texts per forward, tokens per text)."""
+    import inspect
+
+    fields = RewardModelSettings.__annotations__
+    defaults = {name: p.default for name, p in inspect.signature(reward_model).parameters.items()
+                if name in fields and p.default is not p.empty}
+    settings = RewardModelSettings(**{**defaults, **args})
+    checked = check_model(settings)
+    dtype = _dtype(settings.dtype, torch.device("cuda" if cuda else "cpu"))
+    return _model_config(checked.path), dtype.itemsize, settings.batch_size, checked.max_tokens
+
+
 def check_args(args: dict) -> None:
     """The registry's check: runs whenever a config is read (`run`, `config`, `sweep`)."""
     check_model(RewardModelSettings(**args))
@@ -221,7 +235,7 @@ def last_token_scores(model: torch.nn.Module, head: torch.nn.Module, input_ids: 
     captured = []
     hook = head.register_forward_hook(lambda module, args, output: captured.append(output))
     try:
-        pooled = model(input_ids=input_ids, attention_mask=mask).logits  # (B, 1)
+        pooled = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits  # (B, 1); no KV cache kept
     finally:
         hook.remove()
     per_position = captured[-1]  # (B, T, 1) for a decoder's head
@@ -271,7 +285,7 @@ class RewardModel:
         for _ in range(2):  # the second, without the first call's warm-up
             start = time.perf_counter()
             with torch.inference_mode():
-                self.model(input_ids=probe, attention_mask=torch.ones_like(probe))
+                self.model(input_ids=probe, attention_mask=torch.ones_like(probe), use_cache=False)
             probe_seconds = time.perf_counter() - start
         logger.info(
             "reward model %s: %.2fM parameters, %.1f MiB (%s) on %s, frozen, loaded in %.1f s; format %s, at most %d "

@@ -43,7 +43,7 @@ JOBS = {
     "static": {"path": "rollout", "model": KV_HEAVY, "prompts": 8, "prompt": 256,
                "overrides": [*ROLLOUT, "rollout.max_new_tokens=8", "rollout.compile=on", "rollout.dtype=float32"]},
     # a bfloat16 base with float32 LoRA adapters on every projection, prefilled as the static cache does
-    "lora": {"path": "rollout", "model": KV_HEAVY, "prompts": 8, "prompt": 256,
+    "lora": {"path": "rollout", "model": KV_HEAVY, "prompts": 8, "prompt": 128,
              "overrides": [*ROLLOUT, "rollout.max_new_tokens=8", "rollout.compile=on", "rollout.dtype=bfloat16",
                            "model.dtype=bfloat16", "model.lora.r=8", "model.lora.target_modules=[q_proj, k_proj, "
                            "v_proj, o_proj, gate_proj, up_proj, down_proj]"]},

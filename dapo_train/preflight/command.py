@@ -28,7 +28,7 @@ import torch
 
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.model.memory import GIB, ModelShape, Setting, estimate
+from dapo_train.model.memory import GIB, ModelShape, Setting, estimate, reward_model_loads
 from dapo_train.preflight import rehearsal
 from dapo_train.rollout.decoding import SamplingSettings
 from dapo_train.train import distributed
@@ -309,7 +309,9 @@ def _export_and_reload(run_dir: Path, out: Path) -> None:
 def _memory(cfg: Config, shape: ModelShape, prompts: list, shards: int) -> str:
     """The real model's peak per CUDA card under this config (model/memory.py)."""
     longest = max(len(p.input_ids) for p in prompts)
-    result = estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=longest, shards=shards))
+    reward_models = reward_model_loads(cfg, cuda=True, sequence=longest + cfg.rollout.max_new_tokens)
+    result = estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=longest, shards=shards,
+                                                 reward_models=reward_models))
     terms = ", ".join(f"{name} {value / GIB:.1f}" for name, value in result.terms.items() if value)
     where = "one CUDA card" if shards == 1 else f"each of {shards} CUDA cards with FSDP/ZeRO sharding"
     return (f"estimated peak on {where} for the real model as configured: {result.peak / GIB:.1f} GiB (at the "

@@ -58,9 +58,11 @@ class TokenBatch:
     # (N, T) bool: the completions' own tokens, what the head scores; unlike completion_mask it stays
     # when a token leaves the loss (overlong filtering, the rollout correction), whose log-prob is still read
     valid_mask: Tensor
+    padding_tokens: int  # positions of the R x W the forward computes that hold no prompt or completion token
 
     def to(self, device: torch.device) -> TokenBatch:
-        return TokenBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), Tensor)})
 
     @property
     def shared_prefix(self) -> bool:
@@ -104,8 +106,9 @@ def collate(
     position_ids = padded_position_ids(attention_mask)
     # Hidden state i predicts token i+1: completion token t is predicted at width_p - 1 + t.
     positions = (width_p - 1 + torch.arange(width_t)).expand(n, width_t).clone()
+    padding = int(attention_mask.numel() - attention_mask.sum())
     return TokenBatch(input_ids, attention_mask, position_ids, completion_ids, completion_mask, torch.arange(n),
-                      positions, valid_mask)
+                      positions, valid_mask, padding)
 
 
 def padded_position_ids(attention_mask: Tensor) -> Tensor:
@@ -156,7 +159,7 @@ def _collate_shared(prompts, completions, pad_id, completion_ids, completion_mas
     mask = causal & (query >= 0) & (key >= 0) & ((key == 0) | (key == query))
     mask |= torch.eye(width, dtype=torch.bool)  # padding attends to itself: no empty softmax row
     return TokenBatch(input_ids, mask[:, None], position_ids, completion_ids, completion_mask, rows, positions,
-                      valid_mask)
+                      valid_mask, len(runs) * width - sum(lengths))
 
 
 def attention_implementation(model) -> str:

@@ -116,3 +116,18 @@ def test_draw_tokens_takes_the_devices_full_vocabulary_draw(monkeypatch):
     draw_tokens(torch.log_softmax(_scores()[None].expand(3, VOCAB), -1))
     draw_tokens(behaviour_distribution(_scores()[None].expand(3, VOCAB), SamplingSettings(1, top_k=5)), top_k=5)
     assert calls == [(3, VOCAB)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", DRAWS)
+def test_both_draws_fit_the_distribution_on_cuda(name):
+    """The same goodness of fit on the GPU (scripts/bench_cuda.sh runs `pytest -m gpu`), where the
+    choice between the draws is open (FULL_VOCABULARY_DRAWS)."""
+    settings = SamplingSettings(1, temperature=0.7, top_p=0.9)
+    distribution = behaviour_distribution(_scores()[None].expand(30_000, VOCAB).contiguous().cuda(), settings)
+    torch.manual_seed(1)
+    drawn = DRAWS[name](distribution).cpu()
+    statistic, dof = chi_square(drawn, distribution[0].exp().cpu())
+    assert bool(torch.isfinite(distribution[0].cpu())[drawn].all())
+    assert statistic < chi_square_quantile(0.9999, dof), (statistic, dof)

@@ -239,3 +239,16 @@ def test_the_head_scores_valid_completion_tokens_only_with_full_logits_parity(mo
     assert batch.completion_mask.sum() == valid_tokens
     for mine, theirs in zip(ours, [p.grad for p in trained]):
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
+
+
+def test_no_valid_token_scores_nothing_and_backpropagates_zero():
+    """A micro-batch of empty completions gives the head no row: empty log-probs and entropy on both
+    head paths (a plain Linear, and any other module with soft-capping), and a backward through them
+    that leaves the hidden states a zero gradient."""
+    for head, softcap in ((torch.nn.Linear(4, 9), None), (torch.nn.Linear(4, 9), 2.0)):
+        hidden = torch.randn(0, 4, requires_grad=True)
+        got, entropy = head_logprobs(head, hidden, torch.zeros(0, dtype=torch.long), temperature=0.7, chunk_mib=1.0,
+                                     softcap=softcap)
+        assert got.shape == entropy.shape == (0,) and got.dtype == torch.float32
+        (got.sum() + hidden.sum()).backward()
+        assert hidden.grad.shape == (0, 4)

@@ -581,3 +581,46 @@ def test_each_trained_completion_keeps_its_mean_ratio_and_clipped_share():
         values = [value for group in groups for value in getattr(group.trained, name)]
         weighted = sum(v * n for v, n in zip(values, tokens)) / sum(tokens)
         assert weighted == pytest.approx(metrics[key], rel=1e-5, abs=1e-7), name
+
+
+def test_token_batches_count_their_padding_and_the_heads_positions():
+    """Plain layout: prompts of 3 and 2 tokens left-padded to 3, completions of 3 and 1 right-padded to 3:
+    2 rows x 6 = 12 positions, 9 tokens, 3 padding; the head scores the 4 completion tokens. Shared
+    prefix: prompt A (3 tokens) with completions of 3 and 1, prompt B (2) with one of 2: rows of 7 and
+    4 tokens at width 7, 14 positions, 3 padding; the head scores 6. Leaving the loss (in_loss False)
+    takes a completion out of the loss mask, not out of what the head scores."""
+    a, b = torch.tensor([3, 4, 5]), torch.tensor([6, 7])
+    plain = collate_micro_batch([TrainSample(a, torch.tensor([8, 9, EOS_ID]), 1.0, True),
+                                 TrainSample(b, torch.tensor([EOS_ID]), 1.0, False)], EOS2_ID, "cpu").batch
+    assert (plain.forward_tokens, plain.padding_tokens, plain.head_tokens) == (12, 3, 4)
+    assert plain.completion_mask.sum() == 3
+    samples = [TrainSample(a, torch.tensor([8, 9, EOS_ID]), 1.0, True),
+               TrainSample(a, torch.tensor([EOS_ID]), 1.0, True), TrainSample(b, torch.tensor([10, EOS_ID]), 1.0, True)]
+    shared = collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True).batch
+    assert shared.shared_prefix
+    assert (shared.forward_tokens, shared.padding_tokens, shared.head_tokens) == (14, 3, 6)
+
+
+def test_the_demo_reports_the_updates_work_and_its_head_scores_exactly_the_trained_tokens(tmp_path, monkeypatch):
+    """Two steps of the demo's settings: every row the LM head received in the run (counted at the head
+    itself) is one of update_head_tokens, which equals update_trained_tokens (the loss mask's ones, no
+    overlong filtering: every valid token trains); the forward computed update_forward_tokens positions,
+    of which update_padding_tokens padding, and the per-token ratios are their quotients."""
+    from dapo_train.model import scoring
+    from dapo_train.run.logs import read_metrics
+    from dapo_train.train.loop import train
+
+    rows_scored = []
+    apply = scoring.LinearHeadLogprobs.apply
+    monkeypatch.setattr(scoring.LinearHeadLogprobs, "apply",
+                        lambda hidden, *rest: rows_scored.append(hidden.shape[0]) or apply(hidden, *rest))
+    cfg = load_config(None, [f"output_dir={tmp_path / 'demo'}", "train.max_steps=2", "eval.every_steps=0",
+                             "eval.final_full=false", "logging.progress_bar=false", "eval.print_samples=0"])
+    rows = [row for row in read_metrics(train(cfg)) if row.get("step", 0) > 0]
+    assert len(rows) == 2 and all(row["optimizer_steps"] == 8 for row in rows)
+    assert sum(rows_scored) == sum(row["update_head_tokens"] for row in rows) > 0
+    for row in rows:
+        assert row["update_head_tokens"] == row["update_trained_tokens"] == row["num_tokens"]
+        assert 0 <= row["update_padding_tokens"] < row["update_forward_tokens"]
+        assert row["update_forward_per_token"] == pytest.approx(row["update_forward_tokens"] / row["num_tokens"])
+        assert row["update_head_per_token"] == pytest.approx(1.0)

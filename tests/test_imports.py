@@ -130,13 +130,14 @@ LAYERS = {
     "config": set(),
     "task": {"config"},
     "model": {"config", "task"},
-    "rollout": {"config", "model"},
+    "tools": set(),
+    "rollout": {"config", "model", "tools"},
     "rewards": {"algo", "config", "task", "model"},
     "run": {"config", "model"},
-    "evaluation": {"config", "task", "model", "rollout", "rewards", "run"},
-    "train": {"algo", "config", "task", "model", "rollout", "rewards", "run", "evaluation"},
-    "study": {"algo", "config", "task", "model", "rollout", "rewards", "run", "evaluation", "train"},
-    "preflight": {"algo", "config", "task", "model", "rollout", "rewards", "run", "evaluation", "train"},
+    "evaluation": {"config", "task", "model", "tools", "rollout", "rewards", "run"},
+    "train": {"algo", "config", "task", "model", "tools", "rollout", "rewards", "run", "evaluation"},
+    "study": {"algo", "config", "task", "model", "tools", "rollout", "rewards", "run", "evaluation", "train"},
+    "preflight": {"algo", "config", "task", "model", "tools", "rollout", "rewards", "run", "evaluation", "train"},
 }
 ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "plugins"}
 HELPERS = {"dapo_train.errors", "dapo_train.plugins"}  # import nothing of the package but each other

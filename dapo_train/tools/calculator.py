@@ -95,12 +95,13 @@ def _evaluate_text(expression: str) -> Value:
             warnings.simplefilter("ignore")
             tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
-        raise Refused(f"cannot parse {text!r}: {getattr(err, 'msg', err)}") from None
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise Refused(f"cannot parse {shown!r}: {getattr(err, 'msg', err)}") from None
     return _Walk(text, time.monotonic() + TIME_LIMIT_S).value(tree.body, 0)
 
 
 # --------------------------------------------------------------------------------------------
-# The walk: one method per accepted node type; anything else is refused by name.
+# The walk: numbers, the operators of _OPERATORS, calls of FUNCTIONS; any other node is refused by name.
 
 _REFUSED_NODES = {
     ast.Name: "names are not allowed (only numbers and the functions {functions})",

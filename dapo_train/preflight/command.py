@@ -28,8 +28,8 @@ import torch
 
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.model.memory import GIB, ModelShape, Setting, estimate, reward_model_loads
 from dapo_train.preflight import rehearsal
+from dapo_train.preflight.memory import GIB, ModelShape, Setting, estimate, reward_model_loads
 from dapo_train.rollout.decoding import SamplingSettings
 from dapo_train.train import distributed
 
@@ -307,7 +307,7 @@ def _export_and_reload(run_dir: Path, out: Path) -> None:
 
 
 def _memory(cfg: Config, shape: ModelShape, prompts: list, shards: int) -> str:
-    """The real model's peak per CUDA card under this config (model/memory.py)."""
+    """The real model's peak per CUDA card under this config (preflight/memory.py)."""
     longest = max(len(p.input_ids) for p in prompts)
     reward_models = reward_model_loads(cfg, cuda=True, sequence=longest + cfg.rollout.max_new_tokens)
     result = estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=longest, shards=shards,

@@ -1,6 +1,6 @@
-"""The memory estimate preflight prints (dapo_train.model.memory) against MEASURED peaks: the real code paths
+"""The memory estimate preflight prints (dapo_train.preflight.memory) against MEASURED peaks: the real code paths
 (the rollout engines, an update micro-batch, a reward model's scoring) run on small random Qwen2 models in
-one child process (tests/model/memory_probe.py: resident high-water marks), each shape chosen so that
+one child process (tests/preflight/memory_probe.py: resident high-water marks), each shape chosen so that
 the term under test is a large share of the peak, and the estimate must lie within 25% of the measurement
 while the estimate without that term must not; then the recorded peaks of docs/benchmarks.md that the
 current code still has (the H200 optimizer step, the CPU step at Qwen2.5-0.5B's shape)."""
@@ -18,7 +18,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from dapo_train.config.load import load_config
 from dapo_train.config.schema import LoraConfig
 from dapo_train.model.lora import apply_lora
-from dapo_train.model.memory import GIB, ModelShape, RewardModelLoad, Setting, estimate, reward_model_loads
+from dapo_train.preflight.memory import GIB, ModelShape, RewardModelLoad, Setting, estimate, reward_model_loads
 
 import qwen_offline
 
@@ -58,7 +58,7 @@ JOBS = {
 def measured() -> dict[str, int]:
     """Each job's peak in bytes, measured in one child process (one import of torch for all)."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "model" / "memory_probe.py"),
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "preflight" / "memory_probe.py"),
                           json.dumps(list(JOBS.values()))], env=env, check=True, capture_output=True, text=True)
     return dict(zip(JOBS, json.loads(out.stdout.strip().splitlines()[-1])))
 

@@ -1,6 +1,6 @@
-"""Measure the peak memory of one real code path on the CPU, for tests/model/test_memory.py.
+"""Measure the peak memory of one real code path on the CPU, for tests/preflight/test_memory.py.
 
-    python tests/model/memory_probe.py '[{"path": "rollout", "model": {...}, ...}, ...]'
+    python tests/preflight/memory_probe.py '[{"path": "rollout", "model": {...}, ...}, ...]'
 
 Runs in a fresh process started by the test, with glibc's malloc told to map every block of 64 KiB or more
 on its own (MALLOC_MMAP_THRESHOLD_), so that a freed tensor leaves the resident set at once and the

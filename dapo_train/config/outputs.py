@@ -46,10 +46,6 @@ class OutputKind:
         )
 
 
-def _describe(path: Path) -> str:
-    return "the current folder" if str(path) in ("", ".") else str(path)
-
-
 def reserved(folder: Path) -> str | None:
     """Why `folder` can never be a command's output folder, or None: the current folder, a parent of
     it, the home folder, the root."""
@@ -93,7 +89,7 @@ def holds_own(folder: Path, kind: OutputKind, *, option: str, inputs: dict[str, 
               replace: bool = False) -> bool:
     """Refuse (UserError, one line) a `folder` that `kind`'s command must not write into, or with
     replace, not clear. -> whether it holds an output of `kind` (False: it is absent or empty)."""
-    where = f"{option} {_describe(folder)}"
+    where = f"{option} {folder}"
     problem = reserved(folder)
     if problem is not None:
         raise UserError(f"{where} is {problem}: a {kind.name} needs a folder of its own; choose a new or empty one "

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark, remove_own
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
 from dapo_train.model.memory import GIB, ModelShape, Setting, estimate
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 ROLLOUT_PROMPTS = 4  # prompts x G completions of the rollout check, scored by every reward
 PROMPT_LINES = 12  # lines of the templated prompt shown
+# What a rehearsal writes in its folder (config/outputs.py), which --keep may replace.
+KEPT = OutputKind("dapo-train preflight folder", ".dapo-train-preflight",
+                  entries=("model", "run", "export", "preflight.log"), signs=(("preflight.log", "run"),))
 
 
 @dataclass
@@ -98,6 +102,9 @@ def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: in
     rollout, exports and reports."""
     cuda = torch.cuda.is_available()
     _join_ranks(cuda)
+    if keep and holds_own(Path(keep).expanduser(), KEPT, option="--keep", inputs=local_inputs(cfg), replace=True) \
+            and distributed.is_main():
+        remove_own(Path(keep).expanduser(), KEPT)  # an earlier rehearsal kept there: replaced, nothing else
     report, log, collected = Report(), io.StringIO(), _Warnings()
     report.warnings = collected.messages  # the same list: filled while the phases run
     package = logging.getLogger("dapo_train")
@@ -106,6 +113,8 @@ def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: in
     chosen = Path(keep).expanduser() if keep else Path(tempfile.mkdtemp(prefix="dapo-preflight-")) \
         if distributed.is_main() else None
     folder = distributed.broadcast(chosen)
+    if distributed.is_main():
+        mark(folder, KEPT)
     try:
         report.add("preflight", f"{config_name} on {'cuda: ' + torch.cuda.get_device_name() if cuda else 'cpu'} "
                    f"(torch {torch.__version__}, {distributed.world_size()} process(es)); rehearsal in {folder}")

@@ -138,6 +138,17 @@ def remove_own(folder: Path, kind: OutputKind) -> list[str]:
     return removed
 
 
+def owned_bytes(folder: Path, kind: OutputKind) -> int:
+    """The bytes remove_own would free in `folder`."""
+    total = 0
+    for entry in os.scandir(folder) if folder.is_dir() else []:
+        if kind.owns(entry.name):
+            path = Path(entry.path)
+            files = [p for p in path.rglob("*") if p.is_file()] if entry.is_dir(follow_symlinks=False) else [path]
+            total += sum(p.stat().st_size for p in files)
+    return total
+
+
 def mark(folder: Path, kind: OutputKind) -> None:
     """Create `folder` (and its parents) and write `kind`'s marker, which later runs recognise it by."""
     from dapo_train import __version__

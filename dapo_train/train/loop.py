@@ -69,7 +69,7 @@ from dapo_train.train.ranks import total
 from dapo_train.train.records import StepBatch
 from dapo_train.train.rollout_sample import RolloutSample, merge
 from dapo_train.train.session import Run, setup
-from dapo_train.train.state import restore, save
+from dapo_train.train.state import check_disk, restore, save
 from dapo_train.train.update import rollout_metrics, update
 
 logger = logging.getLogger(__name__)
@@ -201,6 +201,7 @@ def train(
             return run_dir
         warn_config_changes(cfg, resume_from)
     run = setup(cfg, run_dir, resume_from)
+    check_disk(run, resume_from, replacing=overwrite)
     run.started = started
     main = distributed.is_main()  # the one process that writes the run's logs and checkpoints
     distributed.barrier()  # every rank has checked output_dir before the main process may replace it

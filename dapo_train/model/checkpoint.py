@@ -194,7 +194,27 @@ def new_checkpoints_at_once(cfg: Config, done_step: int = 0, existing: int = 0) 
 
 
 def size_text(size: float) -> str:
-    return f"{size / GB:.1f} GB" if size >= GB / 10 else f"{size / 10**6:.0f} MB"
+    return f"{size / GB:.1f} GB" if size >= GB else f"{size / 10**6:.0f} MB"
+
+
+def _free_bytes(run_dir: str | Path) -> int:
+    """The free space of the file system run_dir is (or will be) on."""
+    folder = Path(run_dir)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def disk_plan(cfg: Config, weights: int, trainable: int) -> str:
+    """Preflight's line: one checkpoint (checkpoint_bytes), what the run holds at once, the free space."""
+    one, count, free = checkpoint_bytes(weights, trainable), new_checkpoints_at_once(cfg), _free_bytes(cfg.output_dir)
+    fits = "fits" if free >= count * one else "does NOT fit: the run warns" if free >= one else \
+        "does NOT fit: the run refuses to start"
+    every, keep = cfg.checkpoint.every_steps, cfg.checkpoint.keep_last
+    return (f"one checkpoint about {size_text(one)} (weights {size_text(weights)}, AdamW state "
+            f"{size_text(2 * trainable)}, tokenizer); {count} at once (checkpoint.every_steps={every}, "
+            f"checkpoint.keep_last={keep}): {size_text(count * one)}; {size_text(free)} free for output_dir "
+            f"{cfg.output_dir}: {fits}")
 
 
 def check_disk_space(cfg: Config, run_dir: Path, one: int, done_step: int = 0, existing: int = 0,
@@ -202,10 +222,7 @@ def check_disk_space(cfg: Config, run_dir: Path, one: int, done_step: int = 0, e
     """Before the first step: refuse (UserError) when not one checkpoint of `one` bytes fits in the free
     space of run_dir's file system (plus `freed`, what --overwrite is about to remove), warn with the
     numbers when not all the run holds at once do."""
-    folder = Path(run_dir)
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    free, count = shutil.disk_usage(folder).free + freed, new_checkpoints_at_once(cfg, done_step, existing)
+    free, count = _free_bytes(run_dir) + freed, new_checkpoints_at_once(cfg, done_step, existing)
     if free < one:
         raise UserError(
             f"output_dir {run_dir}: {size_text(free)} free, but one checkpoint needs about {size_text(one)} "

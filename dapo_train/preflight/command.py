@@ -187,6 +187,7 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
         if main:
             _export_and_reload(folder / "run", folder / "export")
     report.add("memory", _memory(cfg, shape, prompts, shards))
+    report.add("disk", checkpoint_space(cfg, shape))
     report.add("phases", ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report.seconds.items()))
     if report.warnings:
         report.add("warnings", "\n".join(report.warnings))
@@ -313,6 +314,16 @@ def _export_and_reload(run_dir: Path, out: Path) -> None:
     exported = export_checkpoint(str(latest_checkpoint(run_dir)), str(out))
     AutoModelForCausalLM.from_pretrained(exported)
     AutoTokenizer.from_pretrained(exported)
+
+
+def checkpoint_space(cfg: Config, shape: ModelShape) -> str:
+    """The real model's checkpoints on disk (model/checkpoint.py): its weights at model.dtype (float32 for
+    auto), or a LoRA run's float32 adapter alone, and AdamW's two moments of the trained ones."""
+    from dapo_train.model.checkpoint import disk_plan
+
+    lora = cfg.model.lora.r > 0
+    size = 4 if lora or cfg.model.dtype in ("auto", "float32") else 2
+    return disk_plan(cfg, (shape.trainable if lora else shape.parameters) * size, shape.trainable * size)
 
 
 def _memory(cfg: Config, shape: ModelShape, prompts: list, shards: int) -> str:

@@ -140,3 +140,21 @@ def test_a_run_says_the_space_it_needs_from_its_own_model(tmp_path, monkeypatch)
     run = loop.train(load_config(None, [*SMALL, "train.max_steps=1", f"output_dir={tmp_path / 'run'}"]))
     written = sum((run / "checkpoint_1" / name).stat().st_size for name in ("model.safetensors", ckpt.STATE_FILE))
     assert seen and abs(seen[0] - ckpt.TOKENIZER_ALLOWANCE - written) <= 0.02 * written, (seen, written)
+
+
+def test_preflight_reports_the_real_models_checkpoints(tmp_path, monkeypatch):
+    """qwen1.5b.yaml: float32 weights and AdamW state of 1,543,714,304 parameters, three checkpoints kept."""
+    from dapo_train.model.memory import ModelShape
+    from dapo_train.preflight.command import checkpoint_space
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(str(root / "configs" / "qwen1.5b.yaml"), [f"output_dir={tmp_path / 'run'}"])
+    shape = ModelShape(1_543_714_304, 1_543_714_304, 151_936, 1536, 8960, 28, 2, 128)
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 40 * GB}))
+    assert checkpoint_space(cfg, shape) == (
+        f"one checkpoint about 18.5 GB (weights 6.2 GB, AdamW state 12.3 GB, tokenizer); 3 at once "
+        f"(checkpoint.every_steps=50, checkpoint.keep_last=0): 55.6 GB; 40.0 GB free for output_dir "
+        f"{tmp_path / 'run'}: does NOT fit: the run warns")
+    lora = load_config(str(root / "configs" / "qwen1.5b.yaml"), ["model.lora.r=16", "model.dtype=bfloat16"])
+    assert checkpoint_space(lora, ModelShape(1_543_714_304, 18_464_768, 151_936, 1536, 8960, 28, 2, 128)
+                            ).startswith("one checkpoint about 238 MB (weights 74 MB, AdamW state 148 MB")

@@ -5,8 +5,11 @@ see lora.py) and tokenizer, the resolved config.yaml, and trainer_state.pt (step
 dynamic-sampling carry-over, RNG states, optimizer and LR schedule). A run of N processes adds
 trainer_state_rank<r>.pt for each rank r > 0 (its RNG states and carry-over, and its optimizer
 shard under FSDP/ZeRO). It is written to a temporary sibling folder and renamed into place, so a
-crash or kill during a save leaves the previous checkpoint intact and never a half one. The state
-files hold only tensors and plain containers: they load with weights_only=True.
+crash or kill during a save leaves the previous checkpoint intact and never a half one; a write the
+disk refuses (full, I/O error, read-only) removes the half one and raises CheckpointNotSaved. The
+state files hold only tensors and plain containers: they load with weights_only=True. Its size on
+disk (checkpoint_bytes) times what a run holds at once is checked against the free space before the
+first step (check_disk_space).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
-_PROBE_BYTES = 1 << 20  # what a failed write must still be able to write for the failure not to be the disk's
+_PROBE_BYTES = 1 << 20  # a failed write is the disk's when the folder then refuses this much too
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:

@@ -126,7 +126,7 @@ def check_disk(run: Run, resume_from: Path | None, replacing: bool) -> None:
     model = run.accelerator.unwrap_model(run.model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     saved = trainable if run.cfg.model.lora.r > 0 else list(model.parameters())  # a LoRA run saves its adapter
-    done = checkpoint_step(resume_from) or 0 if resume_from is not None else 0
+    done = (checkpoint_step(resume_from) or 0) if resume_from is not None else 0
     existing = [c for c in ckpt.checkpoint_dirs(run.run_dir) if checkpoint_step(c) <= done] if done else []
     ckpt.check_disk_space(run.cfg, run.run_dir, ckpt.checkpoint_bytes(_bytes(saved), _bytes(trainable)), done,
                           len(existing), owned_bytes(run.run_dir, run_kind(run.cfg)) if replacing else 0)

@@ -52,7 +52,11 @@ def reserved(folder: Path) -> str | None:
     resolved, cwd = folder.expanduser().resolve(), Path.cwd().resolve()
     if resolved == Path(resolved.anchor):
         return "the root folder"
-    if resolved == Path.home().resolve():
+    try:
+        home = Path.home().resolve()
+    except (RuntimeError, KeyError):  # no HOME and no passwd entry: no home folder to protect
+        home = None
+    if resolved == home:
         return "the home folder"
     if resolved == cwd:
         return "the current folder"

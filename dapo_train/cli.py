@@ -129,7 +129,8 @@ def preflight_cmd(
         None, metavar="CONFIG [KEY=VALUE]...", help="The config to check (the one `run` would train) and overrides."
     ),
     keep: str = typer.Option(
-        None, "--keep", metavar="DIR", help="Write the rehearsal (model, run, export, preflight.log) to DIR; keep it."
+        None, "--keep", metavar="DIR", help="Write the rehearsal (model, run, export, preflight.log) to DIR and "
+        "keep it: a new or empty folder, or an earlier --keep folder (replaced)."
     ),
     shards: int = typer.Option(
         1, "--shards", metavar="N", help="Estimate memory per card for FSDP/ZeRO over N cards (default: one card)."

@@ -240,3 +240,22 @@ def test_export_output_is_refused_where_run_would_be(real_run, tmp_path, monkeyp
         with pytest.raises(UserError, match=f"-o .*{said}.*nothing was changed"):
             export_checkpoint(str(checkpoint), out)
     assert tree(mywork) == before and tree(checkpoint) == saved
+
+
+def test_an_earlier_keep_folder_is_replaced_file_by_file(tmp_path):
+    """What --keep removes of an earlier rehearsal: its model/, run/, export/, preflight.log and marker,
+    and nothing it did not write; with anything else in it, nothing."""
+    from dapo_train.config.outputs import remove_own
+    from dapo_train.preflight.command import KEPT
+
+    kept = tmp_path / "kept"
+    for name in ("model", "run/checkpoint_2", "export"):
+        (kept / name).mkdir(parents=True)
+    (kept / "preflight.log").write_text("log\n")
+    (kept / "run" / "checkpoint_2" / "trainer_state.pt").write_bytes(b"x")
+    assert holds_own(kept, KEPT, option="--keep", replace=True)  # from before the marker: preflight.log and run/
+    (kept / "mine.txt").write_text("mine\n")
+    with pytest.raises(UserError, match=r"also holds what no dapo-train preflight folder writes \(mine.txt\)"):
+        holds_own(kept, KEPT, option="--keep", replace=True)
+    assert remove_own(kept, KEPT) == ["export", "model", "preflight.log", "run"]
+    assert [p.name for p in kept.iterdir()] == ["mine.txt"]

@@ -94,6 +94,7 @@ def test_the_shipped_qwen_job_is_ready_from_the_command_line(offline, tmp_path):
     _assert_ready(result.stdout + "\n", "tied")
     flat = " ".join(result.stdout.split())
     assert "train.max_steps 150 -> 2" in flat and "rollout.max_new_tokens 128 -> 16" in flat
+    assert "disk one checkpoint about 18.5 GB" in flat and "3 at once" in flat  # the real model's, not the rehearsal's
     assert not list(tmp_path.glob("dapo-preflight-*"))  # the rehearsal's folder is removed afterwards
 
 

@@ -263,11 +263,14 @@ def show_cmd(
     step: str = typer.Option(None, "--step", help="A step, or 'all' (default: the last step with records)."),
     where: str = typer.Option(
         None, "--where", metavar="EXPR",
-        help="Comma-separated terms that must all hold: a flag (truncated, correct, dropped, trained, carried, a "
-        "fate), !FLAG, or FIELD OP VALUE (OP < <= > >= = !=), e.g. 'reward<0.5,!truncated' or 'rewards.overlong<0'.",
+        help="Terms joined by commas or 'and' that must all hold: a flag (truncated, correct, dropped, trained, "
+        "carried, a fate), !FLAG, or FIELD OP VALUE (OP < <= > >= = !=), e.g. 'reward<0.5,!truncated' or "
+        "'rewards.overlong<0 and correct'.",
     ),
-    limit: int = typer.Option(20, "--limit", help="Completions shown (0 = all)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the matching records as JSON Lines."),
+    limit: int = typer.Option(
+        None, "--limit", help="Completions shown (0 = all; default 20, and all with --json).", show_default=False
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the matching records as JSON Lines (all of them)."),
 ) -> None:
     """What the policy wrote in a run's rollouts and why each completion got its reward: the sampled
     groups of a step (logging.rollout_groups), dropped ones too, each completion with its answer, every

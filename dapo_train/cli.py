@@ -27,8 +27,21 @@ app = typer.Typer(
 _state = {"debug": False}
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        typer.echo(f"dapo-train {version('dapo-train')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors.")) -> None:
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors."),
+    _version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the installed version and exit."
+    ),
+) -> None:
     _state["debug"] = debug
 
 

@@ -14,6 +14,15 @@ from typing import Any
 from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError
 
+# Keys that change where a run writes and what it shows or keeps, never what it trains: compare and
+# plot leave them out of the settings a point is made of (study/runs.py), so two runs that differ only
+# here are one setting.
+COSMETIC_KEYS = (
+    "output_dir", "run_name", "logging.progress_bar", "logging.trackers", "logging.project",
+    "logging.rollout_groups", "logging.rollout_every", "eval.print_samples", "checkpoint.every_steps",
+    "checkpoint.keep_last",
+)
+
 
 @dataclass(frozen=True)
 class KeyInfo:

@@ -434,3 +434,5 @@ def test_cosmetic_keys_are_no_setting_but_eps_high_is(tmp_path):
     assert varied == ["dapo.eps_high"] and [p.settings for p in points] == [{"dapo.eps_high": "0.28"},
                                                                             {"dapo.eps_high": "0.5"}]
     assert set(COSMETIC_KEYS) <= {info.key for info in schema_keys()}  # each names a real key
+    studies = (Path(__file__).resolve().parents[2] / "docs" / "studies.md").read_text(encoding="utf-8")
+    assert [key for key in COSMETIC_KEYS if f"`{key}`" not in studies] == []  # the docs list them all

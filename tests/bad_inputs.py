@@ -8,7 +8,8 @@ clean when it exits with code 2, prints no traceback, its last stderr line and o
 the message, and what comes before it is log records (a record may span lines: transformers' load
 report lists the mismatched shapes); and when nothing in its folder was written, moved or removed (a
 refused command writes nothing). Schema cases must print that one line alone and never start loading
-a model (nor make a run folder: their folder stays as it was).
+a model (nor make a run folder: their folder stays as it was). A case may also give the whole message
+it must print (expect, written by hand) and texts that must not appear (a library's warning).
 
 Invalid values of a key come from its type (a wrong type is always invalid, so a key another change
 adds is covered without editing this file), from its fixed set of choices, from validation.NON_EMPTY

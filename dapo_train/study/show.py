@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dapo_train.errors import UserError
-from dapo_train.model.checkpoint import CHECKPOINT_RE, STATE_FILE
+from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, STATE_FILE
 from dapo_train.run.rollouts import FATES, RECORD_KEYS, ROLLOUTS_DIR, read_rollouts, reward_breakdown, saved_rollouts
 
 Predicate = Callable[[dict], bool]
@@ -122,6 +122,8 @@ def _steps(run_dir: Path, step: str | None) -> dict[int, Path]:
     if not saved and CHECKPOINT_RE.fullmatch(run_dir.name) and (run_dir / STATE_FILE).is_file():
         raise UserError(f"{run_dir} is a checkpoint folder; show reads its run's rollouts: dapo-train show "
                         f"{shlex.quote(str(run_dir.parent))}")
+    if not saved and not (run_dir / CONFIG_FILE).is_file():
+        raise UserError(f"{run_dir} is not a run folder (no {CONFIG_FILE}); give the output_dir of a run")
     if not saved:
         raise UserError(f"{run_dir} holds no rollout records ({ROLLOUTS_DIR}/step_<N>.jsonl): the run kept none "
                         "(logging.rollout_groups=0), or trained before they were kept")

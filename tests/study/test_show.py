@@ -103,6 +103,9 @@ def test_bad_arguments_are_one_error(run, args, message):
 def test_a_folder_without_records_says_why(tmp_path):
     with pytest.raises(UserError, match="no such run folder"):
         show(str(tmp_path / "nope"))
+    with pytest.raises(UserError, match=r"is not a run folder \(no config.yaml\); give the output_dir of a run"):
+        show(str(tmp_path))
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
     with pytest.raises(UserError, match=r"holds no rollout records .*logging.rollout_groups=0"):
         show(str(tmp_path))
 

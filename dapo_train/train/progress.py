@@ -216,12 +216,11 @@ def skipped_line(rows: list[dict]) -> str:
 
 def end_of_run_summary(
     run_dir: Path, step: int, max_steps: int, wall_s: float, ending: str = "finished", session_s: float | None = None,
-    eval_split_missing: str | None = None,
+    eval_split_missing: str | None = None,  # why data.path has no eval split: `next` then suggests other data
 ) -> str:
     """The end-of-run report (printed): how it ended (finished, stopped by a signal, aborted:
     train/health.py), accuracy first -> best -> last, the steps skipped of each kind, wall time (the
-    whole run's; session_s, a resumed session's own), checkpoints, next (the eval of the last
-    checkpoint; eval_split_missing: why data.path cannot give it, so other data is suggested)."""
+    whole run's; session_s, a resumed session's own), checkpoints, next."""
     head = f"finished {run_dir}: {step} steps" if ending == "finished" else f"{ending} {run_dir} at step {step} of " \
         f"{max_steps}"
     session = f" (this session: {duration(session_s)})" if session_s is not None else ""

@@ -105,7 +105,8 @@ def run_cmd(
         None, "--resume", metavar="[RUN_DIR|CHECKPOINT]", show_default=False,
         help="Continue a run with its own saved config: bare --resume, its latest checkpoint in output_dir; "
         "RUN_DIR, that run's latest checkpoint (no CONFIG needed); or a checkpoint folder. KEY=VALUE changes "
-        "a saved setting (each change is listed, old -> new); a CONFIG only says where the run is.",
+        "a saved setting (each change is listed, old -> new; not the model or the LoRA shape its weights were "
+        "trained as); a CONFIG only says where the run is.",
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run in output_dir that saved checkpoints."),
 ) -> None:

@@ -28,8 +28,21 @@ app = typer.Typer(
 _state = {"debug": False}
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        typer.echo(f"dapo-train {version('dapo-train')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors.")) -> None:
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors."),
+    _version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the installed version and exit."
+    ),
+) -> None:
     _state["debug"] = debug
 
 
@@ -93,7 +106,8 @@ def run_cmd(
         None, "--resume", metavar="[RUN_DIR|CHECKPOINT]", show_default=False,
         help="Continue a run with its own saved config: bare --resume, its latest checkpoint in output_dir; "
         "RUN_DIR, that run's latest checkpoint (no CONFIG needed); or a checkpoint folder. KEY=VALUE changes "
-        "a saved setting (each change is listed, old -> new); a CONFIG only says where the run is.",
+        "a saved setting (each change is listed, old -> new; not the model or the LoRA shape its weights were "
+        "trained as); a CONFIG only says where the run is.",
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace the run in output_dir: removes only the files a run writes; refused for "
@@ -268,11 +282,14 @@ def show_cmd(
     step: str = typer.Option(None, "--step", help="A step, or 'all' (default: the last step with records)."),
     where: str = typer.Option(
         None, "--where", metavar="EXPR",
-        help="Comma-separated terms that must all hold: a flag (truncated, correct, dropped, trained, carried, a "
-        "fate), !FLAG, or FIELD OP VALUE (OP < <= > >= = !=), e.g. 'reward<0.5,!truncated' or 'rewards.overlong<0'.",
+        help="Terms joined by commas or 'and' that must all hold: a flag (truncated, correct, dropped, trained, "
+        "carried, a fate), !FLAG, or FIELD OP VALUE (OP < <= > >= = !=), e.g. 'reward<0.5,!truncated' or "
+        "'rewards.overlong<0 and correct'.",
     ),
-    limit: int = typer.Option(20, "--limit", help="Completions shown (0 = all)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the matching records as JSON Lines."),
+    limit: int = typer.Option(
+        None, "--limit", help="Completions shown (0 = all; default 20, and all with --json).", show_default=False
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the matching records as JSON Lines (all of them)."),
 ) -> None:
     """What the policy wrote in a run's rollouts and why each completion got its reward: the sampled
     groups of a step (logging.rollout_groups), dropped ones too, each completion with its answer, every

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -35,12 +37,21 @@ def decorator_for(table: dict[str, T]) -> Callable[[str], Callable[[T], T]]:
 
 def import_plugin(path: str, key: str) -> Callable:
     """The function a config names by import path, 'pkg.module:function' (rewards, data.correctness);
-    ConfigError naming `key` when it cannot be imported or is not callable."""
+    ConfigError naming `key` when it cannot be imported or is not callable. The current folder is on
+    the import path, as under `python -m dapo_train` (the `dapo-train` command's own sys.path[0] is
+    its script's folder): my_rewards.py beside the config imports as my_rewards. It comes after the
+    installed packages, so a file there cannot stand in for one of them."""
     module_name, _, attr = path.partition(":")
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ConfigError(key, f"cannot import module '{module_name}' ({err}); check the path and PYTHONPATH") from err
+        raise ConfigError(
+            key, f"cannot import module '{module_name}' ({err}); it is looked for in the current folder ({here}), "
+            "then PYTHONPATH and the installed packages"
+        ) from err
     except Exception as err:  # the plugin's own code failed while importing
         raise ConfigError(key, f"importing '{module_name}' failed: {type(err).__name__}: {err}") from err
     fn: object = module

@@ -298,6 +298,12 @@ PLUGINS = {  # case -> (the module's source, config override naming it, found on
 }
 
 
+PLUGIN_MESSAGES = {  # case -> the whole message, where the case gives it
+    "correctness-plugin-returns-text": "config key 'data.correctness': plugin_correctness_plugin_returns_text:check "
+    "returned 'yes' (str), not a bool",  # the check's fault, not the accuracy reward's that called it
+}
+
+
 def plugin_cases() -> list[Case]:
     cases = []
     for case_id, (source, override, late) in PLUGINS.items():
@@ -306,7 +312,7 @@ def plugin_cases() -> list[Case]:
         # a reward's or check's answers are seen only while training.
         writes = late and not case_id.startswith("engine")
         cases.append(Case(case_id, ["run", *SMALL_RUN, override.format(m=module)], _write(f"{module}.py", source),
-                          model_may_load=late, writes_ok=writes))
+                          model_may_load=late, writes_ok=writes, expect=PLUGIN_MESSAGES.get(case_id, "")))
     return cases
 
 
@@ -330,6 +336,57 @@ def command_cases() -> list[Case]:
     ]
 
 
+LONG_ROWS = "".join(json.dumps({"q": "很长的问题 " * 700, "a": i}) + "\n" for i in range(3))
+VALID_SECTIONS = "output_dir, run_name, seed, model, data, rollout, dapo, rewards, train, eval, checkpoint, logging"
+
+
+def message_cases() -> list[Case]:
+    """What a new user tried (issue 38), each with the whole message it must give: refusals of what
+    used to be accepted silently, and messages that pointed the wrong way."""
+    columns = ["data.prompt_field=q", "data.answer_field=a", "eval.every_steps=0", "eval.final_full=false"]
+    resume = ["run", "--resume", "run/checkpoint_1", "train.max_steps=3"]
+    return [
+        Case("resume-with-another-model", [*resume, "model.name_or_path=builtin:tiny-long"], _checkpoint_copy(),
+             expect="--resume run/checkpoint_1: model.name_or_path is 'builtin:tiny' in the checkpoint and "
+             "'builtin:tiny-long' now; its weights were trained from 'builtin:tiny', so a run keeps its model (to "
+             "train another model, start a new run)"),
+        Case("policy-a-sequence-classifier", ["run", *SMALL_RUN, "model.name_or_path=builtin:tiny-verifier"],
+             expect="config key 'model.name_or_path': builtin:tiny-verifier is not a causal LM: its config.json "
+             "names Qwen2ForSequenceClassification, not a causal-LM head (*ForCausalLM); a reward model goes in "
+             "rewards (name: reward_model)"),
+        Case("fewer-prompts-than-a-step", ["run", *SMALL_RUN, "data.path=train.jsonl", *columns],
+             _write("train.jsonl", JSONL),
+             expect="config key 'train.prompts_per_step': a step needs 8 different prompts, but train.jsonl "
+             "[train] has 3 usable; set train.prompts_per_step to at most 3, or give more data"),
+        Case("eval-more-new-tokens-than-positions",
+             ["eval", "run/checkpoint_1", "--max-new-tokens", "600", "--limit", "2"], _checkpoint_copy(),
+             expect="--max-new-tokens: 600 completion tokens exceed the 512 positions of run/checkpoint_1 "
+             "(max_position_embeddings); with data.max_prompt_length=256 it can be at most 256"),
+        Case("correctness-plugin-raises", ["run", *SMALL_RUN, "data.correctness=plugin_check_raises:check"],
+             _write("plugin_check_raises.py", "def check(completion, gold):\n    raise ValueError('boom')\n"),
+             model_may_load=True, writes_ok=True,
+             expect=r"^config key 'data\.correctness': plugin_check_raises:check raised ValueError: boom on "
+             r"'.*' \(gold '\d+'\); fix the check$"),
+        Case("show-a-checkpoint", ["show", "run/checkpoint_1"], _checkpoint_copy(),
+             expect="run/checkpoint_1 is a checkpoint folder; show reads its run's rollouts: dapo-train show run"),
+        Case("show-where-not-a-number", ["show", "run", "--where", "reward < -0.5 truncated"], _checkpoint_copy(),
+             expect="--where: 'reward < -0.5 truncated' compares with <, which needs a number, not '-0.5 truncated'; "
+             "join terms with ',' or 'and' (reward<-0.5, truncated)"),
+        Case("a-section-given-a-value", ["run", *SMALL_RUN, "train=5"],
+             expect="config key 'train': is a section, not a value; set its keys, e.g. train.max_steps=..."),
+        Case("a-key-without-equals", ["run", "train.max_steps", "3"],
+             expect="config file not found: train.max_steps; to set that key write KEY=VALUE: train.max_steps=..."),
+        Case("yaml-a-key-outside-its-section", ["run", "top.yaml", *SMALL_RUN], _write("top.yaml", "max_steps: 3\n"),
+             expect=f"config key 'max_steps': unknown key; did you mean 'train.max_steps'? (valid: {VALID_SECTIONS})"),
+        Case("parquet-no-rows", ["run", *SMALL_RUN, "data.path=train.parquet", *columns], _parquet([]),
+             expect="could not read split 'train' of train.parquet: train.parquet holds no rows"),
+        Case("data-every-prompt-too-long", ["run", *SMALL_RUN, "data.path=long.jsonl", *columns],
+             _write("long.jsonl", LONG_ROWS), absent=("Token indices sequence length",),
+             expect="no usable prompts in long.jsonl [train]: 3 rows, 0 prompts kept; dropped: 0 unreadable answer, "
+             "3 too long, 0 empty question; raise data.max_prompt_length=256 (the longest prompt has 7101 tokens)"),
+    ]
+
+
 def make_trained_run(root: Path) -> None:
     """A 2-step run with checkpoint_1 and checkpoint_2, trained once for the checkpoint cases: they resume
     from checkpoint_1, so a refusal that moved checkpoint_2 aside first would show as a change."""
@@ -350,4 +407,4 @@ def make_trained_run(root: Path) -> None:
 
 def file_cases() -> list[Case]:
     return (yaml_cases() + data_cases() + model_cases() + reward_model_cases() + checkpoint_cases() + plugin_cases()
-            + command_cases())
+            + command_cases() + message_cases())

@@ -8,14 +8,15 @@ clean when it exits with code 2, prints no traceback, its last stderr line and o
 the message, and what comes before it is log records (a record may span lines: transformers' load
 report lists the mismatched shapes); and when nothing in its folder was written, moved or removed (a
 refused command writes nothing). Schema cases must print that one line alone and never start loading
-a model (nor make a run folder: their folder stays as it was).
+a model (nor make a run folder: their folder stays as it was). A case may also give the whole message
+it must print (expect, written by hand) and texts that must not appear (a library's warning).
 
 Invalid values of a key come from its type (a wrong type is always invalid, so a key another change
 adds is covered without editing this file), from its fixed set of choices, from validation.NON_EMPTY
 (the empty text), and from IMPOSSIBLE for range checks; test_bad_input.py checks that every key
 validation.validate names has an IMPOSSIBLE entry.
 
-    python tests/bad_inputs.py [--group schema|files] [--json]   # the tally: tried / clean / other
+    python tests/bad_inputs.py [--group schema|files] [--only TEXT] [--json]   # the tally: tried / clean / other
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ IMPOSSIBLE: dict[str, list[str]] = {
     "data.eval_split": ["no_such_split"],
     "data.max_prompt_length": ["0", "4000"],  # 4000 + the completion budget exceeds the tiny model's 512 positions
     "rollout.group_size": ["1"],
-    "rollout.max_new_tokens": ["0"],
+    "rollout.max_new_tokens": ["0", "100000"],  # 100000 exceeds the tiny model's 512 positions
     "rollout.temperature": ["0", "-1"],
     "rollout.top_p": ["0", "1.5"],
     "rollout.top_k": ["-1"],
@@ -127,6 +128,8 @@ class Case:
     model_may_load: bool = False
     writes_ok: bool = False
     names: tuple[str, ...] = ()  # the message must name one of these (the key of a schema case)
+    expect: str = ""  # the whole message, after "error: " (a regular expression when it starts with ^)
+    absent: tuple[str, ...] = ()  # texts that must not appear anywhere in stderr (a library's warning)
 
 
 @dataclass
@@ -152,11 +155,18 @@ class Outcome:
             found.append("lines before the message that are not log records")  # (a model load may print its report)
         if case.names and lines and not any(name in lines[-1] for name in case.names):
             found.append(f"the message names none of {', '.join(case.names)}")
+        if case.expect and not _matches(case.expect, lines[-1].removeprefix("error: ") if lines else ""):
+            found.append(f"the message is not: {case.expect}")
+        found += [f"stderr shows {text!r}" for text in case.absent if text in self.stderr]
         if self.model_loaded and not case.model_may_load:
             found.append("the model loaded first")
         if self.changed and not case.writes_ok:
             found.append(f"wrote {', '.join(self.changed[:3])}")
         return sorted(set(found))
+
+
+def _matches(expect: str, message: str) -> bool:
+    return bool(re.fullmatch(expect, message)) if expect.startswith("^") else message == expect
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,10 +281,11 @@ def run_case(case: Case, folder: Path) -> Outcome:
     return Outcome(code, stderr, len(_MODEL_LOADS) > loads, changed)
 
 
-def run_group(name: str, root: Path) -> list[dict]:
-    """Every case of a group -> one record each: id, clean, problems, the message."""
+def run_group(name: str, root: Path, only: list[str] | None = None) -> list[dict]:
+    """Every case of a group (only: those whose id holds one of these texts) -> one record each: id,
+    clean, problems, the message."""
     spy_on_model_loading()
-    cases = GROUPS[name]()
+    cases = [case for case in GROUPS[name]() if not only or any(text in case.id for text in only)]
     if name == "files":
         from bad_files import make_trained_run
 
@@ -293,10 +304,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Run the bad-input cases and print the tally.")
     parser.add_argument("--group", choices=sorted(GROUPS), action="append", help="default: every group")
     parser.add_argument("--json", action="store_true", help="print one JSON record per case instead")
+    parser.add_argument("--only", metavar="TEXT", action="append", help="run only the cases whose id holds TEXT "
+                        "(repeat it for several)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="dapo-bad-inputs-") as root:
-        records = [record for group in args.group or sorted(GROUPS) for record in run_group(group, Path(root) / group)]
+        records = [record for group in args.group or sorted(GROUPS)
+                   for record in run_group(group, Path(root) / group, args.only)]
     if args.json:
         print(json.dumps(records, ensure_ascii=False))
         return

@@ -59,3 +59,15 @@ def test_the_link_check_finds_a_missing_page_and_a_missing_heading(tmp_path):
         "[no anchor](other.md#nowhere) and [here](#page).\n\n    [in code](not/checked.md)\n"
     )
     assert broken_links(page) == ["page.md: missing.md (no such file)", "page.md: other.md#nowhere (no such heading)"]
+
+
+def test_the_trl_name_table_names_real_keys():
+    """docs/peers.md maps TRL's GRPOConfig names to keys: each dotted key in its 'here' column is one
+    `dapo-train config --keys` lists (a renamed key fails here until the table follows)."""
+    from dapo_train.config.keys import schema_keys
+
+    page = (ROOT / "docs" / "peers.md").read_text(encoding="utf-8")
+    table = section(page, "### TRL's GRPOConfig names and the keys here")
+    here = [line.split(" | ")[1] for line in table.splitlines() if line.startswith("| `")]
+    named = {key for cell in here for key in re.findall(r"`([a-z_]+\.[a-z0-9_.]+)", cell)}
+    assert len(named) > 20 and not named - {info.key for info in schema_keys()}  # > 20: the table was read

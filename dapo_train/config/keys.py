@@ -14,6 +14,15 @@ from typing import Any
 from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError
 
+# Keys that change where a run writes and what it shows or keeps, never what it trains: compare and
+# plot leave them out of the settings a point is made of (study/runs.py), so two runs that differ only
+# here are one setting.
+COSMETIC_KEYS = (
+    "output_dir", "run_name", "logging.progress_bar", "logging.trackers", "logging.project",
+    "logging.rollout_groups", "logging.rollout_every", "eval.print_samples", "checkpoint.every_steps",
+    "checkpoint.keep_last",
+)
+
 
 @dataclass(frozen=True)
 class KeyInfo:
@@ -98,10 +107,15 @@ def select_keys(rows: list[tuple], wanted: list[str]) -> list[tuple]:
 
 
 def unknown_key(key: str, valid: list[str]) -> ConfigError:
-    """A ConfigError for `key`, naming the closest of `valid` (dotted keys of the same section)."""
-    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], [v.rsplit(".", 1)[-1] for v in valid], n=1)
+    """A ConfigError for `key`, naming the closest of `valid` (dotted keys of the same section), or the
+    key of another section with its very name (a top-level `max_steps:` belongs under `train:`)."""
+    leaf = key.rsplit(".", 1)[-1]
+    elsewhere = [info.key for info in schema_keys() if info.key.rsplit(".", 1)[-1] == leaf]
+    close = difflib.get_close_matches(leaf, [v.rsplit(".", 1)[-1] for v in valid], n=1)
     hint = ""
-    if close:
+    if elsewhere:
+        hint = f"; did you mean {' or '.join(repr(name) for name in elsewhere)}?"
+    elif close:
         parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
         hint = f"; did you mean '{parent}{close[0]}'?"
     return ConfigError(key, f"unknown key{hint} (valid: {', '.join(v.rsplit('.', 1)[-1] for v in valid)})")

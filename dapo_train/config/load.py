@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from dapo_train.config.keys import unknown_key
+from dapo_train.config.keys import schema_keys, unknown_key
 from dapo_train.config.retired import RENAMED_KEYS, renamed_override, upgrade_retired
 from dapo_train.config.schema import (
     Config,
@@ -164,7 +164,9 @@ def read_yaml(path: str | Path) -> dict:
     if path.is_dir():
         raise UserError(f"config file {path} is a folder; give a YAML file (a run's settings are RUN/config.yaml)")
     if not path.is_file():
-        raise UserError(f"config file not found: {path}")
+        key = str(path)
+        hint = f"; to set that key write KEY=VALUE: {key}=..." if key in {info.key for info in schema_keys()} else ""
+        raise UserError(f"config file not found: {path}{hint}")
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
     except UnicodeDecodeError as exc:
@@ -212,8 +214,12 @@ def apply_override(data: dict, item: str) -> None:
         if not last.isdigit() or int(last) >= len(node):
             raise ConfigError(key, f"index {last} is out of range for a list of {len(node)}")
         node[int(last)] = value
-    else:
-        node[last] = value
+        return
+    section = node.get(last)
+    if isinstance(section, dict) and not isinstance(value, dict):
+        example = f"{key}.{next(iter(section))}=..." if section else f"{key}.KEY=VALUE"
+        raise ConfigError(key, f"is a section, not a value; set its keys, e.g. {example}")
+    node[last] = value
 
 
 def refuse_repeated_keys(overrides: list[str]) -> None:

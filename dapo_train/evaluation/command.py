@@ -36,7 +36,14 @@ from dapo_train.errors import ConfigError, UserError, folder_listing
 from dapo_train.evaluation.generate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.evaluation.table import aligned_table
 from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
-from dapo_train.model.loading import MODEL_FILES, check_model_path, load_model, load_tokenizer, mixed_precision
+from dapo_train.model.loading import (
+    MODEL_FILES,
+    check_model_path,
+    check_sequence_budget,
+    load_model,
+    load_tokenizer,
+    mixed_precision,
+)
 from dapo_train.model.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
 from dapo_train.run.files import write_json_atomic, write_jsonl_atomic
 from dapo_train.run.folder import RUNS_ROOT, describe_runs, latest_run
@@ -246,10 +253,13 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
     split = options.split or cfg.data.eval_split
     if resolved.folder is not None and is_adapter_folder(resolved.folder):
         require_peft(f"{resolved.label} is a LoRA adapter checkpoint; evaluating it")
+    max_new_tokens = options.max_new_tokens or eval_max_new_tokens(cfg)
+    budget = "--max-new-tokens" if options.max_new_tokens else "eval.max_new_tokens" if cfg.eval.max_new_tokens else \
+        "rollout.max_new_tokens"
+    check_sequence_budget(cfg, max_new_tokens, budget)  # as `run` does
     tokenizer = load_tokenizer(cfg.model)
     prompts, _ = load_prompts(cfg.data, tokenizer, split)
     chosen = fixed_eval_subset(prompts, options.limit or 0)
-    max_new_tokens = options.max_new_tokens or eval_max_new_tokens(cfg)
     return EvalPlan(
         target=resolved,
         cfg=cfg,

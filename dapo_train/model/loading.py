@@ -172,11 +172,32 @@ def load_model_config(model_cfg: ModelConfig):
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code, **kwargs)
     except LOAD_ERRORS as exc:
         raise UserError(unreachable_message(path, exc, "config")) from None
+    check_causal_lm(config, model_cfg)
     try:
         generation = GenerationConfig.from_pretrained(path, **kwargs)
     except OSError:  # no generation_config.json: transformers derives one from config.json
         generation = None
     return config, generation
+
+
+def check_causal_lm(config, model_cfg: ModelConfig) -> None:
+    """The policy must be a causal LM: a sequence classifier (a reward model) would load with a
+    randomly initialised LM head and only transformers' load report to say so. Its config.json's
+    architectures must name a class AutoModelForCausalLM builds (or, naming none, its model_type
+    must have one); remote code is trusted to know its own classes."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    named = list(getattr(config, "architectures", None) or [])
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if named and not any(name in causal or name.endswith("ForCausalLM") for name in named):
+        why = f"its config.json names {', '.join(named)}, not a causal-LM head (*ForCausalLM)"
+    elif not named and config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not model_cfg.trust_remote_code:
+        why = f"transformers has no causal-LM class for its model_type {config.model_type!r}"
+    else:
+        return
+    hint = "; a reward model goes in rewards (name: reward_model)" if any(
+        name.endswith("ForSequenceClassification") for name in named) else ""
+    raise ConfigError("model.name_or_path", f"{model_cfg.name_or_path} is not a causal LM: {why}{hint}")
 
 
 def context_length(model_cfg: ModelConfig) -> int | None:
@@ -187,18 +208,26 @@ def context_length(model_cfg: ModelConfig) -> int | None:
     return next((int(limit) for limit in limits if isinstance(limit, int) and limit > 0), None)
 
 
-def check_sequence_budget(cfg: Config, completion_tokens: int) -> None:
+def check_sequence_budget(cfg: Config, completion_tokens: int, budget: str = "rollout.max_new_tokens") -> None:
     """A prompt of data.max_prompt_length tokens plus `completion_tokens` must fit the model's positions:
-    beyond them the model computes garbage, it does not fail."""
+    beyond them the model computes garbage, it does not fail. budget: what set the completion budget (a
+    config key, or an option such as --max-new-tokens), blamed when the completion alone is too long."""
     positions = context_length(cfg.model)
-    needed = cfg.data.max_prompt_length + completion_tokens
-    if positions is not None and needed > positions:
+    prompt = cfg.data.max_prompt_length
+    if positions is None or prompt + completion_tokens <= positions:
+        return
+    source = f"{cfg.model.name_or_path} (max_position_embeddings)"
+    if completion_tokens < positions:
         raise ConfigError(
             "data.max_prompt_length",
-            f"{cfg.data.max_prompt_length} prompt + {completion_tokens} completion tokens need {needed} positions, "
+            f"{prompt} prompt + {completion_tokens} completion tokens need {prompt + completion_tokens} positions, "
             f"but {cfg.model.name_or_path} has {positions} (max_position_embeddings); set data.max_prompt_length to "
-            f"at most {positions - completion_tokens} or lower the completion budget",
+            f"at most {positions - completion_tokens} or lower {budget}",
         )
+    problem = f"{completion_tokens} completion tokens exceed the {positions} positions of {source}"
+    if prompt < positions:
+        problem += f"; with data.max_prompt_length={prompt} it can be at most {positions - prompt}"
+    raise UserError(f"{budget}: {problem}") if budget.startswith("--") else ConfigError(budget, problem)
 
 
 def check_lora_targets(model_cfg: ModelConfig) -> None:

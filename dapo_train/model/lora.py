@@ -28,6 +28,7 @@ from dapo_train.config.load import read_saved_config
 from dapo_train.config.schema import Config, LoraConfig
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.model.checkpoint import CONFIG_FILE
+from dapo_train.task.locations import looks_like_path, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -139,8 +140,18 @@ def load_adapter_weights(model, checkpoint: Path) -> None:
 
 
 def check_resume(cfg: Config, checkpoint: Path) -> None:
-    """A run cannot switch LoRA on or off, or change its rank or layers, when it resumes: the
-    checkpoint's weights and optimizer state have the shapes it trained with."""
+    """A resumed run keeps what its checkpoint's weights were trained as: its model (a LoRA adapter sits
+    on that base; full weights are that model's, trained), LoRA on or off, the adapter's rank and layers
+    (the optimizer state has their shapes). A model folder that no longer exists where the checkpoint
+    says may be named anew (the run moved); alpha and dropout may change: they scale the same shapes."""
+    saved = read_saved_config(checkpoint / CONFIG_FILE, notify=False).get("model", {})
+    model = saved.get("name_or_path")
+    if model is not None and model != cfg.model.name_or_path and _model_still_there(model):
+        raise UserError(
+            f"--resume {checkpoint}: model.name_or_path is {model!r} in the checkpoint and "
+            f"{cfg.model.name_or_path!r} now; its weights were trained from {model!r}, so a run keeps its model "
+            "(to train another model, start a new run)"
+        )
     adapter = is_adapter_folder(checkpoint)
     if adapter != (cfg.model.lora.r > 0):
         held = "a LoRA adapter" if adapter else "full weights"
@@ -150,13 +161,18 @@ def check_resume(cfg: Config, checkpoint: Path) -> None:
         )
     if not adapter:
         return
-    saved = read_saved_config(checkpoint / CONFIG_FILE, notify=False).get("model", {}).get("lora", {})
     for key in ("r", "target_modules"):
-        if key in saved and saved[key] != getattr(cfg.model.lora, key):
+        if key in saved.get("lora", {}) and saved["lora"][key] != getattr(cfg.model.lora, key):
             raise UserError(
-                f"--resume {checkpoint}: model.lora.{key} is {saved[key]!r} in the checkpoint and "
+                f"--resume {checkpoint}: model.lora.{key} is {saved['lora'][key]!r} in the checkpoint and "
                 f"{getattr(cfg.model.lora, key)!r} now; the adapter's shapes cannot change when resuming"
             )
+
+
+def _model_still_there(name_or_path: str) -> bool:
+    """A builtin name, a hub id, or a local folder that exists (a path that is gone: the run moved)."""
+    resolved = resolve_model_path(name_or_path)
+    return Path(resolved).expanduser().exists() or not looks_like_path(resolved)
 
 
 def attach_adapter(base: torch.nn.Module, folder: str, device: torch.device):

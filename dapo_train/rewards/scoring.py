@@ -6,7 +6,8 @@ by name from the registry (`register`) or by import path ("my_pkg.my_mod:my_rewa
 is checked when the config is read. What "correct" means comes from the task (data.correctness): a
 reward with an `is_correct` parameter gets the task's check bound to it, and `score` reports the same
 check's bits. A reward that raises or returns None / NaN / the wrong number of values stops the run
-naming the reward and the completion instead of silently scoring zero.
+naming the reward and the completion instead of silently scoring zero; a data.correctness check that
+fails inside a reward names the check, not the reward.
 
 A reward that owns heavy state (a reward model's weights, rewards/model.py) registers a `load`: its
 args are checked cheaply when the config is read, and `RewardSet.load(device)` builds it once per run,
@@ -319,6 +320,8 @@ def score(
         start = time.perf_counter()
         try:
             values = _call(reward, completions, answers, columns)
+        except ConfigError:  # the task's check (data.correctness) failed inside the reward: it names itself
+            raise
         except Exception as err:
             index = _find_raiser(reward, completions, answers, columns)
             raise _fail(reward.key, f"raised {type(err).__name__}: {err}", index, completions) from err

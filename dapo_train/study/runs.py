@@ -2,8 +2,9 @@
 loaded; this works while a sweep is still running), a sweep folder's runs, and runs grouped into
 points.
 
-A point is a set of settings: runs whose configs agree on everything but seed, output_dir and
-run_name are seeds of one point. The varied keys are the dotted keys whose values differ between
+A point is a set of settings: runs whose configs agree on everything but seed and the cosmetic keys
+(config.keys.COSMETIC_KEYS: output_dir, run_name, the progress bar, trackers, what is logged or kept)
+are seeds of one point. The varied keys are the dotted keys whose values differ between
 points; tables and legends name only those, by their short labels (key_labels).
 """
 
@@ -13,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from dapo_train.config.keys import COSMETIC_KEYS
 from dapo_train.config.load import config_to_dict, flatten_config
 from dapo_train.errors import UserError
 from dapo_train.model.checkpoint import CONFIG_FILE
@@ -30,7 +32,7 @@ def key_labels(keys: list[str]) -> dict[str, str]:
     return {key: short if last.count(short) == 1 else key for key, short in zip(keys, last)}
 
 # What makes seeds of one point: everything in the config but these.
-PER_RUN_KEYS = ("seed", "output_dir", "run_name")
+PER_RUN_KEYS = ("seed", *COSMETIC_KEYS)
 MISSING = "-"
 
 
@@ -126,13 +128,18 @@ def _show(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def _per_run(key: str) -> bool:
+    """A PER_RUN_KEYS key, or an item of one (flattened lists: logging.trackers.0)."""
+    return any(key == name or key.startswith(name + ".") for name in PER_RUN_KEYS)
+
+
 def group_points(runs: list[RunRecord]) -> tuple[list[str], list[Point]]:
     """-> (varied keys, points in order of first appearance); see the module docstring."""
     groups: dict[tuple, list[RunRecord]] = {}
     for run in runs:
-        setting = tuple(sorted((k, _show(v)) for k, v in run.config.items() if k not in PER_RUN_KEYS))
+        setting = tuple(sorted((k, _show(v)) for k, v in run.config.items() if not _per_run(k)))
         groups.setdefault(setting, []).append(run)
-    keys = list(dict.fromkeys(k for run in runs for k in run.config if k not in PER_RUN_KEYS))
+    keys = list(dict.fromkeys(k for run in runs for k in run.config if not _per_run(k)))
     members = list(groups.values())
     varied = [k for k in keys if len({_show(group[0].config.get(k, MISSING)) for group in members}) > 1]
     values = [{k: group[0].config.get(k, MISSING) for k in varied} for group in members]

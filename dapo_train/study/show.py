@@ -2,14 +2,14 @@
 wrote, why each completion got its reward, what became of its group -- or as JSON Lines.
 
     --step N      one step (default: the last step with records); `all`: every step
-    --where EXPR  terms separated by commas, all of which must hold:
+    --where EXPR  terms separated by commas (or the word `and`), all of which must hold:
                     a flag: truncated, correct, dropped, trained, carried, or a fate (dropped_all_wrong, ...);
                     `not X` or `!X` for its opposite
                     FIELD OP VALUE with OP one of < <= > >= = != and FIELD a record field (reward,
                     advantage, length, fate, uid, extracted, ratio_mean, ...) or rewards.<key>
                   e.g. --where 'dropped'   --where 'reward<0.5,!truncated'   --where 'rewards.overlong<0'
-    --limit K     completions shown (0 = all)
-    --json        the matching records, one JSON object per line
+    --limit K     completions shown (default 20; 0 = all)
+    --json        the matching records, one JSON object per line: all of them unless --limit is given
 
 The text form prints a group's question once, then each of its completions with its reward
 breakdown, answer and ratios, and its whole text. Bad input (no such run, no records, a step without
@@ -21,14 +21,17 @@ from __future__ import annotations
 import json
 import operator
 import re
+import shlex
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from dapo_train.errors import UserError
+from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, STATE_FILE
 from dapo_train.run.rollouts import FATES, RECORD_KEYS, ROLLOUTS_DIR, read_rollouts, reward_breakdown, saved_rollouts
 
 Predicate = Callable[[dict], bool]
+TEXT_LIMIT = 20  # completions the text form shows without --limit
 
 # Flag name -> what it asks of a record; every fate's name is a flag too.
 FLAGS: dict[str, Predicate] = {
@@ -41,6 +44,7 @@ OPERATORS: dict[str, Callable] = {"<=": operator.le, ">=": operator.ge, "!=": op
                                   "=": operator.eq, "<": operator.lt, ">": operator.gt}
 ORDERING = ("<", "<=", ">", ">=")
 _FLAG_RE = re.compile(r"^(?:(!|not\s+))?([\w.-]+)$")
+_TERM_SEPARATOR = re.compile(r",|\s+and\s+")
 _COMPARE_RE = re.compile(r"^([\w.-]+)\s*(<=|>=|!=|==|=|<|>)\s*(.*)$")
 
 
@@ -61,14 +65,15 @@ def _number(text: str) -> float | None:
         return None
 
 
-def _comparison(name: str, symbol: str, raw: str, reward_keys: set[str]) -> Predicate:
-    """FIELD OP VALUE as a predicate. Ordering needs a number and holds only for numeric values;
+def _comparison(term: str, name: str, symbol: str, raw: str, reward_keys: set[str]) -> Predicate:
+    """FIELD OP VALUE (the whole term) as a predicate. Ordering needs a number and holds only for numeric values;
     equality reads VALUE as the field's type (true/false, a number, null, else text)."""
     get, compare, wanted = _field(name, reward_keys), OPERATORS[symbol], raw.strip().strip("'\"")
     number = _number(wanted)
     if symbol in ORDERING:
         if number is None:
-            raise UserError(f"--where: '{name}{symbol}{raw}' compares with {symbol}, which needs a number")
+            raise UserError(f"--where: '{term}' compares with {symbol}, which needs a number, not '{wanted}'; join "
+                            f"terms with ',' or 'and' ({name}{symbol}-0.5, truncated)")
         return lambda record: _is_number(get(record)) and compare(get(record), number)
 
     def equal(value: object) -> bool:
@@ -89,13 +94,13 @@ def _is_number(value: object) -> bool:
 
 def parse_where(expression: str, reward_keys: set[str]) -> Predicate:
     """--where EXPR as one predicate: every comma-separated term must hold."""
-    terms = [term.strip() for term in expression.split(",") if term.strip()]
+    terms = [term.strip() for term in _TERM_SEPARATOR.split(expression) if term.strip()]
     if not terms:
         raise UserError("--where: empty expression; e.g. --where dropped or --where 'reward<0.5,!truncated'")
     predicates = []
     for term in terms:
         if match := _COMPARE_RE.match(term):
-            predicates.append(_comparison(*match.groups(), reward_keys))
+            predicates.append(_comparison(term, *match.groups(), reward_keys))
         elif (match := _FLAG_RE.match(term)) and match.group(2) in FLAGS:
             flag = FLAGS[match.group(2)]
             predicates.append((lambda record, flag=flag: not flag(record)) if match.group(1) else flag)
@@ -114,6 +119,11 @@ def _steps(run_dir: Path, step: str | None) -> dict[int, Path]:
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run folder")
     saved = saved_rollouts(run_dir)
+    if not saved and CHECKPOINT_RE.fullmatch(run_dir.name) and (run_dir / STATE_FILE).is_file():
+        raise UserError(f"{run_dir} is a checkpoint folder; show reads its run's rollouts: dapo-train show "
+                        f"{shlex.quote(str(run_dir.parent))}")
+    if not saved and not (run_dir / CONFIG_FILE).is_file():
+        raise UserError(f"{run_dir} is not a run folder (no {CONFIG_FILE}); give the output_dir of a run")
     if not saved:
         raise UserError(f"{run_dir} holds no rollout records ({ROLLOUTS_DIR}/step_<N>.jsonl): the run kept none "
                         "(logging.rollout_groups=0), or trained before they were kept")
@@ -197,8 +207,12 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
-def show(run: str, step: str | None = None, where: str | None = None, limit: int = 20, as_json: bool = False) -> str:
-    """The `dapo-train show` output for a run folder (see the module docstring)."""
+def show(
+    run: str, step: str | None = None, where: str | None = None, limit: int | None = None, as_json: bool = False
+) -> str:
+    """The `dapo-train show` output for a run folder (see the module docstring); limit None: 20
+    completions as text, every matching record as JSON (what a script reads must not stop short)."""
+    limit = (0 if as_json else TEXT_LIMIT) if limit is None else limit
     if limit < 0:
         raise UserError(f"--limit {limit}: must be >= 0 (0 = all)")
     files = _steps(Path(run), step)

@@ -261,7 +261,12 @@ def _plugin_check(name: str) -> Callable[[str, str], bool]:
                       f"{name} does not take (completion, gold): {{err}}")
 
     def check(completion: str, gold: str) -> bool:
-        result = fn(completion, gold)
+        try:
+            result = fn(completion, gold)
+        except Exception as err:  # the plugin's own bug: name it, not the reward that asked it
+            shown = repr(completion[:120]) + ("..." if len(completion) > 120 else "")
+            raise ConfigError("data.correctness", f"{name} raised {type(err).__name__}: {err} on {shown} "
+                              f"(gold {gold!r}); fix the check") from err
         if getattr(result, "shape", None) == () and hasattr(result, "item"):
             result = result.item()  # a numpy or torch scalar
         if not isinstance(result, (bool, int)) or result not in (0, 1):

@@ -126,7 +126,9 @@ def build_prompts(
     stats = PromptStats(rows=len(dataset))
     rows = _readable_rows(dataset, data_cfg, stats)
     texts = [chat_prompt(tokenizer, question, data_cfg.system_prompt) for _, question, _ in rows]
-    token_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    # verbose=False: the prompts longer than the model are counted and dropped below, not announced by
+    # transformers' "indexing errors" warning.
+    token_ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"] if texts else []
     prompts = []
     for (index, question, gold), text, ids in zip(rows, texts, token_ids):
         if len(ids) > data_cfg.max_prompt_length:

@@ -279,13 +279,27 @@ def _csv_records(path: Path) -> tuple[str | None, int]:
     return None, rows
 
 
+def _parquet_rows(path: Path) -> tuple[str | None, int]:
+    """(None, rows in the parquet file's footer); a footer that cannot be read counts as one row, so
+    that the library's own message about the file stands."""
+    import pyarrow.parquet
+
+    try:
+        return None, pyarrow.parquet.ParquetFile(path).metadata.num_rows
+    except (pyarrow.ArrowException, OSError):
+        return None, 1
+
+
 LINE_CHECKS: dict[str, Callable[[Path], tuple[str | None, int]]] = {"json": _json_lines, "csv": _csv_records}
+# What _diagnose asks of a file datasets could not read: its first bad line, or its row count.
+ROW_CHECKS = {**LINE_CHECKS, "parquet": _parquet_rows}
 
 
 def _diagnose(paths: list[Path], builder: str, exc: BaseException) -> str:
-    """Why `datasets` could not read these files: the first bad line where a line check finds one,
-    else what the library said."""
-    check = LINE_CHECKS.get(builder)
+    """Why `datasets` could not read these files: the first bad line where a line check finds one, a
+    file without rows (pyarrow says "BatchSize must be greater than 0" of a 0-row parquet), else what
+    the library said."""
+    check = ROW_CHECKS.get(builder)
     for path in paths if check else ():
         problem, rows = check(path)
         if problem or not rows:

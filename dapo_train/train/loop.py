@@ -252,8 +252,8 @@ def train(
 def _report(run: Run, stop: StopRequested, aborted: str | None, session_s: float | None) -> None:
     """The end-of-run summary (finished, stopped or aborted), and for a stop the command that resumes."""
     ending = "aborted" if aborted is not None else "stopped" if stop.requested else "finished"
-    print(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, ending, session_s),
-          flush=True)
+    print(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, ending, session_s,
+                             run.eval_split_missing), flush=True)
     if stop.requested and aborted is None:
         stop.report(run.run_dir, distributed.world_size())
 

@@ -243,7 +243,8 @@ def work_line(rows: list[dict]) -> str | None:
 
 
 def end_of_run_summary(
-    run_dir: Path, step: int, max_steps: int, wall_s: float, ending: str = "finished", session_s: float | None = None
+    run_dir: Path, step: int, max_steps: int, wall_s: float, ending: str = "finished", session_s: float | None = None,
+    eval_split_missing: str | None = None,  # why data.path has no eval split: `next` then suggests other data
 ) -> str:
     """The end-of-run report (printed): how it ended (finished, stopped by a signal, aborted:
     train/health.py), accuracy first -> best -> last, the steps skipped of each kind, the update's work,
@@ -275,7 +276,9 @@ def end_of_run_summary(
         shown = ", ".join(names) if len(names) <= 4 else f"{names[0]}, ..., {names[-1]} ({len(names)})"
         lines.append(f"  checkpoints in {run_dir}: {shown}")
     if checkpoints and ending == "finished":  # stopped: StopRequested.report says how to resume; aborted: its reason
-        lines.append(f"  next: dapo-train eval {shlex.quote(str(checkpoints[-1]))}   # every item of data.eval_split")
+        command = f"dapo-train eval {shlex.quote(str(checkpoints[-1]))}"
+        lines.append(f"  next: {command}   # every item of data.eval_split" if eval_split_missing is None else
+                     f"  next: {command} data.path=EVAL_DATA   # {eval_split_missing.split('; ')[0]}")
     return "\n".join(lines + rollout_lines(run_dir, rows))
 
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from dapo_train.config.schema import Config
+from dapo_train.config.schema import Config, DataConfig
+from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluation.generate import eval_max_new_tokens
 from dapo_train.model.loading import (
     check_attention_kernel,
@@ -36,9 +37,10 @@ from dapo_train.model.loading import (
 from dapo_train.rewards.scoring import RewardSet, rewards_from_config
 from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id
 from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
+from dapo_train.task.sources import load_split
 from dapo_train.train import distributed
 from dapo_train.train.batching import Batching
-from dapo_train.train.collect import GroupBuffer
+from dapo_train.train.collect import GroupBuffer, max_rounds
 from dapo_train.train.health import StepHealth
 from dapo_train.train.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
@@ -80,6 +82,7 @@ class Run:
     started: float = field(default_factory=time.monotonic)  # when this session began (train: before setup)
     seconds_before: float = 0.0  # wall time of the sessions before this one (a resumed run's checkpoint)
     rollouts: list[dict] = field(default_factory=list)  # the last step's rollout records (main process)
+    eval_split_missing: str | None = None  # why `dapo-train eval` of a checkpoint would fail (no eval split)
 
     @property
     def wall_seconds(self) -> float:
@@ -123,7 +126,9 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     reward_set = rewards_from_config(cfg)
     engine_factory(cfg.rollout.engine)  # an unknown engine or objective fails here, before anything loads
     loss_settings(cfg)
-    check_sequence_budget(cfg, max(cfg.rollout.max_new_tokens, eval_max_new_tokens(cfg) if cfg.eval.every_steps else 0))
+    check_sequence_budget(cfg, cfg.rollout.max_new_tokens)
+    if cfg.eval.every_steps or cfg.eval.final_full:
+        check_sequence_budget(cfg, eval_max_new_tokens(cfg), "eval.max_new_tokens")
     check_lora_targets(cfg.model)
     if cfg.model.attn_implementation:
         check_attention_kernel(cfg.model.attn_implementation, accelerator.device)  # load_model would, after the data
@@ -132,6 +137,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     wanted = [cfg.data.train_split, cfg.data.eval_split] if evaluating or final else [cfg.data.train_split]
     splits = load_prompt_splits(cfg.data, tokenizer, wanted)  # each split logs its row counts
     train_prompts = splits[cfg.data.train_split][0]
+    check_data_use(cfg, len(train_prompts))
     all_eval = splits[cfg.data.eval_split][0] if evaluating or final else []
     eval_prompts = eval_subset(cfg, all_eval) if evaluating else []
     final_prompts = all_eval if final else []
@@ -155,7 +161,42 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         learner=learner, engine=engine, prompt_sampler=PromptSampler(train_prompts, cfg.seed),
         eval_prompts=eval_prompts, final_prompts=final_prompts, buffer=GroupBuffer(),
         prompts_by_uid={p.uid: p for p in train_prompts},
+        eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
     )
+
+
+def check_data_use(cfg: Config, usable: int) -> None:
+    """Refuse fewer usable training prompts than one generation round draws (a round would repeat
+    prompts within itself), and say at start how much of the data the run will see: each round draws
+    train.prompts_per_step prompts; with dynamic sampling a step runs 1 to dapo.max_gen_rounds rounds
+    (how many depends on the groups it keeps), so the count is a range."""
+    wanted, steps = cfg.train.prompts_per_step, cfg.train.max_steps
+    if usable < wanted:
+        raise ConfigError(
+            "train.prompts_per_step", f"a step needs {wanted} different prompts, but {cfg.data.path} "
+            f"[{cfg.data.train_split}] has {usable} usable; set train.prompts_per_step to at most {usable}, or give "
+            "more data",
+        )
+    least, most = wanted * steps, wanted * steps * max_rounds(cfg)
+    if most == least:
+        logger.info("data: the run draws %d prompts per step x %d steps = %d prompts, %.3g epochs of the %d "
+                    "usable training prompts", wanted, steps, least, least / usable, usable)
+        return
+    logger.info(
+        "data: the run draws %d prompts per generation round x %d steps = %d prompts, %.3g epochs of the %d usable "
+        "training prompts (an estimate: dynamic sampling runs 1 to %d rounds a step, so up to %d prompts, %.3g "
+        "epochs)", wanted, steps, least, least / usable, usable, max_rounds(cfg), most, most / usable,
+    )
+
+
+def missing_split(data_cfg: DataConfig, split: str) -> str | None:
+    """Why `split` of data.path cannot be read (None: it can): a run without evals has not read its
+    eval split, and the end-of-run summary must not suggest an eval that fails."""
+    try:
+        load_split(data_cfg, split)
+    except UserError as exc:
+        return str(exc)
+    return None
 
 
 def eval_subset(cfg: Config, split: list[Prompt]) -> list[Prompt]:

@@ -229,7 +229,7 @@ def test_a_nested_section_and_list_values_from_yaml_and_overrides(tmp_path):
         ("model.lora.target_modules=[]", "model.lora.target_modules", "at least one layer"),
         ("model.lora.target_modules={a: 1}", "model.lora.target_modules", "expected a list"),
         ("model.lora.alpah=8", "model.lora.alpah", "did you mean 'model.lora.alpha'"),
-        ("model.lora=8", "model.lora", "expected a mapping"),
+        ("model.lora=8", "model.lora", "is a section, not a value; set its keys, e.g. model.lora.r=..."),
         ("model.lora.r=-1", "model.lora.r", ">= 0"),
         ("model.lora.alpha=0", "model.lora.alpha", "> 0"),
         ("model.lora.dropout=1.0", "model.lora.dropout", "[0, 1)"),

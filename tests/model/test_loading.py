@@ -76,3 +76,28 @@ def test_library_warnings_are_printed_once(tmp_path):
     assert result.returncode == 0, result.stderr
     for name in ("huggingface_hub.utils._http", "transformers.modeling_utils", "datasets.load"):
         assert result.stderr.count(f"retrying from {name}") == 1, result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The policy must be a causal LM (issue 38): config.json's architectures, read without weights.
+
+
+@pytest.mark.parametrize("architectures,model_type,refused", [
+    (["Qwen2ForSequenceClassification"], "qwen2", "names Qwen2ForSequenceClassification, not a causal-LM head"),
+    (["Qwen2ForCausalLM"], "qwen2", None),
+    (["GPT2LMHeadModel"], "gpt2", None),  # a causal LM whose class name does not end in ForCausalLM
+    (None, "qwen2", None),  # no architectures: the model_type decides
+    (None, "t5", "transformers has no causal-LM class for its model_type 't5'"),
+])
+def test_only_a_causal_lm_is_accepted_as_the_policy(architectures, model_type, refused):
+    from types import SimpleNamespace
+
+    from dapo_train.errors import ConfigError
+
+    config = SimpleNamespace(architectures=architectures, model_type=model_type)
+    model = ModelConfig(name_or_path="./some-model")
+    if refused is None:
+        loading.check_causal_lm(config, model)
+        return
+    with pytest.raises(ConfigError, match=f"model.name_or_path': ./some-model is not a causal LM: .*{refused}"):
+        loading.check_causal_lm(config, model)

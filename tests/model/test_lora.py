@@ -357,3 +357,19 @@ def test_a_short_lora_demo_run_learns(tmp_path):
     assert (step0, step6) == (0, 6)
     assert after >= before + 0.05, (before, after)
     assert not (run_dir / "checkpoint_6" / "model.safetensors").exists()  # it trained adapters, not the model
+
+
+def test_resume_refuses_another_model_unless_the_saved_folder_is_gone(tmp_path):
+    """Full weights: the checkpoint's weights are its model's, trained; naming another model on resume
+    would record a model the run never trained. A local folder that is gone may be named anew (moved)."""
+    from dapo_train.config.load import save_config
+
+    checkpoint = tmp_path / "checkpoint_2"
+    checkpoint.mkdir()
+    save_config(load_config(None, []), checkpoint / "config.yaml")  # model.name_or_path: builtin:tiny
+    with pytest.raises(UserError, match="model.name_or_path is 'builtin:tiny' in the checkpoint and "
+                                        "'builtin:tiny-long' now; its weights were trained from 'builtin:tiny'"):
+        lora.check_resume(load_config(None, ["model.name_or_path=builtin:tiny-long"]), checkpoint)
+    lora.check_resume(load_config(None, ["train.max_steps=80"]), checkpoint)  # other keys may change
+    save_config(load_config(None, [f"model.name_or_path={tmp_path / 'moved-away'}"]), checkpoint / "config.yaml")
+    lora.check_resume(load_config(None, ["model.name_or_path=builtin:tiny"]), checkpoint)

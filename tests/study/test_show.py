@@ -103,5 +103,35 @@ def test_bad_arguments_are_one_error(run, args, message):
 def test_a_folder_without_records_says_why(tmp_path):
     with pytest.raises(UserError, match="no such run folder"):
         show(str(tmp_path / "nope"))
+    with pytest.raises(UserError, match=r"is not a run folder \(no config.yaml\); give the output_dir of a run"):
+        show(str(tmp_path))
+    (tmp_path / "config.yaml").write_text("seed: 0\n")
     with pytest.raises(UserError, match=r"holds no rollout records .*logging.rollout_groups=0"):
         show(str(tmp_path))
+
+
+def test_terms_join_with_and_and_negative_numbers_compare():
+    """Issue 38: 'reward < -0.5 and truncated' said -0.5 "needs a number" (the word and was read as part of it)."""
+    assert _picked("reward < -0.5 and truncated") == _picked("reward<-0.5,truncated") == [(0, 1)]
+    assert _picked("reward <= -1 and dropped and !correct") == [(1, 0), (1, 1)]
+    with pytest.raises(UserError, match=r"'reward < -0.5 truncated' compares with <, which needs a number, not "
+                                        r"'-0.5 truncated'; join terms with ',' or 'and'"):
+        parse_where("reward < -0.5 truncated", {"accuracy"})
+
+
+def test_json_prints_every_match_unless_limited(tmp_path):
+    """Issue 38: --json stopped at the text form's 20 completions without a sign; a script gets all of them."""
+    records = [_record(1, group, sample, "trained", 0.5) for group in range(5) for sample in range(6)]
+    write_rollouts(tmp_path, 1, records)
+    assert len(show(str(tmp_path), as_json=True).splitlines()) == 30
+    assert len(show(str(tmp_path), as_json=True, limit=7).splitlines()) == 7
+    assert show(str(tmp_path)).splitlines()[0].endswith("; showing 20 (--limit)")
+
+
+def test_show_on_a_checkpoint_names_its_run(tmp_path):
+    write_rollouts(tmp_path, 1, STEP_2)
+    (tmp_path / "checkpoint_1").mkdir()
+    (tmp_path / "checkpoint_1" / "trainer_state.pt").write_bytes(b"")
+    with pytest.raises(UserError, match=r"checkpoint_1 is a checkpoint folder; show reads its run's rollouts: "
+                                        f"dapo-train show {tmp_path}$"):
+        show(str(tmp_path / "checkpoint_1"))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dapo_train.config.keys import COSMETIC_KEYS, schema_keys
 from dapo_train.config.load import load_config, save_config
 from dapo_train.errors import TrainingAborted, UserError
 from dapo_train.run.signals import StopRequested
@@ -418,3 +419,20 @@ def test_a_real_sweep_trains_each_point_once(tmp_path):
     assert table.returncode == 0, table.stderr
     lines = table.stdout.strip().splitlines()
     assert len(lines) == 5 and [line.split()[0] for line in lines[2:4]] == ["0.1", "0.5"]  # + the note
+
+
+def test_cosmetic_keys_are_no_setting_but_eps_high_is(tmp_path):
+    """Issue 38: a pair that differs only in how it shows or logs (the progress bar, trackers, checkpoint
+    cadence) is one point, not two settings; a pair that differs in dapo.eps_high is two."""
+    rows = [{"step": 0, "accuracy": 0.1}, train_row(1, 0.9, 0.1, 0.0, 30, 2.0, accuracy=0.2)]
+    make_run(tmp_path / "bar", ["logging.progress_bar=true", "checkpoint.every_steps=5"], rows)
+    make_run(tmp_path / "quiet", ["logging.progress_bar=false", "logging.trackers=[tensorboard]"], rows)
+    make_run(tmp_path / "wide", ["dapo.eps_high=0.5", "logging.progress_bar=false"], rows)
+    varied, points = group_points(load_runs([str(tmp_path / "bar"), str(tmp_path / "quiet")]))
+    assert varied == [] and len(points) == 1 and len(points[0].runs) == 2
+    varied, points = group_points(load_runs([str(tmp_path / "bar"), str(tmp_path / "wide")]))
+    assert varied == ["dapo.eps_high"] and [p.settings for p in points] == [{"dapo.eps_high": "0.28"},
+                                                                            {"dapo.eps_high": "0.5"}]
+    assert set(COSMETIC_KEYS) <= {info.key for info in schema_keys()}  # each names a real key
+    studies = (Path(__file__).resolve().parents[2] / "docs" / "studies.md").read_text(encoding="utf-8")
+    assert [key for key in COSMETIC_KEYS if f"`{key}`" not in studies] == []  # the docs list them all

@@ -80,6 +80,10 @@ def test_the_summary_gives_accuracy_first_best_last_wall_time_checkpoints_and_ne
         f"  checkpoints in {tmp_path}: checkpoint_20, checkpoint_40",
         f"  next: dapo-train eval {tmp_path / 'checkpoint_40'}   # every item of data.eval_split",
     ]
+    without_eval_split = end_of_run_summary(tmp_path, 40, 40, 200.0, eval_split_missing="split 'test' not found "
+                                            "in train.jsonl; splits: train (set data.eval_split ...)").splitlines()
+    assert without_eval_split[-1] == f"  next: dapo-train eval {tmp_path / 'checkpoint_40'} data.path=EVAL_DATA   # " \
+        "split 'test' not found in train.jsonl"  # issue 38: the plain command would fail on the missing split
     stopped = end_of_run_summary(tmp_path, 20, 40, 65.0, "stopped").splitlines()
     assert stopped[0] == f"stopped {tmp_path} at step 20 of 40 in 1m05s"
     assert not any("next:" in line for line in stopped)  # the stop report says how to resume instead

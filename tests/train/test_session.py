@@ -1,0 +1,43 @@
+"""What setup says and refuses about the data before the model loads (issue 38): fewer usable prompts
+than one generation round draws, how much of the data the run will see, and whether the eval split
+the end-of-run summary points at exists."""
+
+import json
+
+import pytest
+
+from dapo_train.config.load import load_config
+from dapo_train.errors import ConfigError
+from dapo_train.train.session import check_data_use, missing_split
+
+
+def test_fewer_usable_prompts_than_a_step_draws_is_refused():
+    cfg = load_config(None, ["train.prompts_per_step=8", "data.path=three.jsonl"])
+    with pytest.raises(ConfigError, match=r"'train.prompts_per_step': a step needs 8 different prompts, but three"
+                                          r".jsonl \[train\] has 3 usable; set train.prompts_per_step to at most 3"):
+        check_data_use(cfg, 3)
+    check_data_use(cfg, 8)  # exactly one round's worth is enough
+
+
+def test_the_run_says_how_many_epochs_it_will_cover(caplog):
+    caplog.set_level("INFO")
+    check_data_use(load_config(None, ["train.prompts_per_step=2", "train.max_steps=3",
+                                      "dapo.dynamic_sampling=false"]), 10)
+    # One round a step without dynamic sampling: 2 x 3 = 6 prompts of 10 = 0.6 epochs.
+    assert "the run draws 2 prompts per step x 3 steps = 6 prompts, 0.6 epochs of the 10 usable training prompts" \
+        in caplog.text
+    caplog.clear()
+    check_data_use(load_config(None, ["train.prompts_per_step=8", "train.max_steps=40", "dapo.max_gen_rounds=4"]),
+                   4000)
+    # 8 x 40 = 320 prompts (0.08 of 4000) if each step fills in one round; 4 rounds a step at most: 1280 (0.32).
+    assert "8 prompts per generation round x 40 steps = 320 prompts, 0.08 epochs of the 4000 usable training " \
+        "prompts (an estimate: dynamic sampling runs 1 to 4 rounds a step, so up to 1280 prompts, 0.32 epochs)" \
+        in caplog.text
+
+
+def test_a_missing_eval_split_is_found_without_reading_it_as_prompts(tmp_path):
+    (tmp_path / "train.jsonl").write_text(json.dumps({"question": "1+1?", "answer": 2}) + "\n")
+    data = load_config(None, [f"data.path={tmp_path / 'train.jsonl'}"]).data
+    assert missing_split(data, "test").startswith(f"split 'test' not found in {tmp_path / 'train.jsonl'}; splits: "
+                                                  "train")
+    assert missing_split(data, "train") is None

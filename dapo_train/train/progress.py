@@ -13,7 +13,8 @@
   summary says the same.
 - The end of a run prints a summary: how it ended, eval accuracy first -> best -> last, the final
   accuracy on the whole eval split (eval.final_full), the steps skipped of each kind (non-finite,
-  without an informative group), wall time, the checkpoints, and the command to run next.
+  without an informative group), what generation cost per trained token and group, wall time, the
+  checkpoints, and the command to run next.
 Lines go through `logging` (redirected around the bar, so the bar stays one line).
 """
 
@@ -32,7 +33,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from dapo_train.config.schema import Config
 from dapo_train.model.checkpoint import checkpoint_dirs
 from dapo_train.run.eval_items import FINAL
-from dapo_train.run.logs import read_metrics
+from dapo_train.run.logs import generation_cost, read_metrics
 from dapo_train.run.rollouts import brief, saved_rollouts
 
 logger = logging.getLogger(__name__)
@@ -214,6 +215,19 @@ def skipped_line(rows: list[dict]) -> str:
         f"of {len(steps)}"
 
 
+def generation_line(rows: list[dict]) -> str | None:
+    """'  generation: 175,576 tokens for 83,572 trained (2.10 per trained token; 92,004 on dropped groups),
+    0.46 s per trained group'; None for rows without the counts (a run from before them)."""
+    cost = generation_cost(rows)
+    if cost["trained_tokens"] is None:
+        return None
+    per_token = cost["generated_per_trained_token"]
+    per_group = cost["seconds_generate_per_group"]
+    return (f"  generation: {cost['generated_tokens']:,.0f} tokens for {cost['trained_tokens']:,.0f} trained ("
+            f"{'-' if per_token is None else f'{per_token:.2f}'} per trained token; {cost['dropped_tokens']:,.0f} on "
+            f"dropped groups), {'-' if per_group is None else f'{per_group:.2f}'} s per trained group")
+
+
 def end_of_run_summary(
     run_dir: Path, step: int, max_steps: int, wall_s: float, ending: str = "finished", session_s: float | None = None
 ) -> str:
@@ -237,6 +251,9 @@ def end_of_run_summary(
     if finals:
         lines.append(f"  {final_line(finals[-1]['step'], finals[-1])}")
     lines.append(skipped_line(rows))
+    generation = generation_line(rows)
+    if generation is not None:
+        lines.append(generation)
     checkpoints = checkpoint_dirs(run_dir)
     if checkpoints:
         names = [p.name for p in checkpoints]

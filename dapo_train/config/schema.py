@@ -189,6 +189,20 @@ class DapoConfig:
     max_gen_rounds: int = _opt(
         4, "Most generation rounds per step while filling the batch; then train on what was kept."
     )
+    screen_size: int = _opt(
+        0,
+        "Screening (SPEED): a round first samples this many completions per prompt (0 = off, else below "
+        "rollout.group_size); a prompt whose screen is all alike on a side of dapo.screen_drop gets no more, the "
+        "others are completed to rollout.group_size, the screen's completions kept in the group. Needs dynamic "
+        "sampling on the correct bits (docs/training.md, Screening).",
+    )
+    screen_drop: list[str] = _opt(
+        ["all_wrong", "all_right"],
+        "Which screens rule a prompt out (dapo.screen_size > 0): all_wrong (every screen completion wrong), "
+        "all_right (every one correct), or both. Each side costs the groups it cuts that would have mixed at "
+        "rollout.group_size: 1 - (1-p)^(G-k) of the all-wrong screens of a prompt of pass rate p.",
+        ("all_wrong", "all_right"),
+    )
     overlong_filtering: bool = _opt(False, "Mask truncated completions out of the loss (overlong filtering).")
     num_iterations: int = _opt(
         1, "Passes over each rollout batch (PPO epochs); each pass is train.updates_per_step optimizer steps."

@@ -77,6 +77,22 @@ def _check_dapo(d: Any) -> None:
              f"got {d.rollout_correction_cap}; must be > 1")
 
 
+def _check_screen(cfg: Any) -> None:
+    """Screening (dapo.screen_size) judges correct bits before Eq. 11 does: it needs Eq. 11 on them, a
+    continuation to sample, and a side that rules prompts out."""
+    d, group_size = cfg.dapo, cfg.rollout.group_size
+    _require(0 <= d.screen_size < group_size, "dapo.screen_size",
+             f"got {d.screen_size}; must be 0 (off) or in 1..{group_size - 1} (below rollout.group_size)")
+    if d.screen_size == 0:
+        return
+    _require(d.dynamic_sampling, "dapo.screen_size", "needs dapo.dynamic_sampling=true: without it every group "
+             "trains, and a screen would drop some")
+    _require(d.filter_metric == "correct", "dapo.screen_size", f"needs dapo.filter_metric=correct (got "
+             f"{d.filter_metric!r}): the screen judges the correct bits that Eq. 11 then filters on")
+    _require(bool(d.screen_drop), "dapo.screen_drop", "empty: name all_wrong, all_right or both, or set "
+             "dapo.screen_size=0")
+
+
 def _check_rollout_and_train(cfg: Any) -> None:
     """Sampling, prompt and step sizes, the learning schedule and the update's layout."""
     r, t = cfg.rollout, cfg.train
@@ -148,5 +164,6 @@ def validate(cfg: Any) -> None:
     _check_names(cfg)
     _check_seed_and_optimizer(cfg)
     _check_dapo(cfg.dapo)
+    _check_screen(cfg)
     _check_rollout_and_train(cfg)
     _check_eval_checkpoint_lora_logging(cfg)

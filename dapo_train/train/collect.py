@@ -16,7 +16,6 @@ records.
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -24,13 +23,12 @@ import torch
 
 from dapo_train.algo.advantages import group_advantages, is_informative_group
 from dapo_train.config.schema import Config
-from dapo_train.rewards.scoring import score
-from dapo_train.rollout.decoding import SamplingSettings
 from dapo_train.rollout.engines import RolloutEngine
 from dapo_train.task.prompts import Prompt, PromptSampler
 from dapo_train.train import ranks
 from dapo_train.train.records import Group, StepBatch
 from dapo_train.train.rollout_sample import RolloutSample
+from dapo_train.train.screen import Scored, draw_round
 
 
 class GroupBuffer:
@@ -66,6 +64,9 @@ class CollectStats:
     dropped_all_correct: int = 0
     dropped_all_wrong: int = 0
     dropped_no_variance: int = 0  # filter_metric total / reward:<name>: equal values, mixed correct bits
+    screened_all_right: int = 0  # prompts a screen of dapo.screen_size ruled out (screen.py)
+    screened_all_wrong: int = 0
+    dropped_tokens: int = 0  # completion tokens generated on dropped groups and ruled-out screens: the waste
     seconds_generate: float = 0.0
     seconds_score: float = 0.0  # every reward, the reward models' seconds_reward_model included
     seconds_reward_model: float = 0.0
@@ -84,7 +85,8 @@ class CollectStats:
             return ranks[0]
         out = cls(rounds=ranks[0].rounds)
         for stats in ranks:
-            for name in ("carried_in", "dropped_all_correct", "dropped_all_wrong", "dropped_no_variance"):
+            for name in ("carried_in", "dropped_all_correct", "dropped_all_wrong", "dropped_no_variance",
+                         "screened_all_right", "screened_all_wrong", "dropped_tokens"):
                 setattr(out, name, getattr(out, name) + getattr(stats, name))
             for name in ("seconds_generate", "seconds_score", "seconds_reward_model"):
                 setattr(out, name, max(getattr(out, name), getattr(stats, name)))
@@ -94,7 +96,20 @@ class CollectStats:
                 out.per_reward[name] += values
         return out
 
-    def metrics(self, wanted: int, got: int) -> dict:
+    def add_generated(self, completions: list, scores) -> None:
+        """Completions a round generated, with their rewards.Scores: every one counts, kept or not."""
+        self.rewards += scores.total
+        self.correct += scores.correct
+        self.lengths += [c.length for c in completions]
+        self.truncated += [c.truncated for c in completions]
+        self.cut_mass += [0.0 if c.kept_log_mass is None else -float(c.kept_log_mass.sum()) for c in completions]
+        for name, values in scores.per_reward.items():
+            self.per_reward[name] += values
+
+    def metrics(self, wanted: int, got: int, trained_tokens: int) -> dict:
+        """The step's collection metrics; got: the groups it trains, trained_tokens: their completion
+        tokens (all ranks). What a trained token cost in generation: generated_per_trained_token (1 when
+        nothing is dropped and nothing carries over) and seconds_generate_per_group (None: nothing trained)."""
         n = max(1, len(self.rewards))
         rewards = torch.tensor(self.rewards or [0.0])
         out = {
@@ -108,12 +123,18 @@ class CollectStats:
             "groups_dropped_all_correct": self.dropped_all_correct,
             "groups_dropped_all_wrong": self.dropped_all_wrong,
             "groups_dropped_no_variance": self.dropped_no_variance,
+            "groups_screened_all_right": self.screened_all_right,
+            "groups_screened_all_wrong": self.screened_all_wrong,
             "gen_rounds": self.rounds,
             "batch_short": wanted - got,
             "seconds_generate": self.seconds_generate,
             "seconds_score": self.seconds_score,
             "seconds_reward_model": self.seconds_reward_model,
             "generated_tokens": sum(self.lengths),
+            "dropped_tokens": self.dropped_tokens,
+            "trained_tokens": trained_tokens,
+            "generated_per_trained_token": sum(self.lengths) / trained_tokens if trained_tokens else None,
+            "seconds_generate_per_group": self.seconds_generate / got if got else None,
             # KL(truncated || untruncated) of the sampling distribution per generated token: E[-log Z].
             "rollout_kl_truncation": sum(self.cut_mass) / max(1, sum(self.lengths)),
         }
@@ -123,63 +144,54 @@ class CollectStats:
 
 def collect_round(
     engine: RolloutEngine, reward_set, prompts: list[Prompt], cfg: Config, stats: CollectStats, version: int,
-    sample: RolloutSample | None = None, positions: list[int] | None = None,
+    sample: RolloutSample | None = None, positions: list[int] | None = None, draws: list[int] | None = None,
 ) -> list[Group]:
-    """One generation round: B prompts x G completions generated, scored, advantages computed (Eq. 9),
-    and the informative groups kept (Eq. 11), stamped with `version` (optimizer steps so far). sample:
-    offered every group, kept or dropped, as round stats.rounds, prompt b at positions[b] (default b)
-    of the round's batch over all ranks."""
-    group_size = cfg.rollout.group_size
-    settings = SamplingSettings(
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-    )
-    start = time.perf_counter()
-    completions = engine.generate([p.input_ids for p in prompts], settings, group_size)
-    stats.seconds_generate += time.perf_counter() - start
-    start = time.perf_counter()
-    scores = score(
-        reward_set,
-        [c.text for c in completions],
-        [p.gold for p in prompts for _ in range(group_size)],
-        lengths=[c.length for c in completions],
-        prompts=[p.text for p in prompts for _ in range(group_size)],
-        questions=[p.question for p in prompts for _ in range(group_size)],
-    )
-    stats.seconds_score += time.perf_counter() - start
-    stats.seconds_reward_model += sum(scores.seconds[r.key] for r in reward_set.rewards if r.owns_model)
-    rewards = torch.tensor(scores.total, dtype=torch.float32).view(len(prompts), group_size)  # (B, G)
-    correct = torch.tensor(scores.correct, dtype=torch.bool).view(len(prompts), group_size)  # (B, G)
-    advantages = group_advantages(rewards, std=cfg.dapo.advantage_std)  # (B, G)
-    stats.rewards += scores.total
-    stats.correct += scores.correct
-    stats.lengths += [c.length for c in completions]
-    stats.truncated += [c.truncated for c in completions]
-    stats.cut_mass += [0.0 if c.kept_log_mass is None else -float(c.kept_log_mass.sum()) for c in completions]
-    for name, values in scores.per_reward.items():
-        stats.per_reward[name] += values
-    groups = []
-    for b, prompt in enumerate(prompts):
-        rows = slice(b * group_size, (b + 1) * group_size)
-        group = Group(
-            prompt=prompt,
-            completions=completions[rows],
-            rewards=rewards[b],
-            correct=correct[b],
-            advantages=advantages[b],
-            per_reward={name: values[rows] for name, values in scores.per_reward.items()},
-            version=version,
-        )
+    """One generation round: B prompts x G completions generated (with dapo.screen_size, a screen of k
+    first: screen.py), scored, advantages computed (Eq. 9), and the informative groups kept (Eq. 11),
+    stamped with `version` (optimizer steps so far). sample: offered every group, kept, dropped or
+    ruled out by its screen, as round stats.rounds, prompt b at positions[b] (default b) of the round's
+    batch over all ranks; draws: each prompt's index among the run's draws (default b), which keys
+    its completions' random streams under screening."""
+    positions = list(range(len(prompts))) if positions is None else positions
+    drawn = draw_round(engine, reward_set, prompts, cfg, stats, list(range(len(prompts))) if draws is None else draws)
+    for b, screen, fate in drawn.ruled_out:
+        setattr(stats, fate, getattr(stats, fate) + 1)
+        stats.dropped_tokens += sum(c.length for c in screen.completions)
+        if sample is not None:
+            sample.offer(make_group(prompts[b], screen, cfg, version), stats.rounds, positions[b], fate)
+    groups = [make_group(prompts[b], scored, cfg, version) for b, scored in drawn.complete]
+    return keep_informative(groups, [positions[b] for b, _ in drawn.complete], cfg, stats, sample)
+
+
+def make_group(prompt: Prompt, scored: Scored, cfg: Config, version: int) -> Group:
+    """A prompt's scored completions as a Group, with its advantages (Eq. 9)."""
+    rewards = torch.tensor(scored.rewards, dtype=torch.float32)  # (G,)
+    return Group(prompt=prompt, completions=scored.completions, rewards=rewards,
+                 correct=torch.tensor(scored.correct, dtype=torch.bool),
+                 advantages=group_advantages(rewards[None], std=cfg.dapo.advantage_std)[0],
+                 per_reward=scored.per_reward, version=version)
+
+
+def keep_informative(groups: list[Group], positions: list[int], cfg: Config, stats: CollectStats,
+                     sample: RolloutSample | None = None) -> list[Group]:
+    """Eq. 11 on a round's complete groups: the informative ones, in order; each dropped one counted in
+    `stats` (its counter and its tokens in dropped_tokens), and every one offered to `sample`."""
+    kept = []
+    for group, position in zip(groups, positions):
         fate = drop_reason(group, cfg)
         if fate is None:
-            groups.append(group)
+            kept.append(group)
         else:
             setattr(stats, fate, getattr(stats, fate) + 1)
+            stats.dropped_tokens += group_tokens(group)
         if sample is not None:
-            sample.offer(group, stats.rounds, b if positions is None else positions[b], fate)
-    return groups
+            sample.offer(group, stats.rounds, position, fate)
+    return kept
+
+
+def group_tokens(group: Group) -> int:
+    """The completion tokens generated for a group (its valid tokens, EOS included)."""
+    return sum(c.length for c in group.completions)
 
 
 def filter_values(group: Group, metric: str) -> torch.Tensor:
@@ -217,20 +229,30 @@ def fill_batch(engine: RolloutEngine, reward_set, sampler: PromptSampler, buffer
     stats = CollectStats(carried_in=len(buffer))
     while stats.rounds < max_rounds(cfg) and ranks.buffered_groups(len(buffer)) < wanted:
         stats.rounds += 1
+        first = prompts_drawn(sampler)
         batch = sampler.next_batch(wanted)
         prompts, positions = ranks.own_share(batch), ranks.own_share(list(range(len(batch))))
         if prompts:
-            buffer.add(collect_round(engine, reward_set, prompts, cfg, stats, version, sample, positions))
+            buffer.add(collect_round(engine, reward_set, prompts, cfg, stats, version, sample, positions,
+                                     [first + position for position in positions]))
     return take_batch(buffer, stats, wanted)
+
+
+def prompts_drawn(sampler: PromptSampler) -> int:
+    """How many prompts the run has drawn so far (every epoch's): the next one's index among its draws."""
+    state = sampler.state_dict()
+    return state["epoch"] * state["num_prompts"] + state["position"]
 
 
 def take_batch(buffer: GroupBuffer, stats: CollectStats, wanted: int) -> StepBatch:
     """This step's groups from the buffer (the rest carries over), with the metrics of its generation
     rounds over all ranks: groups_kept (trained this step), groups_carried (of those, generated by an
-    earlier step) and buffer_size (left for the next)."""
+    earlier step), buffer_size (left for the next) and trained_tokens (the completion tokens of the
+    groups trained, against which generated_tokens and dropped_tokens are the cost)."""
     deal = ranks.deal_groups(len(buffer), stats, wanted)
     groups = buffer.take(deal.own)
-    metrics = CollectStats.merged(deal.stats).metrics(wanted, sum(deal.takes))
+    trained_tokens = int(ranks.total(sum(group_tokens(group) for group in groups)))
+    metrics = CollectStats.merged(deal.stats).metrics(wanted, sum(deal.takes), trained_tokens)
     # The buffer is a FIFO: the first `carried_in` groups a rank takes were generated by earlier steps.
     metrics["groups_carried"] = sum(min(take, stats.carried_in) for take, stats in zip(deal.takes, deal.stats))
     metrics["buffer_size"] = sum(deal.counts) - sum(deal.takes)

@@ -2,6 +2,7 @@
 ends the step instead of crashing or looping forever."""
 
 
+import pytest
 import torch
 
 from dapo_train.config.load import load_config
@@ -118,3 +119,55 @@ def test_without_dynamic_sampling_every_group_is_kept_in_one_round():
     groups, metrics = collect_step(engine, rewards, PromptSampler(_prompts(10), 0), GroupBuffer(), cfg)
     assert len(groups) == 3 and metrics["gen_rounds"] == 1
     assert all(float(g.advantages.abs().sum()) == 0.0 for g in groups)  # all wrong: A = 0 exactly
+
+
+# --------------------------------------------------------------------------------------------
+# What generation costs per trained token (issue 41, point 1), on hand-built groups.
+
+
+def _group(uid: str, correct: list[int], lengths: list[int]):
+    from dapo_train.rollout.engines import Completion
+    from dapo_train.train.records import Group
+
+    completions = [Completion(prompt_ids=torch.tensor([3, 4]), completion_ids=torch.full((n,), 9), truncated=False,
+                              text="") for n in lengths]
+    rewards = torch.tensor(correct, dtype=torch.float32)
+    return Group(prompt=_prompts(1)[0], completions=completions, rewards=rewards, correct=rewards.bool(),
+                 advantages=torch.zeros(4), version=0)
+
+
+def test_dropped_and_trained_tokens_are_counted_per_step_and_over_the_run():
+    """Four groups of 4: A mixed (3+5+2+4 = 14 tokens), B all wrong (16), C all right (1+2+3+4 = 10),
+    D mixed (8); 48 tokens generated in 6 s. One group per step: step 1 trains A, D carries over and
+    trains in step 2, which generates nothing."""
+    from dapo_train.run.logs import generation_cost
+    from dapo_train.train.collect import keep_informative, take_batch
+    from dapo_train.train.progress import generation_line
+
+    cfg = _cfg("train.prompts_per_step=1")
+    groups = [_group("a", [1, 0, 0, 0], [3, 5, 2, 4]), _group("b", [0] * 4, [4] * 4),
+              _group("c", [1] * 4, [1, 2, 3, 4]), _group("d", [1, 1, 0, 0], [2] * 4)]
+    stats = CollectStats(rounds=1, seconds_generate=6.0, lengths=[c.length for g in groups for c in g.completions])
+    buffer = GroupBuffer()
+    buffer.add(keep_informative(groups, [0, 1, 2, 3], cfg, stats))
+    assert buffer.groups == [groups[0], groups[3]]
+    first = take_batch(buffer, stats, wanted=1)
+    assert first.groups == [groups[0]]
+    m = first.metrics
+    assert (m["generated_tokens"], m["dropped_tokens"], m["trained_tokens"]) == (48, 16 + 10, 14)
+    assert m["groups_dropped_all_wrong"] == 1 and m["groups_dropped_all_correct"] == 1
+    assert m["generated_per_trained_token"] == pytest.approx(48 / 14)
+    assert m["seconds_generate_per_group"] == pytest.approx(6.0)  # 6 s for the one group trained
+    second = take_batch(buffer, CollectStats(carried_in=1), wanted=1).metrics
+    assert (second["generated_tokens"], second["trained_tokens"], second["dropped_tokens"]) == (0, 8, 0)
+    assert second["generated_per_trained_token"] == 0.0 and second["seconds_generate_per_group"] == 0.0
+    empty = take_batch(GroupBuffer(), CollectStats(rounds=1, seconds_generate=2.0, lengths=[5]), wanted=1).metrics
+    assert empty["generated_per_trained_token"] is None and empty["seconds_generate_per_group"] is None
+    # Over the run: 48 tokens for 14 + 8 trained, 6 s for two groups; a row before these metrics adds nothing.
+    rows = [{"step": 0, "accuracy": 0.5}, {"step": 1, **m}, {"step": 2, **second}]
+    cost = generation_cost(rows)
+    assert cost["generated_per_trained_token"] == pytest.approx(48 / 22)
+    assert cost["seconds_generate_per_group"] == pytest.approx(3.0) and cost["dropped_tokens"] == 26
+    assert generation_line(rows) == ("  generation: 48 tokens for 22 trained (2.18 per trained token; 26 on dropped "
+                                     "groups), 3.00 s per trained group")
+    assert generation_line([{"step": 1, "groups_kept": 3}]) is None  # a run from before the counts

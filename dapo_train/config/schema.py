@@ -191,10 +191,10 @@ class DapoConfig:
     )
     screen_size: int = _opt(
         0,
-        "Screening (SPEED): a round first samples this many completions per prompt (0 = off, else below "
-        "rollout.group_size); a prompt whose screen is all alike on a side of dapo.screen_drop gets no more, the "
-        "others are completed to rollout.group_size, the screen's completions kept in the group. Needs dynamic "
-        "sampling on the correct bits (docs/training.md, Screening).",
+        "Screening (SPEED): a round first samples this many completions per prompt (0 = off, else 2 to "
+        "rollout.group_size - 1); a prompt whose screen is all alike on a side of dapo.screen_drop gets no more, the "
+        "others are completed to rollout.group_size, the screen's completions kept in the group. The screen "
+        "judges correct bits, whatever dapo.filter_metric; needs dynamic sampling (docs/training.md, Screening).",
     )
     screen_drop: list[str] = _opt(
         ["all_wrong", "all_right"],

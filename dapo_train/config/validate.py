@@ -78,17 +78,16 @@ def _check_dapo(d: Any) -> None:
 
 
 def _check_screen(cfg: Any) -> None:
-    """Screening (dapo.screen_size) judges correct bits before Eq. 11 does: it needs Eq. 11 on them, a
+    """Screening (dapo.screen_size) moves part of Eq. 11 before generation: it needs Eq. 11 on, a
     continuation to sample, and a side that rules prompts out."""
     d, group_size = cfg.dapo, cfg.rollout.group_size
-    _require(0 <= d.screen_size < group_size, "dapo.screen_size",
-             f"got {d.screen_size}; must be 0 (off) or in 1..{group_size - 1} (below rollout.group_size)")
+    _require(d.screen_size == 0 or 2 <= d.screen_size < group_size, "dapo.screen_size",
+             f"got {d.screen_size}; must be 0 (off) or in 2..{group_size - 1} (a screen of 1 is always all alike; "
+             "below rollout.group_size)")
     if d.screen_size == 0:
         return
     _require(d.dynamic_sampling, "dapo.screen_size", "needs dapo.dynamic_sampling=true: without it every group "
              "trains, and a screen would drop some")
-    _require(d.filter_metric == "correct", "dapo.screen_size", f"needs dapo.filter_metric=correct (got "
-             f"{d.filter_metric!r}): the screen judges the correct bits that Eq. 11 then filters on")
     _require(bool(d.screen_drop), "dapo.screen_drop", "empty: name all_wrong, all_right or both, or set "
              "dapo.screen_size=0")
 

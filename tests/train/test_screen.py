@@ -143,8 +143,8 @@ def test_screen_drop_all_wrong_only_lets_all_right_screens_continue():
 @pytest.mark.parametrize("overrides, key", [
     (["dapo.screen_size=6"], "dapo.screen_size"),
     (["dapo.screen_size=-1"], "dapo.screen_size"),
+    (["dapo.screen_size=1"], "dapo.screen_size"),
     (["dapo.dynamic_sampling=false"], "dapo.screen_size"),
-    (["dapo.filter_metric=total"], "dapo.screen_size"),
     (["dapo.screen_drop=[]"], "dapo.screen_drop"),
     (["dapo.screen_drop=[all_bad]"], "dapo.screen_drop"),
 ])

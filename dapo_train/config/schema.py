@@ -189,6 +189,13 @@ class DapoConfig:
     max_gen_rounds: int = _opt(
         4, "Most generation rounds per step while filling the batch; then train on what was kept."
     )
+    max_round_prompts: int = _opt(
+        0,
+        "0: every generation round draws train.prompts_per_step prompts. N > 0: a round draws the groups still "
+        "missing divided by the running keep rate (groups kept per prompt drawn, over about the last 10 rounds), "
+        "at least the missing count and at most N (>= train.prompts_per_step), so a step usually fills in one "
+        "round; the surplus carries over.",
+    )
     screen_size: int = _opt(
         0,
         "Screening (SPEED): a round first samples this many completions per prompt (0 = off, else 2 to "

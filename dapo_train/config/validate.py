@@ -78,9 +78,12 @@ def _check_dapo(d: Any) -> None:
 
 
 def _check_screen(cfg: Any) -> None:
-    """Screening (dapo.screen_size) moves part of Eq. 11 before generation: it needs Eq. 11 on, a
-    continuation to sample, and a side that rules prompts out."""
+    """Round sizes and screening (dapo.screen_size), which moves part of Eq. 11 before generation: it
+    needs Eq. 11 on, a continuation to sample, and a side that rules prompts out."""
     d, group_size = cfg.dapo, cfg.rollout.group_size
+    _require(d.max_round_prompts == 0 or d.max_round_prompts >= cfg.train.prompts_per_step, "dapo.max_round_prompts",
+             f"got {d.max_round_prompts}; must be 0 (every round draws train.prompts_per_step) or at least "
+             f"train.prompts_per_step ({cfg.train.prompts_per_step})")
     _require(d.screen_size == 0 or 2 <= d.screen_size < group_size, "dapo.screen_size",
              f"got {d.screen_size}; must be 0 (off) or in 2..{group_size - 1} (a screen of 1 is always all alike; "
              "below rollout.group_size)")

@@ -16,6 +16,7 @@ records.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -53,6 +54,44 @@ class GroupBuffer:
 
     def load_state_dict(self, state: list[dict], prompts_by_uid: dict[str, Prompt]) -> None:
         self.groups = [Group.from_state(s, prompts_by_uid) for s in state]
+
+
+@dataclass
+class KeepRate:
+    """The running fraction of drawn prompts whose group was kept (Eq. 11, and a screen), over all ranks:
+    sums of kept groups and drawn prompts, each round's added after the earlier ones are decayed by
+    DECAY, so about the last 1 / (1 - DECAY) rounds count. The same on every rank (its counts are
+    totals over ranks) and part of the checkpoint, so resume draws the same round sizes."""
+
+    DECAY = 0.9
+    kept: float = 0.0
+    drawn: float = 0.0
+
+    @property
+    def rate(self) -> float | None:
+        return self.kept / self.drawn if self.drawn else None
+
+    def add(self, kept: int, drawn: int) -> None:
+        self.kept, self.drawn = self.DECAY * self.kept + kept, self.DECAY * self.drawn + drawn
+
+    def round_size(self, missing: int, wanted: int, most: int) -> int:
+        """Prompts the next round draws: `wanted` (train.prompts_per_step) when most is 0 (fixed rounds),
+        else enough that the groups still `missing` are expected to be kept at the running rate, between
+        `missing` and `most` (dapo.max_round_prompts): a step then usually fills in one round, and the
+        surplus carries over. No rate yet (the run's first round): `missing`."""
+        if most == 0:
+            return wanted
+        rate = self.rate
+        if rate is None:
+            return min(missing, most)
+        return most if rate == 0 else max(missing, min(most, math.ceil(missing / rate)))
+
+    def state_dict(self) -> dict:
+        return {"kept": self.kept, "drawn": self.drawn}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """A checkpoint from before the keep rate starts without one."""
+        self.kept, self.drawn = (float(state["kept"]), float(state["drawn"])) if state else (0.0, 0.0)
 
 
 @dataclass
@@ -221,20 +260,24 @@ def max_rounds(cfg: Config) -> int:
 
 
 def fill_batch(engine: RolloutEngine, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config,
-               version: int, sample: RolloutSample | None = None) -> StepBatch:
+               version: int, sample: RolloutSample | None = None, keep_rate: KeepRate | None = None) -> StepBatch:
     """Step 1: generation rounds (collect_round) until prompts_per_step informative groups are buffered
     over all ranks or rounds run out, then this step's groups. version: the optimizer steps taken so
-    far, stamped on the new groups; sample: offered every generated group."""
-    wanted = cfg.train.prompts_per_step
+    far, stamped on the new groups; sample: offered every generated group; keep_rate: the run's keep
+    rate, updated by every round, which sizes the rounds under dapo.max_round_prompts."""
+    wanted, keep_rate = cfg.train.prompts_per_step, keep_rate or KeepRate()
     stats = CollectStats(carried_in=len(buffer))
-    while stats.rounds < max_rounds(cfg) and ranks.buffered_groups(len(buffer)) < wanted:
+    buffered = ranks.buffered_groups(len(buffer))
+    while stats.rounds < max_rounds(cfg) and buffered < wanted:
         stats.rounds += 1
         first = prompts_drawn(sampler)
-        batch = sampler.next_batch(wanted)
+        batch = sampler.next_batch(keep_rate.round_size(wanted - buffered, wanted, cfg.dapo.max_round_prompts))
         prompts, positions = ranks.own_share(batch), ranks.own_share(list(range(len(batch))))
         if prompts:
             buffer.add(collect_round(engine, reward_set, prompts, cfg, stats, version, sample, positions,
                                      [first + position for position in positions]))
+        before, buffered = buffered, ranks.buffered_groups(len(buffer))
+        keep_rate.add(buffered - before, len(batch))
     return take_batch(buffer, stats, wanted)
 
 

@@ -38,7 +38,7 @@ from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_facto
 from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
 from dapo_train.train import distributed
 from dapo_train.train.batching import Batching
-from dapo_train.train.collect import GroupBuffer
+from dapo_train.train.collect import GroupBuffer, KeepRate
 from dapo_train.train.health import StepHealth
 from dapo_train.train.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
@@ -80,6 +80,7 @@ class Run:
     started: float = field(default_factory=time.monotonic)  # when this session began (train: before setup)
     seconds_before: float = 0.0  # wall time of the sessions before this one (a resumed run's checkpoint)
     rollouts: list[dict] = field(default_factory=list)  # the last step's rollout records (main process)
+    keep_rate: KeepRate = field(default_factory=KeepRate)  # sizes the generation rounds (dapo.max_round_prompts)
 
     @property
     def wall_seconds(self) -> float:

@@ -171,3 +171,87 @@ def test_dropped_and_trained_tokens_are_counted_per_step_and_over_the_run():
     assert generation_line(rows) == ("  generation: 48 tokens for 22 trained (2.18 per trained token; 26 on dropped "
                                      "groups), 3.00 s per trained group")
     assert generation_line([{"step": 1, "groups_kept": 3}]) is None  # a run from before the counts
+
+
+# --------------------------------------------------------------------------------------------
+# Round size from the keep rate (dapo.max_round_prompts).
+
+
+class _HalfKeptEngine:
+    """Completions '<first prompt id> <j>': with _odd_mixed, groups of odd-id prompts mix, even ones are all wrong."""
+
+    def generate(self, prompts, settings, group_size):
+        from dapo_train.rollout.engines import Completion
+
+        return [Completion(torch.tensor(list(ids)), torch.tensor([5, EOS_ID]), False, f"{ids[0]} {j}")
+                for ids in prompts for j in range(group_size)]
+
+    def sync_weights(self):
+        pass
+
+
+def _odd_mixed(text: str, gold: str) -> bool:
+    prompt_id, j = (int(part) for part in text.split())
+    return prompt_id % 2 == 1 and j % 2 == 0
+
+
+class _InOrder:
+    """The prompts in their order, over and over: the shuffle of PromptSampler left out, so that every two
+    consecutive prompts hold one whose group is kept."""
+
+    def __init__(self, prompts: list[Prompt]) -> None:
+        self.prompts, self.position = prompts, 0
+
+    def next_batch(self, n: int) -> list[Prompt]:
+        batch = [self.prompts[(self.position + i) % len(self.prompts)] for i in range(n)]
+        self.position += n
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": 0, "position": self.position, "num_prompts": len(self.prompts)}
+
+
+def _half_kept_steps(most: int, steps: int = 3) -> list[tuple[int, int]]:
+    """(gen_rounds, prompts drawn) of each step, every other prompt's group kept, four groups a step."""
+    from dapo_train.train.collect import KeepRate, fill_batch
+
+    cfg = _cfg("train.prompts_per_step=4", "dapo.max_gen_rounds=4", f"dapo.max_round_prompts={most}")
+    rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=4, is_correct=_odd_mixed)
+    sampler, buffer, keep_rate, out = _InOrder(_prompts(100)), GroupBuffer(), KeepRate(), []
+    for _ in range(steps):
+        before = sampler.position
+        batch = fill_batch(_HalfKeptEngine(), rewards, sampler, buffer, cfg, 0, keep_rate=keep_rate)
+        assert len(batch.groups) == 4
+        out.append((batch.metrics["gen_rounds"], sampler.position - before))
+    return out
+
+
+def test_the_keep_rate_sizes_the_rounds_so_a_step_fills_in_one():
+    """Every other prompt keeps its group. Fixed rounds draw 4 prompts and keep 2: two rounds a step.
+    Sized by the keep rate, step 1's first round has no rate and draws the 4 missing, its second the 2
+    missing / 0.5 = 4; from then on a step draws 4 / 0.5 = 8 prompts in one round. A bound of 5 caps
+    each round at 5 prompts: two rounds a step again. Step 2 keeps 3 of 5, then 1 of 2; step 3 keeps 2 of
+    5, and the decayed sums (kept 2, 3.8, 6.42, 6.778, 8.10 over drawn 4, 7.6, 11.84, 12.656, 16.39) put
+    the rate at 0.494, so the 2 missing draw ceil(2 / 0.494) = 5."""
+    assert _half_kept_steps(0) == [(2, 8), (2, 8), (2, 8)]
+    assert _half_kept_steps(16) == [(2, 8), (1, 8), (1, 8)]
+    assert _half_kept_steps(5) == [(2, 8), (2, 7), (2, 10)]
+
+
+def test_round_size_by_hand():
+    from dapo_train.train.collect import KeepRate
+
+    rate = KeepRate()
+    assert rate.round_size(3, 8, 0) == 8  # off: every round draws prompts_per_step
+    assert rate.round_size(3, 8, 32) == 3  # no rate yet: the missing groups
+    rate.add(2, 8)  # a quarter kept
+    assert rate.round_size(3, 8, 32) == 12 and rate.round_size(3, 8, 10) == 10
+    rate.add(0, 8)  # decayed: 0.9 * 2 / (0.9 * 8 + 8) = 1.8 / 15.2 -> ceil(3 / 0.1184) = 26
+    assert rate.kept == pytest.approx(1.8) and rate.round_size(3, 8, 32) == 26
+    again = KeepRate()
+    again.load_state_dict(rate.state_dict())
+    assert again == rate
+    empty = KeepRate(kept=0.0, drawn=16.0)  # nothing kept so far: draw the most allowed
+    assert empty.round_size(3, 8, 20) == 20
+    again.load_state_dict(None)  # a checkpoint from before the keep rate
+    assert again.rate is None

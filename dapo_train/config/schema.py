@@ -196,6 +196,15 @@ class DapoConfig:
         "at least the missing count and at most N (>= train.prompts_per_step), so a step usually fills in one "
         "round; the surplus carries over.",
     )
+    skip_history: bool = _opt(
+        False,
+        "GRESO: skip a drawn prompt whose last z groups in a row were all alike (dropped or screened out) with "
+        "probability 1 - max(dapo.skip_floor, 0.5^z); the history is in the checkpoint and the same on every "
+        "rank. Pays on runs of more than one epoch of the data. Needs dynamic sampling.",
+    )
+    skip_floor: float = _opt(
+        0.1, "dapo.skip_history: the least probability that a drawn prompt is generated, however alike its history.",
+    )
     screen_size: int = _opt(
         0,
         "Screening (SPEED): a round first samples this many completions per prompt (0 = off, else 2 to "

@@ -17,7 +17,7 @@ records.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +27,7 @@ from dapo_train.config.schema import Config
 from dapo_train.rollout.engines import RolloutEngine
 from dapo_train.task.prompts import Prompt, PromptSampler
 from dapo_train.train import ranks
+from dapo_train.train.history import PromptHistory
 from dapo_train.train.records import Group, StepBatch
 from dapo_train.train.rollout_sample import RolloutSample
 from dapo_train.train.screen import Scored, draw_round
@@ -260,25 +261,47 @@ def max_rounds(cfg: Config) -> int:
 
 
 def fill_batch(engine: RolloutEngine, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config,
-               version: int, sample: RolloutSample | None = None, keep_rate: KeepRate | None = None) -> StepBatch:
+               version: int, sample: RolloutSample | None = None, keep_rate: KeepRate | None = None,
+               history: PromptHistory | None = None) -> StepBatch:
     """Step 1: generation rounds (collect_round) until prompts_per_step informative groups are buffered
     over all ranks or rounds run out, then this step's groups. version: the optimizer steps taken so
     far, stamped on the new groups; sample: offered every generated group; keep_rate: the run's keep
-    rate, updated by every round, which sizes the rounds under dapo.max_round_prompts."""
+    rate, updated by every round, which sizes the rounds under dapo.max_round_prompts; history: the
+    run's prompt history, which skips prompts under dapo.skip_history and learns every round's outcomes."""
     wanted, keep_rate = cfg.train.prompts_per_step, keep_rate or KeepRate()
-    stats = CollectStats(carried_in=len(buffer))
+    history = history if cfg.dapo.skip_history else None
+    stats, skipped = CollectStats(carried_in=len(buffer)), 0
     buffered = ranks.buffered_groups(len(buffer))
     while stats.rounds < max_rounds(cfg) and buffered < wanted:
         stats.rounds += 1
         first = prompts_drawn(sampler)
         batch = sampler.next_batch(keep_rate.round_size(wanted - buffered, wanted, cfg.dapo.max_round_prompts))
-        prompts, positions = ranks.own_share(batch), ranks.own_share(list(range(len(batch))))
+        live = [b for b, prompt in enumerate(batch)  # the same on every rank: the history and draws are
+                if history is None or history.generates(prompt.uid, first + b, cfg.seed, cfg.dapo.skip_floor)]
+        skipped += len(batch) - len(live)
+        positions = ranks.own_share(live)
+        prompts, kept = [batch[b] for b in positions], []
         if prompts:
-            buffer.add(collect_round(engine, reward_set, prompts, cfg, stats, version, sample, positions,
-                                     [first + position for position in positions]))
+            kept = collect_round(engine, reward_set, prompts, cfg, stats, version, sample, positions,
+                                 [first + position for position in positions])
+            buffer.add(kept)
+        if history is not None:
+            history.record(ranks.round_outcomes(outcomes(prompts, kept)))
         before, buffered = buffered, ranks.buffered_groups(len(buffer))
         keep_rate.add(buffered - before, len(batch))
-    return take_batch(buffer, stats, wanted)
+    batch = take_batch(buffer, stats, wanted)
+    batch.metrics["prompts_skipped"] = skipped
+    return batch
+
+
+def outcomes(prompts: list[Prompt], kept: list[Group]) -> list[tuple[str, bool]]:
+    """(uid, whether its group was kept) for a round's prompts on this rank, in order."""
+    left = Counter(group.prompt.uid for group in kept)
+    out = []
+    for prompt in prompts:
+        out.append((prompt.uid, left[prompt.uid] > 0))
+        left[prompt.uid] -= 1
+    return out
 
 
 def prompts_drawn(sampler: PromptSampler) -> int:

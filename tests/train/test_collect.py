@@ -255,3 +255,78 @@ def test_round_size_by_hand():
     assert empty.round_size(3, 8, 20) == 20
     again.load_state_dict(None)  # a checkpoint from before the keep rate
     assert again.rate is None
+
+
+# --------------------------------------------------------------------------------------------
+# Skipping prompts on their history (dapo.skip_history, GRESO).
+
+
+def test_the_history_halves_an_alike_prompts_chance_down_to_the_floor():
+    from dapo_train.train.history import PromptHistory
+
+    history = PromptHistory()
+    history.record([("a", False), ("b", True), ("a", False), ("c", False)])
+    assert [history.keep_probability(uid, 0.1) for uid in "abcd"] == [0.25, 1.0, 0.5, 1.0]
+    history.record([("a", False)] * 3)  # five alike in a row: 1/32, held at the floor
+    assert history.keep_probability("a", 0.1) == 0.1 and history.keep_probability("a", 0.01) == 1 / 32
+    history.record([("a", True)])  # an informative group resets it
+    assert history.keep_probability("a", 0.1) == 1.0
+    again = PromptHistory()
+    again.load_state_dict(history.state_dict())
+    assert again.alike == history.alike == {"c": 1}
+    # The decision is a draw from (seed, draw) alone: the same in any process, another for another draw.
+    decisions = [history.generates("c", draw, 0, 0.1) for draw in range(200)]
+    assert decisions == [PromptHistory.generates(again, "c", draw, 0, 0.1) for draw in range(200)]
+    assert 70 < sum(decisions) < 130  # about half, at probability 0.5
+
+
+class _Recording(_HalfKeptEngine):
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def generate(self, prompts, settings, group_size):
+        self.seen += [ids[0] for ids in prompts]
+        return super().generate(prompts, settings, group_size)
+
+
+def _history_steps(floor: float, steps: int, state: dict | None = None):
+    """`steps` steps of 2 groups over 8 prompts in order (odd first ids mix, even ones are all wrong), with
+    the prompt history; state: the collection state to resume from. -> (first ids generated, prompts
+    skipped per step, the state after)."""
+    from dapo_train.train.collect import KeepRate, fill_batch
+    from dapo_train.train.history import PromptHistory
+
+    cfg = _cfg("train.prompts_per_step=2", "dapo.max_gen_rounds=4", "dapo.skip_history=true",
+               f"dapo.skip_floor={floor}")
+    rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=4, is_correct=_odd_mixed)
+    prompts = _prompts(8)
+    engine, sampler, buffer, keep_rate, history = _Recording(), _InOrder(prompts), GroupBuffer(), KeepRate(), \
+        PromptHistory()
+    if state is not None:
+        sampler.position = state["position"]
+        buffer.load_state_dict(state["buffer"], {p.uid: p for p in prompts})
+        history.load_state_dict(state["history"])
+    skipped = [fill_batch(engine, rewards, sampler, buffer, cfg, 0, keep_rate=keep_rate,
+                          history=history).metrics["prompts_skipped"] for _ in range(steps)]
+    state = {"position": sampler.position, "buffer": buffer.state_dict(), "history": history.state_dict()}
+    return engine.seen, skipped, state
+
+
+def test_prompts_whose_groups_were_alike_are_skipped_but_never_for_sure():
+    """Even-id prompts are always all wrong: after their first group they are drawn but mostly skipped,
+    never below the floor; odd-id prompts always mix and are never skipped. With floor 1 nothing is."""
+    seen, skipped, state = _history_steps(0.1, 24)
+    drawn = state["position"]
+    assert sum(skipped) > 0 and len(seen) + sum(skipped) == drawn  # a skipped prompt is drawn, not generated
+    odd, even = [i for i in seen if i % 2], [i for i in seen if i % 2 == 0]
+    assert len(odd) == drawn // 2  # every odd draw generated
+    assert 4 < len(even) < drawn // 2 - 4 and all(state["history"]["alike"][f"train:{i - 3}"] >= 1 for i in even)
+    everything, none, after = _history_steps(1.0, 24)
+    assert none == [0] * 24 and len(everything) == after["position"]  # the floor 1: every draw generated
+
+
+def test_a_resumed_history_skips_what_the_uninterrupted_run_skips():
+    whole, skipped, _ = _history_steps(0.1, 12)
+    first, skipped_first, state = _history_steps(0.1, 5)
+    rest, skipped_rest, _ = _history_steps(0.1, 7, state)
+    assert first + rest == whole and skipped_first + skipped_rest == skipped

@@ -3,8 +3,8 @@ wrote, why each completion got its reward, what became of its group -- or as JSO
 
     --step N      one step (default: the last step with records); `all`: every step
     --where EXPR  terms separated by commas, all of which must hold:
-                    a flag: truncated, correct, dropped, screened (ruled out by dapo.screen_size's screen),
-                    trained, carried, or a fate (dropped_all_wrong, screened_all_right, ...);
+                    a flag: truncated, correct, dropped (by Eq. 11 or a screen), screened (ruled out by
+                    dapo.screen_size's screen), trained, carried, or a fate (dropped_all_wrong, ...);
                     `not X` or `!X` for its opposite
                     FIELD OP VALUE with OP one of < <= > >= = != and FIELD a record field (reward,
                     advantage, length, fate, uid, extracted, ratio_mean, ...) or rewards.<key>
@@ -35,7 +35,7 @@ Predicate = Callable[[dict], bool]
 FLAGS: dict[str, Predicate] = {
     "truncated": lambda record: bool(record["truncated"]),
     "correct": lambda record: bool(record["correct"]),
-    "dropped": lambda record: record["fate"].startswith("dropped"),
+    "dropped": lambda record: record["fate"].startswith(("dropped", "screened")),  # a screened prompt is dropped too
     "screened": lambda record: record["fate"].startswith("screened"),
     **{fate: (lambda record, fate=fate: record["fate"] == fate) for fate in FATES},
 }

@@ -114,10 +114,14 @@ NO_RECORDS = "no rollout records to show them (logging.rollout_groups=0)"
 
 
 def all_dropped_line(step: int, metrics: dict, look: str) -> str:
-    """A step whose every group was dropped (Eq. 11): why, and where to `look`."""
+    """A step whose every group was dropped (Eq. 11) or screened out (dapo.screen_size): why, and where to
+    `look`."""
     counts = ", ".join(f"{label} {int(metrics.get(f'groups_dropped_{key}', 0))}"
                        for key, label in (("all_correct", "all correct"), ("all_wrong", "all wrong"),
                                           ("no_variance", "no variance")))
+    screened = [int(metrics.get(f"groups_screened_{side}", 0)) for side in ("all_right", "all_wrong")]
+    if any(screened):
+        counts += f"; screened out: all right {screened[0]}, all wrong {screened[1]}"
     rounds = metrics.get("gen_rounds", 0)
     return f"step {step}: every group dropped in {rounds} rounds ({counts}); update skipped; {look}"
 

@@ -12,6 +12,13 @@ the step passes on to the update. Surplus informative groups wait in a `GroupBuf
 step; the buffer is part of the checkpoint, so resume is exact. Every group generated, kept or
 dropped, is offered to the step's RolloutSample (rollout_sample.py) with its fate, for the rollout
 records.
+
+Deciding before generating (docs/training.md, What generation costs, and screening): a round may
+screen its prompts first (dapo.screen_size, screen.py: ruled-out prompts get their own fates and
+never reach the buffer); its size may follow the running keep rate (dapo.max_round_prompts,
+KeepRate); and drawn prompts may be skipped on their history (dapo.skip_history, history.py). What
+generation cost per trained token is in every step's metrics (dropped_tokens, trained_tokens,
+generated_per_trained_token, seconds_generate_per_group).
 """
 
 from __future__ import annotations
@@ -195,10 +202,11 @@ def collect_round(
     positions = list(range(len(prompts))) if positions is None else positions
     drawn = draw_round(engine, reward_set, prompts, cfg, stats, list(range(len(prompts))) if draws is None else draws)
     for b, screen, fate in drawn.ruled_out:
+        group = make_group(prompts[b], screen, cfg, version)  # its k completions: for the records alone
         setattr(stats, fate, getattr(stats, fate) + 1)
-        stats.dropped_tokens += sum(c.length for c in screen.completions)
+        stats.dropped_tokens += group_tokens(group)
         if sample is not None:
-            sample.offer(make_group(prompts[b], screen, cfg, version), stats.rounds, positions[b], fate)
+            sample.offer(group, stats.rounds, positions[b], fate)
     groups = [make_group(prompts[b], scored, cfg, version) for b, scored in drawn.complete]
     return keep_informative(groups, [positions[b] for b, _ in drawn.complete], cfg, stats, sample)
 
@@ -276,7 +284,7 @@ def fill_batch(engine: RolloutEngine, reward_set, sampler: PromptSampler, buffer
         stats.rounds += 1
         first = prompts_drawn(sampler)
         batch = sampler.next_batch(keep_rate.round_size(wanted - buffered, wanted, cfg.dapo.max_round_prompts))
-        live = [b for b, prompt in enumerate(batch)  # the same on every rank: the history and draws are
+        live = [b for b, prompt in enumerate(batch)  # the same on every rank, as the history and draws are
                 if history is None or history.generates(prompt.uid, first + b, cfg.seed, cfg.dapo.skip_floor)]
         skipped += len(batch) - len(live)
         positions = ranks.own_share(live)

@@ -210,7 +210,8 @@ class DapoConfig:
         "Screening (SPEED): a round first samples this many completions per prompt (0 = off, else 2 to "
         "rollout.group_size - 1); a prompt whose screen is all alike on a side of dapo.screen_drop gets no more, the "
         "others are completed to rollout.group_size, the screen's completions kept in the group. The screen "
-        "judges correct bits, whatever dapo.filter_metric; needs dynamic sampling (docs/training.md, Screening).",
+        "judges correct bits, whatever dapo.filter_metric; needs dynamic sampling (docs/training.md, What "
+        "generation costs, and screening).",
     )
     screen_drop: list[str] = _opt(
         ["all_wrong", "all_right"],

@@ -147,7 +147,11 @@ def test_screen_drop_all_wrong_only_lets_all_right_screens_continue():
     (["dapo.dynamic_sampling=false"], "dapo.screen_size"),
     (["dapo.screen_drop=[]"], "dapo.screen_drop"),
     (["dapo.screen_drop=[all_bad]"], "dapo.screen_drop"),
+    (["dapo.max_round_prompts=3"], "dapo.max_round_prompts"),  # below train.prompts_per_step (4)
+    (["dapo.skip_floor=0"], "dapo.skip_floor"),
+    (["dapo.skip_floor=1.5"], "dapo.skip_floor"),
+    (["dapo.screen_size=0", "dapo.dynamic_sampling=false", "dapo.skip_history=true"], "dapo.skip_history"),
 ])
-def test_bad_screen_settings_name_their_key(overrides, key):
+def test_bad_screen_round_and_history_settings_name_their_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         _cfg(*overrides)

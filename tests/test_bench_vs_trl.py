@@ -111,10 +111,21 @@ def test_summary_pairs_runs_by_repeat():
         return {"side": side, "seconds_per_step": 1.0, "completions_per_s": completions, "tokens_per_s": tokens,
                 "mean_completion_tokens": tokens / completions, "peak_rss_gib": rss}
 
-    runs = {"ours": [run("dapo-train", 4.0, 40.0, 1.0), run("dapo-train", 2.0, 30.0, 1.2)],
+    # dapo-train's work over two steps: 1,000 + 500 positions (100 + 50 padding), 300 + 100 head rows for
+    # 200 + 100 trained tokens -> 5.00 forward, 10.0% padding, 1.33 head per trained token.
+    from dapo_train.train.progress import update_work
+
+    work = update_work([{"update_forward_tokens": 1000, "update_padding_tokens": 100, "update_head_tokens": 300,
+                               "update_trained_tokens": 200},
+                              {"update_forward_tokens": 500, "update_padding_tokens": 50, "update_head_tokens": 100,
+                               "update_trained_tokens": 100}])
+    work = {key: work[key] for key in ("forward_per_token", "padding_frac", "head_per_token")}
+    runs = {"ours": [{**run("dapo-train", 4.0, 40.0, 1.0), **work}, {**run("dapo-train", 2.0, 30.0, 1.2), **work}],
             "trl": [run("TRL", 1.0, 20.0, 3.0), run("TRL", 2.0, 10.0, 2.0)]}
     lines = bench_vs_trl.summary(runs)
     assert "peak RSS 1.10 GiB (1.00-1.20)" in lines[0] and "peak RSS 2.50 GiB (2.00-3.00)" in lines[1]
+    assert lines[0].endswith(", update per trained token: 5.00 forward positions (10.0% padding), 1.33 scored by "
+                             "the head") and "per trained token" not in lines[1]
     # Paired: repeat 1 4/1 = 4, repeat 2 2/2 = 1 -> median 2.5; the ratio of medians would be 3/1.5 = 2.
     assert lines[-1].startswith("ratio dapo-train/TRL completions/s: 2.50 (3.0/s vs 1.5/s, median of 2, "
                                 "paired ratios 1.00-4.00)")

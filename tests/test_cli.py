@@ -212,6 +212,7 @@ def test_overwrite_with_bad_input_keeps_the_old_run(tmp_path):
     run_dir = tmp_path / "outputs" / "mine"
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text("seed: 1\n")
+    (run_dir / "metrics.jsonl").write_text("")  # with config.yaml: a run's folder, which --overwrite may replace
     result = dapo("run", "output_dir=outputs/mine", "data.prompt_field=nope", "--overwrite", cwd=tmp_path)
     assert_one_line_error(result, "nope")
     assert (run_dir / "config.yaml").read_text() == "seed: 1\n"  # nothing lost to a run that never started

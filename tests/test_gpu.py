@@ -4,13 +4,17 @@ run with the CUDA defaults (bf16 autocast, gradient checkpointing, compiled bf16
 mismatch measured), and the reference scored like the policy under autocast.
 Marked `gpu` and skipped without CUDA (`pytest -m gpu` selects them)."""
 
+import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from dapo_train.config.load import load_config
+from dapo_train.evaluation.generate import eval_max_new_tokens, eval_records
 from dapo_train.model.loading import gradient_checkpointing, mixed_precision
 from dapo_train.model.scoring import head_logprobs
+from dapo_train.run.files import read_jsonl
 from dapo_train.run.logs import read_metrics
 from dapo_train.train.loop import train
 
@@ -59,6 +63,31 @@ def test_the_cuda_rollout_samples_from_a_bf16_copy_with_the_compiled_static_cach
     assert any(not c.truncated for c in completions)
 
 
+def cpu_eval(cfg, model_path, uids: list[str]) -> list[bool]:
+    """Each item's correctness under a plain float32 greedy eval of `model_path` on the CPU (no autocast, no
+    bf16 copy, no compiled decode): the reference the CUDA run's evals are held to, item by item."""
+    from dapo_train.model.loading import load_model, load_tokenizer
+    from dapo_train.task.prompts import load_prompts
+
+    model_cfg = dataclasses.replace(cfg.model, name_or_path=str(model_path))
+    tokenizer = load_tokenizer(model_cfg)
+    prompts = {p.uid: p for p in load_prompts(cfg.data, tokenizer, cfg.data.eval_split)[0]}
+    records = eval_records(load_model(model_cfg, torch.device("cpu")), tokenizer, [prompts[uid] for uid in uids],
+                           max_new_tokens=eval_max_new_tokens(cfg), batch_size=len(uids))
+    return [record["correct"] for record in records]
+
+
+def assert_eval_matches_the_cpu(run, cfg, rows, step: int, model_path) -> None:
+    """The run's eval at `step`: its accuracy is its items' share correct, and those items are judged as the
+    float32 CPU eval of the same weights judges them, but for at most one bf16 near-tie in 8."""
+    items = read_jsonl(run / "eval_items" / f"step_{step}.jsonl")
+    (row,) = [row for row in rows if row["step"] == step and "accuracy" in row]
+    assert len(items) == cfg.eval.num_items and row["accuracy"] == pytest.approx(
+        sum(item["correct"] for item in items) / len(items), abs=1e-12)
+    on_cpu = cpu_eval(cfg, model_path, [item["uid"] for item in items])
+    assert sum(item["correct"] != cpu for item, cpu in zip(items, on_cpu)) <= 1, (step, items, on_cpu)
+
+
 def test_a_short_run_with_the_cuda_defaults(tmp_path):
     cfg = load_config(None, [
         "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2", "train.micro_batch_size=4",
@@ -70,7 +99,10 @@ def test_a_short_run_with_the_cuda_defaults(tmp_path):
     rows = read_metrics(run)
     assert [row["step"] for row in rows] == [0, 1, 2]
     assert all(row["skipped_nonfinite"] == 0 for row in rows if "skipped_nonfinite" in row)
-    assert 0.0 <= rows[-1]["accuracy"] <= 1.0
+    # The evals under bf16 autocast judge the items as float32 on the CPU does: the shipped weights at step 0,
+    # the trained ones at step 2.
+    assert_eval_matches_the_cpu(run, cfg, rows, 0, cfg.model.name_or_path)
+    assert_eval_matches_the_cpu(run, cfg, rows, 2, run / "checkpoint_2")
     # The bf16 compiled rollout is not the training forward: its mismatch is measured and corrected (tis).
     assert all(row["rollout_kl"] > 0 and row["old_logprob_rows"] > 0 for row in rows if "loss" in row)
     weights = load_file(run / "checkpoint_2" / "model.safetensors")

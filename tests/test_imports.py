@@ -130,13 +130,14 @@ LAYERS = {
     "config": set(),
     "task": {"config"},
     "model": {"config", "task"},
-    "rollout": {"config", "model"},
+    "tools": set(),
+    "rollout": {"config", "model", "tools"},
     "rewards": {"algo", "config", "task", "model"},
     "run": {"config", "model"},
-    "evaluation": {"config", "task", "model", "rollout", "rewards", "run"},
-    "train": {"algo", "config", "task", "model", "rollout", "rewards", "run", "evaluation"},
-    "study": {"algo", "config", "task", "model", "rollout", "rewards", "run", "evaluation", "train"},
-    "preflight": {"algo", "config", "task", "model", "rollout", "rewards", "run", "evaluation", "train"},
+    "evaluation": {"config", "task", "model", "tools", "rollout", "rewards", "run"},
+    "train": {"algo", "config", "task", "model", "tools", "rollout", "rewards", "run", "evaluation"},
+    "study": {"algo", "config", "task", "model", "tools", "rollout", "rewards", "run", "evaluation", "train"},
+    "preflight": {"algo", "config", "task", "model", "tools", "rollout", "rewards", "run", "evaluation", "train"},
 }
 ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "plugins"}
 HELPERS = {"dapo_train.errors", "dapo_train.plugins"}  # import nothing of the package but each other
@@ -210,13 +211,14 @@ def test_the_maths_imports_torch_and_the_standard_library_only():
 
 
 # What plugin authors are told to import (DESIGN.md's interfaces, docs/training.md, docs/benchmarks.md,
-# docs/rewards-and-tasks.md): these paths are kept whatever moves inside the package.
+# docs/rewards-and-tasks.md, docs/tools.md): these paths are kept whatever moves inside the package.
 PUBLIC = {
     "dapo_train.algo": ("policy_loss", "group_advantages", "overlong_penalty", "is_informative_group",
                         "register_policy_loss", "POLICY_LOSSES", "LossSettings", "loss_normalizer",
                         "register_loss_reduction", "RolloutCorrection", "register_rollout_correction"),
     "dapo_train.rewards": ("register", "REWARDS", "extract_answer", "is_correct", "RewardError", "build_rewards",
                            "score"),
+    "dapo_train.tools": ("register", "TOOLS", "Tool", "resolve_tools", "tool_schemas", "require_tool_template"),
     "dapo_train.rollout": ("Completion", "EngineSetup", "SamplingSettings", "RolloutEngine", "DecodeLoopEngine",
                            "register_engine", "build_engine", "engine_factory"),
 }

@@ -4,6 +4,7 @@ like swulling/gsm8k_chinese. Each rehearsal must end "ready" having run an updat
 gradient, evals, a checkpoint, a resume and an export; bad input must end in one line naming it."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from dapo_train.preflight.command import preflight
 import qwen_offline
 
 ROOT = Path(__file__).resolve().parent.parent
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K = ROOT / "data" / "gsm8k" / "test.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +48,39 @@ def _config(name: str, model: Path, data: Path, *overrides: str):
                                                                *overrides])
 
 
+def _rows(text: str) -> dict[str, str]:
+    """The report's rows from its "preflight" row on: label -> its text, wrapped lines joined by spaces."""
+    lines = text.splitlines()
+    rows: dict[str, str] = {}
+    for line in lines[next(i for i, line in enumerate(lines) if line.startswith("preflight ")):]:
+        if line.strip() and not line.startswith(" "):
+            label, _, rest = line.partition("  ")
+            assert label not in rows, f"row {label!r} twice"
+            rows[label] = rest.strip()
+        elif line.strip():
+            rows[label] += " " + line.strip()
+    return rows
+
+
 def _assert_ready(text: str, embeddings: str) -> None:
-    labelled = [line for line in text.splitlines() if line and not line.startswith(" ")]
-    assert labelled[-1].startswith("ready"), text  # the last row of the report
-    for expected in ("vocabulary 151,936 (tokenizer 151,665)", f"{embeddings} embeddings", "EOS 151645 <|im_end|>, "
-                     "151643 <|endoftext|>", "ended by <|im_end|>", "<|endoftext|>", "with a non-zero gradient",
-                     "checkpoint_2 resumed to step 3", "test: 319 rows, 318 prompts kept", "1 too long",
-                     "<|im_start|>assistant", "estimated peak on"):
-        assert expected in " ".join(text.split()), expected
+    """Each finding in the row that reports it: the phases in order, ending "ready"; both EOS ids read and both
+    ending completions; three steps, one or more with a non-zero gradient, the resume; the data's counts."""
+    rows = _rows(text)
+    order = ["preflight", "model", "data", "prompt", "rehearsal", "rollout", "train", "memory", "phases", "ready"]
+    assert [label for label in rows if label in order] == order and list(rows)[-1] == "ready", text
+    assert f"vocabulary 151,936 (tokenizer 151,665), {embeddings} embeddings" in rows["model"], rows["model"]
+    assert "EOS 151645 <|im_end|>, 151643 <|endoftext|>;" in rows["model"], rows["model"]
+    assert "test: 319 rows, 318 prompts kept" in rows["data"] and "1 too long" in rows["data"], rows["data"]
+    assert "<|im_start|>assistant" in rows["prompt"], rows["prompt"]
+    ended = re.search(r"ended by <\|im_end\|> (\d+), <\|endoftext\|> (\d+)", rows["rollout"])
+    assert ended and min(map(int, ended.groups())) > 0, rows["rollout"]  # both EOS ids stop completions
+    trained = re.match(r"(\d+) steps \((\d+) with a non-zero gradient, grad norm ([^)]+)\)", rows["train"])
+    assert trained and trained[1] == "3" and 1 <= int(trained[2]) <= 3 and float(trained[3]) > 0, rows["train"]
+    assert "checkpoint_2 resumed to step 3" in rows["train"], rows["train"]
+    peak = re.search(r"estimated peak on [^:]+: ([\d.]+) GiB", rows["memory"])
+    assert peak and float(peak[1]) > 0, rows["memory"]
+    timed = dict(re.findall(r"([a-z ]+) ([\d.]+)s(?:, |$)", rows["phases"]))
+    assert {"read", "data", "rehearsal model", "rollout check", "train", "resume", "export"} <= set(timed), timed
 
 
 def test_the_shipped_qwen_job_is_ready_from_the_command_line(offline, tmp_path):
@@ -68,6 +94,7 @@ def test_the_shipped_qwen_job_is_ready_from_the_command_line(offline, tmp_path):
     _assert_ready(result.stdout + "\n", "tied")
     flat = " ".join(result.stdout.split())
     assert "train.max_steps 150 -> 2" in flat and "rollout.max_new_tokens 128 -> 16" in flat
+    assert "disk one checkpoint about 18.5 GB" in flat and "3 at once" in flat  # the real model's, not the rehearsal's
     assert not list(tmp_path.glob("dapo-preflight-*"))  # the rehearsal's folder is removed afterwards
 
 

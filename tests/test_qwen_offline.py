@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 import qwen_offline
 
 ROOT = Path(__file__).resolve().parents[1]
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"  # ../shared beside the repo, as in test_answers.py
+GSM8K = ROOT / "data" / "gsm8k"  # shipped in the repository (data/gsm8k/README.md)
 TINY_TRAIN = [ROOT / "dapo_train" / "assets" / task / "data" / "train.jsonl" for task in ("tiny", "tiny-long")]
 SOLVERS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."

@@ -327,7 +327,10 @@ class EvalConfig:
 @dataclass
 class CheckpointConfig:
     every_steps: int = _opt(0, "Save checkpoint_<step>/ every N steps (0 = only at the end).")
-    keep_last: int = _opt(0, "Keep only the newest N checkpoints (0 = keep all).")
+    keep_last: int = _opt(
+        0, "Keep only the newest N checkpoints (0 = keep all); N + 1 for a moment, as a new one is written whole "
+        "before the oldest goes. The run compares them with the free disk space before its first step.",
+    )
 
 
 @dataclass

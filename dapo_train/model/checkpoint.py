@@ -5,18 +5,22 @@ see lora.py) and tokenizer, the resolved config.yaml, and trainer_state.pt (step
 dynamic-sampling carry-over, RNG states, optimizer and LR schedule). A run of N processes adds
 trainer_state_rank<r>.pt for each rank r > 0 (its RNG states and carry-over, and its optimizer
 shard under FSDP/ZeRO). It is written to a temporary sibling folder and renamed into place, so a
-crash or kill during a save leaves the previous checkpoint intact and never a half one. The state
-files hold only tensors and plain containers: they load with weights_only=True.
+crash or kill during a save leaves the previous checkpoint intact and never a half one; a write the
+disk refuses (full, I/O error, read-only) removes the half one and raises CheckpointNotSaved. The
+state files hold only tensors and plain containers: they load with weights_only=True. Its size on
+disk (checkpoint_bytes) times what a run holds at once is checked against the free space before the
+first step (check_disk_space).
 """
 
 from __future__ import annotations
 
-import errno
+import logging
 import os
 import pickle
 import random
 import re
 import shutil
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -25,11 +29,14 @@ import torch
 
 from dapo_train.config.load import save_config
 from dapo_train.config.schema import Config
-from dapo_train.errors import UserError
+from dapo_train.errors import CheckpointNotSaved, UserError
+
+logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
+_PROBE_BYTES = 1 << 20  # a failed write is the disk's when the folder then refuses this much too
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
@@ -74,9 +81,29 @@ def _weights_finite(tensors) -> bool:
     return all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())
 
 
-def _save_failed(run_dir: Path, step: int, exc: OSError) -> UserError:
-    reason = {errno.ENOSPC: "disk full", errno.EACCES: "permission denied"}.get(exc.errno, exc.strerror or str(exc))
-    return UserError(f"could not save checkpoint_{step} in {run_dir}: {reason}; earlier checkpoints are intact")
+def _write_refused(folder: Path) -> str | None:
+    """Why `folder` refuses a small write now (No space left on device, Read-only file system...), or None."""
+    try:
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(b"\0" * _PROBE_BYTES)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _not_saved(run_dir: Path, step: int, exc: BaseException) -> CheckpointNotSaved | None:
+    """The stop for a write that failed because of the disk (an OSError, or any error after which the
+    folder refuses a small write: torch.save reports a full disk as a RuntimeError), or None: a bug."""
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+    else:
+        reason = _write_refused(run_dir) if isinstance(exc, Exception) else None  # a KeyboardInterrupt stays one
+    if reason is None:
+        return None
+    return CheckpointNotSaved(f"could not write checkpoint_{step} in {run_dir} ({reason}); its partial folder was "
+                              "removed")
 
 
 def temporary_dir(run_dir: str | Path, step: int) -> Path:
@@ -89,7 +116,7 @@ def temporary_dir(run_dir: str | Path, step: int) -> Path:
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     except OSError as exc:
-        raise _save_failed(run_dir, step, exc) from None
+        raise _not_saved(run_dir, step, exc) from None
     return tmp
 
 
@@ -130,14 +157,88 @@ def save_checkpoint(
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _save_failed(run_dir, step, exc) from None
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # a kill -9 can still leave it: checkpoint_dirs ignores it
+        stop = _not_saved(run_dir, step, exc)
+        if stop is not None:
+            raise stop from None
         raise
     _prune(run_dir, keep_last)
     return final
+
+
+# --------------------------------------------------------------------------------------------
+# Disk space: a checkpoint's size, and how many a run holds at once.
+
+GB = 10**9
+TOKENIZER_ALLOWANCE = 16 * 10**6  # tokenizer, config and generation_config files (Qwen2.5's: about 11.5 MB)
+
+
+def checkpoint_bytes(weights: int, trainable: int) -> int:
+    """One checkpoint_<step>/ on disk: `weights`, the bytes of the saved weights (every parameter at its
+    dtype, or a LoRA run's adapter alone); AdamW's two moments (exp_avg, exp_avg_sq) of every trainable
+    parameter at its dtype, twice `trainable` (their bytes); and the tokenizer's allowance."""
+    return weights + 2 * trainable + TOKENIZER_ALLOWANCE
+
+
+def _save_steps(cfg: Config, done_step: int) -> list[int]:
+    """The steps after `done_step` this run saves at: every checkpoint.every_steps and the last."""
+    every, last = cfg.checkpoint.every_steps, cfg.train.max_steps
+    periodic = range(every, last, every) if every > 0 else range(0)
+    return [step for step in [*periodic, last] if step > done_step]
+
+
+def new_checkpoints_at_once(cfg: Config, done_step: int = 0, existing: int = 0) -> int:
+    """The most checkpoints a run from `done_step` (with `existing` of them already on disk) adds at once:
+    every one with checkpoint.keep_last 0, else keep_last + 1 in all (a new one is written whole before
+    the oldest is pruned), never fewer than one."""
+    remaining, keep = len(_save_steps(cfg, done_step)), cfg.checkpoint.keep_last
+    return remaining if keep <= 0 else min(remaining, max(1, keep + 1 - existing))
+
+
+def size_text(size: float) -> str:
+    return f"{size / GB:.1f} GB" if size >= GB else f"{size / 10**6:.0f} MB"
+
+
+def _free_bytes(run_dir: str | Path) -> int:
+    """The free space of the file system run_dir is (or will be) on."""
+    folder = Path(run_dir)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def disk_plan(cfg: Config, weights: int, trainable: int) -> str:
+    """Preflight's line: one checkpoint (checkpoint_bytes), what the run holds at once, the free space."""
+    one, count, free = checkpoint_bytes(weights, trainable), new_checkpoints_at_once(cfg), _free_bytes(cfg.output_dir)
+    fits = "fits" if free >= count * one else "does NOT fit: the run warns" if free >= one else \
+        "does NOT fit: the run refuses to start"
+    every, keep = cfg.checkpoint.every_steps, cfg.checkpoint.keep_last
+    return (f"one checkpoint about {size_text(one)} (weights {size_text(weights)}, AdamW state "
+            f"{size_text(2 * trainable)}, tokenizer); {count} at once (checkpoint.every_steps={every}, "
+            f"checkpoint.keep_last={keep}): {size_text(count * one)}; {size_text(free)} free for output_dir "
+            f"{cfg.output_dir}: {fits}")
+
+
+def check_disk_space(cfg: Config, run_dir: Path, one: int, done_step: int = 0, existing: int = 0,
+                     freed: int = 0) -> None:
+    """Before the first step: refuse (UserError) when not one checkpoint of `one` bytes fits in the free
+    space of run_dir's file system (plus `freed`, what --overwrite is about to remove), warn with the
+    numbers when not all the run holds at once do."""
+    free, count = _free_bytes(run_dir) + freed, new_checkpoints_at_once(cfg, done_step, existing)
+    if free < one:
+        raise UserError(
+            f"output_dir {run_dir}: {size_text(free)} free, but one checkpoint needs about {size_text(one)} "
+            f"({len(_save_steps(cfg, done_step))} planned, checkpoint.every_steps={cfg.checkpoint.every_steps}); free "
+            "space, or set output_dir=... on a larger disk"
+        )
+    if free < count * one:
+        logger.warning(
+            "output_dir %s: %s free, but %d checkpoints of about %s each (checkpoint.every_steps=%d, "
+            "checkpoint.keep_last=%d) need %s at once; the run will stop at the first checkpoint that does not fit "
+            "(exit code 4)", run_dir, size_text(free), count, size_text(one), cfg.checkpoint.every_steps,
+            cfg.checkpoint.keep_last, size_text(count * one),
+        )
 
 
 def usual_file_modes(folder: Path) -> None:

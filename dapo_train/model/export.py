@@ -9,7 +9,8 @@
 
 Weights are written in --dtype: float32 (the training master weights, exact) unless told
 otherwise; bfloat16 halves the folder. The folder is written beside DIR and renamed into place,
-and an existing, non-empty DIR is never replaced.
+and an existing, non-empty DIR is never replaced (nor is DIR the current folder, home, the root, or
+around or inside the checkpoint: config/outputs.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from dapo_train.config.load import load_config, read_saved_config
+from dapo_train.config.outputs import OutputKind, holds_own, mark
 from dapo_train.config.schema import ModelConfig
 from dapo_train.errors import UserError
 from dapo_train.model.checkpoint import CONFIG_FILE, usual_file_modes
@@ -30,6 +32,9 @@ from dapo_train.model.loading import DTYPES, load_model
 from dapo_train.model.lora import is_adapter_folder, require_peft
 
 logger = logging.getLogger(__name__)
+
+# An export's folder (config/outputs.py): written whole or not at all, never replaced; its marker says so.
+EXPORTED = OutputKind("dapo-train export folder", ".dapo-train-export", entries=())
 
 
 def _check_paths(source: Path, target: Path, dtype: str) -> bool:
@@ -41,8 +46,9 @@ def _check_paths(source: Path, target: Path, dtype: str) -> bool:
         raise UserError(f"{source} is not a checkpoint or model folder (no config.json or adapter_config.json)")
     if dtype not in DTYPES:
         raise UserError(f"--dtype {dtype!r}: allowed: {', '.join(DTYPES)}")
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise UserError(f"-o {target} already exists and is not empty; choose another folder or remove it")
+    if holds_own(target, EXPORTED, option="-o", inputs={f"the checkpoint {source}": source}):
+        raise UserError(f"-o {target} already exists and is not empty (an earlier export, never replaced); choose "
+                        "another folder or remove it (nothing was changed)")
     if adapter:
         require_peft(f"{source} is a LoRA adapter checkpoint; exporting it")
     return adapter
@@ -76,6 +82,7 @@ def export_checkpoint(checkpoint: str, out: str, merge: bool = False, dtype: str
         tmp.mkdir(parents=True)
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
+        mark(tmp, EXPORTED)
         usual_file_modes(tmp)
         if target.is_dir():
             target.rmdir()  # empty (checked above)

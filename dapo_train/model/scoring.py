@@ -10,8 +10,10 @@ Two things keep the update cheap:
   log-probs (float rounding aside). Needs an attention kernel that takes a 4-D mask (sdpa, eager);
   a micro-batch whose rows would be wider than SHARED_ROW_LIMIT tokens, or that would not get
   smaller, keeps one row per completion (long completions gain little from a shared prompt).
-- Bounded vocabulary memory. The LM head is swapped, for the scoring forward, for one that takes
-  the final hidden states at the completion positions and computes log-probs chunk by chunk; the
+- The LM head on valid tokens only, in bounded memory. The LM head is swapped, for the scoring
+  forward, for one that takes the final hidden states at the positions that predict a genuine
+  completion token (EOS included), flattened: prompt positions, padding after an EOS and an empty
+  completion never reach it. It computes their log-probs chunk by chunk; the
   backward recomputes each chunk's logits instead of saving them (LinearHeadLogprobs), so no
   (N, T, V) tensor exists in forward or backward: at most `chunk_mib` of float32 logits (plus
   their softmax) at a time.
@@ -50,12 +52,17 @@ class TokenBatch:
     attention_mask: Tensor  # (R, W) long, or (R, 1, W, W) bool when prefixes are shared
     position_ids: Tensor  # (R, W)
     completion_ids: Tensor  # (N, T)
-    completion_mask: Tensor  # (N, T) float, 1 on valid completion tokens (EOS included)
+    completion_mask: Tensor  # (N, T) float, the loss mask: 1 on valid completion tokens (EOS included)
     rows: Tensor  # (N,) long: the row holding sample i
     positions: Tensor  # (N, T) long: the row position whose hidden state predicts completion token t
+    # (N, T) bool: the completions' own tokens, what the head scores; unlike completion_mask it stays
+    # when a token leaves the loss (overlong filtering, the rollout correction), whose log-prob is still read
+    valid_mask: Tensor
+    padding_tokens: int  # positions of the R x W the forward computes that hold no prompt or completion token
 
     def to(self, device: torch.device) -> TokenBatch:
-        return TokenBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), Tensor)})
 
     @property
     def shared_prefix(self) -> bool:
@@ -65,6 +72,11 @@ class TokenBatch:
     def forward_tokens(self) -> int:
         """Token positions the forward computes (rows x width): the update's work."""
         return int(self.input_ids.numel())
+
+    @property
+    def head_tokens(self) -> int:
+        """Positions the LM head scores: the completions' own tokens."""
+        return int(self.valid_mask.sum())
 
 
 def collate(
@@ -78,8 +90,9 @@ def collate(
     for i, completion in enumerate(completions):
         completion_ids[i, : completion.numel()] = completion
         completion_mask[i, : completion.numel()] = 1.0
+    valid_mask = completion_mask.bool()
     if share_prefix:
-        shared = _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask)
+        shared = _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask, valid_mask)
         if shared is not None:
             return shared
     width_p = max(int(p.numel()) for p in prompts)
@@ -93,8 +106,9 @@ def collate(
     position_ids = padded_position_ids(attention_mask)
     # Hidden state i predicts token i+1: completion token t is predicted at width_p - 1 + t.
     positions = (width_p - 1 + torch.arange(width_t)).expand(n, width_t).clone()
+    padding = int(attention_mask.numel() - attention_mask.sum())
     return TokenBatch(input_ids, attention_mask, position_ids, completion_ids, completion_mask, torch.arange(n),
-                      positions)
+                      positions, valid_mask, padding)
 
 
 def padded_position_ids(attention_mask: Tensor) -> Tensor:
@@ -103,7 +117,8 @@ def padded_position_ids(attention_mask: Tensor) -> Tensor:
     return (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 0)
 
 
-def _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask) -> TokenBatch | None:
+def _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask, valid_mask
+                    ) -> TokenBatch | None:
     """One row per run of consecutive samples with equal prompts: prompt, then each completion.
     None when that saves no work or a row would be wider than SHARED_ROW_LIMIT (the dense 4-D mask
     and attention grow with the square of the row): the caller then uses one row per sample."""
@@ -143,7 +158,8 @@ def _collate_shared(prompts, completions, pad_id, completion_ids, completion_mas
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     mask = causal & (query >= 0) & (key >= 0) & ((key == 0) | (key == query))
     mask |= torch.eye(width, dtype=torch.bool)  # padding attends to itself: no empty softmax row
-    return TokenBatch(input_ids, mask[:, None], position_ids, completion_ids, completion_mask, rows, positions)
+    return TokenBatch(input_ids, mask[:, None], position_ids, completion_ids, completion_mask, rows, positions,
+                      valid_mask, len(runs) * width - sum(lengths))
 
 
 def attention_implementation(model) -> str:
@@ -184,12 +200,14 @@ def score_tokens(
     temperature: float,
     chunk_mib: float,
 ) -> tuple[Tensor, Tensor]:
-    """-> (logprobs (N, T) float32, differentiable; entropy (N, T) float32, detached).
+    """-> (logprobs (N, T) float32, differentiable; entropy (N, T) float32, detached); both 0 off
+    batch.valid_mask.
 
     The forward runs through `model` itself, so wrappers (DDP, FSDP, PEFT) see it, with the LM head's
     forward swapped for this call by one that returns the chosen tokens' log-probs: the head runs
-    inside the model's forward (where FSDP has its weights whole) on the hidden states at
-    `batch.positions` only, chunk by chunk (head_logprobs), and no logits are ever returned."""
+    inside the model's forward (where FSDP has its weights whole) on the hidden states that predict
+    the completions' own tokens only (batch.valid_mask, flattened to (M, H)), chunk by chunk
+    (head_logprobs), and no logits are ever returned."""
     inner = _unwrap(model)
     head = inner.get_output_embeddings()
     config = getattr(inner, "config", None)
@@ -197,12 +215,17 @@ def score_tokens(
     plain_forward = head.forward
     scored: dict[str, Tensor] = {}
 
+    valid = batch.valid_mask  # (N, T)
+    # The row and position of the hidden state that predicts each valid token, (M,) each.
+    rows, positions = batch.rows[:, None].expand(valid.shape)[valid], batch.positions[valid]
+
     def chosen_logprobs(hidden: Tensor) -> Tensor:  # hidden (R, W, H): the final norm's output
-        picked = hidden[batch.rows[:, None], batch.positions]  # (N, T, H)
-        scored["logprobs"], scored["entropy"] = head_logprobs(
-            head, picked, batch.completion_ids, temperature=temperature, chunk_mib=chunk_mib, softcap=softcap,
-            head_forward=plain_forward,
+        logprobs, entropy = head_logprobs(  # (M,) each
+            head, hidden[rows, positions], batch.completion_ids[valid], temperature=temperature, chunk_mib=chunk_mib,
+            softcap=softcap, head_forward=plain_forward,
         )
+        scored["logprobs"] = logprobs.new_zeros(valid.shape).index_put((valid,), logprobs)  # (N, T)
+        scored["entropy"] = entropy.new_zeros(valid.shape).index_put((valid,), entropy)
         return scored["logprobs"]
 
     saved = head.__dict__.get("forward")  # an instance-level forward (a hook) to put back, if any
@@ -346,6 +369,8 @@ def _module_head_logprobs(head, flat: Tensor, ids: Tensor, temperature: float, s
         _, picked, entropy = _chunk_stats(logits / temperature, chunk_ids)
         return picked, entropy.detach()
 
+    if not flat.shape[0]:  # no valid token: no logits, and a gradient of zeros through an empty product
+        return flat.sum(dim=-1).float(), flat.new_zeros(0, dtype=torch.float32)
     with torch.no_grad():
         vocab = head(flat[:1].detach()).shape[-1]
     rows = chunk_rows(vocab, chunk_mib)

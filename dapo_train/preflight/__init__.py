@@ -3,4 +3,5 @@ spent on it, on a small random model that has the real model's architecture, voc
 
 rehearsal.py  the rehearsal model (biased to stop at each EOS id) and the config shrunk to run fast
 command.py    `dapo-train preflight`: read, data, rollout check, train, resume, export, memory; the report
+memory.py     the real model's peak memory on the card, term by term, from its shape alone
 """

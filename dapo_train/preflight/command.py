@@ -26,10 +26,11 @@ from pathlib import Path
 
 import torch
 
+from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark, remove_own
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.model.memory import GIB, ModelShape, Setting, estimate
 from dapo_train.preflight import rehearsal
+from dapo_train.preflight.memory import GIB, ModelShape, Setting, estimate, reward_model_loads
 from dapo_train.rollout.decoding import SamplingSettings
 from dapo_train.train import distributed
 
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 ROLLOUT_PROMPTS = 4  # prompts x G completions of the rollout check, scored by every reward
 PROMPT_LINES = 12  # lines of the templated prompt shown
+# What a rehearsal writes in its folder (config/outputs.py), which --keep may replace.
+KEPT = OutputKind("dapo-train preflight folder", ".dapo-train-preflight",
+                  entries=("model", "run", "export", "preflight.log"), signs=(("preflight.log", "run"),))
 
 
 @dataclass
@@ -98,6 +102,9 @@ def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: in
     rollout, exports and reports."""
     cuda = torch.cuda.is_available()
     _join_ranks(cuda)
+    if keep and holds_own(Path(keep).expanduser(), KEPT, option="--keep", inputs=local_inputs(cfg), replace=True) \
+            and distributed.is_main():
+        remove_own(Path(keep).expanduser(), KEPT)  # an earlier rehearsal kept there: replaced, nothing else
     report, log, collected = Report(), io.StringIO(), _Warnings()
     report.warnings = collected.messages  # the same list: filled while the phases run
     package = logging.getLogger("dapo_train")
@@ -106,6 +113,8 @@ def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: in
     chosen = Path(keep).expanduser() if keep else Path(tempfile.mkdtemp(prefix="dapo-preflight-")) \
         if distributed.is_main() else None
     folder = distributed.broadcast(chosen)
+    if distributed.is_main():
+        mark(folder, KEPT)
     try:
         report.add("preflight", f"{config_name} on {'cuda: ' + torch.cuda.get_device_name() if cuda else 'cpu'} "
                    f"(torch {torch.__version__}, {distributed.world_size()} process(es)); rehearsal in {folder}")
@@ -178,6 +187,7 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
         if main:
             _export_and_reload(folder / "run", folder / "export")
     report.add("memory", _memory(cfg, shape, prompts, shards))
+    report.add("disk", checkpoint_space(cfg, shape))
     report.add("phases", ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report.seconds.items()))
     if report.warnings:
         report.add("warnings", "\n".join(report.warnings))
@@ -306,10 +316,22 @@ def _export_and_reload(run_dir: Path, out: Path) -> None:
     AutoTokenizer.from_pretrained(exported)
 
 
+def checkpoint_space(cfg: Config, shape: ModelShape) -> str:
+    """The real model's checkpoints on disk (model/checkpoint.py): its weights at model.dtype (float32 for
+    auto), or a LoRA run's float32 adapter alone, and AdamW's two moments of the trained ones."""
+    from dapo_train.model.checkpoint import disk_plan
+
+    lora = cfg.model.lora.r > 0
+    size = 4 if lora or cfg.model.dtype in ("auto", "float32") else 2
+    return disk_plan(cfg, (shape.trainable if lora else shape.parameters) * size, shape.trainable * size)
+
+
 def _memory(cfg: Config, shape: ModelShape, prompts: list, shards: int) -> str:
-    """The real model's peak per CUDA card under this config (model/memory.py)."""
+    """The real model's peak per CUDA card under this config (preflight/memory.py)."""
     longest = max(len(p.input_ids) for p in prompts)
-    result = estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=longest, shards=shards))
+    reward_models = reward_model_loads(cfg, cuda=True, sequence=longest + cfg.rollout.max_new_tokens)
+    result = estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=longest, shards=shards,
+                                                 reward_models=reward_models))
     terms = ", ".join(f"{name} {value / GIB:.1f}" for name, value in result.terms.items() if value)
     where = "one CUDA card" if shards == 1 else f"each of {shards} CUDA cards with FSDP/ZeRO sharding"
     return (f"estimated peak on {where} for the real model as configured: {result.peak / GIB:.1f} GiB (at the "

@@ -6,7 +6,8 @@ template over a user turn, the question as the policy saw it without the policy'
 and an assistant turn, the completion; with `plain`, the policy's prompt text followed by the
 completion. A text longer than `max_tokens` keeps its last tokens (the prompt is cut from the left,
 never the completion's end, where the answer is) and each batch that cuts logs a warning with its
-count. Its one logit is the reward, or `normalize: sigmoid` of (logit - shift) x scale.
+count. Its one logit, read at each text's last token (last_token_scores), is the reward, or
+`normalize: sigmoid` of (logit - shift) x scale.
 
 What is cheap is checked whenever a config is read (check_args, from rewards.build_rewards): the
 args, the path, config.json (a *ForSequenceClassification architecture with num_labels 1), the
@@ -185,6 +186,20 @@ def check_model(settings: RewardModelSettings) -> Checked:
     return Checked(path, tokenizer, form, settings.max_tokens or positions or tokenizer.model_max_length)
 
 
+def memory_footprint(args: dict, cuda: bool) -> tuple[object, int, int, int]:
+    """What the memory estimate (preflight/memory.py) needs of a configured reward model, without its weights:
+    (its transformers config, bytes per weight on a CUDA card or the CPU, texts per forward, tokens per text)."""
+    import inspect
+
+    fields = RewardModelSettings.__annotations__
+    defaults = {name: p.default for name, p in inspect.signature(reward_model).parameters.items()
+                if name in fields and p.default is not p.empty}
+    settings = RewardModelSettings(**{**defaults, **args})
+    checked = check_model(settings)
+    dtype = _dtype(settings.dtype, torch.device("cuda" if cuda else "cpu"))
+    return _model_config(checked.path), dtype.itemsize, settings.batch_size, checked.max_tokens
+
+
 def check_args(args: dict) -> None:
     """The registry's check: runs whenever a config is read (`run`, `config`, `sweep`)."""
     check_model(RewardModelSettings(**args))
@@ -200,11 +215,42 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     return loading.DTYPES[name]
 
 
+def _score_head(model: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The linear layer that scores every position (`score` in transformers' decoder classifiers, `classifier`
+    in a few)."""
+    head = getattr(model, "score", None) or getattr(model, "classifier", None)
+    if not isinstance(head, torch.nn.Module):
+        raise UserError(f"reward model {path}: {type(model).__name__} has no score or classifier head to read")
+    return head
+
+
+def last_token_scores(model: torch.nn.Module, head: torch.nn.Module, input_ids: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+    """(B,) the head's first output at each right-padded row's last attention-mask position, as verl reads it.
+
+    Not transformers' pooling: it takes the rightmost token that is not the pad id, and where the pad id is
+    the EOS (a tokenizer without a pad token) that ends the chat template's turn, that is one token early.
+    A head over a pooled state (an encoder's first token: no position axis) gives the model's own logits.
+    input_ids, mask: (B, T)."""
+    captured = []
+    hook = head.register_forward_hook(lambda module, args, output: captured.append(output))
+    try:
+        pooled = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits  # (B, 1); no KV cache kept
+    finally:
+        hook.remove()
+    per_position = captured[-1]  # (B, T, 1) for a decoder's head
+    if per_position.dim() != 3 or per_position.shape[1] != input_ids.shape[1]:
+        return pooled[:, 0]
+    last = mask.sum(dim=-1) - 1  # (B,)
+    return per_position[torch.arange(len(last), device=last.device), last, 0]
+
+
 class RewardModel:
     """A loaded, frozen reward model and its tokenizer; called as a reward function."""
 
     def __init__(self, settings: RewardModelSettings, checked: Checked, model: torch.nn.Module):
         self.settings, self.checked, self.model = settings, checked, model
+        self.head = _score_head(model, checked.path)
         self.texts_scored = 0  # every text it has read, for the multi-process test and the logs
 
     @classmethod
@@ -223,7 +269,8 @@ class RewardModel:
         except loading.LOAD_ERRORS as exc:
             raise UserError(loading.unreachable_message(checked.path, exc, "reward model", PATH_KIND)) from None
         model = model.to(device).eval().requires_grad_(False)
-        # The classifier reads its score at the last token that is not this id (transformers' rule).
+        # transformers' classifiers refuse a batch without a pad id; the score is not read where it points
+        # (last_token_scores).
         model.config.get_text_config().pad_token_id = checked.tokenizer.pad_token_id
         loaded = cls(settings, checked, model)
         loaded._log_size(time.perf_counter() - start, device, dtype)
@@ -238,7 +285,7 @@ class RewardModel:
         for _ in range(2):  # the second, without the first call's warm-up
             start = time.perf_counter()
             with torch.inference_mode():
-                self.model(input_ids=probe, attention_mask=torch.ones_like(probe))
+                self.model(input_ids=probe, attention_mask=torch.ones_like(probe), use_cache=False)
             probe_seconds = time.perf_counter() - start
         logger.info(
             "reward model %s: %.2fM parameters, %.1f MiB (%s) on %s, frozen, loaded in %.1f s; format %s, at most %d "
@@ -287,8 +334,8 @@ class RewardModel:
                 batch[row, : len(ids[index])] = torch.tensor(ids[index])
                 mask[row, : len(ids[index])] = 1
             with torch.inference_mode():
-                logits = self.model(input_ids=batch.to(device), attention_mask=mask.to(device)).logits  # (B, 1)
-            out[rows] = logits[:, 0].float().cpu()
+                scores = last_token_scores(self.model, self.head, batch.to(device), mask.to(device))  # (B,)
+            out[rows] = scores.float().cpu()
         return out
 
     def __call__(self, completions: list[str], answers: list, *, lengths=None, prompts=None,

@@ -18,6 +18,7 @@ engine records. A top_k of at least the vocabulary, or top_p 1, truncates nothin
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -126,15 +127,17 @@ def left_pad(sequences: Sequence[Tensor], pad_id: int, multiple: int = 1) -> tup
 
 
 def draw_tokens(distribution: Tensor, top_k: int = 0, generators: Sequence[torch.Generator] | None = None) -> Tensor:
-    """One token per row from a behaviour distribution, log-probs (A, V) -> (A,) ids.
+    """One token per row from a behaviour distribution, log-probs (A, V) -> (A,) ids: the categorical
+    distribution that generate's multinomial draws from (truncated tokens, at -inf, are never drawn).
 
-    The Gumbel-max trick, argmax(log p - log E) with E ~ Exp(1): the categorical distribution that
-    generate's multinomial draws from, in one cheap pass (truncated tokens stay at -inf). Under top-k
-    truncation only the k largest entries of a row are finite (more only when values tie at the k-th),
-    so the draw runs over those k alone: an exponential per candidate instead of per vocabulary entry
-    (at Qwen's 151,936 ids that draw was most of a CPU decode step), the same distribution.
-    generators: one per row, each row's exponentials drawn from its own (over the whole vocabulary, so
-    a row's token does not depend on the other rows of the batch): keyed draws."""
+    Under top-k truncation only the k largest entries of a row are finite (more only when values tie
+    at the k-th), so the draw runs over those k alone (Gumbel-max over k candidates). Over the whole
+    vocabulary the draw is the device's FULL_VOCABULARY_DRAWS entry: at Qwen's 151,936 ids an
+    exponential per entry (Gumbel-max) was most of a CPU decode step, and the inverse-CDF draw is the
+    same distribution at a fraction of the cost there (docs/benchmarks.md, scripts/bench_draw.py).
+    generators: one per row, each row's exponentials drawn from its own over the whole vocabulary
+    (Gumbel-max), so that a row's token does not depend on the other rows of the batch: keyed draws
+    (dapo.screen_size), at the cost of an exponential per entry."""
     if generators is not None:
         noise = torch.stack([torch.empty(distribution.shape[-1], device=distribution.device).exponential_(
             generator=generator) for generator in generators])  # (A, V)
@@ -142,10 +145,56 @@ def draw_tokens(distribution: Tensor, top_k: int = 0, generators: Sequence[torch
     if 0 < top_k < distribution.shape[-1]:
         values, indices = distribution.topk(top_k + 1, dim=-1)  # (A, k + 1), largest first
         if not bool(torch.isfinite(values[:, -1]).any()):  # no tie beyond the k-th: these k are all there is
-            values, indices = values[:, :-1], indices[:, :-1]
-            picked = (values - torch.empty_like(values).exponential_().log()).argmax(dim=-1)  # (A,)
+            picked = gumbel_max_draw(values[:, :-1])  # (A,)
             return indices.gather(-1, picked[:, None])[:, 0]
+    return FULL_VOCABULARY_DRAWS.get(distribution.device.type, gumbel_max_draw)(distribution)
+
+
+def gumbel_max_draw(distribution: Tensor) -> Tensor:
+    """argmax(log p - log E) with E ~ Exp(1) per entry: log-probs (A, V) -> (A,) ids, exactly
+    categorical(p); an exponential per entry."""
     return (distribution - torch.empty_like(distribution).exponential_().log()).argmax(dim=-1)
+
+
+def inverse_cdf_draw(distribution: Tensor) -> Tensor:
+    """Inverse-CDF sampling in two levels: log-probs (A, V) -> (A,) ids, categorical(p) with each
+    token's probability exact to float32 rounding (relative), two uniforms per row.
+
+    A float32 cumulative sum over the whole vocabulary is not exact: a token whose probability is below
+    half a unit in the last place of the running sum (3e-8 near 1) adds nothing to it and is never
+    drawn, and a vocabulary's long tail is such tokens. So the V probabilities are summed in blocks of
+    about sqrt(V) (one pass, each block's sum exact to float32 rounding relative to it), a block is
+    drawn from the float64 cumulative sum of the block sums, then a token of that block from the
+    float64 cumulative sum of its entries: float64 only on (A, sqrt(V)) tensors."""
+    probs = distribution.exp()  # (A, V), 0 where truncated
+    rows, vocab = probs.shape
+    width = math.isqrt(vocab - 1) + 1  # block size, ceil(sqrt(V))
+    full = vocab // width * width
+    sums = probs[:, :full].view(rows, -1, width).sum(dim=-1)  # (A, V // width)
+    if full < vocab:
+        sums = torch.cat([sums, probs[:, full:].sum(dim=-1, keepdim=True)], dim=-1)  # the short last block
+    block = _inverse_cdf(sums.double())  # (A,)
+    columns = block[:, None] * width + torch.arange(width, device=probs.device)  # (A, width)
+    inside = columns < vocab
+    weights = probs.gather(-1, columns.clamp(max=vocab - 1)).double() * inside  # (A, width)
+    return block * width + _inverse_cdf(weights)
+
+
+def _inverse_cdf(weights: Tensor) -> Tensor:
+    """weights (A, K) >= 0, float64, each row with a positive entry -> (A,) index i with probability
+    weights[i] / sum: the first i whose cumulative sum exceeds u ~ U[0, sum). u is kept strictly below
+    the row's total, so i < K, and an entry of weight 0 never raises the cumulative sum, so it is never
+    the first to exceed u: a zero-probability (truncated) token is never drawn."""
+    cumulative = weights.cumsum(dim=-1)  # (A, K)
+    total = cumulative[:, -1:]  # (A, 1)
+    uniform = torch.rand(total.shape, dtype=total.dtype, device=total.device) * total
+    uniform = torch.minimum(uniform, total.nextafter(torch.zeros_like(total)))  # rounding could reach the total
+    return torch.searchsorted(cumulative, uniform, right=True)[:, 0]
+
+
+# The full-vocabulary draw per device type (draw_tokens); Gumbel-max where none is named. The inverse-CDF
+# draw measured 5-10x cheaper on the CPU at Qwen's vocabulary; scripts/bench_cuda.sh times both on CUDA.
+FULL_VOCABULARY_DRAWS = {"cpu": inverse_cdf_draw}
 
 
 # ---------------------------------------------------------------- the decode loop

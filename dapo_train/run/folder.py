@@ -1,8 +1,11 @@
 """The run folder: where a run may start, what `--resume` continues, which run is the latest.
 
 - A fresh start checks, before anything loads or is created, that output_dir can be written and
-  that the packages the trackers and LoRA need are installed; it refuses to replace a run that
-  saved a checkpoint unless told (--overwrite), and starts again over one that never saved any
+  that the packages the trackers and LoRA need are installed; it refuses a folder that is not a run
+  (config/outputs.py's rule: not empty and no run's marker or files, the current folder, a parent,
+  home, the root, or sharing files with the data, the model or a reward model), refuses to replace a
+  run that saved a checkpoint unless told (--overwrite, which removes only what a run writes and
+  refuses while the folder holds anything else), and starts again over one that never saved any
   (nothing there can be resumed).
 - `--resume` continues a run with its own saved config (the checkpoint's config.yaml); KEY=VALUE
   overrides change it and every changed key is listed, old -> new, before the model loads. A
@@ -28,6 +31,7 @@ import time
 from pathlib import Path
 
 from dapo_train.config.load import config_from_dict, config_to_dict, flatten_config, load_config, read_saved_config
+from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark, remove_own
 from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.model.checkpoint import (
@@ -40,7 +44,7 @@ from dapo_train.model.checkpoint import (
 )
 from dapo_train.model.lora import check_lora_start, check_resume
 from dapo_train.run.eval_items import ITEMS_DIR, items_after
-from dapo_train.run.logs import METRICS_FILE, split_logs
+from dapo_train.run.logs import LOG_FILES, METRICS_FILE, split_logs
 from dapo_train.run.rollouts import ROLLOUTS_DIR, rollouts_after
 from dapo_train.run.trackers import check_trackers
 
@@ -49,6 +53,8 @@ logger = logging.getLogger(__name__)
 RUNS_ROOT = Path("outputs")
 # Sub-folder of a run holding what a resume from an earlier checkpoint left behind (set_aside_abandoned).
 ABANDONED_PREFIX = "abandoned_after_step"
+# Written in output_dir when a run starts: the folder is a run's, which --overwrite may replace.
+RUN_MARKER = ".dapo-train-run"
 # Files training writes and eval never does: their times say when a run last trained.
 TRAINING_FILES = (METRICS_FILE,)
 CHECKPOINT_TRAINING_FILES = ("config.json", STATE_FILE)
@@ -90,25 +96,48 @@ def check_writable(run_dir: Path) -> None:
         raise UserError(f"output_dir {run_dir}: {problem}; set output_dir=... to a writable folder")
 
 
-def holds_run(run_dir: Path) -> bool:
-    return (run_dir / CONFIG_FILE).exists() or (run_dir / METRICS_FILE).exists()
+def run_kind(cfg: Config) -> OutputKind:
+    """What a run writes at the top of output_dir (config/outputs.py's rule): the marker, config.yaml, the
+    three logs, eval_items/, rollouts/, checkpoint_<step>/ and their temporary folders, what a resume set
+    aside, and TensorBoard's folder (logging.project). A folder from before the marker is a run when it
+    holds config.yaml with metrics.jsonl or a checkpoint_<step>/."""
+    return OutputKind(
+        "dapo-train run folder", RUN_MARKER,
+        entries=(CONFIG_FILE, *LOG_FILES.values(), ITEMS_DIR, ROLLOUTS_DIR, "checkpoint_[0-9]*", ".tmp_checkpoint_*",
+                 f"{ABANDONED_PREFIX}*", cfg.logging.project),
+        signs=((CONFIG_FILE, METRICS_FILE), (CONFIG_FILE, "checkpoint_[0-9]*")),
+    )
+
+
+def check_start(cfg: Config, overwrite: bool) -> bool:
+    """A fresh start in output_dir, checked before anything is written or loaded: refused where the
+    folder is not empty and not a run, is the current folder, a parent of it, home or the root, or
+    shares files with the config's inputs; with --overwrite, also while the run holds foreign files.
+    -> whether output_dir holds a run."""
+    return holds_own(Path(cfg.output_dir), run_kind(cfg), option="output_dir", inputs=local_inputs(cfg),
+                     replace=overwrite)
 
 
 def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bool) -> tuple[Path, Path | None]:
-    """-> (run dir, checkpoint to resume from). Refuses to clobber a run that saved a checkpoint;
-    with --overwrite the old run is only removed later, once setup has succeeded."""
+    """-> (run dir, checkpoint to resume from). Refuses to clobber a run that saved a checkpoint, and
+    any folder that is not a run; with --overwrite the old run's files are only removed later, once
+    setup has succeeded."""
     run_dir = Path(cfg.output_dir)
     if resume and overwrite:
         raise UserError("--resume continues the run in output_dir and --overwrite replaces it: give one of them")
+    source = _resume_source(run_dir, resume) if resume else None
+    if source is not None and source.resolve().parent != run_dir.resolve():  # continued elsewhere: a start there
+        holds_own(run_dir, run_kind(cfg), option="output_dir",
+                  inputs={**local_inputs(cfg), f"the resume checkpoint {source}": source})
+    held = check_start(cfg, overwrite) if source is None else True
     check_writable(run_dir)
     check_trackers(cfg.logging.trackers)
     check_lora_start(cfg)
-    if resume:
-        source = _resume_source(run_dir, resume)
+    if source is not None:
         load_state(source, mmap=True)  # a damaged state fails now, not after the model loaded
         check_resume(cfg, source)  # LoRA on/off, rank and layers cannot change: say so before the data loads
         return run_dir, source
-    if holds_run(run_dir) and not overwrite:
+    if held and not overwrite:
         if checkpoint_dirs(run_dir):
             raise UserError(
                 f"output_dir {run_dir} already holds a run; continue it with: {resume_command(run_dir)}; or pass "
@@ -116,6 +145,15 @@ def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bo
             )
         logger.warning("%s holds a run that never saved a checkpoint; starting it again", run_dir)
     return run_dir, None
+
+
+def open_run_dir(cfg: Config, replace: bool) -> None:
+    """The main process, once setup has succeeded: output_dir made and marked as a run's, after removing
+    (replace: --overwrite) what the old run wrote there and nothing else."""
+    run_dir, kind = Path(cfg.output_dir), run_kind(cfg)
+    if replace:
+        remove_own(run_dir, kind)
+    mark(run_dir, kind)
 
 
 def _resume_source(run_dir: Path, resume: str | Path | bool) -> Path:

@@ -21,15 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dapo_train.config.load import load_config
+from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark
 from dapo_train.config.schema import Config
 from dapo_train.errors import TrainingAborted, UserError
 from dapo_train.model.checkpoint import CONFIG_FILE, latest_checkpoint
 from dapo_train.rewards.scoring import rewards_from_config
 from dapo_train.run.files import write_json_atomic
-from dapo_train.run.folder import config_differences, saved_run_config
+from dapo_train.run.folder import check_start, config_differences, saved_run_config
 from dapo_train.run.signals import StopRequested
 from dapo_train.study.runs import SWEEP_FILE, key_labels
 
+# What a sweep writes at the top of its folder (config/outputs.py): sweep.json, and a run folder per point.
+SWEEP_KIND = OutputKind("dapo-train sweep folder", ".dapo-train-sweep", entries=(SWEEP_FILE,), signs=((SWEEP_FILE,),))
 # The sweep sets these itself for every run; --seeds is how seeds vary.
 RESERVED_KEYS = ("output_dir", "run_name")
 
@@ -197,6 +200,7 @@ def plan_sweep(config_path: str, args: list[str], seeds_text: str | None = None,
     labels = key_labels(list(varied))
     base = load_config(config_path, plain)  # the plain overrides checked once; its seed is the default
     folder = Path(sweep_dir or Path("outputs") / default_sweep_name(config_path, varied, plain))
+    holds_own(folder, SWEEP_KIND, option="--dir", inputs=local_inputs(base))
     sweep = Sweep(config_path, folder, list(varied), plain, seeds)
     for values in itertools.product(*varied.values()):
         chosen = dict(zip(varied, values))
@@ -208,6 +212,8 @@ def plan_sweep(config_path: str, args: list[str], seeds_text: str | None = None,
                 f"run_name={name}",
             ])
             rewards_from_config(cfg)  # the checks `run` does before loading a model
+            if latest_checkpoint(run_dir) is None:
+                check_start(cfg, overwrite=True)  # what run_sweep's train will replace is a run's, and only that
             sweep.points.append(SweepPoint(name, chosen, seed, cfg))
     names = [p.name for p in sweep.points]
     shared = next((name for i, name in enumerate(names) if name in names[:i]), None)
@@ -245,7 +251,7 @@ def run_sweep(sweep: Sweep, stop: StopRequested) -> int:
     stopped the sweep (the run in progress saved)."""
     from dapo_train.train.loop import train  # here: compare and plot import this module, not the trainer's stack
 
-    sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
+    mark(sweep.sweep_dir, SWEEP_KIND)
     sweep.save()
     total, labels = len(sweep.points), key_labels(sweep.varied_keys)
     for index, point in enumerate(sweep.points, 1):

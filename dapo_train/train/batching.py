@@ -214,7 +214,8 @@ class UpdatePlan:
 
     passes: dapo.num_iterations (each pass makes every mini-batch's optimizer step); loss_scale:
     the number of ranks (DDP/FSDP average the ranks' gradients, Eq. 12 wants their sum); the totals
-    are over all ranks and one pass."""
+    are over all ranks and one pass: the loss's tokens, the positions the forward computes, of which
+    padding, and the positions the LM head scores (TokenBatch)."""
 
     mini_batches: list[MiniBatch]
     passes: int
@@ -222,3 +223,5 @@ class UpdatePlan:
     valid_tokens: float
     forward_tokens: float
     micro_batch_count: int
+    padding_tokens: float
+    head_tokens: float

@@ -29,7 +29,6 @@ policy that generated them instead of being dropped; evaluation is greedy on fix
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
@@ -43,7 +42,14 @@ from dapo_train.evaluation.generate import add_model_scores, eval_max_new_tokens
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.model import checkpoint as ckpt
 from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, write_items
-from dapo_train.run.folder import finished, finished_message, prepare_run_dir, set_aside_abandoned, warn_config_changes
+from dapo_train.run.folder import (
+    finished,
+    finished_message,
+    open_run_dir,
+    prepare_run_dir,
+    set_aside_abandoned,
+    warn_config_changes,
+)
 from dapo_train.run.logs import MetricsLogger
 from dapo_train.run.rollouts import drop_rollouts, excerpt, write_rollouts
 from dapo_train.run.signals import StopRequested
@@ -63,7 +69,7 @@ from dapo_train.train.ranks import total
 from dapo_train.train.records import StepBatch
 from dapo_train.train.rollout_sample import RolloutSample, merge
 from dapo_train.train.session import Run, setup
-from dapo_train.train.state import restore, save
+from dapo_train.train.state import check_disk, restore, save
 from dapo_train.train.update import rollout_metrics, update
 
 logger = logging.getLogger(__name__)
@@ -196,13 +202,12 @@ def train(
             return run_dir
         warn_config_changes(cfg, resume_from)
     run = setup(cfg, run_dir, resume_from)
+    check_disk(run, resume_from, replacing=overwrite)
     run.started = started
     main = distributed.is_main()  # the one process that writes the run's logs and checkpoints
     distributed.barrier()  # every rank has checked output_dir before the main process may replace it
     if main:
-        if overwrite and resume_from is None and run_dir.exists():
-            shutil.rmtree(run_dir)  # only now: bad input found by setup must not cost the old run
-        run_dir.mkdir(parents=True, exist_ok=True)
+        open_run_dir(cfg, replace=overwrite and resume_from is None)  # only now: bad input must not cost the old run
     distributed.barrier()
     if resume_from is not None:
         restore(run, ckpt.load_state(resume_from), resume_from)

@@ -13,8 +13,9 @@
   summary says the same.
 - The end of a run prints a summary: how it ended, eval accuracy first -> best -> last, the final
   accuracy on the whole eval split (eval.final_full), the steps skipped of each kind (non-finite,
-  without an informative group), what generation cost per trained token and group, wall time, the
-  checkpoints, and the command to run next.
+  without an informative group), what generation cost per trained token and group, the update's
+  work over the run (positions its forwards computed, of which padding, and those the LM head scored,
+  per trained token), wall time, the checkpoints, and the command to run next.
 Lines go through `logging` (redirected around the bar, so the bar stays one line).
 """
 
@@ -232,11 +233,38 @@ def generation_line(rows: list[dict]) -> str | None:
             f"dropped groups), {'-' if per_group is None else f'{per_group:.2f}'} s per trained group")
 
 
+def update_work(rows: list[dict]) -> dict | None:
+    """The update's work over metrics rows, from their update_* metrics: totals of forward, padding, head
+    and trained tokens, forward and head positions per trained token, and the padding's share of the
+    forward; None when no row trained."""
+    totals = {f"{key}_tokens": sum(int(row.get(f"update_{key}_tokens") or 0) for row in rows)
+              for key in ("forward", "padding", "head", "trained")}
+    forward, trained = totals["forward_tokens"], totals["trained_tokens"]
+    if not trained:
+        return None
+    return {**totals, "forward_per_token": forward / trained, "head_per_token": totals["head_tokens"] / trained,
+            "padding_frac": totals["padding_tokens"] / forward}
+
+
+def work_line(rows: list[dict]) -> str | None:
+    """'  update work: 9,000 forward positions (10.0% padding), 3,000 scored by the LM head, for 2,000 trained
+    tokens: 4.50 forward and 1.50 head positions per trained token': the run's totals (update_work);
+    None when no step trained."""
+    work = update_work(rows)
+    if work is None:
+        return None
+    return (f"  update work: {work['forward_tokens']:,} forward positions ({100 * work['padding_frac']:.1f}% "
+            f"padding), {work['head_tokens']:,} scored by the LM head, for {work['trained_tokens']:,} trained tokens: "
+            f"{work['forward_per_token']:.2f} forward and {work['head_per_token']:.2f} head positions per trained "
+            "token")
+
+
 def end_of_run_summary(
     run_dir: Path, step: int, max_steps: int, wall_s: float, ending: str = "finished", session_s: float | None = None
 ) -> str:
     """The end-of-run report (printed): how it ended (finished, stopped by a signal, aborted:
-    train/health.py), accuracy first -> best -> last, the steps skipped of each kind, wall time (the
+    train/health.py), accuracy first -> best -> last, the steps skipped of each kind, the update's work,
+    wall time (the
     whole run's; session_s, a resumed session's own), checkpoints, next."""
     head = f"finished {run_dir}: {step} steps" if ending == "finished" else f"{ending} {run_dir} at step {step} of " \
         f"{max_steps}"
@@ -258,6 +286,9 @@ def end_of_run_summary(
     generation = generation_line(rows)
     if generation is not None:
         lines.append(generation)
+    work = work_line(rows)
+    if work is not None:
+        lines.append(work)
     checkpoints = checkpoint_dirs(run_dir)
     if checkpoints:
         names = [p.name for p in checkpoints]

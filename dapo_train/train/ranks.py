@@ -85,17 +85,17 @@ def plan_update(batch: StepBatch, batching: Batching, cfg: Config) -> UpdatePlan
                                      cfg.rollout.max_new_tokens)
         rows = [(index, j) for index in indices for j in range(len(batch.groups[index].completions))]
         local.append(MiniBatch(micro, normalizer, len(micro), [group.version for group in part], rows))
-    valid_tokens = sum(float(m.batch.completion_mask.sum()) for mini in local for m in mini.micro_batches)
-    forward_tokens = sum(m.batch.forward_tokens for mini in local for m in mini.micro_batches)
-    count = sum(len(mini.micro_batches) for mini in local)
-    *normalizers, valid_tokens, forward_tokens, count = distributed.all_reduce(
-        [mini.normalizer for mini in local] + [valid_tokens, forward_tokens, count]
+    batches = [m.batch for mini in local for m in mini.micro_batches]
+    totals = [sum(float(b.completion_mask.sum()) for b in batches), sum(b.forward_tokens for b in batches),
+              len(batches), sum(b.padding_tokens for b in batches), sum(b.head_tokens for b in batches)]
+    *normalizers, valid_tokens, forward_tokens, count, padding_tokens, head_tokens = distributed.all_reduce(
+        [mini.normalizer for mini in local] + totals
     )
     calls = distributed.all_reduce([mini.calls for mini in local], op="max")
     mini_batches = [replace(mini, normalizer=normalizer, calls=int(call))
                     for mini, normalizer, call in zip(local, normalizers, calls)]
     return UpdatePlan(mini_batches, cfg.dapo.num_iterations, distributed.world_size(), valid_tokens,
-                      forward_tokens, int(count))
+                      forward_tokens, int(count), padding_tokens, head_tokens)
 
 
 def round_outcomes(outcomes: list[tuple[str, bool]]) -> list[tuple[str, bool]]:

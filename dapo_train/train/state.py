@@ -13,8 +13,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dapo_train.errors import UserError
+from dapo_train.config.outputs import owned_bytes
+from dapo_train.errors import CheckpointNotSaved, UserError
 from dapo_train.model import checkpoint as ckpt
+from dapo_train.run.folder import checkpoint_step, resume_command, run_kind
 from dapo_train.train import distributed
 from dapo_train.train.health import StepHealth
 from dapo_train.train.session import Run
@@ -83,20 +85,57 @@ def restore(run: Run, state: dict, checkpoint: Path) -> None:
 def save(run: Run) -> Path:
     """checkpoint_<step>/ from every rank: the full weights (gathered first under FSDP/ZeRO), then each
     rank r > 0 writes its own state into the temporary folder, then the main process completes and
-    renames it. Every rank calls it at the same step."""
+    renames it. Every rank calls it at the same step; a write the disk refuses stops them all
+    (CheckpointNotSaved), naming the last checkpoint saved and how to resume from it."""
     state_dict = distributed.full_state_dict(run.model)
-    tmp = distributed.broadcast(ckpt.temporary_dir(run.run_dir, run.step) if distributed.is_main() else None)
+    tmp, problem = None, None
+    if distributed.is_main():
+        try:
+            tmp = ckpt.temporary_dir(run.run_dir, run.step)
+        except CheckpointNotSaved as exc:
+            problem = str(exc)
+    tmp, problem = distributed.broadcast((tmp, problem))
+    _stop_if(run, problem)
     if not distributed.is_main():
         ckpt.save_rank_state(tmp, distributed.rank(), rank_state(run))
     distributed.barrier()
     path = run.run_dir / f"checkpoint_{run.step}"
     if distributed.is_main():
-        path = ckpt.save_checkpoint(
-            run.run_dir, run.step, model=run.accelerator.unwrap_model(run.model), tokenizer=run.tokenizer,
-            cfg=run.cfg, state=trainer_state(run), keep_last=run.cfg.checkpoint.keep_last, state_dict=state_dict,
-            tmp=tmp,
-        )
-        logger.info("saved %s", path)
-    distributed.barrier()
+        try:
+            path = ckpt.save_checkpoint(
+                run.run_dir, run.step, model=run.accelerator.unwrap_model(run.model), tokenizer=run.tokenizer,
+                cfg=run.cfg, state=trainer_state(run), keep_last=run.cfg.checkpoint.keep_last, state_dict=state_dict,
+                tmp=tmp,
+            )
+            logger.info("saved %s", path)
+        except CheckpointNotSaved as exc:
+            problem = str(exc)
+    _stop_if(run, distributed.broadcast(problem))  # every rank waits here, as at a barrier
     run.saved_step = run.step
     return path
+
+
+def _stop_if(run: Run, problem: str | None) -> None:
+    if problem is None:
+        return
+    last = ckpt.latest_checkpoint(run.run_dir)
+    then = (f"{last.name}, the last saved, is intact: free space, then resume with: {resume_command(run.run_dir)}"
+            if last is not None else "no checkpoint was saved before it: free space, then start the run again")
+    raise CheckpointNotSaved(f"{problem} and {then}")
+
+
+def check_disk(run: Run, resume_from: Path | None, replacing: bool) -> None:
+    """Before the first step: one checkpoint of this model (its saved weights, AdamW's moments of its
+    trainable ones) times what the run holds at once, against the free space (model/checkpoint.py);
+    `replacing`: --overwrite is about to free what the old run wrote."""
+    model = run.accelerator.unwrap_model(run.model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    saved = trainable if run.cfg.model.lora.r > 0 else list(model.parameters())  # a LoRA run saves its adapter
+    done = (checkpoint_step(resume_from) or 0) if resume_from is not None else 0
+    existing = [c for c in ckpt.checkpoint_dirs(run.run_dir) if checkpoint_step(c) <= done] if done else []
+    ckpt.check_disk_space(run.cfg, run.run_dir, ckpt.checkpoint_bytes(_bytes(saved), _bytes(trainable)), done,
+                          len(existing), owned_bytes(run.run_dir, run_kind(run.cfg)) if replacing else 0)
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -243,14 +243,29 @@ def update_metrics(result: UpdateResult, plan: UpdatePlan) -> dict:
     )
     if result.applied:
         out["grad_norm"] = sum(step.grad_norm for step in result.applied) / len(result.applied)
-    out.update(skipped_nonfinite=int(result.failed is not None),
-               update_forward_tokens=int(plan.forward_tokens) * plan.passes)
+    out.update(skipped_nonfinite=int(result.failed is not None), **work_metrics(plan))
     attempted = result.applied + ([result.failed] if result.failed is not None else [])
     if attempted:
         out["lr"] = attempted[-1].lr
     if result.failed is not None:
         out.update(loss=result.failed.sums["loss"], grad_norm=result.failed.grad_norm)
     return {**out, **rollout_metrics(attempted)}
+
+
+def work_metrics(plan: UpdatePlan) -> dict:
+    """What the update's forwards computed over all passes, against what trains: update_forward_tokens
+    (positions), update_padding_tokens (of which padding), update_head_tokens (positions the LM head
+    scored: the completions' own tokens), update_trained_tokens (the loss's tokens, once per pass), and
+    forward and head positions per trained token (None when nothing trained)."""
+    passes = plan.passes
+    out = {"update_forward_tokens": int(plan.forward_tokens) * passes,
+           "update_padding_tokens": int(plan.padding_tokens) * passes,
+           "update_head_tokens": int(plan.head_tokens) * passes,
+           "update_trained_tokens": int(plan.valid_tokens) * passes}
+    trained = plan.valid_tokens
+    out["update_forward_per_token"] = plan.forward_tokens / trained if trained else None
+    out["update_head_per_token"] = plan.head_tokens / trained if trained else None
+    return out
 
 
 # mismatch.MISMATCH_SUMS name -> the step metric that is its mean over the measured tokens.

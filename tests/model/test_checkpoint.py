@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dapo_train.config.load import load_config
-from dapo_train.errors import UserError
+from dapo_train.errors import CheckpointNotSaved, UserError
 from dapo_train.model import checkpoint as ckpt
 
 from conftest import make_random_model
@@ -66,9 +66,11 @@ def test_disk_full_is_one_clear_error(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(model, "save_pretrained", full)
-    with pytest.raises(UserError, match="disk full.*earlier checkpoints are intact"):
+    with pytest.raises(CheckpointNotSaved, match=r"could not write checkpoint_2 .*\(No space left on device\); its "
+                                                 "partial folder was removed"):
         _save(tmp_path, 2, model)
     assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint_1"]
+    assert not any(p.name.startswith(".tmp") for p in tmp_path.iterdir())
 
 
 def test_nan_weights_are_never_saved(tmp_path):

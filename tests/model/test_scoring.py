@@ -144,3 +144,111 @@ def test_score_tokens_runs_the_head_inside_the_forward_and_restores_the_model():
     torch.testing.assert_close(got * batch.completion_mask, expected * batch.completion_mask, atol=1e-5, rtol=0)
     after = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
     torch.testing.assert_close(after.logits, reference_logits)
+
+
+# ---------------------------------------------------------------- the head on valid tokens only
+
+# Mixed completion lengths: an empty completion (a plugin engine may return one), one that is only its
+# EOS, a long one and a short one; two prompts of different lengths, each with consecutive samples.
+_PROMPTS = [[3, 4, 5, 6], [3, 4, 5, 6], [3, 4, 5, 6], [7, 8], [7, 8]]
+_COMPLETIONS = [[9, 10, 11, 12, 13, 1], [], [1], [14, 15, 16, 17, 18, 19, 20], [21, 1]]
+
+
+def _untied_model():
+    from conftest import make_random_model
+
+    model = make_random_model(seed=4)
+    config = model.config
+    config.tie_word_embeddings = False
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(5)
+    return Qwen2ForCausalLM(config).float().eval()
+
+
+def _lora_model():
+    from dapo_train.config.schema import LoraConfig
+    from dapo_train.model import lora
+
+    from conftest import make_random_model
+
+    model = lora.apply_lora(make_random_model(seed=6), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+                            "random")
+    with torch.no_grad():  # B = 0 would make the adapters invisible: give them weights
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(0.1 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(7)))
+    return model
+
+
+def _per_sample_reference(model, temperature: float):
+    """log_softmax(logits / T) of each completion token and its entropy, from a forward of the sample
+    alone (no padding, no other sample), computed here by hand: (logprobs, entropy), lists of (L_i,)."""
+    logprobs, entropies = [], []
+    for prompt, completion in zip(_PROMPTS, _COMPLETIONS):
+        if not completion:
+            logprobs.append(torch.zeros(0))
+            entropies.append(torch.zeros(0))
+            continue
+        ids = torch.tensor([prompt + completion])
+        logits = model(input_ids=ids).logits[0].float() / temperature  # (P + L, V)
+        start = len(prompt) - 1
+        scores = torch.log_softmax(logits[start : start + len(completion)], dim=-1)  # (L, V)
+        logprobs.append(scores.gather(-1, torch.tensor(completion)[:, None])[:, 0])
+        entropies.append(-(scores.exp() * scores).sum(-1).detach())
+    return logprobs, entropies
+
+
+@pytest.mark.parametrize("share_prefix", [False, True])
+@pytest.mark.parametrize("kind", ["tied", "untied", "lora"])
+def test_the_head_scores_valid_completion_tokens_only_with_full_logits_parity(monkeypatch, kind, share_prefix):
+    """score_tokens gives each genuine completion token (EOS included) the log-prob, entropy and
+    gradients of a plain full-logits forward of its sample alone, to 1e-5 in float32, for tied and
+    untied embeddings and under LoRA adapters, in both layouts; and the LM head receives exactly those
+    tokens' hidden states: no padding after an EOS, no prompt position, nothing for an empty completion."""
+    from dapo_train.model import scoring
+    from dapo_train.model.scoring import collate, score_tokens
+
+    from conftest import EOS2_ID, make_random_model
+
+    model = {"tied": lambda: make_random_model(seed=3), "untied": _untied_model, "lora": _lora_model}[kind]()
+    temperature = 0.7
+    head_rows = []
+    apply = LinearHeadLogprobs.apply
+    monkeypatch.setattr(scoring.LinearHeadLogprobs, "apply",
+                        lambda hidden, *rest: head_rows.append(hidden.shape[0]) or apply(hidden, *rest))
+    batch = collate([torch.tensor(p) for p in _PROMPTS], [torch.tensor(c, dtype=torch.long) for c in _COMPLETIONS],
+                    EOS2_ID, share_prefix=share_prefix)
+    assert batch.shared_prefix == share_prefix
+    g = torch.Generator().manual_seed(8)
+    upstream = torch.randn(batch.completion_ids.shape, generator=g)  # (N, T): a non-uniform upstream gradient
+    trained = [p for p in model.parameters() if p.requires_grad]
+
+    got, entropy = score_tokens(model, batch, temperature=temperature, chunk_mib=3 * 64 * 4 / 2**20)  # 3 rows a chunk
+    (got * upstream * batch.completion_mask).sum().backward()
+    ours = [p.grad.clone() for p in trained]
+    model.zero_grad()
+    expected, expected_entropy = _per_sample_reference(model, temperature)
+    sum((e * upstream[i, : e.numel()]).sum() for i, e in enumerate(expected)).backward()
+
+    valid_tokens = sum(len(c) for c in _COMPLETIONS)
+    assert sum(head_rows) == valid_tokens == 16  # one head row per genuine completion token, in every chunk
+    for i, (e, h) in enumerate(zip(expected, expected_entropy)):
+        torch.testing.assert_close(got[i, : e.numel()], e.detach(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(entropy[i, : e.numel()], h, atol=1e-5, rtol=0)
+    assert batch.completion_mask.sum() == valid_tokens
+    for mine, theirs in zip(ours, [p.grad for p in trained]):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
+
+
+def test_no_valid_token_scores_nothing_and_backpropagates_zero():
+    """A micro-batch of empty completions gives the head no row: empty log-probs and entropy on both
+    head paths (a plain Linear, and any other module with soft-capping), and a backward through them
+    that leaves the hidden states a zero gradient."""
+    for head, softcap in ((torch.nn.Linear(4, 9), None), (torch.nn.Linear(4, 9), 2.0)):
+        hidden = torch.randn(0, 4, requires_grad=True)
+        got, entropy = head_logprobs(head, hidden, torch.zeros(0, dtype=torch.long), temperature=0.7, chunk_mib=1.0,
+                                     softcap=softcap)
+        assert got.shape == entropy.shape == (0,) and got.dtype == torch.float32
+        (got.sum() + hidden.sum()).backward()
+        assert hidden.grad.shape == (0, 4)

@@ -103,6 +103,50 @@ def test_batch_size_1_and_7_give_the_same_values(classifier):
     assert one.per_reward["reward_model"] == pytest.approx(seven.per_reward["reward_model"], abs=1e-6)
 
 
+def test_the_score_is_read_at_the_last_real_token_when_the_template_ends_with_the_pad_id(classifier, tmp_path):
+    """A tokenizer without a pad token pads with its EOS; a chat template that ends the assistant turn with
+    that EOS (no newline after it) makes the text's last token the pad id. transformers' pooling (the
+    rightmost token that is not the pad id) would read the score one token early; the reward reads it at the
+    last attention-mask position, so each text scores as a plain forward of it alone, at batch 1 and 7."""
+    folder = tmp_path / "eos-ends"
+    shutil.copytree(classifier[0], folder)
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer_config["pad_token"] = None  # absent, Qwen2Tokenizer would default it to <|endoftext|>
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    template = (folder / "chat_template.jinja").read_text()
+    (folder / "chat_template.jinja").write_text(template.replace("'<|im_end|>\\n'", "'<|im_end|>'"))
+    model, tokenizer = classifier[1], classifier[2]
+    rows = _rows()
+    texts = [f"<|im_start|>user\n{q}<|im_end|><|im_start|>assistant\n{c}<|im_end|>"
+             for q, c in zip(rows["questions"], rows["completions"])]
+    expected = _expected(model, tokenizer, texts)
+    early = [_plain_forward(model, tokenizer(text, add_special_tokens=False)["input_ids"][:-1]) for text in texts]
+    assert all(abs(a - b) > 1e-3 for a, b in zip(expected, early))  # one token early scores otherwise
+    for batch_size in (1, 7):
+        assert _scores(folder, batch_size=batch_size).per_reward["reward_model"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_an_encoder_classifier_keeps_its_own_pooling(tmp_path):
+    """A BERT-style classifier scores its first token's pooled state (no position axis at the head): the reward
+    is its own logit of each text alone, not a read at the last token."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    folder = tmp_path / "encoder"
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=553, hidden_size=32, intermediate_size=64,
+                                                     num_hidden_layers=2, num_attention_heads=4,
+                                                     max_position_embeddings=256, num_labels=1)).eval()
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(TINY_MODEL_DIR / name, folder / name)
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+    rows = _rows()
+    with torch.no_grad():
+        expected = [float(model(input_ids=torch.tensor([tokenizer(p + c)["input_ids"]])).logits[0, 0])
+                    for p, c in zip(rows["prompts"], rows["completions"])]
+    assert _scores(folder, format="plain", batch_size=7).per_reward["reward_model"] == pytest.approx(expected, abs=1e-5)
+
+
 def test_plain_reads_the_prompt_text_then_the_completion(classifier):
     folder, model, tokenizer = classifier
     rows = _rows()

@@ -1,6 +1,12 @@
 """Rollout record files in a run folder (one per step, atomic, listed by step, moved or dropped as a
 whole) and their short forms for the progress log and the trackers' tables."""
 
+import builtins
+import errno
+import io
+
+import pytest
+
 from dapo_train.run.rollouts import (
     RECORD_KEYS,
     brief,
@@ -28,6 +34,33 @@ def test_a_steps_records_are_one_file_cut_to_the_record_keys(tmp_path):
     assert read_rollouts(path) == [RECORD, {**RECORD, "sample": 1}]
     assert list(read_rollouts(path)[0]) == list(RECORD_KEYS)
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_a_write_that_fails_midway_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    """The disk fills half-way through a step's file: a reader still finds the complete file that was there
+    (or none, for a new step), never half of the new one, and no temporary file is left behind."""
+    path = write_rollouts(tmp_path, 12, [RECORD])
+    before = path.read_bytes()
+    real_open = io.open
+
+    def filling_open(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        if "w" in mode or "a" in mode:
+            def write(data):
+                real_write(data[: len(data) // 2])
+                handle.flush()
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real_write, handle.write = handle.write, write
+        return handle
+
+    monkeypatch.setattr(io, "open", filling_open)
+    monkeypatch.setattr(builtins, "open", filling_open)
+    for step in (12, 13):
+        with pytest.raises(OSError, match="No space left"):
+            write_rollouts(tmp_path, step, [{**RECORD, "completion": "x" * 5000, "sample": j} for j in range(4)])
+    monkeypatch.undo()
+    assert path.read_bytes() == before and read_rollouts(path) == [RECORD]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["step_12.jsonl"]  # no step_13, no temporary file
 
 
 def test_files_are_listed_by_step_and_dropped_or_split_at_a_step(tmp_path):

@@ -254,8 +254,41 @@ def test_k_mini_batches_are_k_sequential_optimizer_steps():
     assert manual.optimizer.steps == 2
     for a, b in zip(base.parameters(), other.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-    assert metrics["clip_frac_high_last"] >= 0.0 and "staleness_max" in metrics
     assert metrics["staleness_max"] == 1  # the second mini-batch was generated one update ago
+
+
+@pytest.mark.parametrize("first, last", [(2.0, 1.1), (1.1, 2.0), (1.1, 0.5)])
+def test_the_clip_fractions_are_the_shares_of_tokens_the_clip_acted_on(first, last):
+    """Old log-probs lowered by log(r) so that every token of a mini-batch starts its optimizer step at the
+    ratio pi / pi_old = r (times the first optimizer step's small drift, for the second one). Eq. 10's clip acts on the
+    A > 0 tokens where r > 1 + eps_high = 1.28 and on the A < 0 ones where r < 1 - eps_low = 0.8, on none at
+    r = 1.1: the clip fractions are those shares of each mini-batch's tokens, counted here from the groups;
+    the `_last` ones are the second mini-batch's, the plain ones both optimizer steps' token-weighted mean."""
+    groups = _groups(4)
+    learner, cfg = _setup(make_random_model(seed=5).train(), "train.updates_per_step=2", lr=1e-4)
+    _record(learner, groups)
+    before = [torch.cat(group.old_logprobs) for group in groups[2:]]
+    for group, ratio in zip(groups, (first, first, last, last)):
+        group.old_logprobs = [old - math.log(ratio) for old in group.old_logprobs]
+    metrics = _train(learner, groups, cfg)
+
+    def shares(part: list[Group], ratio: float) -> tuple[float, float, int]:
+        """(tokens clipped high, tokens clipped low, tokens) of a mini-batch starting at `ratio`."""
+        lengths = [(c.completion_ids.numel(), float(a)) for g in part for c, a in zip(g.completions, g.advantages)]
+        positive, negative = (sum(n for n, a in lengths if sign * a > 0) for sign in (1, -1))
+        return positive * (ratio > 1.28), negative * (ratio < 0.8), sum(n for n, _ in lengths)
+
+    (high_1, low_1, tokens_1), (high_2, low_2, tokens_2) = shares(groups[:2], first), shares(groups[2:], last)
+    assert 0 < shares(groups[2:], 2.0)[0] < tokens_2 and 0 < shares(groups[2:], 0.5)[1] < tokens_2  # both signs
+    assert metrics["clip_frac_high_last"] == pytest.approx(high_2 / tokens_2, abs=1e-6)
+    assert metrics["clip_frac_low_last"] == pytest.approx(low_2 / tokens_2, abs=1e-6)
+    assert metrics["clip_frac_high"] == pytest.approx((high_1 + high_2) / (tokens_1 + tokens_2), abs=1e-6)
+    assert metrics["clip_frac_low"] == pytest.approx((low_1 + low_2) / (tokens_1 + tokens_2), abs=1e-6)
+    # The premise: the optimizer steps at lr 1e-4 move these log-probs far less than the margins used
+    # (log(1.28 / 1.1) = 0.15, log(2 / 1.28) = 0.45, log(0.8 / 0.5) = 0.47), after both steps as after the first.
+    moved = [dataclasses.replace(group, old_logprobs=None) for group in groups[2:]]
+    _record(learner, moved)
+    assert max((torch.cat(group.old_logprobs) - old).abs().max().item() for group, old in zip(moved, before)) < 0.05
 
 
 def test_the_lr_schedule_counts_optimizer_steps(monkeypatch):
@@ -548,3 +581,46 @@ def test_each_trained_completion_keeps_its_mean_ratio_and_clipped_share():
         values = [value for group in groups for value in getattr(group.trained, name)]
         weighted = sum(v * n for v, n in zip(values, tokens)) / sum(tokens)
         assert weighted == pytest.approx(metrics[key], rel=1e-5, abs=1e-7), name
+
+
+def test_token_batches_count_their_padding_and_the_heads_positions():
+    """Plain layout: prompts of 3 and 2 tokens left-padded to 3, completions of 3 and 1 right-padded to 3:
+    2 rows x 6 = 12 positions, 9 tokens, 3 padding; the head scores the 4 completion tokens. Shared
+    prefix: prompt A (3 tokens) with completions of 3 and 1, prompt B (2) with one of 2: rows of 7 and
+    4 tokens at width 7, 14 positions, 3 padding; the head scores 6. Leaving the loss (in_loss False)
+    takes a completion out of the loss mask, not out of what the head scores."""
+    a, b = torch.tensor([3, 4, 5]), torch.tensor([6, 7])
+    plain = collate_micro_batch([TrainSample(a, torch.tensor([8, 9, EOS_ID]), 1.0, True),
+                                 TrainSample(b, torch.tensor([EOS_ID]), 1.0, False)], EOS2_ID, "cpu").batch
+    assert (plain.forward_tokens, plain.padding_tokens, plain.head_tokens) == (12, 3, 4)
+    assert plain.completion_mask.sum() == 3
+    samples = [TrainSample(a, torch.tensor([8, 9, EOS_ID]), 1.0, True),
+               TrainSample(a, torch.tensor([EOS_ID]), 1.0, True), TrainSample(b, torch.tensor([10, EOS_ID]), 1.0, True)]
+    shared = collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True).batch
+    assert shared.shared_prefix
+    assert (shared.forward_tokens, shared.padding_tokens, shared.head_tokens) == (14, 3, 6)
+
+
+def test_the_demo_reports_the_updates_work_and_its_head_scores_exactly_the_trained_tokens(tmp_path, monkeypatch):
+    """Two steps of the demo's settings: every row the LM head received in the run (counted at the head
+    itself) is one of update_head_tokens, which equals update_trained_tokens (the loss mask's ones, no
+    overlong filtering: every valid token trains); the forward computed update_forward_tokens positions,
+    of which update_padding_tokens padding, and the per-token ratios are their quotients."""
+    from dapo_train.model import scoring
+    from dapo_train.run.logs import read_metrics
+    from dapo_train.train.loop import train
+
+    rows_scored = []
+    apply = scoring.LinearHeadLogprobs.apply
+    monkeypatch.setattr(scoring.LinearHeadLogprobs, "apply",
+                        lambda hidden, *rest: rows_scored.append(hidden.shape[0]) or apply(hidden, *rest))
+    cfg = load_config(None, [f"output_dir={tmp_path / 'demo'}", "train.max_steps=2", "eval.every_steps=0",
+                             "eval.final_full=false", "logging.progress_bar=false", "eval.print_samples=0"])
+    rows = [row for row in read_metrics(train(cfg)) if row.get("step", 0) > 0]
+    assert len(rows) == 2 and all(row["optimizer_steps"] == 8 for row in rows)
+    assert sum(rows_scored) == sum(row["update_head_tokens"] for row in rows) > 0
+    for row in rows:
+        assert row["update_head_tokens"] == row["update_trained_tokens"] == row["num_tokens"]
+        assert 0 <= row["update_padding_tokens"] < row["update_forward_tokens"]
+        assert row["update_forward_per_token"] == pytest.approx(row["update_forward_tokens"] / row["num_tokens"])
+        assert row["update_head_per_token"] == pytest.approx(1.0)

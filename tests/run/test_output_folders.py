@@ -1,0 +1,261 @@
+"""Issue 38, point 1: only a run is replaced, and only what the run wrote. Every refused folder is left
+byte for byte as it was (hashed before and after), refused in one line before anything loads; a real
+run folder is still replaced by --overwrite. The same rule for sweep --dir, preflight --keep, export -o."""
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dapo_train.config.load import load_config
+from dapo_train.config.outputs import holds_own
+from dapo_train.errors import UserError
+from dapo_train.run.folder import RUN_MARKER, resume_config, run_kind
+from dapo_train.run.logs import read_metrics
+from dapo_train.train import loop
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_MODEL = ROOT / "dapo_train" / "assets" / "tiny" / "model"
+TINY_DATA = ROOT / "dapo_train" / "assets" / "tiny" / "data"
+OLD_RUN = ROOT / "tests" / "fixtures" / "run_before_layout" / "run"
+SMALL = [
+    "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2", "train.micro_batch_size=8",
+    "train.updates_per_step=1", "train.num_threads=1", "eval.every_steps=0", "eval.final_full=false",
+    "logging.progress_bar=false", "logging.rollout_groups=0", "train.max_steps=1",
+]
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file and folder under `folder` -> its content's sha256 ('dir' for a folder)."""
+    return {str(p.relative_to(folder)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*"))}
+
+
+def user_folder(path: Path) -> Path:
+    """A folder of the user's own: notes and a data folder."""
+    (path / "data").mkdir(parents=True)
+    (path / "notes.txt").write_text("my notes\n")
+    (path / "data" / "train.jsonl").write_text('{"question_zh-cn": "1+1=?", "answer_only": 2}\n')
+    return path
+
+
+@pytest.fixture
+def no_setup(monkeypatch):
+    """Nothing past the cheap checks may run: a refusal must come before the data and the model."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("setup (data, model) ran")
+
+    monkeypatch.setattr(loop, "setup", refuse)
+
+
+def refused(overrides: list[str], *needles: str, overwrite: bool = True) -> str:
+    cfg = load_config(None, [*SMALL, *overrides])
+    with pytest.raises(UserError) as caught:
+        loop.train(cfg, overwrite=overwrite)
+    message = str(caught.value)
+    assert "\n" not in message and "nothing was changed" in message, message
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """A one-step run (checkpoint_1) as this version writes it."""
+    out = tmp_path_factory.mktemp("runs") / "run"
+    return loop.train(load_config(None, [*SMALL, f"output_dir={out}"]))
+
+
+# --------------------------------------------------------------------------------------------
+# Folders that are not a run, or never a place for one.
+
+
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_a_folder_of_the_users_is_refused_with_or_without_overwrite(tmp_path, no_setup, overwrite):
+    mywork = user_folder(tmp_path / "mywork")
+    before = tree(mywork)
+    refused([f"output_dir={mywork}"], "is not empty and is not a dapo-train run folder", "notes.txt",
+            overwrite=overwrite)
+    assert tree(mywork) == before
+
+
+@pytest.mark.parametrize("where, said", [(".", "is the current folder"), ("..", "a parent of the current folder")])
+def test_the_current_folder_and_its_parents_are_refused(tmp_path, monkeypatch, no_setup, where, said):
+    here = user_folder(tmp_path / "project")
+    monkeypatch.chdir(here)
+    before = tree(tmp_path)
+    refused([f"output_dir={where}"], said)
+    assert tree(tmp_path) == before
+
+
+def test_the_home_folder_and_the_root_are_refused(tmp_path, monkeypatch, no_setup):
+    home = user_folder(tmp_path / "home")
+    monkeypatch.setenv("HOME", str(home))
+    before = tree(home)
+    refused([f"output_dir={home}"], "is the home folder")
+    refused(["output_dir=/"], "is the root folder")
+    assert tree(home) == before
+
+
+@pytest.mark.parametrize("output, said", [
+    ("datadir", "is data.path"), ("datadir/run", "lies inside data.path"), (".", None),
+])
+def test_output_dir_apart_from_data_path(tmp_path, monkeypatch, no_setup, output, said):
+    """data.path=datadir output_dir=datadir --overwrite deleted the data; inside it or around it is refused too."""
+    work = tmp_path / "work"
+    shutil.copytree(TINY_DATA, work / "datadir")
+    monkeypatch.chdir(work)
+    before = tree(work)
+    if output == ".":  # around it: output_dir=work from outside
+        monkeypatch.chdir(tmp_path)
+        refused([f"data.path={work / 'datadir'}", f"output_dir={work}"], "contains data.path")
+    else:
+        refused(["data.path=datadir", f"output_dir={output}"], said)
+    assert tree(work) == before
+
+
+def test_output_dir_apart_from_the_model_and_a_reward_models_folder(tmp_path, no_setup):
+    model = tmp_path / "model"
+    shutil.copytree(TINY_MODEL, model)
+    before = tree(tmp_path)
+    refused([f"model.name_or_path={model}", f"output_dir={model}"], "is model.name_or_path")
+    refused([f"model.name_or_path={model}", f"output_dir={model / 'run'}"], "lies inside model.name_or_path")
+    reward = f"rewards=[{{name: reward_model, args: {{path: {model}}}}}]"
+    refused([reward, f"output_dir={model / 'scores'}"], "lies inside rewards.0.args.path")
+    assert tree(tmp_path) == before
+
+
+def test_a_resume_into_a_folder_around_its_checkpoint_is_refused(real_run, tmp_path, no_setup):
+    run = tmp_path / "parent" / "run"
+    shutil.copytree(real_run, run)
+    (tmp_path / "parent" / "notes.txt").write_text("mine\n")
+    before = tree(tmp_path)
+    cfg, checkpoint = resume_config(str(run / "checkpoint_1"), None, [f"output_dir={tmp_path / 'parent'}",
+                                                                       "train.max_steps=2"])
+    with pytest.raises(UserError, match="contains the resume checkpoint .*nothing was changed"):
+        loop.train(cfg, resume=checkpoint)
+    assert tree(tmp_path) == before
+
+
+def test_refusals_on_the_command_line_are_one_line_and_exit_2(tmp_path):
+    """The two cases the new user met: output_dir=. and output_dir=data.path, both with --overwrite."""
+    work = user_folder(tmp_path / "work")
+    before = tree(work)
+    for args in (["output_dir=.", "--overwrite"], ["data.path=data", "output_dir=data", "--overwrite"]):
+        result = subprocess.run([sys.executable, "-m", "dapo_train", "run", *args], cwd=work, capture_output=True,
+                                text=True, timeout=120)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: output_dir "), result.stderr
+        assert tree(work) == before
+
+
+# --------------------------------------------------------------------------------------------
+# What a run folder is, and what --overwrite removes of it.
+
+
+def test_a_run_folder_holds_its_marker_and_an_old_one_is_known_by_its_files(real_run, tmp_path):
+    kind = run_kind(load_config(None, []))
+    assert (real_run / RUN_MARKER).is_file()
+    old = tmp_path / "old"
+    shutil.copytree(OLD_RUN, old)  # written before the marker existed
+    assert not (old / RUN_MARKER).exists()
+    assert holds_own(old, kind, option="output_dir", replace=True)
+    lone = user_folder(tmp_path / "lone")
+    (lone / "config.yaml").write_text("seed: 1\n")  # a config file alone is not a run
+    with pytest.raises(UserError, match="is not a dapo-train run folder"):
+        holds_own(lone, kind, option="output_dir")
+
+
+def test_overwrite_refuses_a_run_folder_holding_foreign_files_and_names_them(real_run, tmp_path, no_setup):
+    run = tmp_path / "run"
+    shutil.copytree(real_run, run)
+    (run / "notes.txt").write_text("mine\n")
+    (run / "plots").mkdir()
+    before = tree(run)
+    refused([f"output_dir={run}"], "also holds what no dapo-train run folder writes (notes.txt, plots/)")
+    assert tree(run) == before
+
+
+def test_overwrite_still_replaces_a_real_run(real_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(real_run, run)
+    (run / "checkpoint_7").mkdir()  # a checkpoint the new run will not write: removed with the old run
+    (run / "metrics.jsonl").write_text('{"step": 9, "old": true}\n')
+    loop.train(load_config(None, [*SMALL, f"output_dir={run}"]), overwrite=True)
+    assert [row["step"] for row in read_metrics(run)] == [1] and "old" not in read_metrics(run)[0]
+    assert sorted(p.name for p in run.glob("checkpoint_*")) == ["checkpoint_1"]
+    assert (run / RUN_MARKER).is_file()
+
+
+# --------------------------------------------------------------------------------------------
+# The same rule for sweep --dir, preflight --keep and export -o.
+
+
+def test_sweep_dir_is_refused_where_run_would_be(tmp_path, monkeypatch):
+    from dapo_train.study.sweep import plan_sweep
+
+    config = str(ROOT / "configs" / "tiny-cpu.yaml")
+    mywork = user_folder(tmp_path / "mywork")
+    before = tree(mywork)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="--dir .*mywork is not empty and is not a dapo-train sweep folder .*notes.txt"):
+        plan_sweep(config, ["dapo.eps_high=0.2,0.3"], None, str(mywork))
+    monkeypatch.chdir(mywork)
+    with pytest.raises(UserError, match=r"--dir \. is the current folder"):
+        plan_sweep(config, ["dapo.eps_high=0.2,0.3"], None, ".")
+    sweep = tmp_path / "sweep"  # a point's folder holding the user's files: refused before any point trains
+    user_folder(sweep / "eps_high=0.2_seed0")
+    (sweep / "sweep.json").write_text('{"points": []}\n')
+    with pytest.raises(UserError, match="eps_high=0.2_seed0 is not empty and is not a dapo-train run folder"):
+        plan_sweep(config, ["dapo.eps_high=0.2,0.3"], None, str(sweep))
+    assert tree(mywork) == before and "eps_high=0.2_seed0/notes.txt" in tree(sweep)
+
+
+def test_preflight_keep_is_refused_where_run_would_be(tmp_path, monkeypatch):
+    from dapo_train.preflight.command import preflight
+
+    cfg = load_config(None, [])
+    mywork = user_folder(tmp_path / "mywork")
+    before = tree(mywork)
+    for keep, said in ((str(mywork), "is not a dapo-train preflight folder"), (".", "is the current folder")):
+        monkeypatch.chdir(mywork if keep == "." else tmp_path)
+        with pytest.raises(UserError, match=f"--keep .*{said}.*nothing was changed"):
+            preflight(cfg, "the embedded demo", keep)
+    assert tree(mywork) == before
+
+
+def test_export_output_is_refused_where_run_would_be(real_run, tmp_path, monkeypatch):
+    from dapo_train.model.export import export_checkpoint
+
+    checkpoint = real_run / "checkpoint_1"
+    mywork = user_folder(tmp_path / "mywork")
+    before, saved = tree(mywork), tree(checkpoint)
+    cases = ((str(mywork), "is not a dapo-train export folder"), (".", "is the current folder"),
+             (str(checkpoint / "export"), "lies inside the checkpoint"), (str(real_run), "contains the checkpoint"))
+    for out, said in cases:
+        monkeypatch.chdir(mywork if out == "." else tmp_path)
+        with pytest.raises(UserError, match=f"-o .*{said}.*nothing was changed"):
+            export_checkpoint(str(checkpoint), out)
+    assert tree(mywork) == before and tree(checkpoint) == saved
+
+
+def test_an_earlier_keep_folder_is_replaced_file_by_file(tmp_path):
+    """What --keep removes of an earlier rehearsal: its model/, run/, export/, preflight.log and marker,
+    and nothing it did not write; with anything else in it, nothing."""
+    from dapo_train.config.outputs import remove_own
+    from dapo_train.preflight.command import KEPT
+
+    kept = tmp_path / "kept"
+    for name in ("model", "run/checkpoint_2", "export"):
+        (kept / name).mkdir(parents=True)
+    (kept / "preflight.log").write_text("log\n")
+    (kept / "run" / "checkpoint_2" / "trainer_state.pt").write_bytes(b"x")
+    assert holds_own(kept, KEPT, option="--keep", replace=True)  # from before the marker: preflight.log and run/
+    (kept / "mine.txt").write_text("mine\n")
+    with pytest.raises(UserError, match=r"also holds what no dapo-train preflight folder writes \(mine.txt\)"):
+        holds_own(kept, KEPT, option="--keep", replace=True)
+    assert remove_own(kept, KEPT) == ["export", "model", "preflight.log", "run"]
+    assert [p.name for p in kept.iterdir()] == ["mine.txt"]

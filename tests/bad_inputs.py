@@ -71,6 +71,9 @@ IMPOSSIBLE: dict[str, list[str]] = {
     "dapo.beta": ["-1"],
     "dapo.filter_metric": ["sometimes", "reward:", "reward:nope"],
     "dapo.max_gen_rounds": ["0"],
+    "dapo.max_round_prompts": ["-1", "1"],  # below train.prompts_per_step
+    "dapo.skip_floor": ["0", "1.5"],
+    "dapo.screen_size": ["1", "-1", "8"],  # a screen of 1 is always alike; 8 = the demo's whole group
     "dapo.num_iterations": ["0"],
     "rewards": [
         "[{name: nope}]", "[{name: accuracy, weight: .nan}]", "[{name: overlong, args: {cache_length: 96}}]",
@@ -110,6 +113,9 @@ IMPOSSIBLE: dict[str, list[str]] = {
 }
 # Impossible combinations of keys: each tuple is one case.
 IMPOSSIBLE_TOGETHER = [
+    ("dapo.dynamic_sampling=false", "dapo.screen_size=2"),
+    ("dapo.dynamic_sampling=false", "dapo.skip_history=true"),
+    ("dapo.screen_size=2", "dapo.screen_drop=[]"),  # empty alone is fine: screening is off
     ("train.shared_prefix=on", "model.attn_implementation=flash_attention_2"),
     ("model.attn_implementation=flash_attention_2",),  # its package is not installed here (and it needs CUDA)
 ]

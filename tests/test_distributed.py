@@ -410,3 +410,72 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint
     step = int(checkpoints[0].name.split("_")[1])
     assert 1 <= step < 200 and read_metrics(run)[-1]["step"] == step
     assert (checkpoints[0] / "trainer_state_rank1.pt").is_file()
+
+
+# --------------------------------------------------------------------------------------------
+# Screening (dapo.screen_size) under two ranks: the same screens, continuations and groups as one process.
+
+
+def _screened_step(steps: int = 1, history: bool = False) -> dict:
+    """`steps` steps' collection with a screen of 2 of 6 on the random model's decode loop (with
+    dapo.skip_history: 12 prompts, so they come back): every group generated (kept, dropped or ruled
+    out) by (step, uid) with its completions and fate, and each step's metrics."""
+    from dapo_train.config.schema import RewardSpec
+    from dapo_train.rewards import build_rewards
+    from dapo_train.task.prompts import PromptSampler
+    from dapo_train.train.collect import GroupBuffer, KeepRate, fill_batch
+    from dapo_train.train.history import PromptHistory
+    from dapo_train.train.rollout_sample import EVERY_GROUP, RolloutSample
+
+    from conftest import IdTokenizer, make_engine
+
+    cfg = load_config(None, ["rollout.group_size=6", "rollout.max_new_tokens=6", "train.prompts_per_step=4",
+                             "dapo.max_gen_rounds=2", "dapo.screen_size=2", f"dapo.skip_history={history}",
+                             "dapo.skip_floor=0.2", "rewards=[{name: overlong, args: {cache_length: 4}}]"])
+    engine = make_engine("loop", make_random_model(seed=3), IdTokenizer(EOS_ID, EOS2_ID))
+    rewards = build_rewards([RewardSpec(name="overlong", args={"cache_length": 4})], max_new_tokens=6,
+                            is_correct=lambda text, gold: bool(text) and int(text.split()[0]) % 2 == 1)
+    prompts = [Prompt(f"train:{i}", f"q{i}", "7", f"p{i}", (3 + i, 4 + i % 3, 5)) for i in range(12 if history else 40)]
+    sampler, buffer, keep_rate, skips = PromptSampler(prompts, 0), GroupBuffer(), KeepRate(), PromptHistory()
+    generated: dict[tuple, dict] = {}
+    metrics = []
+    for step in range(1, steps + 1):
+        sample = RolloutSample(EVERY_GROUP, 0, step, lambda text: None)
+        batch = fill_batch(engine, rewards, sampler, buffer, cfg, 0, sample, keep_rate, skips)
+        for entry in sample.settle(batch.groups):
+            for record in entry.records:
+                key = (step, record["round"], record["uid"])
+                generated.setdefault(key, {"fate": record["fate"], "completions": []})
+                generated[key]["completions"].append(record["completion"])
+        metrics.append(batch.metrics)
+    return {"generated": generated, "metrics": metrics, "history": skips.alike}
+
+
+def _screen_worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo")
+    torch.save({"screen": _screened_step(), "history": _screened_step(steps=4, history=True)}, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_screen_skip_and_complete_the_groups_of_one_process(tmp_path):
+    """Each rank screens its share of a round's prompts; their draws are keyed by the prompt's index among
+    the run's draws, not by the rank, so the two ranks together generate exactly the completions of one
+    process, rule out the same prompts and report the same counts. With the prompt history over four
+    steps of 12 prompts, both ranks hold one process's history and skip the same prompts."""
+    out = tmp_path / "screen"
+    mp.spawn(_screen_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+    saved = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
+    for name, one in (("screen", _screened_step()), ("history", _screened_step(steps=4, history=True))):
+        ranks = [rank[name] for rank in saved]
+        assert not ranks[0]["generated"].keys() & ranks[1]["generated"].keys()  # each prompt on one rank
+        together = {**ranks[0]["generated"], **ranks[1]["generated"]}
+        assert together == one["generated"], name
+        assert any(group["fate"].startswith("screened") for group in together.values())
+        for key in ("groups_screened_all_right", "groups_screened_all_wrong", "dropped_tokens", "generated_tokens",
+                    "gen_rounds", "groups_dropped_all_wrong", "groups_dropped_all_correct", "prompts_skipped"):
+            assert [m[key] for m in ranks[0]["metrics"]] == [m[key] for m in ranks[1]["metrics"]] \
+                == [m[key] for m in one["metrics"]], (name, key)
+        assert ranks[0]["history"] == ranks[1]["history"] == one["history"]
+    assert sum(m["prompts_skipped"] for m in one["metrics"]) > 0  # the history skipped some

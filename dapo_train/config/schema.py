@@ -189,6 +189,37 @@ class DapoConfig:
     max_gen_rounds: int = _opt(
         4, "Most generation rounds per step while filling the batch; then train on what was kept."
     )
+    max_round_prompts: int = _opt(
+        0,
+        "0: every generation round draws train.prompts_per_step prompts. N > 0: a round draws the groups still "
+        "missing divided by the running keep rate (groups kept per prompt drawn, over about the last 10 rounds), "
+        "at least the missing count and at most N (>= train.prompts_per_step), so a step usually fills in one "
+        "round; the surplus carries over.",
+    )
+    skip_history: bool = _opt(
+        False,
+        "GRESO: skip a drawn prompt whose last z groups in a row were all alike (dropped or screened out) with "
+        "probability 1 - max(dapo.skip_floor, 0.5^z); the history is in the checkpoint and the same on every "
+        "rank. Pays on runs of more than one epoch of the data. Needs dynamic sampling.",
+    )
+    skip_floor: float = _opt(
+        0.1, "dapo.skip_history: the least probability that a drawn prompt is generated, however alike its history.",
+    )
+    screen_size: int = _opt(
+        0,
+        "Screening (SPEED): a round first samples this many completions per prompt (0 = off, else 2 to "
+        "rollout.group_size - 1); a prompt whose screen is all alike on a side of dapo.screen_drop gets no more, the "
+        "others are completed to rollout.group_size, the screen's completions kept in the group. The screen "
+        "judges correct bits, whatever dapo.filter_metric; needs dynamic sampling (docs/training.md, What "
+        "generation costs, and screening).",
+    )
+    screen_drop: list[str] = _opt(
+        ["all_wrong", "all_right"],
+        "Which screens rule a prompt out (dapo.screen_size > 0): all_wrong (every screen completion wrong), "
+        "all_right (every one correct), or both. Each side costs the groups it cuts that would have mixed at "
+        "rollout.group_size: 1 - (1-p)^(G-k) of the all-wrong screens of a prompt of pass rate p.",
+        ("all_wrong", "all_right"),
+    )
     overlong_filtering: bool = _opt(False, "Mask truncated completions out of the loss (overlong filtering).")
     num_iterations: int = _opt(
         1, "Passes over each rollout batch (PPO epochs); each pass is train.updates_per_step optimizer steps."

@@ -77,6 +77,28 @@ def _check_dapo(d: Any) -> None:
              f"got {d.rollout_correction_cap}; must be > 1")
 
 
+def _check_screen(cfg: Any) -> None:
+    """Round sizes, the prompt history and screening (dapo.screen_size), which moves part of Eq. 11
+    before generation: it needs Eq. 11 on, a continuation to sample, and a side that rules prompts out."""
+    d, group_size = cfg.dapo, cfg.rollout.group_size
+    _require(d.max_round_prompts == 0 or d.max_round_prompts >= cfg.train.prompts_per_step, "dapo.max_round_prompts",
+             f"got {d.max_round_prompts}; must be 0 (every round draws train.prompts_per_step) or at least "
+             f"train.prompts_per_step ({cfg.train.prompts_per_step})")
+    _require(0.0 < d.skip_floor <= 1.0, "dapo.skip_floor", f"got {d.skip_floor}; must be in (0, 1]: a prompt is "
+             "never skipped for sure")
+    _require(d.dynamic_sampling or not d.skip_history, "dapo.skip_history", "needs dapo.dynamic_sampling=true: "
+             "its history is of the groups Eq. 11 drops")
+    _require(d.screen_size == 0 or 2 <= d.screen_size < group_size, "dapo.screen_size",
+             f"got {d.screen_size}; must be 0 (off) or in 2..{group_size - 1} (a screen of 1 is always all alike; "
+             "below rollout.group_size)")
+    if d.screen_size == 0:
+        return
+    _require(d.dynamic_sampling, "dapo.screen_size", "needs dapo.dynamic_sampling=true: without it every group "
+             "trains, and a screen would drop some")
+    _require(bool(d.screen_drop), "dapo.screen_drop", "empty: name all_wrong, all_right or both, or set "
+             "dapo.screen_size=0")
+
+
 def _check_rollout_and_train(cfg: Any) -> None:
     """Sampling, prompt and step sizes, the learning schedule and the update's layout."""
     r, t = cfg.rollout, cfg.train
@@ -148,5 +170,6 @@ def validate(cfg: Any) -> None:
     _check_names(cfg)
     _check_seed_and_optimizer(cfg)
     _check_dapo(cfg.dapo)
+    _check_screen(cfg)
     _check_rollout_and_train(cfg)
     _check_eval_checkpoint_lora_logging(cfg)

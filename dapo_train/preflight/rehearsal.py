@@ -13,7 +13,8 @@ group.
 The shrink changes counts, never code paths: steps, prompts per step, updates, the completion budget
 (an overlong buffer in tokens scaled with it), eval items, CPU threads; a bf16 base becomes float32 on
 a CPU without bf16 units; and dynamic sampling filters on the summed reward, since a random model's
-correctness bits never vary. Every change is listed with its reason.
+correctness bits never vary (so a screen, dapo.screen_size, rules out all-right screens only: every
+prompt is screened and completed). Every change is listed with its reason.
 """
 
 from __future__ import annotations
@@ -168,6 +169,8 @@ def shrink(cfg: Config, model_folder: Path, run_folder: Path, cuda: bool) -> tup
     changes += reward_changes
     if cfg.dapo.dynamic_sampling and cfg.dapo.filter_metric == "correct":
         put("dapo.filter_metric", "total", "a random model's correct bits never vary; its rewards do")
+    if cfg.dapo.screen_size and "all_wrong" in cfg.dapo.screen_drop:
+        put("dapo.screen_drop", ["all_right"], "a random model's screens are all wrong: all continue to the group")
     put("eval.every_steps", STEPS, "step 0 and the last")
     put("eval.num_items", min(cfg.eval.num_items or EVAL_ITEMS, EVAL_ITEMS), "a few eval items")
     put("eval.batch_size", min(cfg.eval.batch_size, EVAL_ITEMS), "a few eval items")

@@ -126,7 +126,7 @@ def left_pad(sequences: Sequence[Tensor], pad_id: int, multiple: int = 1) -> tup
     return ids, mask
 
 
-def draw_tokens(distribution: Tensor, top_k: int = 0) -> Tensor:
+def draw_tokens(distribution: Tensor, top_k: int = 0, generators: Sequence[torch.Generator] | None = None) -> Tensor:
     """One token per row from a behaviour distribution, log-probs (A, V) -> (A,) ids: the categorical
     distribution that generate's multinomial draws from (truncated tokens, at -inf, are never drawn).
 
@@ -134,7 +134,14 @@ def draw_tokens(distribution: Tensor, top_k: int = 0) -> Tensor:
     at the k-th), so the draw runs over those k alone (Gumbel-max over k candidates). Over the whole
     vocabulary the draw is the device's FULL_VOCABULARY_DRAWS entry: at Qwen's 151,936 ids an
     exponential per entry (Gumbel-max) was most of a CPU decode step, and the inverse-CDF draw is the
-    same distribution at a fraction of the cost there (docs/benchmarks.md, scripts/bench_draw.py)."""
+    same distribution at a fraction of the cost there (docs/benchmarks.md, scripts/bench_draw.py).
+    generators: one per row, each row's exponentials drawn from its own over the whole vocabulary
+    (Gumbel-max), so that a row's token does not depend on the other rows of the batch: keyed draws
+    (dapo.screen_size), at the cost of an exponential per entry."""
+    if generators is not None:
+        noise = torch.stack([torch.empty(distribution.shape[-1], device=distribution.device).exponential_(
+            generator=generator) for generator in generators])  # (A, V)
+        return (distribution - noise.log()).argmax(dim=-1)
     if 0 < top_k < distribution.shape[-1]:
         values, indices = distribution.topk(top_k + 1, dim=-1)  # (A, k + 1), largest first
         if not bool(torch.isfinite(values[:, -1]).any()):  # no tie beyond the k-th: these k are all there is
@@ -261,11 +268,13 @@ class _GrowingLayer(_DynamicLayer or object):
 @torch.no_grad()
 def decode_loop(
     model, prompts: list[Tensor], group_size: int, settings: SamplingSettings, eos_ids: list[int], pad_id: int,
+    seeds: Sequence[int] | None = None,
 ) -> Decoded:
     """Sample group_size completions for each prompt -> Decoded (B*G rows).
 
     The prompts are prefilled once (B rows); the cache, last logits and mask are then repeated G
-    times. After each token, rows that emitted EOS are dropped from the batch and the cache."""
+    times. After each token, rows that emitted EOS are dropped from the batch and the cache. seeds:
+    one per row, each row drawing from its own generator (draw_tokens), else the global stream."""
     device = next(model.parameters()).device
     input_ids, attention_mask = left_pad(prompts, pad_id)  # (B, P)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -287,10 +296,12 @@ def decode_loop(
     active = torch.arange(rows, device=device)  # original row of each batch row
     next_position = attention_mask.sum(dim=1)  # (A,) position id of the token being sampled
     eos = torch.tensor(eos_ids, device=device)
+    generators = None if seeds is None else [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
     for step in range(budget):
         distribution, mass = sampling_distribution(logits.float(), settings)  # (A, V), (A,) or None
         sampled = settings.do_sample
-        tokens = draw_tokens(distribution, settings.top_k) if sampled else distribution.argmax(dim=-1)  # (A,)
+        own = None if generators is None else [generators[row] for row in active.tolist()]
+        tokens = draw_tokens(distribution, settings.top_k, own) if sampled else distribution.argmax(dim=-1)  # (A,)
         generated[active, step] = tokens
         logprobs[active, step] = _picked(distribution, tokens)
         if kept is not None:

@@ -140,13 +140,14 @@ Decode = Callable[[torch.nn.Module, list[torch.Tensor], int, SamplingSettings, l
 
 def sample_completions(
     model, tokenizer, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *, batch_size: int,
-    group_size: int = 1, decode: Decode = decode_loop,
+    group_size: int = 1, decode: Decode = decode_loop, seeds: Sequence[int] | None = None,
 ) -> list[Completion]:
     """group_size completions of each prompt, prompt-major (prompt 0's first), sampled from `model` as
     it is: evaluation samples the training model so; an engine passes its rollout model and decoder.
 
     decode(model, prompts (B,), group_size, settings, eos_ids, pad_id) -> Decoded (B*G rows) runs on whole
-    groups of at most batch_size rows. The model is in eval mode
+    groups of at most batch_size rows. seeds: one per row (prompt-major), passed on to decode for its
+    chunk's rows (keyed draws). The model is in eval mode
     meanwhile: training mode would turn the KV cache off under gradient checkpointing."""
     eos_ids, pad_id = eos_token_ids(model, tokenizer), pad_token_id(model, tokenizer)
     was_training = model.training
@@ -154,7 +155,9 @@ def sample_completions(
     try:
         completions: list[Completion] = []
         for chunk in _prompt_chunks(prompts, group_size, batch_size):
-            decoded = decode(model, chunk, group_size, settings, eos_ids, pad_id)
+            rows = slice(len(completions), len(completions) + len(chunk) * group_size)
+            keyed = {} if seeds is None else {"seeds": seeds[rows]}
+            decoded = decode(model, chunk, group_size, settings, eos_ids, pad_id, **keyed)
             completions += _completions(_rows(chunk, group_size), decoded, eos_ids, tokenizer)
         return completions
     finally:
@@ -175,7 +178,9 @@ class RolloutEngine(Protocol):
     def generate(
         self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, group_size: int
     ) -> list[Completion]:
-        """group_size completions per prompt, prompt-major, with the semantics of this module's docstring."""
+        """group_size completions per prompt, prompt-major, with the semantics of this module's docstring.
+        An engine whose `keyed_draws` attribute is true also takes seeds=[one int per row]: each row is
+        then drawn from its own random stream (dapo.screen_size's screens and their continuations)."""
 
     def sync_weights(self) -> None:
         """Take the training model's current weights; the trainer calls it after every step's updates."""
@@ -322,9 +327,14 @@ class TransformersEngine(ABC):
             for target, source in zip(self.copy.parameters(), self.model.parameters()):
                 target.copy_(source)
 
-    def generate(self, prompts, settings: SamplingSettings, group_size: int) -> list[Completion]:
+    keyed_draws = False  # whether generate takes seeds (one random stream per row)
+
+    def generate(self, prompts, settings: SamplingSettings, group_size: int,
+                 seeds: Sequence[int] | None = None) -> list[Completion]:
+        if seeds is not None and not self.keyed_draws:
+            raise ValueError(f"{type(self).__name__} draws from the global random stream: it takes no seeds")
         return sample_completions(self.rollout_model, self.tokenizer, prompts, settings, batch_size=self.batch_size,
-                                  group_size=group_size, decode=self.decode)
+                                  group_size=group_size, decode=self.decode, seeds=seeds)
 
     @abstractmethod
     def decode(self, model, prompts: list[torch.Tensor], group_size: int, settings: SamplingSettings,
@@ -333,10 +343,13 @@ class TransformersEngine(ABC):
 
 
 class DecodeLoopEngine(TransformersEngine):
-    """decoding.decode_loop: each prompt prefilled once for its group, finished rows dropped."""
+    """decoding.decode_loop: each prompt prefilled once for its group, finished rows dropped; with
+    seeds, each row drawn from its own stream."""
 
-    def decode(self, model, prompts, group_size, settings, eos_ids, pad_id):
-        return decode_loop(model, prompts, group_size, settings, eos_ids, pad_id)
+    keyed_draws = True
+
+    def decode(self, model, prompts, group_size, settings, eos_ids, pad_id, seeds=None):
+        return decode_loop(model, prompts, group_size, settings, eos_ids, pad_id, seeds)
 
 
 BUCKET_WIDTH = 64  # the static-cache engine pads prompt widths to a multiple of this

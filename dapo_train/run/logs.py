@@ -75,3 +75,21 @@ def split_logs(run_dir: str | Path, step: int) -> dict[str, tuple[str, str]]:
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
     return read_jsonl(Path(run_dir) / METRICS_FILE)
+
+
+def generation_cost(rows: list[dict]) -> dict[str, float | None]:
+    """What the trained tokens of a run's steps (metrics rows) cost in generation, as ratios of sums
+    over the steps: generated_tokens, dropped_tokens (on groups Eq. 11 or a screen dropped), trained_tokens,
+    generated_per_trained_token and seconds_generate_per_group (None where nothing trained, or the rows
+    predate these metrics)."""
+    rows = [row for row in rows if isinstance(row.get("trained_tokens"), (int, float))]
+    sums = {key: sum(float(row.get(key) or 0) for row in rows)
+            for key in ("generated_tokens", "dropped_tokens", "trained_tokens", "seconds_generate", "groups_kept")}
+    return {
+        "generated_tokens": sums["generated_tokens"] if rows else None,
+        "dropped_tokens": sums["dropped_tokens"] if rows else None,
+        "trained_tokens": sums["trained_tokens"] if rows else None,
+        "generated_per_trained_token": sums["generated_tokens"] / sums["trained_tokens"] if sums["trained_tokens"]
+        else None,
+        "seconds_generate_per_group": sums["seconds_generate"] / sums["groups_kept"] if sums["groups_kept"] else None,
+    }

@@ -32,14 +32,17 @@ RECORD_KEYS = (
     "step", "round", "group", "sample", "uid", "question", "gold", "completion", "length", "truncated", "extracted",
     "correct", "rewards", "reward", "advantage", "fate", "behaviour_logprob_mean", "ratio_mean", "clip_frac",
 )
-# A group's fate -> what it means. The dropped ones are collect.CollectStats' counters (groups_dropped_* in
-# metrics.jsonl); trained ones count in groups_kept, carried ones in the later steps' groups_carried.
+# A group's fate -> what it means. The dropped and screened ones are collect.CollectStats' counters
+# (groups_dropped_*, groups_screened_* in metrics.jsonl; a screened group has only its screen's completions);
+# trained ones count in groups_kept, carried ones in the later steps' groups_carried.
 FATES = {
     "trained": "trained this step",
     "carried": "kept, and carried over to a later step (the batch was full)",
     "dropped_all_correct": "every completion correct (Eq. 11)",
     "dropped_all_wrong": "every completion wrong (Eq. 11)",
     "dropped_no_variance": "the filter metric (dapo.filter_metric) did not vary, correct bits mixed (Eq. 11)",
+    "screened_all_right": "its screen (dapo.screen_size completions, all it got) all correct: ruled out",
+    "screened_all_wrong": "its screen (dapo.screen_size completions, all it got) all wrong: ruled out",
 }
 _FILE_RE = re.compile(r"^step_(\d+)\.jsonl$")
 

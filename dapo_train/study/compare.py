@@ -52,6 +52,8 @@ COLUMNS = {
     "entropy_first": ("entropy first", ".3f"),
     "entropy_last": ("entropy last", ".3f"),
     "completion_length": ("length", ".1f"),
+    "generated_per_trained_token": ("gen tok/trained", ".2f"),
+    "seconds_generate_per_group": ("gen s/group", ".2f"),
     "steps": ("steps", ".0f"),
     "wall_seconds": ("wall s", ".0f"),
 }

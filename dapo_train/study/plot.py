@@ -1,8 +1,8 @@
-"""`dapo-train plot`: eval accuracy, reward, entropy, clip fractions, length and groups over steps, one
-colour per point (a mean line over its seeds and a min-max band), and the rollout's gap to the training
-forward. A point whose rollout IS the training forward (every row's rollout_exact is 1: the CPU float32
-decode loop) has no numeric gap to draw, only float rounding (~1e-13): those panels say "exact by
-construction" for it instead of plotting the noise.
+"""`dapo-train plot`: eval accuracy, reward, entropy, clip fractions, length, groups and what generation
+cost per trained token and group over steps, one colour per point (a mean line over its seeds and a
+min-max band), and the rollout's gap to the training forward. A point whose rollout IS the training
+forward (every row's rollout_exact is 1: the CPU float32 decode loop) has no numeric gap to draw, only
+float rounding (~1e-13): those panels say "exact by construction" for it instead of plotting the noise.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ PANELS = {
                                                          ("rollout_logprob_diff_max", "--")),
     "rollout IS weight (solid mean, dashed clipped frac)": (("rollout_is_weight_mean", "-"),
                                                             ("rollout_is_clipped_frac", "--")),
+    "generated tokens per trained token": (("generated_per_trained_token", "-"),),
+    "generation seconds per trained group": (("seconds_generate_per_group", "-"),),
 }
 
 

@@ -20,7 +20,7 @@ from dapo_train.errors import UserError
 from dapo_train.model.checkpoint import CONFIG_FILE
 from dapo_train.run.eval_items import FINAL, PERIODIC
 from dapo_train.run.folder import saved_run_config
-from dapo_train.run.logs import read_metrics
+from dapo_train.run.logs import generation_cost, read_metrics
 
 SWEEP_FILE = "sweep.json"
 
@@ -179,6 +179,7 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
     finals = _values(rows, FINAL.accuracy)
     train = [row for row in rows if row["step"] > 0]
     entropy = _values(train, "entropy")
+    cost = generation_cost(train)
     return {
         "final_accuracy": finals[-1] if finals else None,
         "last_accuracy": evals[-1][1] if evals else None,
@@ -188,6 +189,8 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
         "entropy_first": entropy[0] if entropy else None,
         "entropy_last": entropy[-1] if entropy else None,
         "completion_length": _mean(_values(train, "completion_length_mean")),
+        "generated_per_trained_token": cost["generated_per_trained_token"],
+        "seconds_generate_per_group": cost["seconds_generate_per_group"],
         "steps": float(max((row["step"] for row in rows), default=0)),
         "wall_seconds": sum(_values(train, "seconds_step")) + sum(_values(rows, PERIODIC.seconds))
         + sum(_values(rows, FINAL.seconds)),

@@ -3,7 +3,8 @@ wrote, why each completion got its reward, what became of its group -- or as JSO
 
     --step N      one step (default: the last step with records); `all`: every step
     --where EXPR  terms separated by commas (or the word `and`), all of which must hold:
-                    a flag: truncated, correct, dropped, trained, carried, or a fate (dropped_all_wrong, ...);
+                    a flag: truncated, correct, dropped (by Eq. 11 or a screen), screened (ruled out by
+                    dapo.screen_size's screen), trained, carried, or a fate (dropped_all_wrong, ...);
                     `not X` or `!X` for its opposite
                     FIELD OP VALUE with OP one of < <= > >= = != and FIELD a record field (reward,
                     advantage, length, fate, uid, extracted, ratio_mean, ...) or rewards.<key>
@@ -37,7 +38,8 @@ TEXT_LIMIT = 20  # completions the text form shows without --limit
 FLAGS: dict[str, Predicate] = {
     "truncated": lambda record: bool(record["truncated"]),
     "correct": lambda record: bool(record["correct"]),
-    "dropped": lambda record: record["fate"].startswith("dropped"),
+    "dropped": lambda record: record["fate"].startswith(("dropped", "screened")),  # a screened prompt is dropped too
+    "screened": lambda record: record["fate"].startswith("screened"),
     **{fate: (lambda record, fate=fate: record["fate"] == fate) for fate in FATES},
 }
 OPERATORS: dict[str, Callable] = {"<=": operator.le, ">=": operator.ge, "!=": operator.ne, "==": operator.eq,

@@ -12,25 +12,32 @@ the step passes on to the update. Surplus informative groups wait in a `GroupBuf
 step; the buffer is part of the checkpoint, so resume is exact. Every group generated, kept or
 dropped, is offered to the step's RolloutSample (rollout_sample.py) with its fate, for the rollout
 records.
+
+Deciding before generating (docs/training.md, What generation costs, and screening): a round may
+screen its prompts first (dapo.screen_size, screen.py: ruled-out prompts get their own fates and
+never reach the buffer); its size may follow the running keep rate (dapo.max_round_prompts,
+KeepRate); and drawn prompts may be skipped on their history (dapo.skip_history, history.py). What
+generation cost per trained token is in every step's metrics (dropped_tokens, trained_tokens,
+generated_per_trained_token, seconds_generate_per_group).
 """
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
+import math
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import torch
 
 from dapo_train.algo.advantages import group_advantages, is_informative_group
 from dapo_train.config.schema import Config
-from dapo_train.rewards.scoring import score
-from dapo_train.rollout.decoding import SamplingSettings
 from dapo_train.rollout.engines import RolloutEngine
 from dapo_train.task.prompts import Prompt, PromptSampler
 from dapo_train.train import ranks
+from dapo_train.train.history import PromptHistory
 from dapo_train.train.records import Group, StepBatch
 from dapo_train.train.rollout_sample import RolloutSample
+from dapo_train.train.screen import Scored, draw_round
 
 
 class GroupBuffer:
@@ -58,6 +65,44 @@ class GroupBuffer:
 
 
 @dataclass
+class KeepRate:
+    """The running fraction of drawn prompts whose group was kept (Eq. 11, and a screen), over all ranks:
+    sums of kept groups and drawn prompts, each round's added after the earlier ones are decayed by
+    DECAY, so about the last 1 / (1 - DECAY) rounds count. The same on every rank (its counts are
+    totals over ranks) and part of the checkpoint, so resume draws the same round sizes."""
+
+    DECAY = 0.9
+    kept: float = 0.0
+    drawn: float = 0.0
+
+    @property
+    def rate(self) -> float | None:
+        return self.kept / self.drawn if self.drawn else None
+
+    def add(self, kept: int, drawn: int) -> None:
+        self.kept, self.drawn = self.DECAY * self.kept + kept, self.DECAY * self.drawn + drawn
+
+    def round_size(self, missing: int, wanted: int, most: int) -> int:
+        """Prompts the next round draws: `wanted` (train.prompts_per_step) when most is 0 (fixed rounds),
+        else enough that the groups still `missing` are expected to be kept at the running rate, between
+        `missing` and `most` (dapo.max_round_prompts): a step then usually fills in one round, and the
+        surplus carries over. No rate yet (the run's first round): `missing`."""
+        if most == 0:
+            return wanted
+        rate = self.rate
+        if rate is None:
+            return min(missing, most)
+        return most if rate == 0 else max(missing, min(most, math.ceil(missing / rate)))
+
+    def state_dict(self) -> dict:
+        return {"kept": self.kept, "drawn": self.drawn}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """A checkpoint from before the keep rate starts without one."""
+        self.kept, self.drawn = (float(state["kept"]), float(state["drawn"])) if state else (0.0, 0.0)
+
+
+@dataclass
 class CollectStats:
     """What the step's generation rounds saw, over ALL generated groups (kept or not)."""
 
@@ -66,6 +111,9 @@ class CollectStats:
     dropped_all_correct: int = 0
     dropped_all_wrong: int = 0
     dropped_no_variance: int = 0  # filter_metric total / reward:<name>: equal values, mixed correct bits
+    screened_all_right: int = 0  # prompts a screen of dapo.screen_size ruled out (screen.py)
+    screened_all_wrong: int = 0
+    dropped_tokens: int = 0  # completion tokens generated on dropped groups and ruled-out screens: the waste
     seconds_generate: float = 0.0
     seconds_score: float = 0.0  # every reward, the reward models' seconds_reward_model included
     seconds_reward_model: float = 0.0
@@ -84,7 +132,8 @@ class CollectStats:
             return ranks[0]
         out = cls(rounds=ranks[0].rounds)
         for stats in ranks:
-            for name in ("carried_in", "dropped_all_correct", "dropped_all_wrong", "dropped_no_variance"):
+            for name in ("carried_in", "dropped_all_correct", "dropped_all_wrong", "dropped_no_variance",
+                         "screened_all_right", "screened_all_wrong", "dropped_tokens"):
                 setattr(out, name, getattr(out, name) + getattr(stats, name))
             for name in ("seconds_generate", "seconds_score", "seconds_reward_model"):
                 setattr(out, name, max(getattr(out, name), getattr(stats, name)))
@@ -94,7 +143,20 @@ class CollectStats:
                 out.per_reward[name] += values
         return out
 
-    def metrics(self, wanted: int, got: int) -> dict:
+    def add_generated(self, completions: list, scores) -> None:
+        """Completions a round generated, with their rewards.Scores: every one counts, kept or not."""
+        self.rewards += scores.total
+        self.correct += scores.correct
+        self.lengths += [c.length for c in completions]
+        self.truncated += [c.truncated for c in completions]
+        self.cut_mass += [0.0 if c.kept_log_mass is None else -float(c.kept_log_mass.sum()) for c in completions]
+        for name, values in scores.per_reward.items():
+            self.per_reward[name] += values
+
+    def metrics(self, wanted: int, got: int, trained_tokens: int) -> dict:
+        """The step's collection metrics; got: the groups it trains, trained_tokens: their completion
+        tokens (all ranks). What a trained token cost in generation: generated_per_trained_token (1 when
+        nothing is dropped and nothing carries over) and seconds_generate_per_group (None: nothing trained)."""
         n = max(1, len(self.rewards))
         rewards = torch.tensor(self.rewards or [0.0])
         out = {
@@ -108,12 +170,18 @@ class CollectStats:
             "groups_dropped_all_correct": self.dropped_all_correct,
             "groups_dropped_all_wrong": self.dropped_all_wrong,
             "groups_dropped_no_variance": self.dropped_no_variance,
+            "groups_screened_all_right": self.screened_all_right,
+            "groups_screened_all_wrong": self.screened_all_wrong,
             "gen_rounds": self.rounds,
             "batch_short": wanted - got,
             "seconds_generate": self.seconds_generate,
             "seconds_score": self.seconds_score,
             "seconds_reward_model": self.seconds_reward_model,
             "generated_tokens": sum(self.lengths),
+            "dropped_tokens": self.dropped_tokens,
+            "trained_tokens": trained_tokens,
+            "generated_per_trained_token": sum(self.lengths) / trained_tokens if trained_tokens else None,
+            "seconds_generate_per_group": self.seconds_generate / got if got else None,
             # KL(truncated || untruncated) of the sampling distribution per generated token: E[-log Z].
             "rollout_kl_truncation": sum(self.cut_mass) / max(1, sum(self.lengths)),
         }
@@ -123,63 +191,55 @@ class CollectStats:
 
 def collect_round(
     engine: RolloutEngine, reward_set, prompts: list[Prompt], cfg: Config, stats: CollectStats, version: int,
-    sample: RolloutSample | None = None, positions: list[int] | None = None,
+    sample: RolloutSample | None = None, positions: list[int] | None = None, draws: list[int] | None = None,
 ) -> list[Group]:
-    """One generation round: B prompts x G completions generated, scored, advantages computed (Eq. 9),
-    and the informative groups kept (Eq. 11), stamped with `version` (optimizer steps so far). sample:
-    offered every group, kept or dropped, as round stats.rounds, prompt b at positions[b] (default b)
-    of the round's batch over all ranks."""
-    group_size = cfg.rollout.group_size
-    settings = SamplingSettings(
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-    )
-    start = time.perf_counter()
-    completions = engine.generate([p.input_ids for p in prompts], settings, group_size)
-    stats.seconds_generate += time.perf_counter() - start
-    start = time.perf_counter()
-    scores = score(
-        reward_set,
-        [c.text for c in completions],
-        [p.gold for p in prompts for _ in range(group_size)],
-        lengths=[c.length for c in completions],
-        prompts=[p.text for p in prompts for _ in range(group_size)],
-        questions=[p.question for p in prompts for _ in range(group_size)],
-    )
-    stats.seconds_score += time.perf_counter() - start
-    stats.seconds_reward_model += sum(scores.seconds[r.key] for r in reward_set.rewards if r.owns_model)
-    rewards = torch.tensor(scores.total, dtype=torch.float32).view(len(prompts), group_size)  # (B, G)
-    correct = torch.tensor(scores.correct, dtype=torch.bool).view(len(prompts), group_size)  # (B, G)
-    advantages = group_advantages(rewards, std=cfg.dapo.advantage_std)  # (B, G)
-    stats.rewards += scores.total
-    stats.correct += scores.correct
-    stats.lengths += [c.length for c in completions]
-    stats.truncated += [c.truncated for c in completions]
-    stats.cut_mass += [0.0 if c.kept_log_mass is None else -float(c.kept_log_mass.sum()) for c in completions]
-    for name, values in scores.per_reward.items():
-        stats.per_reward[name] += values
-    groups = []
-    for b, prompt in enumerate(prompts):
-        rows = slice(b * group_size, (b + 1) * group_size)
-        group = Group(
-            prompt=prompt,
-            completions=completions[rows],
-            rewards=rewards[b],
-            correct=correct[b],
-            advantages=advantages[b],
-            per_reward={name: values[rows] for name, values in scores.per_reward.items()},
-            version=version,
-        )
+    """One generation round: B prompts x G completions generated (with dapo.screen_size, a screen of k
+    first: screen.py), scored, advantages computed (Eq. 9), and the informative groups kept (Eq. 11),
+    stamped with `version` (optimizer steps so far). sample: offered every group, kept, dropped or
+    ruled out by its screen, as round stats.rounds, prompt b at positions[b] (default b) of the round's
+    batch over all ranks; draws: each prompt's index among the run's draws (default b), which keys
+    its completions' random streams under screening."""
+    positions = list(range(len(prompts))) if positions is None else positions
+    drawn = draw_round(engine, reward_set, prompts, cfg, stats, list(range(len(prompts))) if draws is None else draws)
+    for b, screen, fate in drawn.ruled_out:
+        group = make_group(prompts[b], screen, cfg, version)  # its k completions: for the records alone
+        setattr(stats, fate, getattr(stats, fate) + 1)
+        stats.dropped_tokens += group_tokens(group)
+        if sample is not None:
+            sample.offer(group, stats.rounds, positions[b], fate)
+    groups = [make_group(prompts[b], scored, cfg, version) for b, scored in drawn.complete]
+    return keep_informative(groups, [positions[b] for b, _ in drawn.complete], cfg, stats, sample)
+
+
+def make_group(prompt: Prompt, scored: Scored, cfg: Config, version: int) -> Group:
+    """A prompt's scored completions as a Group, with its advantages (Eq. 9)."""
+    rewards = torch.tensor(scored.rewards, dtype=torch.float32)  # (G,)
+    return Group(prompt=prompt, completions=scored.completions, rewards=rewards,
+                 correct=torch.tensor(scored.correct, dtype=torch.bool),
+                 advantages=group_advantages(rewards[None], std=cfg.dapo.advantage_std)[0],
+                 per_reward=scored.per_reward, version=version)
+
+
+def keep_informative(groups: list[Group], positions: list[int], cfg: Config, stats: CollectStats,
+                     sample: RolloutSample | None = None) -> list[Group]:
+    """Eq. 11 on a round's complete groups: the informative ones, in order; each dropped one counted in
+    `stats` (its counter and its tokens in dropped_tokens), and every one offered to `sample`."""
+    kept = []
+    for group, position in zip(groups, positions):
         fate = drop_reason(group, cfg)
         if fate is None:
-            groups.append(group)
+            kept.append(group)
         else:
             setattr(stats, fate, getattr(stats, fate) + 1)
+            stats.dropped_tokens += group_tokens(group)
         if sample is not None:
-            sample.offer(group, stats.rounds, b if positions is None else positions[b], fate)
-    return groups
+            sample.offer(group, stats.rounds, position, fate)
+    return kept
+
+
+def group_tokens(group: Group) -> int:
+    """The completion tokens generated for a group (its valid tokens, EOS included)."""
+    return sum(c.length for c in group.completions)
 
 
 def filter_values(group: Group, metric: str) -> torch.Tensor:
@@ -209,28 +269,64 @@ def max_rounds(cfg: Config) -> int:
 
 
 def fill_batch(engine: RolloutEngine, reward_set, sampler: PromptSampler, buffer: GroupBuffer, cfg: Config,
-               version: int, sample: RolloutSample | None = None) -> StepBatch:
+               version: int, sample: RolloutSample | None = None, keep_rate: KeepRate | None = None,
+               history: PromptHistory | None = None) -> StepBatch:
     """Step 1: generation rounds (collect_round) until prompts_per_step informative groups are buffered
     over all ranks or rounds run out, then this step's groups. version: the optimizer steps taken so
-    far, stamped on the new groups; sample: offered every generated group."""
-    wanted = cfg.train.prompts_per_step
-    stats = CollectStats(carried_in=len(buffer))
-    while stats.rounds < max_rounds(cfg) and ranks.buffered_groups(len(buffer)) < wanted:
+    far, stamped on the new groups; sample: offered every generated group; keep_rate: the run's keep
+    rate, updated by every round, which sizes the rounds under dapo.max_round_prompts; history: the
+    run's prompt history, which skips prompts under dapo.skip_history and learns every round's outcomes."""
+    wanted, keep_rate = cfg.train.prompts_per_step, keep_rate or KeepRate()
+    history = history if cfg.dapo.skip_history else None
+    stats, skipped = CollectStats(carried_in=len(buffer)), 0
+    buffered = ranks.buffered_groups(len(buffer))
+    while stats.rounds < max_rounds(cfg) and buffered < wanted:
         stats.rounds += 1
-        batch = sampler.next_batch(wanted)
-        prompts, positions = ranks.own_share(batch), ranks.own_share(list(range(len(batch))))
+        first = prompts_drawn(sampler)
+        batch = sampler.next_batch(keep_rate.round_size(wanted - buffered, wanted, cfg.dapo.max_round_prompts))
+        live = [b for b, prompt in enumerate(batch)  # the same on every rank, as the history and draws are
+                if history is None or history.generates(prompt.uid, first + b, cfg.seed, cfg.dapo.skip_floor)]
+        skipped += len(batch) - len(live)
+        positions = ranks.own_share(live)
+        prompts, kept = [batch[b] for b in positions], []
         if prompts:
-            buffer.add(collect_round(engine, reward_set, prompts, cfg, stats, version, sample, positions))
-    return take_batch(buffer, stats, wanted)
+            kept = collect_round(engine, reward_set, prompts, cfg, stats, version, sample, positions,
+                                 [first + position for position in positions])
+            buffer.add(kept)
+        if history is not None:
+            history.record(ranks.round_outcomes(outcomes(prompts, kept)))
+        before, buffered = buffered, ranks.buffered_groups(len(buffer))
+        keep_rate.add(buffered - before, len(batch))
+    batch = take_batch(buffer, stats, wanted)
+    batch.metrics["prompts_skipped"] = skipped
+    return batch
+
+
+def outcomes(prompts: list[Prompt], kept: list[Group]) -> list[tuple[str, bool]]:
+    """(uid, whether its group was kept) for a round's prompts on this rank, in order."""
+    left = Counter(group.prompt.uid for group in kept)
+    out = []
+    for prompt in prompts:
+        out.append((prompt.uid, left[prompt.uid] > 0))
+        left[prompt.uid] -= 1
+    return out
+
+
+def prompts_drawn(sampler: PromptSampler) -> int:
+    """How many prompts the run has drawn so far (every epoch's): the next one's index among its draws."""
+    state = sampler.state_dict()
+    return state["epoch"] * state["num_prompts"] + state["position"]
 
 
 def take_batch(buffer: GroupBuffer, stats: CollectStats, wanted: int) -> StepBatch:
     """This step's groups from the buffer (the rest carries over), with the metrics of its generation
     rounds over all ranks: groups_kept (trained this step), groups_carried (of those, generated by an
-    earlier step) and buffer_size (left for the next)."""
+    earlier step), buffer_size (left for the next) and trained_tokens (the completion tokens of the
+    groups trained, against which generated_tokens and dropped_tokens are the cost)."""
     deal = ranks.deal_groups(len(buffer), stats, wanted)
     groups = buffer.take(deal.own)
-    metrics = CollectStats.merged(deal.stats).metrics(wanted, sum(deal.takes))
+    trained_tokens = int(ranks.total(sum(group_tokens(group) for group in groups)))
+    metrics = CollectStats.merged(deal.stats).metrics(wanted, sum(deal.takes), trained_tokens)
     # The buffer is a FIFO: the first `carried_in` groups a rank takes were generated by earlier steps.
     metrics["groups_carried"] = sum(min(take, stats.carried_in) for take, stats in zip(deal.takes, deal.stats))
     metrics["buffer_size"] = sum(deal.counts) - sum(deal.takes)

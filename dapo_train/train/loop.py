@@ -148,7 +148,8 @@ def collect(run: Run, sample: RolloutSample | None = None) -> StepBatch:
     """Step 1 (Eq. 9, 11): generation rounds until the step's batch is full, then its groups; every
     generated group is offered to `sample`."""
     return fill_batch(run.engine, run.reward_set, run.prompt_sampler, run.buffer, run.cfg,
-                      version=run.learner.optimizer.steps, sample=sample)
+                      version=run.learner.optimizer.steps, sample=sample, keep_rate=run.keep_rate,
+                      history=run.history)
 
 
 def record_rollouts(run: Run, sample: RolloutSample, batch: StepBatch) -> list[dict]:

@@ -13,9 +13,9 @@
   summary says the same.
 - The end of a run prints a summary: how it ended, eval accuracy first -> best -> last, the final
   accuracy on the whole eval split (eval.final_full), the steps skipped of each kind (non-finite,
-  without an informative group), the update's work over the run (positions its forwards computed, of
-  which padding, and those the LM head scored, per trained token), wall time, the checkpoints, and
-  the command to run next.
+  without an informative group), what generation cost per trained token and group, the update's
+  work over the run (positions its forwards computed, of which padding, and those the LM head scored,
+  per trained token), wall time, the checkpoints, and the command to run next.
 Lines go through `logging` (redirected around the bar, so the bar stays one line).
 """
 
@@ -34,7 +34,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from dapo_train.config.schema import Config
 from dapo_train.model.checkpoint import checkpoint_dirs
 from dapo_train.run.eval_items import FINAL
-from dapo_train.run.logs import read_metrics
+from dapo_train.run.logs import generation_cost, read_metrics
 from dapo_train.run.rollouts import brief, saved_rollouts
 
 logger = logging.getLogger(__name__)
@@ -115,10 +115,14 @@ NO_RECORDS = "no rollout records to show them (logging.rollout_groups=0)"
 
 
 def all_dropped_line(step: int, metrics: dict, look: str) -> str:
-    """A step whose every group was dropped (Eq. 11): why, and where to `look`."""
+    """A step whose every group was dropped (Eq. 11) or screened out (dapo.screen_size): why, and where to
+    `look`."""
     counts = ", ".join(f"{label} {int(metrics.get(f'groups_dropped_{key}', 0))}"
                        for key, label in (("all_correct", "all correct"), ("all_wrong", "all wrong"),
                                           ("no_variance", "no variance")))
+    screened = [int(metrics.get(f"groups_screened_{side}", 0)) for side in ("all_right", "all_wrong")]
+    if any(screened):
+        counts += f"; screened out: all right {screened[0]}, all wrong {screened[1]}"
     rounds = metrics.get("gen_rounds", 0)
     return f"step {step}: every group dropped in {rounds} rounds ({counts}); update skipped; {look}"
 
@@ -216,6 +220,19 @@ def skipped_line(rows: list[dict]) -> str:
         f"of {len(steps)}"
 
 
+def generation_line(rows: list[dict]) -> str | None:
+    """'  generation: 175,576 tokens for 83,572 trained (2.10 per trained token; 92,004 on dropped groups),
+    0.46 s per trained group'; None for rows without the counts (a run from before them)."""
+    cost = generation_cost(rows)
+    if cost["trained_tokens"] is None:
+        return None
+    per_token = cost["generated_per_trained_token"]
+    per_group = cost["seconds_generate_per_group"]
+    return (f"  generation: {cost['generated_tokens']:,.0f} tokens for {cost['trained_tokens']:,.0f} trained ("
+            f"{'-' if per_token is None else f'{per_token:.2f}'} per trained token; {cost['dropped_tokens']:,.0f} on "
+            f"dropped groups), {'-' if per_group is None else f'{per_group:.2f}'} s per trained group")
+
+
 def update_work(rows: list[dict]) -> dict | None:
     """The update's work over metrics rows, from their update_* metrics: totals of forward, padding, head
     and trained tokens, forward and head positions per trained token, and the padding's share of the
@@ -267,6 +284,9 @@ def end_of_run_summary(
     if finals:
         lines.append(f"  {final_line(finals[-1]['step'], finals[-1])}")
     lines.append(skipped_line(rows))
+    generation = generation_line(rows)
+    if generation is not None:
+        lines.append(generation)
     work = work_line(rows)
     if work is not None:
         lines.append(work)

@@ -7,7 +7,9 @@ process's own counts.
 
 Under N ranks (`accelerate launch`, `torchrun`; distributed.py holds the primitives):
 - each generation round, every rank generates its slice of the same prompts, and the batch is full
-  when the groups buffered on ALL ranks reach prompts_per_step, so every rank runs the same rounds;
+  when the groups buffered on ALL ranks reach prompts_per_step, so every rank runs the same rounds
+  (of the same sizes: the keep rate is a total over ranks), and with dapo.skip_history every rank
+  learns every prompt's outcome, so all skip the same prompts;
 - the step's groups are dealt from the ranks' buffers in turn (take_counts), so the ranks' shares
   differ as little as their buffers allow, and the generation stats are merged over ranks;
 - the mini-batches are cut from all ranks' groups in one global order (batching.rank_mini_batches),
@@ -94,6 +96,12 @@ def plan_update(batch: StepBatch, batching: Batching, cfg: Config) -> UpdatePlan
                     for mini, normalizer, call in zip(local, normalizers, calls)]
     return UpdatePlan(mini_batches, cfg.dapo.num_iterations, distributed.world_size(), valid_tokens,
                       forward_tokens, int(count), padding_tokens, head_tokens)
+
+
+def round_outcomes(outcomes: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
+    """A round's (prompt uid, kept) outcomes from every rank, in the round's order (each rank held
+    live[rank::N]): the prompt history (dapo.skip_history) learns the same on every rank."""
+    return distributed.interleave(distributed.gather(outcomes))
 
 
 def gather_rollouts(sampled: list) -> list[list]:

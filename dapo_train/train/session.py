@@ -40,8 +40,9 @@ from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, lo
 from dapo_train.task.sources import load_split
 from dapo_train.train import distributed
 from dapo_train.train.batching import Batching
-from dapo_train.train.collect import GroupBuffer, max_rounds
+from dapo_train.train.collect import GroupBuffer, KeepRate, max_rounds
 from dapo_train.train.health import StepHealth
+from dapo_train.train.history import PromptHistory
 from dapo_train.train.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
 from dapo_train.train.optim import adamw
@@ -83,6 +84,8 @@ class Run:
     seconds_before: float = 0.0  # wall time of the sessions before this one (a resumed run's checkpoint)
     rollouts: list[dict] = field(default_factory=list)  # the last step's rollout records (main process)
     eval_split_missing: str | None = None  # why `dapo-train eval` of a checkpoint would fail (no eval split)
+    keep_rate: KeepRate = field(default_factory=KeepRate)  # sizes the generation rounds (dapo.max_round_prompts)
+    history: PromptHistory = field(default_factory=PromptHistory)  # skips prompts (dapo.skip_history)
 
     @property
     def wall_seconds(self) -> float:

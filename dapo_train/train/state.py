@@ -2,9 +2,10 @@
 run takes it back, so that resume equals the uninterrupted run.
 
 checkpoint_<step>/trainer_state.pt holds the run's position (step, optimizer steps, the prompt
-order's state, wall time) and rank 0's own state; each rank r > 0 adds trainer_state_rank<r>.pt
-(its RNG streams, its carried-over groups and, under FSDP/ZeRO, its optimizer shard). The folder's
-format (atomic save, discovery, pruning) is model/checkpoint.py's.
+order's state, the keep rate that sizes generation rounds, the prompt history, wall time) and rank
+0's own state; each rank r > 0 adds trainer_state_rank<r>.pt (its RNG streams, its carried-over
+groups and, under FSDP/ZeRO, its optimizer shard). The folder's format (atomic save, discovery,
+pruning) is model/checkpoint.py's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def trainer_state(run: Run) -> dict:
         "health": run.health.state_dict(),
         "optimizer_steps": run.learner.optimizer.steps,
         "sampler": run.prompt_sampler.state_dict(),
+        "keep_rate": run.keep_rate.state_dict(),  # the same on every rank: saved once, read by all
+        "history": run.history.state_dict(),  # the same on every rank too
         "num_processes": distributed.world_size(),
         "wall_seconds": run.wall_seconds,
         **rank_state(run),
@@ -56,6 +59,8 @@ def restore(run: Run, state: dict, checkpoint: Path) -> None:
     # A checkpoint without the counter was written by a run that made one optimizer step per step.
     run.learner.optimizer.steps = int(state.get("optimizer_steps", run.step))
     run.prompt_sampler.load_state_dict(state["sampler"])
+    run.keep_rate.load_state_dict(state.get("keep_rate"))
+    run.history.load_state_dict(state.get("history"))
     saved, ranks, rank = int(state.get("num_processes", 1)), distributed.world_size(), distributed.rank()
     if saved != ranks:
         if distributed.shards_optimizer(run.accelerator, run.model):

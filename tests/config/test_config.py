@@ -134,6 +134,7 @@ def test_every_choice_list_is_its_registrys_keys():
     from dapo_train.rollout.engines import ROLLOUT_DTYPES
     from dapo_train.run.trackers import TRACKERS
     from dapo_train.train.optim import LR_SCHEDULES
+    from dapo_train.train.screen import SCREEN_FATES
 
     registries = {
         "dapo.loss_reduction": set(LOSS_REDUCTIONS),
@@ -147,6 +148,7 @@ def test_every_choice_list_is_its_registrys_keys():
         "rollout.dtype": {"auto", *ROLLOUT_DTYPES},
         "train.shared_prefix": {"auto", "on", "off"},  # switches: auto = when the attention kernel allows
         "rollout.compile": {"auto", "on", "off"},
+        "dapo.screen_drop": set(SCREEN_FATES),
         "dapo.rollout_correction": {"auto", *ROLLOUT_CORRECTIONS},  # auto = behaviour.resolve's pick
         "dapo.old_logprobs": {"auto", "recompute", "rollout"},  # a switch: auto = when the rollout is the forward
     }

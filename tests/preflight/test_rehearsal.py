@@ -34,6 +34,8 @@ def test_the_shrink_changes_counts_only_and_says_why(tmp_path, monkeypatch):
     assert kept.model.dtype == "bfloat16" and "model.dtype" not in {change.key for change in changes}
     plain, changes = rehearsal.shrink(load_config(None, ["dapo.dynamic_sampling=false"]), tmp_path, tmp_path, False)
     assert plain.dapo.filter_metric == "correct" and all(c.why for c in changes)
+    screened, changes = rehearsal.shrink(load_config(None, ["dapo.screen_size=2"]), tmp_path, tmp_path, False)
+    assert screened.dapo.screen_size == 2 and screened.dapo.screen_drop == ["all_right"]  # screens, then continues
 
 
 @pytest.mark.parametrize("tied, top_k", [(True, 0), (False, 50)])

@@ -436,3 +436,36 @@ def test_cosmetic_keys_are_no_setting_but_eps_high_is(tmp_path):
     assert set(COSMETIC_KEYS) <= {info.key for info in schema_keys()}  # each names a real key
     studies = (Path(__file__).resolve().parents[2] / "docs" / "studies.md").read_text(encoding="utf-8")
     assert [key for key in COSMETIC_KEYS if f"`{key}`" not in studies] == []  # the docs list them all
+
+
+def test_compare_and_plot_show_generation_cost_side_by_side(tmp_path):
+    """Generated tokens per trained token and generation seconds per trained group are ratios of the
+    run's sums: off generates 300 + 100 tokens for 100 + 100 trained (2.00), in 8 + 4 s for 4 + 4 groups
+    (1.50); screening 150 + 150 for 100 + 150 (1.20), in 5 + 5 s for 4 + 6 groups (1.00)."""
+    root = tmp_path / "runs"
+    make_run(root / "off", ["dapo.screen_size=0"], [
+        train_row(1, 0.5, 0.1, 0.0, 30, 9.0, generated_tokens=300, trained_tokens=100, seconds_generate=8.0,
+                  generated_per_trained_token=3.0, seconds_generate_per_group=2.0),
+        train_row(2, 0.5, 0.1, 0.0, 30, 5.0, generated_tokens=100, trained_tokens=100, seconds_generate=4.0,
+                  generated_per_trained_token=1.0, seconds_generate_per_group=1.0)])
+    make_run(root / "screen", ["dapo.screen_size=2"], [
+        train_row(1, 0.5, 0.1, 0.0, 30, 6.0, generated_tokens=150, trained_tokens=100, seconds_generate=5.0,
+                  generated_per_trained_token=1.5, seconds_generate_per_group=1.25),
+        train_row(2, 0.5, 0.1, 0.0, 30, 6.0, generated_tokens=150, trained_tokens=150, seconds_generate=5.0,
+                  groups_kept=6, generated_per_trained_token=1.0, seconds_generate_per_group=5 / 6)])
+    varied, rows = compare_rows(load_runs([str(root)]))
+    assert varied == ["dapo.screen_size"]
+    off, screen = rows
+    assert off["generated_per_trained_token"]["mean"] == pytest.approx(2.0)
+    assert off["seconds_generate_per_group"]["mean"] == pytest.approx(1.5)
+    assert screen["generated_per_trained_token"]["mean"] == pytest.approx(1.2)
+    assert screen["seconds_generate_per_group"]["mean"] == pytest.approx(1.0)
+    table = format_compare(varied, rows).splitlines()
+    assert "gen tok/trained" in table[0] and "gen s/group" in table[0]
+    assert table[2].split()[-4:-2] == ["2.00", "1.50"] and table[3].split()[-4:-2] == ["1.20", "1.00"]
+    pytest.importorskip("matplotlib")
+    by_title = {ax.get_title(): ax for ax in make_figure(*group_points(load_runs([str(root)]))).axes}
+    per_token = by_title["generated tokens per trained token"]
+    assert [list(line.get_ydata()) for line in per_token.lines] == [[3.0, 1.0], [1.5, 1.0]]
+    per_group = by_title["generation seconds per trained group"]
+    assert [value for line in per_group.lines for value in line.get_ydata()] == pytest.approx([2.0, 1.0, 1.25, 5 / 6])

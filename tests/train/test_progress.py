@@ -214,9 +214,11 @@ def test_a_run_ends_with_a_summary(quiet_run):
     lines = stdout.splitlines()
     assert lines[0].startswith(f"finished {out}: 2 steps in ")
     assert lines[1].startswith("  eval accuracy (8 eval items): first ") and " -> best " in lines[1]
+    assert re.fullmatch(r"  generation: [\d,]+ tokens for [\d,]+ trained \(\d+\.\d\d per trained token; [\d,]+ on "
+                        r"dropped groups\), \d+\.\d\d s per trained group", lines[3]), lines[3]
     # The head scores exactly the trained tokens (no overlong filtering): 1.00 head position per trained token.
-    assert lines[3].startswith("  update work: ") and lines[3].endswith(" 1.00 head positions per trained token")
-    assert lines[2:3] + lines[4:] == [
+    assert lines[4].startswith("  update work: ") and lines[4].endswith(" 1.00 head positions per trained token")
+    assert lines[2:3] + lines[5:] == [
         "  skipped steps: 0 non-finite (loss or grad norm), 0 without an informative group, of 2",
         f"  checkpoints in {out}: checkpoint_2",
         f"  next: dapo-train eval {out / 'checkpoint_2'}   # every item of data.eval_split",
@@ -227,3 +229,14 @@ def test_a_run_ends_with_a_summary(quiet_run):
 def test_each_split_logs_its_row_counts_once(quiet_run):
     log, _, _ = quiet_run
     assert log.count("4000 rows") == 1 and log.count("500 rows") == 1, log
+
+
+def test_a_step_whose_prompts_were_all_screened_out_says_so():
+    """Screening (dapo.screen_size) rules prompts out before Eq. 11 sees a group: the line counts them,
+    else it would read 'all correct 0, all wrong 0, no variance 0' for a step that generated 14 screens."""
+    from dapo_train.train.progress import all_dropped_line
+
+    line = all_dropped_line(3, {"gen_rounds": 4, "groups_screened_all_wrong": 14, "groups_screened_all_right": 1}, "x")
+    assert line == ("step 3: every group dropped in 4 rounds (all correct 0, all wrong 0, no variance 0; screened out: "
+                    "all right 1, all wrong 14); update skipped; x")
+    assert "screened" not in all_dropped_line(3, {"gen_rounds": 4, "groups_dropped_all_wrong": 8}, "x")

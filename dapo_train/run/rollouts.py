@@ -33,9 +33,11 @@ RECORD_KEYS = (
     "correct", "rewards", "reward", "advantage", "fate", "behaviour_logprob_mean", "ratio_mean", "clip_frac",
 )
 # A group's fate -> what it means. The dropped ones are collect.CollectStats' counters (groups_dropped_* in
-# metrics.jsonl); trained ones count in groups_kept, carried ones in the later steps' groups_carried.
+# metrics.jsonl); trained and update_skipped ones count in groups_kept, carried ones in the later steps' groups_carried.
 FATES = {
     "trained": "trained this step",
+    "update_skipped": "not trained: the update skipped it (a non-finite loss or gradient norm, or fp16's loss scaler, "
+                      "skipped each optimizer step that would have trained it, or the update ended first)",
     "carried": "kept, and carried over to a later step (the batch was full)",
     "dropped_all_correct": "every completion correct (Eq. 11)",
     "dropped_all_wrong": "every completion wrong (Eq. 11)",

@@ -217,8 +217,8 @@ def skipped_line(rows: list[dict]) -> str:
 def end_of_run_summary(
     run_dir: Path, step: int, max_steps: int, wall_s: float, ending: str = "finished", session_s: float | None = None
 ) -> str:
-    """The end-of-run report (printed): how it ended (finished, stopped by a signal, aborted:
-    train/health.py), accuracy first -> best -> last, the steps skipped of each kind, wall time (the
+    """The end-of-run report (printed): how it ended (finished, stopped by a signal, aborted or
+    solved: train/health.py), accuracy first -> best -> last, the steps skipped of each kind, wall time (the
     whole run's; session_s, a resumed session's own), checkpoints, next."""
     head = f"finished {run_dir}: {step} steps" if ending == "finished" else f"{ending} {run_dir} at step {step} of " \
         f"{max_steps}"
@@ -242,7 +242,8 @@ def end_of_run_summary(
         names = [p.name for p in checkpoints]
         shown = ", ".join(names) if len(names) <= 4 else f"{names[0]}, ..., {names[-1]} ({len(names)})"
         lines.append(f"  checkpoints in {run_dir}: {shown}")
-    if checkpoints and ending == "finished":  # stopped: StopRequested.report says how to resume; aborted: its reason
+    # stopped: StopRequested.report says how to resume; aborted: its reason names the last good checkpoint
+    if checkpoints and ending in ("finished", "solved"):
         lines.append(f"  next: dapo-train eval {shlex.quote(str(checkpoints[-1]))}   # every item of data.eval_split")
     return "\n".join(lines + rollout_lines(run_dir, rows))
 

@@ -61,6 +61,21 @@ def test_the_last_step_reached_with_suspect_weights_stops_the_run_too(tmp_path):
     assert "no checkpoint holds weights from before it" in reason
 
 
+def test_a_first_update_that_is_non_finite_or_a_scaler_skip_leaves_the_weights_good(tmp_path):
+    """A non-finite step whose first optimizer step failed applied nothing: the weights are the step
+    before's, not suspect, so reaching train.max_steps stops nothing. A step whose every optimizer step
+    fp16's loss scaler skipped is neither bad nor trained: the counts stay as they were."""
+    cfg = load_config(None, ["train.max_steps=3"])
+    health = StepHealth()
+    health.record(1, TRAINED)
+    health.record(2, {"skipped_nonfinite": 1, "optimizer_steps": 0})
+    health.record(3, {"optimizer_steps": 0, "scaler_skips": 2, "skipped_nonfinite": 0})
+    assert (health.nonfinite, health.last_trained, health.suspect, health.clean_step) == (1, 1, False, 3)
+    assert health.abort_reason(cfg, 3, tmp_path) is None
+    health.record(4, {"skipped_nonfinite": 1, "optimizer_steps": 1})  # one applied, then a non-finite one
+    assert health.suspect and health.clean_step == 3
+
+
 def test_the_record_goes_through_a_checkpoint_and_old_ones_read():
     health = StepHealth(nonfinite=1, starved=2, last_trained=7, clean_step=7, suspect=True,
                         history=[[64, 3, 60, 1, 9, 6]], streak=[128, 0, 128, 0, 32, 0], explained=["too hard"])

@@ -218,7 +218,7 @@ def train(
     metrics_log = MetricsLogger(run_dir, start_trackers(run.accelerator, cfg, resume_step), resume_step=resume_step) \
         if main else NullTracker()
     progress = Progress(cfg, run.step) if main else NullTracker()
-    aborted = None
+    aborted = solved = None
     try:
         if resume_from is None and cfg.eval.every_steps > 0:
             _log(run, metrics_log, progress, evaluate(run, run.eval_prompts)[0])

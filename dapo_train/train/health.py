@@ -138,7 +138,8 @@ class StepHealth:
     def _explain(self, cfg: Config, streak: dict) -> None:
         """Say once per run what a benign starvation is, with its numbers."""
         groups, g = streak["all_correct"] + streak["all_wrong"] + streak["other_groups"], cfg.rollout.group_size
-        kind = "too hard" if streak["all_wrong"] == groups else "mixed"
+        metric = cfg.dapo.filter_metric
+        kind = "flat" if metric != "correct" else "too hard" if streak["all_wrong"] == groups else "mixed"
         if kind in self.explained or not groups:
             return
         self.explained.append(kind)
@@ -146,11 +147,17 @@ class StepHealth:
                     f"over the {len(self.history)} steps before, {_share(streak['correct'], streak['completions'])} "
                     "since")
         truncated = _share(streak["completions"] - streak["finished"], streak["completions"])
-        what = (f"every one of the {groups} groups had all {g} completions wrong; the task is too hard for the model "
-                f"for now, and a step trains only on a group it answers sometimes" if kind == "too hard" else
-                f"of the {groups} groups, {streak['all_correct']} had all {g} completions right and "
-                f"{streak['all_wrong']} all wrong ({streak['other_groups']} alike by dapo.filter_metric): nothing to "
-                f"learn from these at G={g}")
+        what = {
+            "too hard": f"every one of the {groups} groups had all {g} completions wrong; the task is too hard for the "
+                        "model for now, and a step trains only on a group it answers sometimes",
+            "mixed": f"of the {groups} groups, {streak['all_correct']} had all {g} completions right and "
+                     f"{streak['all_wrong']} all wrong ({streak['other_groups']} alike by dapo.filter_metric): nothing "
+                     f"to learn from these at G={g}",
+            "flat": f"dapo.filter_metric={metric} was alike within each of the {groups} groups "
+                    f"({streak['all_correct']} all right, {streak['all_wrong']} all wrong by the task's answers): the "
+                    "reward does not tell the completions apart; check the rewards (dapo-train show RUN --where "
+                    "dropped)",
+        }[kind]
         logger.warning("%d steps in a row without an informative group (train.max_starved_steps=%d): %s (%s; %s "
                        "truncated at rollout.max_new_tokens); not stopping: nothing says the run is broken, as a "
                        "fall from a higher accuracy or a non-finite step would. Said once per run.",

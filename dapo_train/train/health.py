@@ -143,9 +143,9 @@ class StepHealth:
         if kind in self.explained or not groups:
             return
         self.explained.append(kind)
-        accuracy = (f"training accuracy {_share(sum(e[1] for e in self.history), sum(e[0] for e in self.history))} "
-                    f"over the {len(self.history)} steps before, {_share(streak['correct'], streak['completions'])} "
-                    "since")
+        before = (f"{_share(sum(e[1] for e in self.history), sum(e[0] for e in self.history))} over the "
+                  f"{len(self.history)} steps before, " if self.history else "")
+        accuracy = f"training accuracy {before}{_share(streak['correct'], streak['completions'])} in these steps"
         truncated = _share(streak["completions"] - streak["finished"], streak["completions"])
         what = {
             "too hard": f"every one of the {groups} groups had all {g} completions wrong; the task is too hard for the "

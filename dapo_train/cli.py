@@ -1,9 +1,10 @@
 """Command line: parses arguments, builds the config, calls one function. No logic lives here.
 
 Bad input (config, paths, columns, reward plugins) is a `UserError`: one line on stderr and exit
-code 2, with the traceback only under `--debug`; a run that stops on its own (it diverged or starved) is
-`TrainingAborted`: one line and exit code 3; a checkpoint that could not be written (a full disk) is
-`CheckpointNotSaved`: one line with the resume command and exit code 4.
+code 2, with the traceback only under `--debug`; a run that stops on its own because it is broken (it
+diverged or collapsed) is `TrainingAborted`: one line and exit code 3; a checkpoint that could not be
+written (a full disk) is `CheckpointNotSaved`: one line with the resume command and exit code 4; a run
+whose model answers every prompt correctly is `TaskSolved`: one line and exit code 5.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import typer
 
 from dapo_train.config.keys import describe_keys, select_keys
 from dapo_train.config.load import dump_config, load_config, refuse_repeated_keys
-from dapo_train.errors import CheckpointNotSaved, TrainingAborted, UserError
+from dapo_train.errors import CheckpointNotSaved, TaskSolved, TrainingAborted, UserError
 
 app = typer.Typer(
     add_completion=False,
@@ -364,6 +365,9 @@ def main() -> None:
             raise
         typer.echo(f"{'aborted' if isinstance(exc, TrainingAborted) else 'stopped'}: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except TaskSolved as exc:
+        typer.echo(f"solved: {exc}", err=True)
+        sys.exit(TaskSolved.exit_code)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

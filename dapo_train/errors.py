@@ -38,6 +38,13 @@ class CheckpointNotSaved(Exception):
     exit_code = 4
 
 
+class TaskSolved(Exception):
+    """The run stopped because the model answers every prompt correctly (train/health.py): nothing
+    left to learn at its group size; its last checkpoint is the result. One line, exit code 5."""
+
+    exit_code = 5
+
+
 def folder_listing(path: Path) -> str:
     """'<nearest existing folder> holds: a/, b.json, ...' for error messages: its first names in sorted
     order, about _LISTING_CHARS characters of them, then how many are left (a temporary folder holds

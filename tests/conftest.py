@@ -160,3 +160,18 @@ def collect_step(engine, reward_set, sampler, buffer, cfg, version: int = 0):
 
     batch = fill_batch(engine, reward_set, sampler, buffer, cfg, version)
     return batch.groups, batch.metrics
+
+
+def fp16_on_cpu(init_scale: float = 2.0**16, backoff_factor: float = 0.5):
+    """An Accelerator on accelerate's fp16 path (native AMP with a GradScaler: backward scales the loss,
+    clip_grad_norm_ unscales, the wrapped optimizer's step calls the scaler's step and update), which
+    accelerate itself sets up only on an accelerator card, here on the CPU."""
+    from accelerate import Accelerator
+
+    class Fp16OnCpu(Accelerator):
+        mixed_precision = "fp16"
+
+    accelerator = Fp16OnCpu(cpu=True)
+    accelerator.native_amp = True
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, backoff_factor=backoff_factor)
+    return accelerator

@@ -1,5 +1,6 @@
 """End to end on the shipped tiny model: exact resume, graceful signals, non-finite steps."""
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -10,10 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from dapo_train import cli
 from dapo_train.algo import objectives
 from dapo_train.config.load import load_config
-from dapo_train.errors import TrainingAborted
+from dapo_train.errors import TaskSolved, TrainingAborted
 from dapo_train.run.logs import read_metrics
+from dapo_train.run.signals import StopRequested
+from dapo_train.train import collect, loop
 from dapo_train.train.loop import train
 
 MODEL = "builtin:tiny"
@@ -84,17 +88,11 @@ def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(tmp_path):
 
 
 def test_non_finite_losses_skip_updates_then_abort_naming_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
-    """Two clean steps (a checkpoint after each), then every loss NaN: steps 3 and 4 are skipped, step 3's
-    checkpoint is not saved from the suspect weights, and train.max_bad_steps=2 stops the run at step 4
-    naming checkpoint_2; the summary says how it ended and counts the skipped steps."""
-    real, calls = objectives.policy_loss, []  # what update's LossSettings calls
-
-    def poisoned(*args, **kwargs):
-        loss, metrics = real(*args, **kwargs)
-        calls.append(1)  # 2 updates per step, one micro-batch each: calls 5 on are steps 3 on
-        return (loss * float("nan") if len(calls) > 4 else loss), metrics
-
-    monkeypatch.setattr(objectives, "policy_loss", poisoned)
+    """Two clean steps (a checkpoint after each), then every loss NaN from step 3's second update on:
+    steps 3 and 4 are skipped, step 3's checkpoint is not saved from the suspect weights (its first
+    update applied), and train.max_bad_steps=2 stops the run at step 4 naming checkpoint_2; the summary
+    says how it ended and counts the skipped steps."""
+    _poison_calls(monkeypatch, set(range(6, 100)))
     out = tmp_path / "nan"
     with pytest.raises(TrainingAborted, match=rf"step 4: 2 non-finite steps since step 2.*the last good checkpoint is "
                                               rf"{out / 'checkpoint_2'} \(the weights since were not saved\)"):
@@ -106,6 +104,75 @@ def test_non_finite_losses_skip_updates_then_abort_naming_the_last_good_checkpoi
     summary = capsys.readouterr().out
     assert f"aborted {out} at step 4 of 50" in summary
     assert "skipped steps: 2 non-finite (loss or grad norm), 0 without an informative group, of 4" in summary
+
+
+def _poison_calls(monkeypatch, poisoned_calls: set[int], then=None) -> None:
+    """The objective's loss is NaN at the given calls (1-based; 2 updates per step, one micro-batch
+    each: calls 3 and 4 are step 2's), and `then` runs at the first of them."""
+    real, calls = objectives.policy_loss, []
+
+    def poisoned(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        calls.append(1)
+        if len(calls) in poisoned_calls and then is not None and len(calls) == min(poisoned_calls):
+            then()
+        return (loss * float("nan") if len(calls) in poisoned_calls else loss), metrics
+
+    monkeypatch.setattr(objectives, "policy_loss", poisoned)
+
+
+def test_a_non_finite_first_update_leaves_clean_weights_that_are_saved_and_its_groups_untrained(tmp_path, monkeypatch):
+    """Step 2's first mini-batch is NaN, so no optimizer step of it applied: the weights are step 1's,
+    not suspect. The run reaches train.max_steps and saves them (it used to abort, saving nothing), and
+    step 2's groups are recorded as skipped by the update, not trained."""
+    _poison_calls(monkeypatch, {3})
+    out = tmp_path / "first"
+    _run(out, "train.max_steps=2", "dapo.dynamic_sampling=false", "checkpoint.every_steps=1")
+    assert [row["skipped_nonfinite"] for row in read_metrics(out)] == [0, 1]
+    first, last = (load_file(out / f"checkpoint_{step}" / "model.safetensors") for step in (1, 2))
+    assert all(torch.equal(first[name], last[name]) for name in first)
+    fates = {step: {json.loads(line)["fate"] for line in (out / "rollouts" / f"step_{step}.jsonl").open()}
+             for step in (1, 2)}
+    assert fates == {1: {"trained"}, 2: {"update_skipped"}}
+
+
+def test_a_stop_after_suspect_weights_saves_none_and_keep_last_keeps_the_good_one(tmp_path, monkeypatch):
+    """Step 2's first update applies and its second is NaN (the weights are suspect); a stop comes during
+    it. Nothing is saved from them, so with checkpoint.keep_last=1 checkpoint_1 stays the result (the
+    stop used to save checkpoint_2 and prune checkpoint_1)."""
+    stop = StopRequested()
+    _poison_calls(monkeypatch, {4}, then=lambda: stop.request(signal.SIGTERM))
+    out = tmp_path / "suspect"
+    cfg = load_config(None, [*SMALL, f"output_dir={out}", "train.max_steps=50", "dapo.dynamic_sampling=false",
+                             "checkpoint.every_steps=1", "checkpoint.keep_last=1"])
+    train(cfg, stop=stop)
+    assert [row["step"] for row in read_metrics(out)] == [1, 2]
+    assert [p.name for p in out.iterdir() if p.name.startswith("checkpoint_")] == ["checkpoint_1"]
+    assert torch.load(out / "checkpoint_1" / "trainer_state.pt", weights_only=True)["good"] is True
+
+
+def test_a_run_whose_model_answers_everything_stops_solved_with_exit_4_and_its_checkpoint(tmp_path, monkeypatch):
+    """Every completion scored correct (and rewarded alike): no group is informative, every one all right,
+    so after train.max_starved_steps=2 such steps the run stops solved (TaskSolved, exit code 5, never 3)
+    and saves its weights as the result; the CLI maps it to exit code 5 and one line."""
+    real = collect.score
+
+    def all_correct(*args, **kwargs):
+        scores = real(*args, **kwargs)
+        return dataclasses.replace(scores, total=[1.0] * len(scores.total), correct=[True] * len(scores.correct))
+
+    monkeypatch.setattr(collect, "score", all_correct)
+    out = tmp_path / "solved"
+    with pytest.raises(TaskSolved, match=rf"step 2: the model answers every prompt correctly: all 4 completions of "
+                                         rf"each of the 4 groups of the last 2 steps were right.*the result is "
+                                         rf"{out / 'checkpoint_2'}$") as raised:
+        _run(out, "train.max_steps=50", "train.max_starved_steps=2", "dapo.max_gen_rounds=1")
+    assert raised.value.exit_code == 5 and (out / "checkpoint_2" / "model.safetensors").is_file()
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: (_ for _ in ()).throw(raised.value))
+    monkeypatch.setattr(sys, "argv", ["dapo-train", "run", f"output_dir={tmp_path / 'cli'}"])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 5
 
 
 def test_a_diverging_run_exits_3_within_the_bound_and_saves_none_of_it(tmp_path):

@@ -298,11 +298,14 @@ class TrainConfig:
     )
     max_bad_steps: int = _opt(
         5, "Stop the run (exit code 3) after this many steps with a NaN/inf loss or gradient norm since the last step "
-        "that trained (each is skipped; no checkpoint is saved from the weights after one).",
+        "that trained (each is skipped; no checkpoint is saved from weights an optimizer step changed before one).",
     )
     max_starved_steps: int = _opt(
-        5, "Stop the run (exit code 3) after this many steps in a row without an informative group (Eq. 11: every "
-        "group scored alike in all dapo.max_gen_rounds rounds, as when the policy collapsed), each skipped.",
+        5, "Steps in a row without an informative group (Eq. 11: every group scored alike in all "
+        "dapo.max_gen_rounds rounds; each is skipped) after which the run judges why: after a non-finite step, or "
+        "when the training accuracy or the share of untruncated completions fell far below the steps before, it "
+        "stops broken (exit code 3); when every group was all right, the task is solved: it saves its checkpoint "
+        "and stops (exit code 5); otherwise (all wrong: too hard for the model for now) it says so once and goes on.",
     )
 
 

@@ -2,7 +2,8 @@
 
 A checkpoint_<step>/ folder holds the HF model (safetensors; for a LoRA run the adapter alone,
 see lora.py) and tokenizer, the resolved config.yaml, and trainer_state.pt (step, data position,
-dynamic-sampling carry-over, RNG states, optimizer and LR schedule). A run of N processes adds
+dynamic-sampling carry-over, RNG states, optimizer and LR schedule, and `good`: whether its weights
+are clean, train/health.py; pruning never removes the newest good checkpoint). A run of N processes adds
 trainer_state_rank<r>.pt for each rank r > 0 (its RNG states and carry-over, and its optimizer
 shard under FSDP/ZeRO). It is written to a temporary sibling folder and renamed into place, so a
 crash or kill during a save leaves the previous checkpoint intact and never a half one; a write the
@@ -252,10 +253,29 @@ def usual_file_modes(folder: Path) -> None:
 
 
 def _prune(run_dir: Path, keep_last: int) -> None:
+    """Keep the newest `keep_last` checkpoints (0: all), and the newest one of good weights wherever it is."""
     if keep_last <= 0:
         return
-    for old in checkpoint_dirs(run_dir)[:-keep_last]:
+    dirs = checkpoint_dirs(run_dir)
+    older, kept = dirs[:-keep_last], dirs[-keep_last:]
+    if older and not any(_good(path) for path in kept):
+        older = [path for path in older if path != next((p for p in reversed(older) if _good(p)), None)]
+    for old in older:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def holds_good_weights(state: dict) -> bool:
+    """A trainer state's `good`: its weights were saved before any optimizer step applied non-finite
+    values since the last step that trained (train/health.py). A state from before the flag: good when it
+    counted no non-finite step."""
+    return bool(state.get("good", not state.get("bad_steps", 0)))
+
+
+def _good(checkpoint: Path) -> bool:
+    try:
+        return holds_good_weights(load_state(checkpoint, mmap=True))
+    except UserError:  # damaged: not a result to keep
+        return False
 
 
 # What every trainer_state.pt holds (trainer.trainer_state); a file without them is not one.

@@ -34,9 +34,11 @@ RECORD_KEYS = (
 )
 # A group's fate -> what it means. The dropped and screened ones are collect.CollectStats' counters
 # (groups_dropped_*, groups_screened_* in metrics.jsonl; a screened group has only its screen's completions);
-# trained ones count in groups_kept, carried ones in the later steps' groups_carried.
+# trained and update_skipped ones count in groups_kept, carried ones in the later steps' groups_carried.
 FATES = {
     "trained": "trained this step",
+    "update_skipped": "not trained: the update skipped it (a non-finite loss or gradient norm, or fp16's loss scaler, "
+                      "skipped each optimizer step that would have trained it, or the update ended first)",
     "carried": "kept, and carried over to a later step (the batch was full)",
     "dropped_all_correct": "every completion correct (Eq. 11)",
     "dropped_all_wrong": "every completion wrong (Eq. 11)",

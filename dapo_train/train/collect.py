@@ -163,6 +163,7 @@ class CollectStats:
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std(unbiased=False)),
             "train_accuracy": sum(self.correct) / n,
+            "completions": len(self.rewards),
             "completion_length_mean": sum(self.lengths) / n,
             "completion_length_max": max(self.lengths, default=0),
             "truncated_ratio": sum(self.truncated) / n,

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm  # eval's sample completions, written around the bar
 
 from dapo_train.config.load import save_config
 from dapo_train.config.schema import Config
-from dapo_train.errors import TrainingAborted
+from dapo_train.errors import TaskSolved, TrainingAborted
 from dapo_train.evaluation.generate import add_model_scores, eval_max_new_tokens, eval_records
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.model import checkpoint as ckpt
@@ -224,35 +224,39 @@ def train(
     metrics_log = MetricsLogger(run_dir, start_trackers(run.accelerator, cfg, resume_step), resume_step=resume_step) \
         if main else NullTracker()
     progress = Progress(cfg, run.step) if main else NullTracker()
-    aborted = None
+    aborted = solved = None
     try:
         if resume_from is None and cfg.eval.every_steps > 0:
             _log(run, metrics_log, progress, evaluate(run, run.eval_prompts)[0])
         while run.step < cfg.train.max_steps and not _stop_agreed(stop):
             metrics = train_step(run)
             aborted = run.health.abort_reason(cfg, run.step, run_dir)
+            solved = run.health.solved(cfg) if aborted is None else None
             if aborted is None:  # no eval of weights that stop the run
                 metrics.update(step_evals(run))
             _log(run, metrics_log, progress, metrics)
-            if aborted is not None:
+            if aborted is not None or solved is not None:
                 break
             if _due(run.step, cfg.checkpoint.every_steps) and run.step < cfg.train.max_steps:
                 save_clean(run)
         if aborted is None and run.saved_step != run.step:
-            save(run)  # the end, or a stop: a stop during bad steps saves them, to resume with their count
+            save_clean(run)  # the end, solved, or a stop (with the counts of bad steps that left the weights clean)
     finally:
         progress.close()
         metrics_log.close()
     if main:
-        _report(run, stop, aborted, time.monotonic() - started if resume_from is not None else None)
+        _report(run, stop, aborted, solved, time.monotonic() - started if resume_from is not None else None)
     if aborted is not None:
         raise TrainingAborted(f"step {run.step}: {aborted}")
+    if solved is not None:
+        raise TaskSolved(f"step {run.step}: {solved}; the result is {ckpt.latest_checkpoint(run_dir)}")
     return run_dir
 
 
-def _report(run: Run, stop: StopRequested, aborted: str | None, session_s: float | None) -> None:
-    """The end-of-run summary (finished, stopped or aborted), and for a stop the command that resumes."""
-    ending = "aborted" if aborted is not None else "stopped" if stop.requested else "finished"
+def _report(run: Run, stop: StopRequested, aborted: str | None, solved: str | None, session_s: float | None) -> None:
+    """The end-of-run summary (finished, solved, stopped or aborted), and for a stop the command that resumes."""
+    ending = "aborted" if aborted is not None else "solved" if solved is not None else \
+        "stopped" if stop.requested else "finished"
     print(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, ending, session_s,
                              run.eval_split_missing), flush=True)
     if stop.requested and aborted is None:

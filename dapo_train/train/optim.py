@@ -52,11 +52,13 @@ def adamw(cfg: Config, parameters: list[torch.nn.Parameter]) -> torch.optim.Adam
 
 @dataclass(frozen=True)
 class OptimizerStep:
-    """What one optimizer step did: the gradient norm before clipping, the LR, whether it was applied."""
+    """What one optimizer step did: the gradient norm before clipping, the LR, whether it was applied,
+    and whether fp16's loss scaler skipped it (its scaled gradients overflowed; it lowered its scale)."""
 
     grad_norm: float
     lr: float
     applied: bool
+    scaler_skipped: bool = False
 
 
 class PolicyOptimizer:
@@ -81,15 +83,24 @@ class PolicyOptimizer:
 
     def step(self, model: torch.nn.Module, accelerator, loss: float) -> OptimizerStep:
         """Apply the gradients accumulated in .grad: clip their norm (train.max_grad_norm), then one
-        AdamW step at this step's LR. A non-finite loss or gradient norm drops the gradients instead
-        (the caller skips the rest of the step); the gradients are cleared either way."""
+        AdamW step at this step's LR. The gradients are cleared either way.
+
+        Under fp16 (accelerate's GradScaler) an overflowing gradient is the scaler's to handle, as in HF
+        Trainer: the step goes through the wrapped optimizer, whose scaler skips it and lowers its scale
+        (its update(), which also allows the next unscale); normal in the first steps. A non-finite loss,
+        or a non-finite gradient norm without a scaler, is not applied (the caller ends the step)."""
         lr = self.lr
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
         grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), self.max_grad_norm))
-        applied = math.isfinite(loss) and math.isfinite(grad_norm)
-        if applied:
-            self.optimizer.step()
-            self.steps += 1
+        scaler = getattr(self.optimizer, "scaler", None)
+        if not math.isfinite(loss) or (scaler is None and not math.isfinite(grad_norm)):
+            if scaler is not None:
+                scaler.update()  # clip_grad_norm_ unscaled: end the scaler's iteration (an overflow lowers the scale)
+            self.optimizer.zero_grad(set_to_none=True)
+            return OptimizerStep(grad_norm, lr, applied=False)
+        self.optimizer.step()
+        skipped = scaler is not None and self.optimizer.step_was_skipped
+        self.steps += not skipped
         self.optimizer.zero_grad(set_to_none=True)
-        return OptimizerStep(grad_norm, lr, applied)
+        return OptimizerStep(grad_norm, lr, applied=not skipped, scaler_skipped=skipped)

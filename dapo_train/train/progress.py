@@ -263,9 +263,9 @@ def end_of_run_summary(
     run_dir: Path, step: int, max_steps: int, wall_s: float, ending: str = "finished", session_s: float | None = None,
     eval_split_missing: str | None = None,  # why data.path has no eval split: `next` then suggests other data
 ) -> str:
-    """The end-of-run report (printed): how it ended (finished, stopped by a signal, aborted:
-    train/health.py), accuracy first -> best -> last, the steps skipped of each kind, the update's work,
-    wall time (the
+    """The end-of-run report (printed): how it ended (finished, stopped by a signal, aborted or
+    solved: train/health.py), accuracy first -> best -> last, the steps skipped of each kind, the update's
+    work, wall time (the
     whole run's; session_s, a resumed session's own), checkpoints, next."""
     head = f"finished {run_dir}: {step} steps" if ending == "finished" else f"{ending} {run_dir} at step {step} of " \
         f"{max_steps}"
@@ -295,7 +295,8 @@ def end_of_run_summary(
         names = [p.name for p in checkpoints]
         shown = ", ".join(names) if len(names) <= 4 else f"{names[0]}, ..., {names[-1]} ({len(names)})"
         lines.append(f"  checkpoints in {run_dir}: {shown}")
-    if checkpoints and ending == "finished":  # stopped: StopRequested.report says how to resume; aborted: its reason
+    # stopped: StopRequested.report says how to resume; aborted: its reason names the last good checkpoint
+    if checkpoints and ending in ("finished", "solved"):
         command = f"dapo-train eval {shlex.quote(str(checkpoints[-1]))}"
         lines.append(f"  next: {command}   # every item of data.eval_split" if eval_split_missing is None else
                      f"  next: {command} data.path=EVAL_DATA   # {eval_split_missing.split('; ')[0]}")

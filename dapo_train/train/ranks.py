@@ -134,5 +134,5 @@ def reduce_update(result: UpdateResult) -> UpdateResult:
         reduced.append(replace(step, sums=sums, counts=counts, maxima=maxima))
     staleness = [value for ranks in distributed.gather(result.staleness) for value in ranks]
     if result.failed is not None:
-        return UpdateResult(reduced[:-1], reduced[-1], staleness)
-    return UpdateResult(reduced, None, staleness)
+        return UpdateResult(reduced[:-1], reduced[-1], staleness, result.scaler_skips)
+    return UpdateResult(reduced, None, staleness, result.scaler_skips)

@@ -23,10 +23,12 @@ class TrainedStats:
     applied optimizer steps that trained it (one per dapo.num_iterations pass): its mean token
     ratio and the share of its valid tokens the objective clipped. None: no token of it was in the
     loss (overlong filtering), no applied step trained it, or (clip_frac) the objective reports no
-    clipped tokens."""
+    clipped tokens. applied: an applied optimizer step trained the group (False: every step that would
+    have was skipped, non-finite or by fp16's loss scaler, or the update ended before it)."""
 
     ratio_mean: list[float | None]
     clip_frac: list[float | None]
+    applied: bool = True
 
 
 @dataclass
@@ -115,15 +117,18 @@ class UpdateSums:
     counts: dict[str, float] = field(default_factory=dict)
     maxima: dict[str, float] = field(default_factory=dict)
     rows: list[tuple[float, float]] = field(default_factory=list)  # this rank's (ratio mean, clipped share) per row
+    mini_batch: int = 0  # its mini-batch's position in the plan (UpdatePlan.mini_batches)
 
 
 @dataclass
 class UpdateResult:
     """A step's optimizer steps: those applied, the one that failed (non-finite loss or gradient
     norm: the step's updates end there), if any, and the staleness of each group an applied step
-    trained (optimizer steps between its generation and that step). UpdateSums.rows of a step are
-    its mini-batch's rows in order (MiniBatch.rows says whose); not summed over ranks."""
+    trained (optimizer steps between its generation and that step), and how many steps fp16's loss
+    scaler skipped (the same on every rank: the gradients are reduced first). UpdateSums.rows of a
+    step are its mini-batch's rows in order (MiniBatch.rows says whose); not summed over ranks."""
 
     applied: list[UpdateSums] = field(default_factory=list)
     failed: UpdateSums | None = None
     staleness: list[int] = field(default_factory=list)
+    scaler_skips: int = 0

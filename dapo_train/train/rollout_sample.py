@@ -8,10 +8,12 @@ round, its prompt's position in the round's batch over all ranks), each rank kee
 logging.rollout_groups of its groups, lowest priority first, and the step keeps that many of them
 over all ranks (ranks.gather_rollouts, merged). So a resume draws the same groups, and so does
 another number of processes, and the cost per step is bounded however many rounds ran. A kept
-group learns its fate (trained this step, or carried over) once the step has taken its batch, and
+group learns its fate (trained this step, skipped by the update, or carried over) once the step has taken its batch, and
 the update's view of it (records.TrainedStats) once the update ran.
 
-A group generated in one step and trained in a later one is recorded once, in the step that
+A group the step took but no applied optimizer step trained (each one that would have was skipped:
+a non-finite loss or gradient norm, fp16's loss scaler, or the update ended before it) is
+`update_skipped`. A group generated in one step and trained in a later one is recorded once, in the step that
 generated it, as `carried` (its ratios are not recorded).
 """
 
@@ -98,16 +100,19 @@ class RolloutSample:
         if full:
             self.entries.remove(max(self.entries, key=lambda pair: pair[0].priority))
 
-    def settle(self, trained: list[Group]) -> list[SampledGroup]:
-        """This rank's sampled groups with every fate known: a kept group is `trained` when it is among
-        the step's `trained` groups (with the ratios its update left, TrainedStats), else `carried`."""
+    def settle(self, taken: list[Group]) -> list[SampledGroup]:
+        """This rank's sampled groups with every fate known: a kept group among the step's `taken` groups
+        is `trained` when an applied optimizer step trained it (with the ratios its update left,
+        TrainedStats), else `update_skipped`; a kept group not taken is `carried`."""
         for entry, group in self.entries:
             if group is None:
                 continue
-            taken = any(group is other for other in trained)
+            fate = "carried"
+            if any(group is other for other in taken):
+                fate = "trained" if group.trained is not None and group.trained.applied else "update_skipped"
             for j, record in enumerate(entry.records):
-                record["fate"] = "trained" if taken else "carried"
-                if taken and group.trained is not None:  # None: the step's update did not run, or failed first
+                record["fate"] = fate
+                if fate == "trained":
                     record["ratio_mean"], record["clip_frac"] = group.trained.ratio_mean[j], group.trained.clip_frac[j]
         return [entry for entry, _ in self.entries]
 

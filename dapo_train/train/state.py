@@ -39,6 +39,7 @@ def trainer_state(run: Run) -> dict:
         "step": run.step,
         "bad_steps": run.health.nonfinite,  # what checkpoints before the health record read
         "health": run.health.state_dict(),
+        "good": not run.health.suspect,  # model/checkpoint.py's pruning keeps the newest good checkpoint
         "optimizer_steps": run.learner.optimizer.steps,
         "sampler": run.prompt_sampler.state_dict(),
         "keep_rate": run.keep_rate.state_dict(),  # the same on every rank: saved once, read by all

@@ -24,7 +24,6 @@ records), from the loss's own per-row figures: no extra forward.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -103,13 +102,14 @@ def leave_trained_stats(groups: list[Group], plan: UpdatePlan, applied: list[Upd
     """Each group of this rank's batch gets its TrainedStats: per completion, the mean over the applied
     optimizer steps that trained it (one per pass) of its mean ratio and of its clipped share."""
     seen: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
-    for step, mini in zip(applied, itertools.cycle(plan.mini_batches)):  # applied: passes x mini-batches, in order
-        for row, values in zip(mini.rows, step.rows):
+    for step in applied:
+        for row, values in zip(plan.mini_batches[step.mini_batch].rows, step.rows):
             seen[row].append(values)
     for index, group in enumerate(groups):
         per_completion = [seen.get((index, j), []) for j in range(len(group.completions))]
         group.trained = TrainedStats([_finite_mean(v[0] for v in values) for values in per_completion],
-                                     [_finite_mean(v[1] for v in values) for values in per_completion])
+                                     [_finite_mean(v[1] for v in values) for values in per_completion],
+                                     applied=any(per_completion))
 
 
 def _finite_mean(values) -> float | None:
@@ -120,15 +120,19 @@ def _finite_mean(values) -> float | None:
 def update_policy(learner: Learner, plan: UpdatePlan) -> UpdateResult:
     """Every optimizer step of one rollout batch: plan.passes passes over its mini-batches, each the
     accumulated gradient of its micro-batches and one optimizer step. -> this rank's sums per
-    optimizer step (plan.reduce_update sums them over ranks; update_metrics reads them)."""
+    optimizer step (plan.reduce_update sums them over ranks; update_metrics reads them). A step fp16's
+    loss scaler skipped is counted and passed over; a non-finite one ends the step's updates."""
     learner.model.train()
     result = UpdateResult()
     for index in range(plan.passes):
-        for mini in plan.mini_batches:
+        for position, mini in enumerate(plan.mini_batches):
             sums = accumulate_gradients(learner, mini, plan.loss_scale, first_pass=index == 0)
             staleness = [learner.optimizer.steps - version for version in mini.versions]
             step = learner.optimizer.step(learner.model, learner.accelerator, sums.sums["loss"])
-            record = replace(sums, grad_norm=step.grad_norm, lr=step.lr)
+            record = replace(sums, grad_norm=step.grad_norm, lr=step.lr, mini_batch=position)
+            if step.scaler_skipped:  # fp16 overflow: the weights did not move, the next mini-batch goes on
+                result.scaler_skips += 1
+                continue
             if not step.applied:
                 result.failed = record
                 return result
@@ -243,7 +247,8 @@ def update_metrics(result: UpdateResult, plan: UpdatePlan) -> dict:
     )
     if result.applied:
         out["grad_norm"] = sum(step.grad_norm for step in result.applied) / len(result.applied)
-    out.update(skipped_nonfinite=int(result.failed is not None), **work_metrics(plan))
+    out.update(skipped_nonfinite=int(result.failed is not None), scaler_skips=result.scaler_skips,
+               **work_metrics(plan))
     attempted = result.applied + ([result.failed] if result.failed is not None else [])
     if attempted:
         out["lr"] = attempted[-1].lr

@@ -17,9 +17,10 @@ class NoTokenizer:
         (path / "tokenizer.json").write_text("{}")
 
 
-def _save(run_dir, step, model, **kw):
+def _save(run_dir, step, model, good=True, **kw):
     # The keys every trainer state holds (load_state refuses a file without them); empty where unused here.
-    state = {"step": step, "bad_steps": 0, "sampler": {}, "buffer": {}, "rng": ckpt.rng_state(), "optimizer": {}}
+    state = {"step": step, "bad_steps": 0, "sampler": {}, "buffer": {}, "rng": ckpt.rng_state(), "optimizer": {},
+             "good": good}
     return ckpt.save_checkpoint(
         run_dir, step, model=model, tokenizer=NoTokenizer(), cfg=load_config(None, []), state=state, **kw
     )
@@ -87,6 +88,21 @@ def test_keep_last_prunes_the_oldest(tmp_path):
     for step in (1, 2, 3, 4):
         _save(tmp_path, step, model, keep_last=2)
     assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint_3", "checkpoint_4"]
+
+
+def test_keep_last_never_prunes_the_last_checkpoint_of_good_weights(tmp_path):
+    """checkpoint_2 holds good weights, 3 and 4 suspect ones (a stop after a non-finite step saved them):
+    keep_last=1 keeps 4 and the newest good one; once a good one is newer, the old good one goes. A
+    checkpoint from before the flag is good when it counted no non-finite step."""
+    model = make_random_model()
+    for step, good in ((1, True), (2, True), (3, False), (4, False)):
+        _save(tmp_path, step, model, good=good, keep_last=1)
+    assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint_2", "checkpoint_4"]
+    _save(tmp_path, 5, model, keep_last=1)
+    assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint_5"]
+    old = ckpt.load_state(tmp_path / "checkpoint_5")
+    del old["good"]
+    assert ckpt.holds_good_weights(old) and not ckpt.holds_good_weights({**old, "bad_steps": 1})
 
 
 def test_rng_state_round_trips(tmp_path):

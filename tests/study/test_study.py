@@ -13,7 +13,7 @@ import pytest
 
 from dapo_train.config.keys import COSMETIC_KEYS, schema_keys
 from dapo_train.config.load import load_config, save_config
-from dapo_train.errors import TrainingAborted, UserError
+from dapo_train.errors import TaskSolved, TrainingAborted, UserError
 from dapo_train.run.signals import StopRequested
 from dapo_train.study.compare import compare, compare_rows, format_compare
 from dapo_train.study.plot import make_figure, plot
@@ -126,11 +126,11 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path):
 class FakeTrain:
     """Records its calls; writes config.yaml, metrics.jsonl and checkpoint_<max_steps>/ like train.
     `interrupt`: a run name that receives Ctrl-C mid-run (saves checkpoint_1, not the final one);
-    `abort`: a run name that raises TrainingAborted."""
+    `abort`: a run name that raises TrainingAborted; `solve`: one that saves checkpoint_1 and raises TaskSolved."""
 
-    def __init__(self, interrupt=None, abort=None):
+    def __init__(self, interrupt=None, abort=None, solve=None):
         self.calls = []
-        self.interrupt, self.abort = interrupt, abort
+        self.interrupt, self.abort, self.solve = interrupt, abort, solve
 
     def __call__(self, cfg, *, resume=None, overwrite=False, stop=None):
         run_dir = Path(cfg.output_dir)
@@ -142,6 +142,9 @@ class FakeTrain:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
         (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "accuracy": 0.5}) + "\n")
+        if run_dir.name == self.solve:
+            (run_dir / "checkpoint_1").mkdir()
+            raise TaskSolved("step 1: the model answers every prompt correctly")
         if run_dir.name == self.interrupt:
             self.interrupt = None
             stop.request(signal.SIGINT)
@@ -216,6 +219,16 @@ def test_an_aborted_point_fails_alone(tmp_path, monkeypatch):
     assert _statuses(tmp_path / "s") == ["failed", "done", "done", "done"]
     points = json.loads((tmp_path / "s" / SWEEP_FILE).read_text())["points"]
     assert points[0]["reason"] == "2 non-finite steps in a row" and "reason" not in points[1]
+
+
+def test_a_solved_point_is_a_result_kept_and_not_trained_again(tmp_path, monkeypatch):
+    """A point whose run stopped solved (exit code 4, before train.max_steps) is no failure: the sweep
+    exits 0, marks it solved with its reason, and a second run of the command skips it."""
+    assert _sweep(tmp_path, monkeypatch, FakeTrain(solve=NAMES[1])) == 0
+    assert _statuses(tmp_path / "s") == ["done", "solved", "done", "done"]
+    assert json.loads((tmp_path / "s" / SWEEP_FILE).read_text())["points"][1]["reason"].startswith("step 1: the model")
+    again = FakeTrain()
+    assert _sweep(tmp_path, monkeypatch, again) == 0 and again.calls == []
 
 
 def test_a_run_folder_of_other_settings_is_refused(tmp_path, monkeypatch):

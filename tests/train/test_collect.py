@@ -48,6 +48,7 @@ def test_rounds_run_out_and_the_step_reports_why():
     assert groups == []
     assert metrics["gen_rounds"] == 2  # bounded by dapo.max_gen_rounds
     assert metrics["groups_dropped_all_wrong"] == 6  # 2 rounds x 3 prompts
+    assert metrics["completions"] == 24 and metrics["train_accuracy"] == 0.0  # 6 groups x G=4, what health.py counts
     assert metrics["batch_short"] == 3 and metrics["groups_kept"] == 0
     assert sampler.state_dict()["position"] == 6  # both rounds consumed fresh prompts
 

@@ -1,6 +1,11 @@
 """When a run stops on its own (train/health.py): the counts since the last step that trained, the
 reason and the last good checkpoint it names, and the record a checkpoint carries."""
 
+import logging
+
+import numpy as np
+import pytest
+
 from dapo_train.config.load import load_config
 from dapo_train.train.health import StepHealth
 
@@ -28,16 +33,22 @@ def test_bad_steps_count_since_the_last_step_that_trained(tmp_path):
     assert (health.nonfinite, health.starved, health.last_trained, health.suspect) == (0, 0, 6, False)
 
 
-def test_starved_steps_stop_the_run_and_leave_the_weights_clean(tmp_path):
+def test_starved_steps_leave_the_weights_clean_and_stop_a_run_only_after_a_non_finite_one(tmp_path):
+    """Starved steps alone, with nothing seen to fall, are no reason to stop; after a non-finite step
+    they say the weights diverged."""
     cfg = load_config(None, ["train.max_starved_steps=2", "train.max_steps=50"])
     health = StepHealth()
     for step, metrics in enumerate([TRAINED, STARVED, STARVED], 1):
         health.record(step, metrics)
     assert not health.suspect and health.clean_step == 3  # a starved step does not move the weights
+    assert health.abort_reason(cfg, 3, tmp_path) is None and health.solved(cfg) is None
     (tmp_path / "checkpoint_3").mkdir()
-    reason = health.abort_reason(cfg, 3, tmp_path)
-    assert reason.startswith("2 steps in a row without an informative group (train.max_starved_steps=2)")
-    assert "non-finite" not in reason and f"the last good checkpoint is {tmp_path / 'checkpoint_3'}" in reason
+    for step, metrics in enumerate([NONFINITE, STARVED, STARVED], 4):
+        health.record(step, metrics)
+    reason = health.abort_reason(cfg, 6, tmp_path)
+    assert reason.startswith("2 steps in a row without an informative group (train.max_starved_steps=2) after 1 "
+                             "non-finite step(s): the weights have likely diverged")
+    assert f"the last good checkpoint is {tmp_path / 'checkpoint_3'}" in reason
 
 
 def test_the_last_step_reached_with_suspect_weights_stops_the_run_too(tmp_path):
@@ -50,8 +61,154 @@ def test_the_last_step_reached_with_suspect_weights_stops_the_run_too(tmp_path):
     assert "no checkpoint holds weights from before it" in reason
 
 
+def test_a_first_update_that_is_non_finite_or_a_scaler_skip_leaves_the_weights_good(tmp_path):
+    """A non-finite step whose first optimizer step failed applied nothing: the weights are the step
+    before's, not suspect, so reaching train.max_steps stops nothing. A step whose every optimizer step
+    fp16's loss scaler skipped is neither bad nor trained: the counts stay as they were."""
+    cfg = load_config(None, ["train.max_steps=3"])
+    health = StepHealth()
+    health.record(1, TRAINED)
+    health.record(2, {"skipped_nonfinite": 1, "optimizer_steps": 0})
+    health.record(3, {"optimizer_steps": 0, "scaler_skips": 2, "skipped_nonfinite": 0})
+    assert (health.nonfinite, health.last_trained, health.suspect, health.clean_step) == (1, 1, False, 3)
+    assert health.abort_reason(cfg, 3, tmp_path) is None
+    health.record(4, {"skipped_nonfinite": 1, "optimizer_steps": 1})  # one applied, then a non-finite one
+    assert health.suspect and health.clean_step == 3
+
+
 def test_the_record_goes_through_a_checkpoint_and_old_ones_read():
-    health = StepHealth(nonfinite=1, starved=2, last_trained=7, clean_step=7)
+    health = StepHealth(nonfinite=1, starved=2, last_trained=7, clean_step=7, suspect=True,
+                        history=[[64, 3, 60, 1, 9, 6]], streak=[128, 0, 128, 0, 32, 0], explained=["too hard"])
     assert StepHealth.from_state({"step": 10, "bad_steps": 1, "health": health.state_dict()}) == health
     # Written before the record: only the non-finite steps in a row, which ended the clean stretch.
-    assert StepHealth.from_state({"step": 10, "bad_steps": 2}) == StepHealth(2, 0, 8, 8)
+    assert StepHealth.from_state({"step": 10, "bad_steps": 2}) == StepHealth(2, 0, 8, 8, suspect=True)
+    # Written before `suspect`: any non-finite step since the last that trained made the weights suspect.
+    old = {"nonfinite": 1, "starved": 0, "last_trained": 7, "clean_step": 7}
+    assert StepHealth.from_state({"step": 8, "bad_steps": 1, "health": old}) == StepHealth(1, 0, 7, 7, suspect=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Starvation by its signature: a task too hard or already solved is no diverged run.
+
+PROMPTS, GROUP_SIZE, ROUNDS, STEPS = 4, 4, 4, 150  # configs/qwen1.5b.yaml's batch and length
+QWEN_BATCH = [f"train.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP_SIZE}", f"dapo.max_gen_rounds={ROUNDS}",
+              f"train.max_steps={STEPS}"]
+
+
+def _simulated_run(rng: np.random.Generator, pass_rate: float, steps: int = STEPS, truncated_rate: float = 0.0):
+    """The metrics of each step of a healthy run on configs/qwen1.5b.yaml's batch whose completions are
+    each correct with probability `pass_rate`: generation rounds of PROMPTS groups of GROUP_SIZE until
+    PROMPTS informative groups are buffered or ROUNDS rounds ran, the surplus carried over (collect.py)."""
+    hits = rng.binomial(GROUP_SIZE, pass_rate, size=(steps, ROUNDS, PROMPTS)).tolist()  # correct per group
+    buffered = 0
+    for step_hits in hits:
+        rounds, counts = 0, {"all_correct": 0, "all_wrong": 0}
+        while rounds < ROUNDS and buffered < PROMPTS:
+            for group in step_hits[rounds]:
+                if group == GROUP_SIZE:
+                    counts["all_correct"] += 1
+                elif group == 0:
+                    counts["all_wrong"] += 1
+                else:
+                    buffered += 1
+            rounds += 1
+        kept = min(buffered, PROMPTS)
+        buffered -= kept
+        completions = rounds * PROMPTS * GROUP_SIZE
+        yield _step_metrics(kept, completions, sum(map(sum, step_hits[:rounds])), counts["all_correct"],
+                            counts["all_wrong"], rounds, truncated=round(truncated_rate * completions))
+
+
+def _step_metrics(kept: int, completions: int, correct: int, all_correct: int, all_wrong: int, rounds: int = ROUNDS,
+                  truncated: int = 0) -> dict:
+    """A step's metrics as collect.py and update.py write them (2 optimizer steps when it trained)."""
+    metrics = {"groups_kept": kept, "completions": completions, "train_accuracy": correct / max(1, completions),
+               "truncated_ratio": truncated / max(1, completions), "groups_dropped_all_correct": all_correct,
+               "groups_dropped_all_wrong": all_wrong, "groups_dropped_no_variance": 0, "gen_rounds": rounds}
+    return {**metrics, "skipped_no_groups": 1} if not kept else {**metrics, "optimizer_steps": 2,
+                                                                  "skipped_nonfinite": 0}
+
+
+def _outcome(cfg, steps, run_dir) -> tuple[str, int]:
+    """Drive the real check step by step as the loop does: ('aborted' | 'solved' | 'finished', step)."""
+    health = StepHealth()
+    for step, metrics in enumerate(steps, 1):
+        health.record(step, metrics)
+        if health.abort_reason(cfg, step, run_dir) is not None:
+            return "aborted", step
+        if health.solved(cfg) is not None:
+            return "solved", step
+    return "finished", step
+
+
+@pytest.mark.parametrize("pass_rate", [0.005, 0.01, 0.05, 0.5, 0.95, 0.99, 1.0])
+def test_a_healthy_run_at_any_pass_rate_aborts_in_fewer_than_1_in_100(pass_rate, tmp_path, caplog):
+    """1000 seeded runs of 150 steps on qwen1.5b.yaml's batch (4 prompts x G=4 x 4 rounds) at each pass
+    rate: before, 94% aborted (exit 3) at 1%, 100% at 0.5% and 96% at 99%. A run that answers every
+    prompt right stops solved (exit 5), which is no abort; at a pass rate of 100% every run does, at its
+    train.max_starved_steps-th step, and below 99% none does."""
+    caplog.set_level(logging.ERROR, logger="dapo_train.train.health")  # each starved step says so: only slower
+    cfg = load_config(None, QWEN_BATCH)
+    outcomes = [_outcome(cfg, _simulated_run(np.random.default_rng([seed, int(pass_rate * 1000)]), pass_rate),
+                         tmp_path) for seed in range(1000)]
+    aborted = sum(kind == "aborted" for kind, _ in outcomes)
+    assert aborted < 10, f"{aborted} of 1000 healthy runs aborted at a pass rate of {pass_rate}"
+    solved = [step for kind, step in outcomes if kind == "solved"]
+    if pass_rate == 1.0:
+        assert solved == [cfg.train.max_starved_steps] * 1000
+    elif pass_rate < 0.99:
+        assert solved == []
+
+
+def test_a_task_too_hard_for_the_model_is_said_once_with_its_numbers_and_the_run_goes_on(tmp_path, caplog):
+    """The tiny model on a task it answers 1 in 400 (qwen1.5b.yaml's batch, 10 steps): it used to exit 3 at
+    step 7; now one warning says what is going on, with the numbers, and the run goes on."""
+    cfg = load_config(None, QWEN_BATCH)
+    steps = list(_simulated_run(np.random.default_rng(7), 1 / 400, steps=40))
+    with caplog.at_level(logging.WARNING, logger="dapo_train.train.health"):
+        assert _outcome(cfg, steps, tmp_path) == ("finished", 40)
+    explained = [r.getMessage() for r in caplog.records if "too hard" in r.getMessage()]
+    assert len(explained) == 1, explained
+    assert "every one of the" in explained[0] and "had all 4 completions wrong" in explained[0]
+    assert "training accuracy" in explained[0] and "not stopping" in explained[0]
+
+
+def test_a_run_whose_accuracy_collapses_from_a_healthy_level_still_aborts(tmp_path):
+    """30 steps at a pass rate of 30%, then every completion wrong: the check aborts at the
+    train.max_starved_steps-th starved step, saying the accuracy fell and from what."""
+    cfg = load_config(None, QWEN_BATCH)
+    healthy = list(_simulated_run(np.random.default_rng(3), 0.3, steps=30))
+    collapsed = [_step_metrics(0, 64, 0, 0, 16) for _ in range(10)]
+    health = StepHealth()
+    for step, metrics in enumerate(healthy + collapsed, 1):
+        health.record(step, metrics)
+        reason = health.abort_reason(cfg, step, tmp_path)
+        if reason is not None:
+            break
+    assert step == 30 + cfg.train.max_starved_steps
+    assert reason.startswith("the training accuracy fell from ") and "to 0.0% (0 of 320 completions)" in reason
+
+
+def test_a_run_whose_completions_all_run_to_the_limit_after_ending_before_still_aborts(tmp_path):
+    """30 healthy steps at 30% with 10% truncated, then every completion truncated (and so wrong, but a
+    pass rate of 1% before: the accuracy alone proves nothing): the check aborts on the truncation."""
+    cfg = load_config(None, QWEN_BATCH)
+    healthy = list(_simulated_run(np.random.default_rng(3), 0.01, steps=30, truncated_rate=0.1))
+    collapsed = [_step_metrics(0, 64, 0, 0, 16, truncated=64) for _ in range(5)]
+    health = StepHealth()
+    for step, metrics in enumerate(healthy + collapsed, 1):
+        health.record(step, metrics)
+    reason = health.abort_reason(cfg, 35, tmp_path)
+    assert reason is not None and reason.startswith("the share of completions that ended before rollout.max_new_tokens "
+                                                    "fell from ")
+
+
+def test_a_solved_task_stops_with_its_own_reason(tmp_path):
+    cfg = load_config(None, [*QWEN_BATCH, "train.max_starved_steps=3"])
+    health = StepHealth()
+    for step in range(1, 4):
+        health.record(step, _step_metrics(0, 64, 64, 16, 0))
+        assert health.abort_reason(cfg, step, tmp_path) is None
+    assert health.solved(cfg) == ("the model answers every prompt correctly: all 4 completions of each of the 48 "
+                                  "groups of the last 3 steps were right; nothing left to learn at G=4 "
+                                  "(rollout.group_size)")

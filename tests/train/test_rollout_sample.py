@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dapo_train.rollout import Completion
+from dapo_train.run.rollouts import FATES
 from dapo_train.task.answers import answer_check
 from dapo_train.task.prompts import Prompt
 from dapo_train.train.records import Group, TrainedStats
@@ -75,6 +76,20 @@ def test_a_kept_group_is_trained_or_carried_and_a_trained_one_has_its_ratios():
         (1, 0, 0, "trained"), (1, 0, 1, "trained"), (1, 1, 0, "carried"), (1, 1, 1, "carried"),
         (2, 0, 0, "dropped_all_wrong"), (2, 0, 1, "dropped_all_wrong")]
     assert [(r["ratio_mean"], r["clip_frac"]) for r in records] == [(1.25, 0.5), (None, None)] + [(None, None)] * 4
+
+
+def test_a_group_whose_optimizer_steps_were_all_skipped_is_recorded_as_not_trained():
+    """The step took both groups, but the update applied no optimizer step to the first (non-finite, or
+    fp16's scaler skipped it) and never reached the second (the update ended first): neither trained."""
+    sample = RolloutSample(EVERY_GROUP, 0, 3, EXTRACT)
+    skipped, unreached, trained = _group(0), _group(1), _group(2)
+    skipped.trained = TrainedStats(ratio_mean=[None, None], clip_frac=[None, None], applied=False)
+    trained.trained = TrainedStats(ratio_mean=[1.0, 1.0], clip_frac=[0.0, 0.0])
+    for position, group in enumerate((skipped, unreached, trained)):
+        sample.offer(group, 1, position, None)
+    records = merge([sample.settle([skipped, unreached, trained])], EVERY_GROUP)
+    assert [r["fate"] for r in records] == ["update_skipped"] * 4 + ["trained"] * 2
+    assert FATES["update_skipped"].startswith("not trained: ")
 
 
 def test_a_record_holds_the_completion_its_answer_and_every_reward():

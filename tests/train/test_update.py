@@ -10,7 +10,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from dapo_train.algo import loss_normalizer
+from dapo_train.algo import loss_normalizer, objectives
 from dapo_train.algo.correction import RolloutCorrection
 from dapo_train.config.load import load_config
 from dapo_train.config.schema import Config
@@ -30,7 +30,7 @@ from dapo_train.train.optim import learning_rate, total_optimizer_steps
 from dapo_train.train.records import Group, StepBatch
 from dapo_train.train.update import Learner, _means, accumulate_gradients, update
 
-from conftest import EOS2_ID, EOS_ID, make_random_model
+from conftest import EOS2_ID, EOS_ID, fp16_on_cpu, make_random_model
 
 
 def _learner(model, cfg: Config, lr: float = 1e-3) -> Learner:
@@ -624,3 +624,32 @@ def test_the_demo_reports_the_updates_work_and_its_head_scores_exactly_the_train
         assert 0 <= row["update_padding_tokens"] < row["update_forward_tokens"]
         assert row["update_forward_per_token"] == pytest.approx(row["update_forward_tokens"] / row["num_tokens"])
         assert row["update_head_per_token"] == pytest.approx(1.0)
+
+
+def test_a_step_fp16s_scaler_skips_is_counted_apart_and_the_next_mini_batch_trains(monkeypatch):
+    """Two mini-batches under fp16's loss scaler: the first one's loss, times 1e12 and scaled by 2^100,
+    overflows in backward (its own value stays finite), so the scaler skips that optimizer step and
+    drops its scale to 2^10; the second mini-batch trains. The step is not a non-finite one, one
+    optimizer step applied, and only the second mini-batch's groups were trained by it."""
+    real, calls = objectives.policy_loss, []
+
+    def overflowing_first(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        calls.append(1)
+        return (loss * 1e12 if len(calls) == 1 else loss), metrics
+
+    monkeypatch.setattr(objectives, "policy_loss", overflowing_first)
+    model = make_random_model(seed=5).train()
+    groups = _groups(4)
+    cfg = load_config(None, ["train.prompts_per_step=4", "rollout.group_size=4", "train.micro_batch_size=16",
+                             "train.updates_per_step=2", "train.warmup_steps=0"])
+    accelerator = fp16_on_cpu(init_scale=2.0**100, backoff_factor=2.0**-90)
+    optimizer = accelerator.prepare_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    learner = Learner.build(cfg, model, optimizer, accelerator, EOS2_ID)
+    _record(learner, groups)
+    metrics = _train(learner, groups, cfg)
+    assert (metrics["scaler_skips"], metrics["optimizer_steps"], metrics["skipped_nonfinite"]) == (1, 1, 0)
+    assert learner.optimizer.steps == 1 and accelerator.scaler.get_scale() == 2.0**10 and len(calls) == 2
+    assert [group.trained.applied for group in groups] == [False, False, True, True]
+    assert all(value is None for group in groups[:2] for value in group.trained.ratio_mean)
+    assert all(value is not None for group in groups[2:] for value in group.trained.ratio_mean)

@@ -1,0 +1,50 @@
+"""The optimizer step under fp16's loss scaler (train/optim.py), driven through accelerate's own code:
+an overflowing step is the scaler's to skip, and it lowers the scale so the next step applies."""
+
+import torch
+from accelerate import Accelerator
+
+from dapo_train.config.load import load_config
+from dapo_train.train.optim import PolicyOptimizer
+
+from conftest import fp16_on_cpu
+
+
+def test_an_overflowing_fp16_step_is_skipped_by_the_scaler_and_the_next_one_applies():
+    """Step 1's gradient (1e38 per weight) overflows once scaled by 2^16: the scaler skips it and halves its
+    scale, the weights stay; step 2's gradient is ordinary and applies. Before, step 1 skipped
+    optimizer.step() (the only caller of the scaler's update()), so step 2's unscale raised."""
+    accelerator = fp16_on_cpu()
+    weight = torch.nn.Parameter(torch.ones(3))
+    model = torch.nn.Module()
+    model.weight = weight
+    cfg = load_config(None, ["train.learning_rate=0.1", "train.warmup_steps=0"])
+    optimizer = PolicyOptimizer(accelerator.prepare_optimizer(torch.optim.AdamW([weight], lr=0.1)), cfg)
+    loss = (weight * 1e38).sum()
+    accelerator.backward(loss)
+    first = optimizer.step(model, accelerator, float(loss.detach()))
+    assert (first.applied, first.scaler_skipped) == (False, True)
+    assert not torch.isfinite(torch.tensor(first.grad_norm))
+    assert torch.equal(weight.detach(), torch.ones(3)) and optimizer.steps == 0
+    assert accelerator.scaler.get_scale() == 2.0**15  # the scaler lowered its scale
+    loss = (weight * 2.0).sum()
+    accelerator.backward(loss)
+    second = optimizer.step(model, accelerator, float(loss.detach()))
+    assert (second.applied, second.scaler_skipped) == (True, False)
+    assert second.grad_norm == torch.tensor(12.0).sqrt().item()  # the unscaled gradient: 2 per weight
+    assert optimizer.steps == 1 and bool((weight.detach() < 1.0).all())  # AdamW moved every weight down
+
+
+def test_without_a_scaler_a_non_finite_gradient_is_a_non_finite_step():
+    """bf16 or no mixed precision: no scaler to skip the step, so the step is not applied and is not a
+    scaler skip (the update ends its step: a non-finite step, train/health.py)."""
+    accelerator = Accelerator(cpu=True)
+    weight = torch.nn.Parameter(torch.ones(3))
+    model = torch.nn.Module()
+    model.weight = weight
+    optimizer = PolicyOptimizer(accelerator.prepare_optimizer(torch.optim.AdamW([weight], lr=0.1)),
+                                load_config(None, []))
+    loss = (weight * float("inf")).sum()
+    accelerator.backward(loss)
+    step = optimizer.step(model, accelerator, float(loss.detach()))
+    assert (step.applied, step.scaler_skipped) == (False, False) and torch.equal(weight.detach(), torch.ones(3))

@@ -12,6 +12,7 @@ from small_task import write_small_task
 from dapo_train.config.load import load_config
 from dapo_train.model.loading import load_tokenizer
 from dapo_train.run.eval_items import FINAL, PERIODIC, RECORD_KEYS, drop_items, items_path, read_items, saved_evals
+from dapo_train.run.folder import RUN_MARKER
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import load_prompts
 from dapo_train.train import loop
@@ -88,6 +89,7 @@ def test_a_periodic_eval_of_the_whole_split_is_not_generated_twice(tmp_path, mon
     out = tmp_path / "run"
     (out / "eval_items").mkdir(parents=True)
     (out / "eval_items" / "step_7.jsonl").write_text("{}\n")
+    (out / RUN_MARKER).write_text("")  # what the earlier attempt wrote first: the folder is a run's
     cfg = load_config(None, [*SMALL, f"data.path={write_small_task(tmp_path / 'task')}", "train.max_steps=1",
                              "eval.every_steps=1", "eval.num_items=0", f"output_dir={out}"])
     loop.train(cfg)

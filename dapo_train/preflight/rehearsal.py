@@ -19,6 +19,7 @@ correctness bits never vary. Every change is listed with its reason.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import torch
 
 from dapo_train.config.load import config_from_dict, config_to_dict
 from dapo_train.config.schema import Config, RewardSpec
+from dapo_train.errors import UserError
 from dapo_train.model.loading import cpu_has_bf16_units
 from dapo_train.rollout.decoding import SamplingSettings, behaviour_distribution
 
@@ -121,8 +123,10 @@ def _scaled(value: int, factor: float) -> int:
     return max(1, round(value * factor))
 
 
-def _shrunk_rewards(rewards: list[RewardSpec], factor: float) -> tuple[list[dict], list[Change]]:
-    """Token-count args (cache_length, max_length) scaled with the completion budget; fractions follow it."""
+def _shrunk_rewards(rewards: list[RewardSpec], factor: float, folder: Path, cuda: bool
+                    ) -> tuple[list[dict], list[Change]]:
+    """Token-count args (cache_length, max_length) scaled with the completion budget; fractions follow it.
+    A reward model's path becomes its stand-in in `folder`, read with the model's own tokenizer."""
     out, changes = [], []
     for index, spec in enumerate(rewards):
         args = dict(spec.args)
@@ -131,12 +135,52 @@ def _shrunk_rewards(rewards: list[RewardSpec], factor: float) -> tuple[list[dict
             if isinstance(value, int) and not isinstance(value, bool) and factor != 1.0:
                 args[name] = _scaled(value, factor)
                 changes.append(Change(f"rewards.{index}.args.{name}", value, args[name], "scaled with the budget"))
+        if spec.name == REWARD_MODEL:
+            args.update(path=str(stand_in_folder(folder, index)), tokenizer_path=spec.args.get("tokenizer_path")
+                        or spec.args["path"])
+            changes.append(Change(f"rewards.{index}.args.path", spec.args["path"], "a stand-in", (
+                f"a random {LAYERS}-layer model of its architecture and vocabulary for training; its own weights "
+                "load once, in the rollout check" if cuda else f"a random {LAYERS}-layer model of its architecture "
+                "and vocabulary: no CUDA card here, so its own weights are never loaded")))
         out.append(dataclasses.asdict(dataclasses.replace(spec, args=args)))
     return out, changes
 
 
-def shrink(cfg: Config, model_folder: Path, run_folder: Path, cuda: bool) -> tuple[Config, list[Change]]:
-    """The rehearsal's config and what it changed (model, output folder, counts), each with its reason."""
+REWARD_MODEL = "reward_model"  # the registered reward that owns a sequence classifier (rewards/model.py)
+
+
+def stand_in_folder(folder: Path, index: int) -> Path:
+    return folder / f"reward_model_{index}"
+
+
+def reward_stand_ins(cfg: Config, folder: Path) -> list[Path]:
+    """For each reward model of `cfg` (the user's config), a random sequence classifier of its class with
+    the same vocabulary, LAYERS layers of width WIDTH, saved in its stand_in_folder: config.json is read,
+    never the weights. -> the folders written."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from dapo_train.model.loading import check_model_path, hub_load_kwargs
+    from dapo_train.rewards.model import PATH_KIND
+
+    written = []
+    for index, spec in enumerate(cfg.rewards):
+        if spec.name != REWARD_MODEL:
+            continue
+        path = check_model_path(spec.args["path"], PATH_KIND)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False, **hub_load_kwargs(path, PATH_KIND))
+        torch.manual_seed(index)
+        model = AutoModelForSequenceClassification.from_config(small_config(config), dtype=torch.float32)
+        model.save_pretrained(stand_in_folder(folder, index))
+        written.append(stand_in_folder(folder, index))
+    return written
+
+
+def shrink(cfg: Config, model_folder: Path, run_folder: Path, cuda: bool, eval_split: str | None = None
+           ) -> tuple[Config, list[Change]]:
+    """The rehearsal's config and what it changed (model, reward models, output folder, counts, what a
+    CPU resolves differently from a card), each with its reason. eval_split: the split the rehearsal's
+    eval reads when the config runs no eval (None: the config's eval split). Each reward model becomes
+    its stand-in (reward_stand_ins) in the folder beside `model_folder`."""
     data = config_to_dict(cfg)
     changes: list[Change] = []
 
@@ -154,27 +198,28 @@ def shrink(cfg: Config, model_folder: Path, run_folder: Path, cuda: bool) -> tup
         "tokens and generation config", show=False)
     put("output_dir", str(run_folder), "the rehearsal's folder", show=False)
     put("run_name", "preflight", "", show=False)
-    if not cuda and cfg.model.dtype in ("bfloat16", "float16") and not (cfg.model.dtype == "bfloat16"
-                                                                         and cpu_has_bf16_units()):
-        put("model.dtype", "float32", f"this CPU has no {cfg.model.dtype} units: emulated matmuls are far slower")
+    if not cuda:
+        _as_on_a_card(cfg, put)
     t, r = cfg.train, cfg.rollout
     put("train.max_steps", STEPS, f"{STEPS} steps, then a resume for one more")
-    put("train.prompts_per_step", min(t.prompts_per_step, PROMPTS), "a small rollout batch")
+    prompts = min(t.prompts_per_step, PROMPTS)
+    put("train.prompts_per_step", prompts, "a small rollout batch")
+    put("train.micro_batch_size", min(t.micro_batch_size, prompts * r.group_size), "at most the shrunk step's "
+        "sequences (prompts_per_step x group_size)")
     put("train.updates_per_step", min(t.updates_per_step, UPDATES, PROMPTS), "still more than one when configured")
     put("train.warmup_steps", min(t.warmup_steps, 1), "a short run")
     budget = min(r.max_new_tokens, COMPLETION_TOKENS)
     put("rollout.max_new_tokens", budget, "a short completion budget")
-    data["rewards"], reward_changes = _shrunk_rewards(cfg.rewards, budget / r.max_new_tokens)
+    data["rewards"], reward_changes = _shrunk_rewards(cfg.rewards, budget / r.max_new_tokens, model_folder.parent,
+                                                      cuda)
     changes += reward_changes
-    if cfg.dapo.dynamic_sampling and cfg.dapo.filter_metric == "correct":
-        put("dapo.filter_metric", "total", "a random model's correct bits never vary; its rewards do")
-    put("eval.every_steps", STEPS, "step 0 and the last")
-    put("eval.num_items", min(cfg.eval.num_items or EVAL_ITEMS, EVAL_ITEMS), "a few eval items")
-    put("eval.batch_size", min(cfg.eval.batch_size, EVAL_ITEMS), "a few eval items")
-    put("eval.final_full", False, "no eval of the whole split")
-    if cfg.eval.max_new_tokens:
-        put("eval.max_new_tokens", min(cfg.eval.max_new_tokens, COMPLETION_TOKENS), "a short budget")
-    put("eval.print_samples", min(cfg.eval.print_samples, 1), "one sample", show=False)
+    data["rewards"].append({"name": SPREAD_REWARD, "weight": SPREAD_WEIGHT, "args": {}})
+    changes.append(Change("rewards", f"{len(cfg.rewards)} rewards", f"+ {SPREAD_KEY} (weight {SPREAD_WEIGHT:g})",
+                          "a random model's rewards may not vary within a group; this one does, so every update "
+                          "has a gradient whatever the configured rewards give"))
+    if cfg.dapo.dynamic_sampling and not _filter_varies(cfg):
+        put("dapo.filter_metric", "total", f"a random model's {cfg.dapo.filter_metric} may not vary; the total does")
+    _shrink_eval(cfg, put, eval_split)
     put("checkpoint.every_steps", 0, "one checkpoint, at the end")
     put("checkpoint.keep_last", 0, "keep it for the resume")
     if cfg.logging.trackers:
@@ -182,4 +227,63 @@ def shrink(cfg: Config, model_folder: Path, run_folder: Path, cuda: bool) -> tup
     if not cuda and cfg.train.num_threads != 1:
         put("train.num_threads", 1, "the rehearsal model is small: a second thread costs more than it saves")
     put("logging.progress_bar", False, "", show=False)
-    return config_from_dict(data), changes
+    try:
+        return config_from_dict(data), changes
+    except UserError as err:  # the user's config passed: a value preflight made is at fault, not theirs
+        raise UserError(f"preflight's shrunk config is invalid (a preflight bug, not your config; changed: "
+                        f"{'; '.join(f'{c.key} {c.old} -> {c.new}' for c in changes)}): {err}") from err
+
+
+def _as_on_a_card(cfg: Config, put) -> None:
+    """On a CPU, the `auto` settings that a CUDA card resolves differently are set as on the card where the
+    CPU can run them: the bf16 rollout copy, the static-cache engine (uncompiled: no CUDA graphs here),
+    bf16 autocast (the CPU's), gradient checkpointing; with them the old-log-prob pass and the rollout
+    correction run as on the card. A bf16 base becomes float32 on a CPU without bf16 units."""
+    if cfg.model.dtype in ("bfloat16", "float16") and not (cfg.model.dtype == "bfloat16" and cpu_has_bf16_units()):
+        put("model.dtype", "float32", f"this CPU has no {cfg.model.dtype} units: emulated matmuls are far slower")
+    card = "as on a CUDA card, which a CPU runs too"
+    if cfg.rollout.dtype == "auto":
+        put("rollout.dtype", "bfloat16", f"{card}: the rollout samples from a bf16 copy")
+    if cfg.rollout.compile == "auto" and cfg.rollout.engine == "hf":
+        put("rollout.compile", "on", f"{card}: the static-cache engine (not compiled: no CUDA graphs on a CPU)")
+    if cfg.train.mixed_precision == "auto":
+        put("train.mixed_precision", "bf16", f"{card}: bf16 autocast (the CPU's)")
+    if cfg.model.gradient_checkpointing == "auto":
+        put("model.gradient_checkpointing", "on", card)
+
+
+def _filter_varies(cfg: Config) -> bool:
+    """Whether dynamic sampling's filter reads something that varies on the rehearsal model: the total
+    (the rehearsal's own reward is in it) or a reward model's score (its stand-in is random)."""
+    metric = cfg.dapo.filter_metric
+    if metric == "total":
+        return True
+    if not metric.startswith("reward:"):
+        return False
+    names = {spec.name.rpartition(":")[2].rpartition(".")[2]: spec.name for spec in cfg.rewards}
+    return names.get(metric.partition(":")[2]) == "reward_model"
+
+
+def _shrink_eval(cfg: Config, put, eval_split: str | None) -> None:
+    """A few eval items at step 0 and the last; a config that runs no eval is rehearsed on `eval_split`."""
+    runs_eval = cfg.eval.every_steps > 0 or cfg.eval.final_full
+    split = eval_split or cfg.data.eval_split
+    put("eval.every_steps", STEPS, "step 0 and the last" if runs_eval else
+        f"the config runs no eval; the rehearsal's eval reads split '{split}'")
+    if split != cfg.data.eval_split:
+        put("data.eval_split", split, f"the data has no split '{cfg.data.eval_split}' (the config runs no eval)")
+    put("eval.num_items", min(cfg.eval.num_items or EVAL_ITEMS, EVAL_ITEMS), "a few eval items")
+    put("eval.batch_size", min(cfg.eval.batch_size, EVAL_ITEMS), "a few eval items")
+    put("eval.final_full", False, "no eval of the whole split")
+    if cfg.eval.max_new_tokens:
+        put("eval.max_new_tokens", min(cfg.eval.max_new_tokens, COMPLETION_TOKENS), "a short budget")
+    put("eval.print_samples", min(cfg.eval.print_samples, 1), "one sample", show=False)
+
+
+def spread(completions: list[str], answers: list, *, lengths=None, prompts=None) -> list[float]:
+    """The rehearsal's own reward: a fixed number in [0, 1) per completion text (its CRC-32), so distinct
+    completions of a group differ in the summed reward and its advantages are not all 0."""
+    return [zlib.crc32(text.encode("utf-8")) / 2**32 for text in completions]
+
+
+SPREAD_REWARD, SPREAD_KEY, SPREAD_WEIGHT = f"{__name__}:spread", "spread", 0.01

@@ -275,15 +275,14 @@ def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report
     r, group = cfg.rollout, cfg.rollout.group_size
     sampling = SamplingSettings(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
     torch.manual_seed(cfg.seed)
-    ended = dict.fromkeys(eos_token_ids(model, tokenizer), 0)
-    for rounds in range(1, EOS_ROUNDS + 1):
+    ended, first, rounds = dict.fromkeys(eos_token_ids(model, tokenizer), 0), [], 0
+    while rounds < EOS_ROUNDS and not all(ended.values()):
+        rounds += 1
         completions = engine.generate([p.input_ids for p in prompts], sampling, group)
-        first = completions if rounds == 1 else first
+        first = first or completions  # the first round's are scored
         for c in completions:
             if not c.truncated and int(c.completion_ids[-1]) in ended:
                 ended[int(c.completion_ids[-1])] += 1
-        if all(ended.values()):
-            break
     completions = first
     rewards = rewards_from_config(cfg).load(next(model.parameters()).device)  # reward models too, as a run does
     scores = score(rewards, [c.text for c in completions], [p.gold for p in prompts for _ in range(group)],

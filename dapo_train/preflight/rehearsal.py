@@ -32,6 +32,7 @@ from dapo_train.model.loading import cpu_has_bf16_units
 from dapo_train.rollout.decoding import SamplingSettings, behaviour_distribution
 
 EOS_RATE = 0.02  # each EOS id's probability per generated token, before any training
+COMMON_SHIFT = 0.1  # with tied embeddings, the logit every token gets from the constant feature
 WIDTH, LAYERS, HEADS, KV_HEADS, FFN = 32, 2, 4, 2, 64
 STEPS, PROMPTS, UPDATES, COMPLETION_TOKENS, EVAL_ITEMS = 2, 2, 2, 16, 4
 
@@ -103,6 +104,12 @@ def _bias_towards_eos(model, eos: list[int], tokenizer, sampling: SamplingSettin
     head[eos, 0] = others
     ids = torch.tensor(tokenizer("The answer is 42. 答案是 7", add_special_tokens=False)["input_ids"])[None]
     hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]  # (A, h), after the final norm
+    norm = getattr(model.get_decoder(), "norm", None)
+    if others > 0.5 and isinstance(getattr(norm, "weight", None), torch.Tensor):
+        # Tied: every logit gets c x 1 (c about sqrt(WIDTH)) over random parts of about 0.01; bf16 logits
+        # (a rollout copy) resolve 0.03 there, and their rounding drowned the calibration. Shrink c.
+        norm.weight[0] *= COMMON_SHIFT / float(hidden[:, 0].mean())
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]
     base = (hidden @ head.T).float()  # (A, V)
     settings = dataclasses.replace(sampling, max_new_tokens=1)
     target = EOS_RATE * len(eos)

@@ -1,19 +1,22 @@
-"""The rehearsal: a small random model that stands in for the config's model, and the config shrunk to
-what runs in a minute without changing the wiring.
+"""The rehearsal: a small random model that stands in for the config's model (and one for each reward
+model), and the config shrunk to what runs in a minute without changing the wiring.
 
 The model keeps everything the pipeline depends on and nothing it does not: the architecture class,
 the vocabulary size (151,936 rows for Qwen2.5, more than the tokenizer's ids), tied or untied
 embeddings, the special-token ids, the positions, the generation config; it gets LAYERS layers of
-width WIDTH and random weights. A random model never stops and answers nothing, which would leave
-every group uninformative and the update without a gradient, so one constant feature of the residual
-stream is read by the EOS rows alone, tuned so that each EOS id is drawn with probability EOS_RATE per
-token under the configured sampling: completion lengths (hence the overlong reward) vary within a
-group.
+width WIDTH and random weights. A random model never stops and writes no number, so one constant
+feature of the residual stream is read by the digit rows and the EOS rows alone, tuned so that the
+digits are drawn with probability DIGIT_RATE and each EOS id with EOS_RATE per token under the
+configured sampling: completion lengths (hence the overlong reward) vary within a group, and greedy
+decoding (the eval) writes digits.
 
-The shrink changes counts, never code paths: steps, prompts per step, updates, the completion budget
-(an overlong buffer in tokens scaled with it), eval items, CPU threads; a bf16 base becomes float32 on
-a CPU without bf16 units; and dynamic sampling filters on the summed reward, since a random model's
-correctness bits never vary. Every change is listed with its reason.
+The shrink changes counts, never code paths: steps, prompts per step and the micro-batch with them,
+updates, the completion budget (an overlong buffer in tokens scaled with it), eval items, CPU threads.
+On a CPU the `auto` settings a card resolves differently are set as on the card where a CPU runs them
+(the bf16 rollout copy, the static-cache engine, autocast, gradient checkpointing), and a bf16 base
+becomes float32 on a CPU without bf16 units. The rehearsal adds its own reward (`spread`), so every
+update has a gradient whatever a random model's rewards give, and dynamic sampling filters on a metric
+that varies. Every change is listed with its reason.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dapo_train.model.loading import cpu_has_bf16_units
 from dapo_train.rollout.decoding import SamplingSettings, behaviour_distribution
 
 EOS_RATE = 0.02  # each EOS id's probability per generated token, before any training
+DIGIT_RATE = 0.3  # the ten digits' probability together per generated token, before any training
 COMMON_SHIFT = 0.1  # with tied embeddings, the logit every token gets from the constant feature
 WIDTH, LAYERS, HEADS, KV_HEADS, FFN = 32, 2, 4, 2, 64
 STEPS, PROMPTS, UPDATES, COMPLETION_TOKENS, EVAL_ITEMS = 2, 2, 2, 16, 4
@@ -86,13 +90,22 @@ def build_model(config, generation_config, tokenizer, folder: Path, sampling: Sa
     return model
 
 
+def digit_ids(tokenizer, vocab: int, eos: list[int]) -> list[int]:
+    """The ids of the ten digits where each is one token of the tokenizer (byte-level BPE: they are)."""
+    ids = [tokenizer.convert_tokens_to_ids(str(digit)) for digit in range(10)]
+    return [i for i in ids if isinstance(i, int) and 0 <= i < vocab and i not in eos and i != tokenizer.unk_token_id]
+
+
 @torch.no_grad()
 def _bias_towards_eos(model, eos: list[int], tokenizer, sampling: SamplingSettings) -> None:
     """Dimension 0 of every input embedding is 1 and no layer writes to it, so after the final norm it is
-    a constant-ish c > 0 at every position; the LM head's EOS rows get a weight w on it, found by
-    bisection so that the sampled distribution (after the configured truncation) gives the EOS ids
-    len(eos) x EOS_RATE together. The other rows are random: near-uniform logits. With tied embeddings
-    the EOS rows' own input embedding carries w too, which is harmless."""
+    a constant-ish c > 0 at every position; the LM head's digit rows, then its EOS rows, get a weight on
+    it, each found by bisection so that the sampled distribution (after the configured truncation)
+    gives the digits DIGIT_RATE together and the EOS ids len(eos) x EOS_RATE together. A digit then
+    outweighs an EOS id, so greedy decoding (the eval) writes digits: text with numbers in it for the
+    answer check, instead of an EOS or the same random token over and over. The other rows are random:
+    near-uniform logits. With tied embeddings the digit and EOS rows' own input embeddings carry the
+    weight too, which only raises the constant at those positions."""
     embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight  # (V, h) each
     embedding[:, 0] = 1.0
     for module in model.get_decoder().modules():
@@ -109,21 +122,29 @@ def _bias_towards_eos(model, eos: list[int], tokenizer, sampling: SamplingSettin
         # Tied: every logit gets c x 1 (c about sqrt(WIDTH)) over random parts of about 0.01; bf16 logits
         # (a rollout copy) resolve 0.03 there, and their rounding drowned the calibration. Shrink c.
         norm.weight[0] *= COMMON_SHIFT / float(hidden[:, 0].mean())
-        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]
-    base = (hidden @ head.T).float()  # (A, V)
     settings = dataclasses.replace(sampling, max_new_tokens=1)
-    target = EOS_RATE * len(eos)
+    for rows, target in ((digit_ids(tokenizer, head.shape[0], eos), DIGIT_RATE), (eos, EOS_RATE * len(eos))):
+        if rows:
+            head[rows, 0] = others
+            hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0]
+            head[rows, 0] = others + _weight_for(hidden, (hidden @ head.T).float(), rows, target, settings)
 
-    def eos_mass(weight: float) -> float:
+
+def _weight_for(hidden: torch.Tensor, base: torch.Tensor, rows: list[int], target: float,
+                settings: SamplingSettings) -> float:
+    """The weight w on feature 0 (hidden[:, 0], c > 0) that, added to `rows`' logits `base` (A, V), gives
+    them `target` of the sampled distribution together, averaged over the A positions."""
+
+    def mass(weight: float) -> float:
         logits = base.clone()
-        logits[:, eos] += weight * hidden[:, :1]
-        return float(behaviour_distribution(logits, settings).exp()[:, eos].sum(-1).mean())
+        logits[:, rows] += weight * hidden[:, :1]
+        return float(behaviour_distribution(logits, settings).exp()[:, rows].sum(-1).mean())
 
     low, high = 0.0, 64.0 / float(hidden[:, 0].min())
     for _ in range(20):  # the interval shrinks a millionfold
         middle = (low + high) / 2
-        low, high = (middle, high) if eos_mass(middle) < target else (low, middle)
-    head[eos, 0] = others + (low + high) / 2
+        low, high = (middle, high) if mass(middle) < target else (low, middle)
+    return (low + high) / 2
 
 
 def _scaled(value: int, factor: float) -> int:

@@ -3,6 +3,7 @@ that runs on the tiny task here; the Qwen ones are tests/test_preflight.py's), a
 is never blamed on the user, the EOS check passes on any seed yet fails when an EOS id never ends a
 completion, and the report's last rows say what ran and what did not."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -32,22 +33,32 @@ def _rows(report: Report) -> dict[str, str]:
     return {label: " ".join(text.split()) for label, text in report.rows}
 
 
+@functools.cache
+def _shipped(path: str) -> dict[str, str]:
+    """The report of preflight on a shipped config, run once for all the tests that read it."""
+    threads = torch.get_num_threads()
+    try:
+        return _rows(preflight(load_config(str(ROOT / path), []), path))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_the_shipped_configs_are_all_listed():
     # accelerate/*.yaml are `accelerate launch` files, not dapo-train configs; qwen*.yaml: test_preflight.py
     assert len(TINY_CONFIGS) == 15 and "configs/ablation/1-grpo.yaml" in TINY_CONFIGS
 
 
 @pytest.mark.parametrize("path", TINY_CONFIGS)
-def test_every_shipped_config_is_ready(path, threads):
-    rows = _rows(preflight(load_config(str(ROOT / path), []), path))
+def test_every_shipped_config_is_ready(path):
+    rows = _shipped(path)
     assert list(rows)[-1] == "ready" and "with a non-zero gradient" in rows["train"], rows
 
 
-def test_a_reward_that_cannot_vary_still_trains_and_is_still_run(threads):
+def test_a_reward_that_cannot_vary_still_trains_and_is_still_run():
     """1-grpo's only reward is accuracy, -1 on every completion of a random model, and no dynamic
     sampling: every advantage was 0 and preflight said "not ready". Its reward still runs on the
     rollout's completions; the rehearsal's own reward (weight 0.01) gives the gradient."""
-    rows = _rows(preflight(load_config(str(ROOT / "configs/ablation/1-grpo.yaml"), []), "1-grpo"))
+    rows = _shipped("configs/ablation/1-grpo.yaml")
     assert "accuracy mean -1.000 sd 0.000" in rows["rollout"] and "spread mean" in rows["rollout"]
     assert "rewards 1 rewards -> + spread (weight 0.01)" in rows["rehearsal"]
     assert "3 steps (3 with a non-zero gradient" in rows["train"]
@@ -82,13 +93,13 @@ def test_a_config_without_evals_or_eval_split_rehearses_eval_on_the_train_split(
     assert "3 evals" in rows["train"]
 
 
-def test_the_report_says_what_ran_and_what_did_not(threads):
+def test_the_report_says_what_ran_and_what_did_not():
     """On a CPU the `auto` settings a card resolves differently are rehearsed as on the card: the bf16
     rollout copy through the static-cache engine, so the old log-probs are recomputed and `tis` weighs
     the gap, bf16 autocast and gradient checkpointing; compilation and CUDA kernels are named as not run."""
     if torch.cuda.is_available():
         pytest.skip("the CPU's rehearsal")
-    rows = _rows(preflight(load_config(str(ROOT / "configs/tiny-cpu.yaml"), []), "tiny-cpu"))
+    rows = _shipped("configs/tiny-cpu.yaml")
     ran = rows["ready"]
     assert ran.startswith("ran: rollout with the static-cache engine (not compiled: a CPU) from a bfloat16 copy of "
                           "the weights, 3 rewards on its completions, old log-probs recomputed for "), ran
@@ -171,3 +182,15 @@ def test_with_a_card_the_rollout_check_scores_with_the_real_reward_model(tmp_pat
         assert checked.rewards[i].args["path"] == cfg.rewards[i].args["path"]
         assert checked.rewards[i].args["tokenizer_path"] == cfg.rewards[i].args.get("tokenizer_path")
     assert [s.name for s in checked.rewards] == [s.name for s in small.rewards]  # the rehearsal's own reward kept
+
+
+def test_greedy_decoding_of_the_rehearsal_model_writes_numbers(tmp_path):
+    """The eval is greedy: a random model's argmax was an EOS or one token repeated (16 newlines), so the
+    answer check never saw a number. The digits' weight makes greedy text digits."""
+    from dapo_train.task.answers import extract_answer
+
+    _, model, tokenizer, prompts = _tiny_rehearsal(tmp_path, [552, 550])
+    for prompt in prompts:
+        ids = torch.tensor(prompt.input_ids)[None]
+        text = tokenizer.decode(model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1]:])
+        assert sum(ch.isdigit() for ch in text) >= 8 and extract_answer(text, strict=False) is not None, text

@@ -8,7 +8,7 @@ import torch
 
 from dapo_train.config.schema import Config
 from dapo_train.model.loading import DTYPES, gradient_checkpointing, mixed_precision
-from dapo_train.preflight.rehearsal import LAYERS, WIDTH
+from dapo_train.preflight.rehearsal import LAYERS, SPREAD_REWARD, WIDTH
 from dapo_train.rollout.engines import rollout_dtype
 from dapo_train.train.old_policy import resolve
 
@@ -38,7 +38,8 @@ def rehearsed(cfg: Config, cuda: bool, rows: list[dict]) -> str:
     tokens = sum(int(row.get("rollout_tokens") or 0) for row in steps)
     copy = _rollout_copy(cfg, cuda)
     ran = [f"rollout with {_engine(cfg, cuda)}" + (f" from a {copy} copy of the weights" if copy else ""),
-           f"{len(cfg.rewards)} rewards on its completions",
+           f"{sum(spec.name != SPREAD_REWARD for spec in cfg.rewards)} configured rewards and the rehearsal's "
+           "own on its completions",
            f"old log-probs recomputed for {old_rows} completions" if old_rows else
            "old log-probs taken from the rollout (no pass)",
            f"rollout correction {correction}" + (f" over {tokens} tokens" if correction != "off" else ""),

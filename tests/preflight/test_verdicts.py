@@ -102,7 +102,8 @@ def test_the_report_says_what_ran_and_what_did_not():
     rows = _shipped("configs/tiny-cpu.yaml")
     ran = rows["ready"]
     assert ran.startswith("ran: rollout with the static-cache engine (not compiled: a CPU) from a bfloat16 copy of "
-                          "the weights, 3 rewards on its completions, old log-probs recomputed for "), ran
+                          "the weights, 2 configured rewards and the rehearsal's own on its completions, old log-probs "
+                          "recomputed for "), ran
     assert "rollout correction tis over " in ran and "bf16 autocast (the CPU's), gradient checkpointing" in ran
     assert ran.endswith("eval, checkpoint, resume, export"), ran
     assert rows["not run"] == ("the real weights (a random 2-layer model of width 32 stands in), compilation "

@@ -165,7 +165,8 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
     with phase(report, "data", log):
         prompts, eval_split = _report_data(cfg, tokenizer, report)
     small, changes = rehearsal.shrink(cfg, folder / "model", folder / "run", cuda, eval_split)
-    collected.ignored += tuple(f"{change.key}=" for change in changes)
+    static = rehearsal.static_cache_check(cfg, cuda)
+    collected.ignored += tuple(f"{change.key}=" for change in changes) + (("rollout.compile=",) if static else ())
     if small.train.num_threads > 0:
         torch.set_num_threads(small.train.num_threads)  # as the run's setup does, for the rollout check too
     with on_main(report, "rehearsal model", log) as main:
@@ -178,8 +179,8 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
                f"at each EOS id; shrunk: " + "; ".join(f"{c.key} {c.old} -> {c.new}" for c in changes))
     with on_main(report, "rollout check", log) as main:
         if main:  # with a card, the configured reward models' own weights, once
-            _report_rollout(_real_reward_models(small, cfg) if cuda else small, model, tokenizer,
-                            prompts[:ROLLOUT_PROMPTS], report)
+            _report_rollout(_rollout_check_config(small, cfg, cuda), model, tokenizer, prompts[:ROLLOUT_PROMPTS],
+                            report)
     rows = _train_and_resume(small, report, log)
     with on_main(report, "export", log) as main:
         if main:
@@ -191,8 +192,19 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
     report.add("phases", ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report.seconds.items()))
     if report.warnings:
         report.add("warnings", "\n".join(report.warnings))
-    report.add("not run", coverage.not_rehearsed(small, cuda))
-    report.add("ready", coverage.rehearsed(small, cuda, rows))
+    report.add("not run", coverage.not_rehearsed(small, cuda, static))
+    report.add("ready", coverage.rehearsed(small, cuda, rows, static))
+
+
+def _rollout_check_config(small: Config, cfg: Config, cuda: bool) -> Config:
+    """The rollout check's config: the rehearsal's, with the configured reward models on a card, and the
+    static-cache engine on a CPU where a card would run it (rehearsal.static_cache_check)."""
+    import dataclasses
+
+    checked = _real_reward_models(small, cfg) if cuda else small
+    if rehearsal.static_cache_check(cfg, cuda):
+        checked = dataclasses.replace(checked, rollout=dataclasses.replace(checked.rollout, compile="on"))
+    return checked
 
 
 def _real_reward_models(small: Config, cfg: Config) -> Config:
@@ -291,7 +303,8 @@ def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report
     means = "; ".join(f"{key} mean {statistics.fmean(values):+.3f} sd {statistics.pstdev(values):.3f}"
                       for key, values in scores.per_reward.items())
     stops = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} {n}" for i, n in ended.items())
-    report.add("rollout", f"{len(completions)} completions ({len(prompts)} prompts x G={group}) truncated "
+    report.add("rollout", f"{type(engine).__name__}: {len(completions)} completions ({len(prompts)} prompts x "
+               f"G={group}) truncated "
                f"{sum(c.truncated for c in completions)}, lengths {min(c.length for c in completions)}-"
                f"{max(c.length for c in completions)}; ended by {stops} in {rounds} round(s) of "
                f"{len(completions)}\nrewards: {means}")

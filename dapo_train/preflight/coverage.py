@@ -13,13 +13,13 @@ from dapo_train.rollout.engines import rollout_dtype
 from dapo_train.train.old_policy import resolve
 
 
-def _engine(cfg: Config, cuda: bool) -> str:
+def _engine(cfg: Config, cuda: bool, static: bool) -> str:
     r = cfg.rollout
     if r.engine != "hf":
         return f"rollout.engine {r.engine}"
     if r.compile == "on" or (r.compile == "auto" and cuda):
         return "the static-cache engine" + (" (compiled)" if cuda else " (not compiled: a CPU)")
-    return "the decode loop"
+    return "the decode loop" + (" (the static-cache engine, not compiled, in the rollout check)" if static else "")
 
 
 def _rollout_copy(cfg: Config, cuda: bool) -> str | None:
@@ -29,15 +29,16 @@ def _rollout_copy(cfg: Config, cuda: bool) -> str | None:
     return None if dtype == weights else str(dtype).removeprefix("torch.")
 
 
-def rehearsed(cfg: Config, cuda: bool, rows: list[dict]) -> str:
-    """What ran, for the `ready` row: the rehearsal's config `cfg` and the metrics rows of its run."""
+def rehearsed(cfg: Config, cuda: bool, rows: list[dict], static: bool) -> str:
+    """What ran, for the `ready` row: the rehearsal's config `cfg` and the metrics rows of its run;
+    static: the rollout check ran the static-cache engine (rehearsal.static_cache_check)."""
     steps = [row for row in rows if "groups_kept" in row]
     old_rows = sum(int(row.get("old_logprob_rows", 0)) for row in steps)
     exact = all(row.get("rollout_exact", 0) == 1 for row in steps)
     correction = resolve(cfg, () if exact else ("the rollout is not the training forward",)).correction.mode
     tokens = sum(int(row.get("rollout_tokens") or 0) for row in steps)
     copy = _rollout_copy(cfg, cuda)
-    ran = [f"rollout with {_engine(cfg, cuda)}" + (f" from a {copy} copy of the weights" if copy else ""),
+    ran = [f"rollout with {_engine(cfg, cuda, static)}" + (f" from a {copy} copy of the weights" if copy else ""),
            f"{sum(spec.name != SPREAD_REWARD for spec in cfg.rewards)} configured rewards and the rehearsal's "
            "own on its completions",
            f"old log-probs recomputed for {old_rows} completions" if old_rows else
@@ -54,9 +55,11 @@ def rehearsed(cfg: Config, cuda: bool, rows: list[dict]) -> str:
     return "ran: " + ", ".join(ran)
 
 
-def not_rehearsed(cfg: Config, cuda: bool) -> str:
+def not_rehearsed(cfg: Config, cuda: bool, static: bool) -> str:
     """What the rehearsal could not run here, for the `not run` row."""
     missing = [f"the real weights (a random {LAYERS}-layer model of width {WIDTH} stands in)"]
+    if static:
+        missing.append("training steps on the static-cache engine (slow on a CPU: the rollout check ran it)")
     if not cuda:
         missing += ["compilation (torch.compile, CUDA graphs)", "CUDA kernels (attention, matmuls on the card)",
                     f"{mixed_precision(cfg, True)} autocast on CUDA" if mixed_precision(cfg, True) != "no" else

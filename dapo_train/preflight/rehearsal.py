@@ -264,20 +264,27 @@ def shrink(cfg: Config, model_folder: Path, run_folder: Path, cuda: bool, eval_s
 
 def _as_on_a_card(cfg: Config, put) -> None:
     """On a CPU, the `auto` settings that a CUDA card resolves differently are set as on the card where the
-    CPU can run them: the bf16 rollout copy, the static-cache engine (uncompiled: no CUDA graphs here),
-    bf16 autocast (the CPU's), gradient checkpointing; with them the old-log-prob pass and the rollout
-    correction run as on the card. A bf16 base becomes float32 on a CPU without bf16 units."""
+    CPU can run them: the bf16 rollout copy, bf16 autocast (the CPU's), gradient checkpointing; with them
+    the old-log-prob pass and the rollout correction run as on the card. (The static-cache engine runs
+    in the rollout check alone, static_cache_check.) A bf16 base becomes float32 on a CPU without bf16
+    units."""
     if cfg.model.dtype in ("bfloat16", "float16") and not (cfg.model.dtype == "bfloat16" and cpu_has_bf16_units()):
         put("model.dtype", "float32", f"this CPU has no {cfg.model.dtype} units: emulated matmuls are far slower")
     card = "as on a CUDA card, which a CPU runs too"
     if cfg.rollout.dtype == "auto":
         put("rollout.dtype", "bfloat16", f"{card}: the rollout samples from a bf16 copy")
-    if cfg.rollout.compile == "auto" and cfg.rollout.engine == "hf":
-        put("rollout.compile", "on", f"{card}: the static-cache engine (not compiled: no CUDA graphs on a CPU)")
     if cfg.train.mixed_precision == "auto":
         put("train.mixed_precision", "bf16", f"{card}: bf16 autocast (the CPU's)")
     if cfg.model.gradient_checkpointing == "auto":
         put("model.gradient_checkpointing", "on", card)
+
+
+def static_cache_check(cfg: Config, cuda: bool) -> bool:
+    """Whether the rollout check runs the static-cache engine that the training steps do not: on a CPU,
+    for a config whose card would (rollout.compile auto, the hf engine). Training keeps the decode loop:
+    generate's sampling (a multinomial over every row of the vocabulary per token) takes seconds per
+    call on a CPU at Qwen's 151,936 rows, minutes over a rehearsal's rounds."""
+    return not cuda and cfg.rollout.compile == "auto" and cfg.rollout.engine == "hf"
 
 
 def _filter_varies(cfg: Config) -> bool:

@@ -95,18 +95,21 @@ def test_a_config_without_evals_or_eval_split_rehearses_eval_on_the_train_split(
 
 def test_the_report_says_what_ran_and_what_did_not():
     """On a CPU the `auto` settings a card resolves differently are rehearsed as on the card: the bf16
-    rollout copy through the static-cache engine, so the old log-probs are recomputed and `tis` weighs
-    the gap, bf16 autocast and gradient checkpointing; compilation and CUDA kernels are named as not run."""
+    rollout copy, so the old log-probs are recomputed and `tis` weighs the gap, bf16 autocast and
+    gradient checkpointing, the static-cache engine in the rollout check; compilation and CUDA kernels
+    are named as not run."""
     if torch.cuda.is_available():
         pytest.skip("the CPU's rehearsal")
     rows = _shipped("configs/tiny-cpu.yaml")
     ran = rows["ready"]
-    assert ran.startswith("ran: rollout with the static-cache engine (not compiled: a CPU) from a bfloat16 copy of "
-                          "the weights, 2 configured rewards and the rehearsal's own on its completions, old log-probs "
-                          "recomputed for "), ran
+    assert ran.startswith("ran: rollout with the decode loop (the static-cache engine, not compiled, in the rollout "
+                          "check) from a bfloat16 copy of the weights, 2 configured rewards and the rehearsal's own "
+                          "on its completions, old log-probs recomputed for "), ran
     assert "rollout correction tis over " in ran and "bf16 autocast (the CPU's), gradient checkpointing" in ran
     assert ran.endswith("eval, checkpoint, resume, export"), ran
-    assert rows["not run"] == ("the real weights (a random 2-layer model of width 32 stands in), compilation "
+    assert rows["rollout"].startswith("StaticCacheEngine: "), rows["rollout"]
+    assert rows["not run"] == ("the real weights (a random 2-layer model of width 32 stands in), training steps on the "
+                               "static-cache engine (slow on a CPU: the rollout check ran it), compilation "
                                "(torch.compile, CUDA graphs), CUDA kernels (attention, matmuls on the card), bf16 "
                                "autocast on CUDA")
     assert "rollout.compile" not in rows.get("warnings", "")  # preflight set it: no warning to the user

@@ -198,3 +198,29 @@ def test_greedy_decoding_of_the_rehearsal_model_writes_numbers(tmp_path):
         ids = torch.tensor(prompt.input_ids)[None]
         text = tokenizer.decode(model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1]:])
         assert sum(ch.isdigit() for ch in text) >= 8 and extract_answer(text, strict=False) is not None, text
+
+
+def test_an_export_missing_a_tensor_or_with_a_changed_one_fails_the_check(tmp_path):
+    """from_pretrained loads an export that lacks tensors (they start random): the check compares every
+    tensor with the checkpoint's own."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from dapo_train.preflight.export_check import check_export
+
+    _, model, _, _ = _tiny_rehearsal(tmp_path, [552, 550])  # saved in tmp_path/model: the "checkpoint"
+    checkpoint = tmp_path / "model"
+    trained = load_file(str(checkpoint / "model.safetensors"))
+    assert check_export(checkpoint, checkpoint) == len(trained)
+    for name, broken in (("missing", dict(list(trained.items())[1:])),
+                         ("changed", {**trained, "model.norm.weight": trained["model.norm.weight"] + 1e-3})):
+        export = tmp_path / name
+        shutil.copytree(checkpoint, export)
+        save_file(broken, str(export / "model.safetensors"), metadata={"format": "pt"})
+        with pytest.raises(UserError) as caught:
+            check_export(checkpoint, export)
+        first = next(iter(trained))
+        expected = (f"the export lacks 1 of the {len(trained)} trained tensors: {first}" if name == "missing" else
+                    "the export's model.norm.weight differs from the trained tensor")
+        assert str(caught.value).startswith(expected), str(caught.value)

@@ -29,7 +29,8 @@ import torch
 from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark, remove_own
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.preflight import rehearsal
+from dapo_train.preflight import coverage, rehearsal
+from dapo_train.preflight.export_check import check_export
 from dapo_train.preflight.memory import GIB, ModelShape, Setting, estimate, reward_model_loads
 from dapo_train.rollout.decoding import SamplingSettings
 from dapo_train.train import distributed
@@ -37,6 +38,7 @@ from dapo_train.train import distributed
 logger = logging.getLogger(__name__)
 
 ROLLOUT_PROMPTS = 4  # prompts x G completions of the rollout check, scored by every reward
+EOS_ROUNDS = 8  # the rollout check's rounds at most, until every EOS id has ended a completion
 PROMPT_LINES = 12  # lines of the templated prompt shown
 # What a rehearsal writes in its folder (config/outputs.py), which --keep may replace.
 KEPT = OutputKind("dapo-train preflight folder", ".dapo-train-preflight",
@@ -68,15 +70,16 @@ class Report:
 
 class _Warnings(logging.Handler):
     """Collects the package's warnings while preflight runs, once each, for the report (the rehearsal's
-    own resume is no news)."""
+    own resume, and a warning about a key the rehearsal set, are no news)."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.messages: list[str] = []
+        self.ignored: tuple[str, ...] = ("resuming ",)
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage().splitlines()[0]
-        if message not in self.messages and not message.startswith("resuming "):
+        if message not in self.messages and not message.startswith(self.ignored):
             self.messages.append(message)
 
 
@@ -118,7 +121,7 @@ def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: in
     try:
         report.add("preflight", f"{config_name} on {'cuda: ' + torch.cuda.get_device_name() if cuda else 'cpu'} "
                    f"(torch {torch.__version__}, {distributed.world_size()} process(es)); rehearsal in {folder}")
-        _rehearse(cfg, folder, cuda, report, log, shards)
+        _rehearse(cfg, folder, cuda, report, log, shards, collected)
     finally:
         package.removeHandler(collected)
         package.propagate = True
@@ -158,7 +161,8 @@ def on_main(report: Report, name: str, log: io.StringIO):
         raise UserError(problem)
 
 
-def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.StringIO, shards: int) -> None:
+def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.StringIO, shards: int,
+              collected: _Warnings) -> None:
     from dapo_train.model.loading import load_model_config, load_tokenizer
 
     with phase(report, "read", log):
@@ -168,8 +172,10 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
     shape = ModelShape.from_config(model_config, cfg.model.lora)
     report.add("model", _describe_model(cfg, shape, model_config, generation, tokenizer))
     with phase(report, "data", log):
-        prompts = _report_data(cfg, tokenizer, report)
-    small, changes = rehearsal.shrink(cfg, folder / "model", folder / "run", cuda)
+        prompts, eval_split = _report_data(cfg, tokenizer, report)
+    small, changes = rehearsal.shrink(cfg, folder / "model", folder / "run", cuda, eval_split)
+    static = rehearsal.static_cache_check(cfg, cuda)
+    collected.ignored += tuple(f"{change.key}=" for change in changes) + (("rollout.compile=",) if static else ())
     if small.train.num_threads > 0:
         torch.set_num_threads(small.train.num_threads)  # as the run's setup does, for the rollout check too
     with on_main(report, "rehearsal model", log) as main:
@@ -177,22 +183,48 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
             r = small.rollout
             sampling = SamplingSettings(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
             model = rehearsal.build_model(model_config, generation, tokenizer, folder / "model", sampling)
+            rehearsal.reward_stand_ins(cfg, folder)
     report.add("rehearsal", f"{rehearsal.LAYERS} layers of width {rehearsal.WIDTH}, random weights biased to stop "
                f"at each EOS id; shrunk: " + "; ".join(f"{c.key} {c.old} -> {c.new}" for c in changes))
     with on_main(report, "rollout check", log) as main:
-        if main:
-            _report_rollout(small, model, tokenizer, prompts[:ROLLOUT_PROMPTS], report)
-    _train_and_resume(small, report, log)
+        if main:  # with a card, the configured reward models' own weights, once
+            _report_rollout(_rollout_check_config(small, cfg, cuda), model, tokenizer, prompts[:ROLLOUT_PROMPTS],
+                            report)
+    rows = _train_and_resume(small, report, log)
     with on_main(report, "export", log) as main:
         if main:
-            _export_and_reload(folder / "run", folder / "export")
+            compared = _export_and_check(folder / "run", folder / "export", small.model.lora.r > 0)
+            report.add("export", f"dapo-train export{' --merge' if small.model.lora.r > 0 else ''} of "
+                       f"checkpoint_{small.train.max_steps + 1}: {compared} tensors equal to the trained ones; plain "
+                       "transformers loads it")
     report.add("memory", _memory(cfg, shape, prompts, shards))
     report.add("disk", checkpoint_space(cfg, shape))
     report.add("phases", ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report.seconds.items()))
     if report.warnings:
         report.add("warnings", "\n".join(report.warnings))
-    report.add("ready", "every phase ran: rollout, rewards, old log-probs, updates with a non-zero gradient, eval, "
-               "checkpoint, resume, export")
+    report.add("not run", coverage.not_rehearsed(small, cuda, static))
+    report.add("ready", coverage.rehearsed(small, cuda, rows, static))
+
+
+def _rollout_check_config(small: Config, cfg: Config, cuda: bool) -> Config:
+    """The rollout check's config: the rehearsal's, with the configured reward models on a card, and the
+    static-cache engine on a CPU where a card would run it (rehearsal.static_cache_check)."""
+    import dataclasses
+
+    checked = _real_reward_models(small, cfg) if cuda else small
+    if rehearsal.static_cache_check(cfg, cuda):
+        checked = dataclasses.replace(checked, rollout=dataclasses.replace(checked.rollout, compile="on"))
+    return checked
+
+
+def _real_reward_models(small: Config, cfg: Config) -> Config:
+    """The rehearsal's config with each reward model's own path and tokenizer instead of its stand-in."""
+    import dataclasses
+
+    rewards = [dataclasses.replace(spec, args={**spec.args, "path": mine.args["path"],
+                                               "tokenizer_path": mine.args.get("tokenizer_path")})
+               if spec.name == rehearsal.REWARD_MODEL else spec for spec, mine in zip(small.rewards, cfg.rewards)]
+    return dataclasses.replace(small, rewards=rewards + small.rewards[len(cfg.rewards):])
 
 
 def _check_cheap(cfg: Config) -> None:
@@ -218,12 +250,10 @@ def _describe_model(cfg: Config, shape: ModelShape, model_config, generation, to
             f"EOS {eos}; pad {tokenizer.pad_token_id} {tokenizer.pad_token}; config and tokenizer read, no weights")
 
 
-def _report_data(cfg: Config, tokenizer, report: Report) -> list:
-    """Every row of the train and eval splits through the real prompt builder: counts, lengths, a prompt."""
-    from dapo_train.task.prompts import load_prompt_splits
-
-    splits = [cfg.data.train_split] + ([cfg.data.eval_split] if cfg.eval.every_steps or cfg.eval.final_full else [])
-    built = load_prompt_splits(cfg.data, tokenizer, splits)
+def _report_data(cfg: Config, tokenizer, report: Report) -> tuple[list, str]:
+    """Every row of the train and eval splits through the real prompt builder: counts, lengths, a prompt.
+    -> (the train prompts, the split the rehearsal's eval reads)."""
+    built = _load_splits(cfg, tokenizer)
     lines = []
     for split, (_, stats) in built.items():
         lengths = sorted(stats.lengths)
@@ -237,23 +267,45 @@ def _report_data(cfg: Config, tokenizer, report: Report) -> list:
     more = f"\n... ({len(shown) - PROMPT_LINES} more lines)" if len(shown) > PROMPT_LINES else ""
     report.add("prompt", f"{train[0].uid}, {len(train[0].input_ids)} tokens, as the model sees it:\n" +
                "\n".join(shown[:PROMPT_LINES]) + more)
-    return train
+    return train, cfg.data.eval_split if cfg.data.eval_split in built else cfg.data.train_split
+
+
+def _load_splits(cfg: Config, tokenizer) -> dict:
+    """The train and eval splits' prompts. A config that runs no eval needs no eval split, and a data
+    set without one (or with one `run` would not read) leaves the train split alone."""
+    from dapo_train.task.prompts import load_prompt_splits
+
+    splits = [cfg.data.train_split, cfg.data.eval_split]
+    if cfg.eval.every_steps or cfg.eval.final_full:
+        return load_prompt_splits(cfg.data, tokenizer, splits)
+    try:
+        return load_prompt_splits(cfg.data, tokenizer, splits)
+    except UserError:
+        return load_prompt_splits(cfg.data, tokenizer, splits[:1])
 
 
 def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report) -> None:
     """The config's engine and sampling on the rehearsal model: how completions end, and every reward's
-    mean and spread on them."""
+    mean and spread on them. Rounds of prompts x G repeat (at most EOS_ROUNDS) until every EOS id has
+    ended a completion: one round's few completions may miss an id by chance, and an id the rollout does
+    not stop at ends none in any round."""
     from dapo_train.rewards.scoring import rewards_from_config, score
     from dapo_train.rollout.engines import build_engine, eos_token_ids
 
     model = model.to("cuda" if torch.cuda.is_available() else "cpu")
     engine = build_engine(cfg.rollout, model, tokenizer)
     r, group = cfg.rollout, cfg.rollout.group_size
+    sampling = SamplingSettings(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
     torch.manual_seed(cfg.seed)
-    completions = engine.generate([p.input_ids for p in prompts],
-                                  SamplingSettings(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k), group)
-    ended = {i: sum(1 for c in completions if not c.truncated and int(c.completion_ids[-1]) == i)
-             for i in eos_token_ids(model, tokenizer)}
+    ended, first, rounds = dict.fromkeys(eos_token_ids(model, tokenizer), 0), [], 0
+    while rounds < EOS_ROUNDS and not all(ended.values()):
+        rounds += 1
+        completions = engine.generate([p.input_ids for p in prompts], sampling, group)
+        first = first or completions  # the first round's are scored
+        for c in completions:
+            if not c.truncated and int(c.completion_ids[-1]) in ended:
+                ended[int(c.completion_ids[-1])] += 1
+    completions = first
     rewards = rewards_from_config(cfg).load(next(model.parameters()).device)  # reward models too, as a run does
     scores = score(rewards, [c.text for c in completions], [p.gold for p in prompts for _ in range(group)],
                    lengths=[c.length for c in completions], prompts=[p.text for p in prompts for _ in range(group)],
@@ -261,16 +313,20 @@ def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report
     means = "; ".join(f"{key} mean {statistics.fmean(values):+.3f} sd {statistics.pstdev(values):.3f}"
                       for key, values in scores.per_reward.items())
     stops = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} {n}" for i, n in ended.items())
-    report.add("rollout", f"{len(completions)} completions ({len(prompts)} prompts x G={group}) ended by {stops}, "
-               f"truncated {sum(c.truncated for c in completions)}; lengths {min(c.length for c in completions)}-"
-               f"{max(c.length for c in completions)}\nrewards: {means}")
+    report.add("rollout", f"{type(engine).__name__}: {len(completions)} completions ({len(prompts)} prompts x "
+               f"G={group}) truncated "
+               f"{sum(c.truncated for c in completions)}, lengths {min(c.length for c in completions)}-"
+               f"{max(c.length for c in completions)}; ended by {stops} in {rounds} round(s) of "
+               f"{len(completions)}\nrewards: {means}")
     if not all(ended.values()):
         missing = [tokenizer.convert_ids_to_tokens(i) for i, n in ended.items() if not n]
-        raise UserError(f"no completion ended with {', '.join(missing)}: the rollout does not stop at every EOS id")
+        raise UserError(f"no completion of {rounds} x {len(completions)} ended with {', '.join(missing)}: the "
+                        "rollout does not stop at every EOS id")
 
 
-def _train_and_resume(cfg: Config, report: Report, log: io.StringIO) -> None:
-    """Two steps (eval at step 0 and 2, checkpoint_2), then a resume from checkpoint_2 for a third."""
+def _train_and_resume(cfg: Config, report: Report, log: io.StringIO) -> list[dict]:
+    """Two steps (eval at step 0 and 2, checkpoint_2), then a resume from checkpoint_2 for a third.
+    -> the run's metrics rows."""
     from dapo_train.config.load import load_config, read_saved_config
     from dapo_train.run.logs import read_metrics
     from dapo_train.train.loop import train
@@ -302,18 +358,21 @@ def _train_and_resume(cfg: Config, report: Report, log: io.StringIO) -> None:
                f"resumed to step {len(steps)}\ngenerate {total('seconds_generate'):.1f}s, rewards "
                f"{total('seconds_score'):.1f}s, old log-probs {total('seconds_old_logprobs'):.1f}s, update "
                f"{total('seconds_update'):.1f}s, eval {total('seconds_eval'):.1f}s")
+    return rows
 
 
-def _export_and_reload(run_dir: Path, out: Path) -> None:
-    """The last checkpoint exported, and the export loaded back by plain transformers."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _export_and_check(run_dir: Path, out: Path, merge: bool) -> int:
+    """The last checkpoint exported as a user would (a LoRA run merged), and checked against the
+    trained tensors (export_check.py). -> tensors compared."""
+    from transformers import AutoTokenizer
 
     from dapo_train.model.checkpoint import latest_checkpoint
     from dapo_train.model.export import export_checkpoint
 
-    exported = export_checkpoint(str(latest_checkpoint(run_dir)), str(out))
-    AutoModelForCausalLM.from_pretrained(exported)
+    checkpoint = latest_checkpoint(run_dir)
+    exported = export_checkpoint(str(checkpoint), str(out), merge=merge)
     AutoTokenizer.from_pretrained(exported)
+    return check_export(checkpoint, exported)
 
 
 def checkpoint_space(cfg: Config, shape: ModelShape) -> str:

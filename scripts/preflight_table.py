@@ -2,10 +2,11 @@
 the verdict and the seconds of each, as the Markdown table in docs/benchmarks.md (Preflight on every
 shipped config).
 
-    python scripts/preflight_table.py --gsm8k GSM8K_TEST_JSONL [--seeds 20] [--work DIR]
+    python scripts/preflight_table.py [--seeds 20] [--gsm8k GSM8K_TEST_JSONL] [--work DIR]
 
 The Qwen configs run on scripts/qwen_offline.py's Qwen2.5-Instruct folders (tokenizer and config, no
-weights) and a GSM8K-zh-shaped parquet folder made from --gsm8k (GSM8K's test.jsonl); the others run
+weights) and a GSM8K-zh-shaped parquet folder made from --gsm8k (GSM8K's test.jsonl, the copy in data/gsm8k by
+default); the others run
 as shipped (the tiny task). configs/accelerate/ holds `accelerate launch` files, not dapo-train configs.
 One process, one after another; seconds are each preflight's wall time in it (no interpreter start-up).
 """
@@ -47,13 +48,14 @@ def run_one(path: Path, overrides: list[str]) -> tuple[str, float]:
 
 
 def main() -> None:
+    import qwen_offline
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gsm8k", type=Path, required=True, help="GSM8K's test.jsonl (for the GSM8K-zh stand-in)")
+    parser.add_argument("--gsm8k", type=Path, default=qwen_offline.GSM8K_TEST,
+                        help="GSM8K's test.jsonl (for the GSM8K-zh stand-in); default: the copy in data/gsm8k")
     parser.add_argument("--seeds", type=int, default=20, help="seeds of each Qwen config (seed=0..N-1)")
     parser.add_argument("--work", type=Path, help="folder for the offline Qwen files (default: a temporary one)")
     args = parser.parse_args()
-    import qwen_offline
-
     work = args.work or Path(tempfile.mkdtemp(prefix="preflight-table-"))
     small = qwen_offline.build_qwen_folder(work / "Qwen2.5-1.5B-Instruct", "1.5b")
     large = work / "Qwen2.5-7B-Instruct"

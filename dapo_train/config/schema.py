@@ -266,8 +266,18 @@ class TrainConfig:
         "groups (at most one per group; the paper: 16). Above 1 the policy drifts from the one that sampled, "
         "so eps_low / eps_high act.",
     )
-    micro_batch_size: int = _opt(16, "Sequences per forward/backward; a mini-batch's are accumulated.")
-    micro_batch_tokens: int = _opt(0, "If > 0, cap micro-batches by padded tokens instead (count still bounded).")
+    micro_batch_size: int = _opt(
+        16, "Sequences per forward/backward; a mini-batch's are accumulated. Used when micro_batch_tokens is 0."
+    )
+    micro_batch_tokens: int = _opt(
+        0,
+        "If > 0, micro-batches are formed by this token budget and micro_batch_size is not used: a mini-batch "
+        "is cut, in order, into the fewest micro-batches within the budget, balanced to carry similar tokens. "
+        "Tokens: each group's prompt once + its completions with shared_prefix (rows pack several groups; a "
+        "group cut between rows repeats its prompt, so a forward can exceed the budget by a few percent), "
+        "rows x widest prompt+completion without. A sequence over the budget gets a micro-batch of its own "
+        "(warned once). Per rank.",
+    )
     learning_rate: float = _opt(1e-4, "AdamW learning rate.")
     lr_scheduler: str = _opt(
         "constant", "Schedule after warmup, over the run's optimizer steps (max_steps x updates_per_step x "

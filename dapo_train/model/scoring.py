@@ -2,10 +2,11 @@
 
 Two things keep the update cheap:
 
-- Shared prompt prefix. The G completions of a group share one prompt. With `share_prefix`,
-  `collate` lays a micro-batch out as one row per prompt: the prompt once, then each of its
-  completions, under a 4-D attention mask in which a completion sees the prompt and its own earlier
-  tokens only, with position ids restarting after the prompt for each completion. The forward's cost
+- Shared prompt prefix, packed rows. The G completions of a group share one prompt. With
+  `share_prefix`, `collate` lays a micro-batch out in rows that hold each group as its prompt once,
+  then each of its completions, several groups back to back (shared_rows: nearly full rows), under a
+  4-D attention mask in which a completion sees its own group's prompt and its own earlier tokens
+  only, with position ids restarting at each prompt and after it for each completion. The forward's cost
   then follows prompt + G x completion tokens instead of G x (prompt + completion), with the same
   log-probs (float rounding aside). Needs an attention kernel that takes a 4-D mask (sdpa, eager);
   a micro-batch whose rows would be wider than SHARED_ROW_LIMIT tokens, or that would not get
@@ -44,8 +45,9 @@ class TokenBatch:
     """A collated micro-batch: N samples laid out in R rows of width W; T = padded completion width.
 
     One sample per row (R = N): left-padded prompt ++ right-padded completion, a 2-D attention mask.
-    Shared prefix: one row per run of consecutive samples with the same prompt, the prompt once and
-    then each completion; attention_mask is (R, 1, W, W) bool (True = may attend).
+    Shared prefix: each run of consecutive samples with the same prompt as the prompt once and then
+    each completion, several runs back to back in a row (a run cut between rows repeats its prompt);
+    attention_mask is (R, 1, W, W) bool (True = may attend).
     """
 
     input_ids: Tensor  # (R, W)
@@ -119,47 +121,90 @@ def padded_position_ids(attention_mask: Tensor) -> Tensor:
 
 def _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask, valid_mask
                     ) -> TokenBatch | None:
-    """One row per run of consecutive samples with equal prompts: prompt, then each completion.
-    None when that saves no work or a row would be wider than SHARED_ROW_LIMIT (the dense 4-D mask
-    and attention grow with the square of the row): the caller then uses one row per sample."""
-    runs: list[list[int]] = []
-    for i, prompt in enumerate(prompts):
-        if runs and torch.equal(prompts[runs[-1][0]], prompt):
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    lengths = [int(prompts[run[0]].numel()) + sum(int(completions[i].numel()) for i in run) for run in runs]
-    n, width_t, width = len(prompts), completion_ids.shape[1], max(lengths)
-    plain_tokens = n * (max(int(p.numel()) for p in prompts) + width_t)
-    if width > SHARED_ROW_LIMIT or len(runs) * width >= plain_tokens:
+    """Samples cut, in order, into rows that hold each run of consecutive samples with equal prompts
+    as the prompt once, then each completion, several runs back to back: the fewest rows no wider
+    than the widest run, balanced (shared_rows), so rows are nearly full and the forward computes
+    almost no padding; a run cut between two rows repeats its prompt. The mask keeps every run to
+    itself. None when that saves no work or a run would be wider than SHARED_ROW_LIMIT (the dense 4-D
+    mask and attention grow with the square of the row): the caller then uses one row per sample."""
+    n, width_t = len(prompts), completion_ids.shape[1]
+    starts = [i == 0 or not torch.equal(prompts[i - 1], prompts[i]) for i in range(n)]
+    prompt_lengths = [int(p.numel()) for p in prompts]
+    completion_lengths = [int(c.numel()) for c in completions]
+    widest, run = 0, 0
+    for i in range(n):
+        run = (prompt_lengths[i] if starts[i] else run) + completion_lengths[i]
+        widest = max(widest, run)
+    plain_tokens = n * (max(prompt_lengths) + width_t)
+    cuts = shared_rows(prompt_lengths, completion_lengths, starts, widest)
+    width = max(tokens for _, _, tokens in cuts)
+    if widest > SHARED_ROW_LIMIT or len(cuts) * width >= plain_tokens:
         return None
-    input_ids = torch.full((len(runs), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(runs), width), dtype=torch.long)
-    segment = torch.full((len(runs), width), -1, dtype=torch.long)  # 0 prompt, k + 1 the run's k-th completion
+    shape = (len(cuts), width)
+    input_ids = torch.full(shape, pad_id, dtype=torch.long)
+    position_ids = torch.zeros(shape, dtype=torch.long)
+    owner = torch.full(shape, -1, dtype=torch.long)  # the run a position belongs to in its row, -1 padding
+    segment = torch.full(shape, -1, dtype=torch.long)  # 0 prompt, k + 1 the run's k-th completion
     rows = torch.zeros(n, dtype=torch.long)
     positions = torch.zeros((n, width_t), dtype=torch.long)
-    for r, run in enumerate(runs):
-        prompt = prompts[run[0]]
-        p = int(prompt.numel())
-        input_ids[r, :p], position_ids[r, :p], segment[r, :p] = prompt, torch.arange(p), 0
-        start = p
-        for k, i in enumerate(run):
-            c = int(completions[i].numel())
+    for r, (first, last, _) in enumerate(cuts):
+        start, run, k, prompt_end, p = 0, -1, 0, 0, 0
+        for i in range(first, last):
+            if i == first or starts[i]:  # a run begins in this row: its prompt
+                p, run, k = prompt_lengths[i], run + 1, 0
+                input_ids[r, start : start + p], position_ids[r, start : start + p] = prompts[i], torch.arange(p)
+                owner[r, start : start + p], segment[r, start : start + p] = run, 0
+                prompt_end, start = start + p - 1, start + p
+            c = completion_lengths[i]
             input_ids[r, start : start + c] = completions[i]
             position_ids[r, start : start + c] = torch.arange(p, p + c)
-            segment[r, start : start + c] = k + 1
+            owner[r, start : start + c], segment[r, start : start + c] = run, k + 1
             rows[i] = r
             # Token 0 is predicted by the prompt's last position, token t >= 1 by the token before it; an
             # empty completion (a plugin engine may return one) has no token and points at the prompt.
-            positions[i, :] = p - 1
+            positions[i, :] = prompt_end
             positions[i, 1:c] = torch.arange(start, start + max(c - 1, 0))
-            start += c
+            start, k = start + c, k + 1
+    same_run = (owner[:, :, None] == owner[:, None, :]) & (owner[:, None, :] >= 0)  # (R, W, W)
     query, key = segment[:, :, None], segment[:, None, :]  # (R, W, 1), (R, 1, W)
     causal = torch.ones(width, width, dtype=torch.bool).tril()
-    mask = causal & (query >= 0) & (key >= 0) & ((key == 0) | (key == query))
+    mask = causal & same_run & ((key == 0) | (key == query))
     mask |= torch.eye(width, dtype=torch.bool)  # padding attends to itself: no empty softmax row
     return TokenBatch(input_ids, mask[:, None], position_ids, completion_ids, completion_mask, rows, positions,
-                      valid_mask, len(runs) * width - sum(lengths))
+                      valid_mask, len(cuts) * width - sum(tokens for _, _, tokens in cuts))
+
+
+def shared_rows(prompt_lengths: Sequence[int], completion_lengths: Sequence[int], starts: Sequence[bool],
+                cap: int) -> list[tuple[int, int, int]]:
+    """Samples (their prompt and completion lengths; starts[i]: sample i's prompt differs from the one
+    before) cut in order into rows, each run's prompt once per row: the fewest rows of at most `cap`
+    tokens (a sample that alone exceeds it gets a row of its own), then the smallest cap that keeps
+    that many, so the rows carry similar tokens. -> (first, end, tokens) per row."""
+    n = len(prompt_lengths)
+    added = [0]  # prefix sums of what each sample adds to a row it does not begin
+    for i in range(n):
+        added.append(added[-1] + completion_lengths[i] + (prompt_lengths[i] if starts[i] else 0))
+
+    def cut(limit: int) -> list[tuple[int, int, int]]:
+        parts, first = [], 0
+        while first < n:
+            begin = added[first] - (0 if starts[first] else prompt_lengths[first])  # the first sample brings its prompt
+            end = first + 1
+            while end < n and added[end + 1] - begin <= limit:
+                end += 1
+            parts.append((first, end, added[end] - begin))
+            first = end
+        return parts
+
+    fewest = len(cut(cap))
+    low, high = 1, max(cap, 1)
+    while low < high:
+        middle = (low + high) // 2
+        if len(cut(middle)) <= fewest:
+            high = middle
+        else:
+            low = middle + 1
+    return cut(low)
 
 
 def attention_implementation(model) -> str:

@@ -3,12 +3,14 @@ update that ranks.py agrees across ranks and update.py runs.
 
 A step's rollout batch (its informative groups) is cut into `train.updates_per_step` mini-batches
 of whole groups, each one optimizer step (mini_batches); each mini-batch into micro-batches, by
-count or by a padded-token budget, whose gradients accumulate (split_micro_batches). Scoring reads
+count or by a token budget, whose gradients accumulate (split_micro_batches); shared-prefix rows
+pack several groups back to back (scoring.collate). Scoring reads
 logits / the rollout temperature, the distribution the rollout sampled from (Scorer).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +21,7 @@ from dapo_train.model.scoring import TokenBatch, collate, score_tokens, supports
 from dapo_train.train.records import Group
 
 NO_CORRECTION = RolloutCorrection("off")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,25 +49,79 @@ def flatten_groups(groups: list[Group], overlong_filtering: bool) -> list[TrainS
     ]
 
 
-def split_micro_batches(samples: list[TrainSample], max_count: int, max_tokens: int = 0) -> list[list[TrainSample]]:
-    """Consecutive micro-batches of at most max_count samples and, if max_tokens > 0, at most
-    max_tokens padded tokens (rows x widest prompt+completion); a single sample always fits."""
-    batches: list[list[TrainSample]] = []
-    current: list[TrainSample] = []
-    widest = 0
-    for sample in samples:
-        width = int(sample.prompt_ids.numel() + sample.completion_ids.numel())
-        new_widest = max(widest, width)
-        too_many = len(current) >= max_count
-        too_wide = max_tokens > 0 and current and new_widest * (len(current) + 1) > max_tokens
-        if current and (too_many or too_wide):
-            batches.append(current)
-            current, new_widest = [], width
-        current.append(sample)
-        widest = new_widest
-    if current:
-        batches.append(current)
-    return batches
+def split_micro_batches(samples: list[TrainSample], max_count: int, max_tokens: int = 0,
+                        share_prefix: bool = False) -> list[list[TrainSample]]:
+    """Consecutive micro-batches, in order. max_tokens = 0: at most max_count samples each. max_tokens > 0
+    (the budget wins, max_count is not used): the fewest micro-batches whose tokens (micro_batch_tokens)
+    stay within the budget, cut so that the largest holds as few tokens as it can, so the micro-batches
+    of a mini-batch carry similar tokens. A sample over the budget alone gets a micro-batch of its own
+    (with a warning, once)."""
+    if max_tokens <= 0:
+        return [samples[i : i + max_count] for i in range(0, len(samples), max_count)]
+    if any(micro_batch_tokens([sample], share_prefix) > max_tokens for sample in samples):
+        _warn_over_budget(max_tokens)
+    fewest = len(_cut(samples, max_tokens, share_prefix))
+    low, high = 1, max_tokens  # the smallest cap that still needs no more micro-batches than `fewest`
+    while low < high:
+        middle = (low + high) // 2
+        if len(_cut(samples, middle, share_prefix)) <= fewest:
+            high = middle
+        else:
+            low = middle + 1
+    return _cut(samples, low, share_prefix)
+
+
+def micro_batch_tokens(samples: list[TrainSample], share_prefix: bool) -> int:
+    """What train.micro_batch_tokens counts for these samples: the positions their forward computes.
+    share_prefix: each run of one prompt's completions holds the prompt once (packed rows, nearly no
+    padding); otherwise rows x (widest prompt + widest completion), the padded layout."""
+    if not samples:
+        return 0
+    if share_prefix:
+        total = 0
+        for i, sample in enumerate(samples):
+            if not i or not _same_prompt(samples[i - 1], sample):
+                total += int(sample.prompt_ids.numel())
+            total += int(sample.completion_ids.numel())
+        return total
+    prompt = max(int(s.prompt_ids.numel()) for s in samples)
+    completion = max(1, max(int(s.completion_ids.numel()) for s in samples))
+    return len(samples) * (prompt + completion)
+
+
+def _cut(samples: list[TrainSample], cap: int, share_prefix: bool) -> list[list[TrainSample]]:
+    """Greedy consecutive cut: each part grows while its tokens (micro_batch_tokens, kept running) stay
+    within cap; a lone sample always fits."""
+    parts: list[list[TrainSample]] = []
+    tokens = prompt = completion = 0
+    for i, sample in enumerate(samples):
+        p, c = int(sample.prompt_ids.numel()), int(sample.completion_ids.numel())
+        if share_prefix:
+            same = i and parts and _same_prompt(samples[i - 1], sample)
+            grown = tokens + c + (0 if same else p)
+        else:
+            grown = (len(parts[-1]) + 1 if parts else 1) * (max(prompt, p) + max(completion, c, 1))
+        if parts and grown <= cap:
+            parts[-1].append(sample)
+            tokens, prompt, completion = grown, max(prompt, p), max(completion, c)
+        else:
+            parts.append([sample])
+            tokens, prompt, completion = p + c if share_prefix else p + max(c, 1), p, c
+    return parts
+
+
+def _same_prompt(a: TrainSample, b: TrainSample) -> bool:
+    return a.prompt_ids is b.prompt_ids or torch.equal(a.prompt_ids, b.prompt_ids)
+
+
+_warned_over_budget: list[int] = []
+
+
+def _warn_over_budget(budget: int) -> None:
+    if not _warned_over_budget:
+        _warned_over_budget.append(budget)
+        logger.warning("a sequence is longer than train.micro_batch_tokens=%d: it gets a micro-batch of its own "
+                       "(its memory is not bounded by the budget)", budget)
 
 
 @dataclass
@@ -149,7 +206,7 @@ class Batching:
         return cls(pad_id, device, use_shared_prefix(cfg, model), t.micro_batch_size, t.micro_batch_tokens, correction)
 
     def micro_batches(self, samples: list[TrainSample]) -> list[MicroBatch]:
-        split = split_micro_batches(samples, self.max_count, self.max_tokens)
+        split = split_micro_batches(samples, self.max_count, self.max_tokens, self.share_prefix)
         return [collate_micro_batch(micro, self.pad_id, self.device, self.share_prefix, self.correction)
                 for micro in split]
 

@@ -101,7 +101,12 @@ def start_accelerator(cfg: Config, cuda: bool, run_dir: Path):
     """The Accelerator (under torchrun / accelerate launch it joins the other ranks; its trackers
     write under the run folder), this rank's seeds, and a log line from each rank saying what it does."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
+    # A process that trains more than once (preflight's rehearsal and resume, a sweep's points, tests) may
+    # ask for another mixed precision than its last run's; accelerate keeps one per process and refuses a
+    # change, so the finished run's state goes (the process group, PartialState's, stays).
+    AcceleratorState._reset_state()
     accelerator = Accelerator(
         mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda, log_with=cfg.logging.trackers or None,
         project_dir=str(run_dir),

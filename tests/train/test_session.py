@@ -8,7 +8,7 @@ import pytest
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
-from dapo_train.train.session import check_data_use, missing_split
+from dapo_train.train.session import check_data_use, missing_split, start_accelerator
 
 
 def test_fewer_usable_prompts_than_a_step_draws_is_refused():
@@ -41,3 +41,11 @@ def test_a_missing_eval_split_is_found_without_reading_it_as_prompts(tmp_path):
     assert missing_split(data, "test").startswith(f"split 'test' not found in {tmp_path / 'train.jsonl'}; splits: "
                                                   "train")
     assert missing_split(data, "train") is None
+
+
+def test_one_process_may_train_again_with_another_mixed_precision(tmp_path):
+    """Preflight rehearses bf16 autocast in the process that ran an earlier float32 run (and a sweep's points
+    may differ in train.mixed_precision): accelerate keeps one state per process and refused the change."""
+    for precision in ("no", "bf16"):
+        cfg = load_config(None, [f"train.mixed_precision='{precision}'"])
+        assert start_accelerator(cfg, False, tmp_path).mixed_precision == precision

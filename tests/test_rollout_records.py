@@ -47,7 +47,7 @@ def _groups(records: list[dict]) -> dict[tuple, list[dict]]:
 
 def test_every_completion_of_every_step_is_recorded_once(every_group):
     cfg, _, rows, records = every_group
-    assert list(records) == [1, 2, 3]
+    assert list(records) == [1, 2, 3, 4]
     for step, step_records in records.items():
         assert all(list(record) == list(RECORD_KEYS) and record["step"] == step for record in step_records)
         places = [(r["round"], r["group"], r["sample"]) for r in step_records]

@@ -24,8 +24,14 @@ ATOL = 1e-6
 LOSS_RTOL = 1e-6
 
 
+# The fixture sampled with Gumbel-max; the CPU's inverse-CDF draw that came later (rollout/decoding.py) draws
+# from the same distribution with another random stream, so the resume samples as that version did.
+AS_BEFORE = ("import sys; from dapo_train.rollout import decoding; decoding.FULL_VOCABULARY_DRAWS.clear(); "
+             "from dapo_train.cli import main; sys.argv[0] = 'dapo-train'; main()")
+
+
 def _dapo(*args, cwd):
-    result = subprocess.run([sys.executable, "-m", "dapo_train", *args], cwd=cwd, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-c", AS_BEFORE, *args], cwd=cwd, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr
     return result

@@ -2,7 +2,7 @@
 the verdict and the seconds of each, as the Markdown table in docs/benchmarks.md (Preflight on every
 shipped config).
 
-    python scripts/preflight_table.py [--seeds 20] [--gsm8k GSM8K_TEST_JSONL] [--work DIR]
+    python scripts/preflight_table.py [--seeds 20] [--only qwen1.5b.yaml] [--gsm8k GSM8K_TEST_JSONL] [--work DIR]
 
 The Qwen configs run on scripts/qwen_offline.py's Qwen2.5-Instruct folders (tokenizer and config, no
 weights) and a GSM8K-zh-shaped parquet folder made from --gsm8k (GSM8K's test.jsonl, the copy in data/gsm8k by
@@ -55,6 +55,7 @@ def main() -> None:
                         help="GSM8K's test.jsonl (for the GSM8K-zh stand-in); default: the copy in data/gsm8k")
     parser.add_argument("--seeds", type=int, default=20, help="seeds of each Qwen config (seed=0..N-1)")
     parser.add_argument("--work", type=Path, help="folder for the offline Qwen files (default: a temporary one)")
+    parser.add_argument("--only", default="", help="only the configs whose path contains this text")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="preflight-table-"))
     small = qwen_offline.build_qwen_folder(work / "Qwen2.5-1.5B-Instruct", "1.5b")
@@ -65,6 +66,8 @@ def main() -> None:
     print("| config | seeds | ready | seconds (median, max) |\n|---|---|---|---|", flush=True)
     for path in shipped_configs():
         name = str(path.relative_to(ROOT))
+        if args.only not in name:
+            continue
         overrides, seeds = [], [None]
         if path.name.startswith("qwen"):
             model = large if "7b" in path.name else small

@@ -186,6 +186,11 @@ def check_data_use(cfg: Config, usable: int) -> None:
             "more data",
         )
     least, most = wanted * steps, wanted * steps * max_rounds(cfg)
+    drawn_at_most = max(wanted, cfg.dapo.max_round_prompts) * steps * max_rounds(cfg)
+    if cfg.dapo.skip_history and drawn_at_most <= usable:
+        logger.warning("dapo.skip_history cannot act: the run draws at most %d prompts, no more than the %d usable "
+                       "training prompts, so none is drawn twice and none has a history to be skipped on (it acts "
+                       "from the second epoch on)", drawn_at_most, usable)
     if most == least:
         logger.info("data: the run draws %d prompts per step x %d steps = %d prompts, %.3g epochs of the %d "
                     "usable training prompts", wanted, steps, least, least / usable, usable)

@@ -35,6 +35,20 @@ def test_the_run_says_how_many_epochs_it_will_cover(caplog):
         in caplog.text
 
 
+def test_skip_history_says_at_start_when_the_run_never_comes_back_to_a_prompt(caplog):
+    """A prompt's history needs it drawn twice: 2 prompts x 3 steps x at most 4 rounds = 24 draws at most,
+    within 24 usable prompts (one epoch) it cannot act; within 23 a prompt comes back and it can; off, no word."""
+    def warned(overrides, usable):
+        caplog.clear()
+        check_data_use(load_config(None, ["train.prompts_per_step=2", "train.max_steps=3", "dapo.max_gen_rounds=4",
+                                          *overrides]), usable)
+        return "dapo.skip_history cannot act: the run draws at most 24 prompts" in caplog.text
+
+    assert warned(["dapo.skip_history=true"], 24)
+    assert not warned(["dapo.skip_history=true"], 23)
+    assert not warned([], 24)
+
+
 def test_a_missing_eval_split_is_found_without_reading_it_as_prompts(tmp_path):
     (tmp_path / "train.jsonl").write_text(json.dumps({"question": "1+1?", "answer": 2}) + "\n")
     data = load_config(None, [f"data.path={tmp_path / 'train.jsonl'}"]).data

@@ -230,6 +230,15 @@ def _rank_worker(rank: int, port: int, out: str) -> None:
         results[f"fsdp{version}"] = _update(accelerator, overrides, groups, fsdp=version, save_to=save_to)
     if rank == 0:
         torch.save(results, out)
+    _leave()
+
+
+def _leave() -> None:
+    """End a spawned rank: wait at a barrier first, so that no rank tears down its gloo group (or, rank 0,
+    the store it hosts) while the other still has a collective's last message in flight. A loaded CI
+    machine once saw rank 1 abort there ("terminate called without an active exception", SIGABRT) after
+    both ranks had run their steps; this barrier closes the race we could see at that point."""
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
@@ -312,7 +321,7 @@ def _scoring_worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo")
     torch.save(_collect_with_reward_model(), f"{out}.{rank}")
-    torch.distributed.destroy_process_group()
+    _leave()
 
 
 def test_two_ranks_score_each_completion_once_with_the_totals_of_one_process(tmp_path):
@@ -456,7 +465,7 @@ def _screen_worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo")
     torch.save({"screen": _screened_step(), "history": _screened_step(steps=4, history=True)}, f"{out}.{rank}")
-    torch.distributed.destroy_process_group()
+    _leave()
 
 
 def test_two_ranks_screen_skip_and_complete_the_groups_of_one_process(tmp_path):

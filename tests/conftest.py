@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-# The tiny build (scripts/make_tiny_model.py and its task generator scripts/tiny_task.py) is build-time
-# code outside the package; its tests import these as top-level modules, as the script itself does.
+# The scripts (scripts/build/, scripts/bench/, scripts/studies/: scripts/README.md) are code outside the
+# package; their tests import them as top-level modules, as each script imports its siblings.
 SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "scripts"
-if str(SCRIPTS_DIR) not in sys.path:
-    sys.path.append(str(SCRIPTS_DIR))
+for _folder in ("build", "bench", "studies"):
+    if str(SCRIPTS_DIR / _folder) not in sys.path:
+        sys.path.append(str(SCRIPTS_DIR / _folder))
 
 # The tiny models run ~30x faster on one thread than on two contended ones (OpenMP start-up
 # dominates their small matmuls); the trainer's own default is 1 as well.
@@ -50,8 +51,8 @@ def assert_worked_solutions(rows: list[dict], step_re, steps: range, max_result:
 
 @pytest.fixture(scope="module")
 def build():
-    """scripts/make_tiny_model.py as a module (a script, so loaded by its path)."""
-    spec = importlib.util.spec_from_file_location("make_tiny_model", SCRIPTS_DIR / "make_tiny_model.py")
+    """scripts/build/make_tiny_model.py as a module (a script, so loaded by its path)."""
+    spec = importlib.util.spec_from_file_location("make_tiny_model", SCRIPTS_DIR / "build" / "make_tiny_model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,4 +1,4 @@
-"""scripts/bench_vs_trl.py: the rehearsal shape gives both sides the same prompt ids, stop ids and sampling,
+"""scripts/bench/bench_vs_trl.py: the rehearsal shape gives both sides the same prompt ids, stop ids and sampling,
 and --trl-compact changes which positions TRL's fused LM head scores, not what it returns. TRL is a dev
 dependency (tests/test_trl_parity.py pins it), so these fail without it rather than skip."""
 

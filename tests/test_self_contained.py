@@ -102,6 +102,7 @@ def test_a_path_above_the_repository_is_found(relative, source):
     ("tests/task/test_answers.py", 'GSM8K = Path(__file__).resolve().parents[2] / "data" / "gsm8k"'),
     ("tests/test_preflight.py", 'ROOT = Path(__file__).resolve().parent.parent\nG = ROOT / "data" / "gsm8k"'),
     ("scripts/bench_vs_trl.py", 'SCRIPTS = Path(__file__).resolve().parent\nG = SCRIPTS.parent / "data"'),
+    ("scripts/bench/bench_vs_trl.py", 'HERE = Path(__file__).resolve().parent\nG = HERE.parents[1] / "data"'),
     ("tests/x.py", 'text = "a..b" + "1...5" + "x.. y"'),
 ])
 def test_a_path_inside_the_repository_is_not_found(relative, source):

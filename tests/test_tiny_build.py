@@ -1,4 +1,4 @@
-"""The tiny build's training maths (scripts/make_tiny_model.py): the shortcuts it takes for speed
+"""The tiny build's training maths (scripts/build/make_tiny_model.py): the shortcuts it takes for speed
 give the loss and gradient of the plain computation."""
 
 import json

@@ -41,7 +41,7 @@ def splits():
 def test_shipped_long_data_is_what_the_generator_makes(splits):
     assert (len(splits["train"]), len(splits["test"])) == (4000, 500)
     assert not {r["question_zh-cn"] for r in splits["train"]} & {r["question_zh-cn"] for r in splits["test"]}
-    assert_shipped_data(splits, TINY_LONG_DATA_DIR, "python scripts/make_tiny_model.py --recipe tiny-long")
+    assert_shipped_data(splits, TINY_LONG_DATA_DIR, "python scripts/build/make_tiny_model.py --recipe tiny-long")
 
 
 def test_every_worked_step_is_exact_and_the_last_is_the_answer(splits):

@@ -48,7 +48,7 @@ def test_splits_have_the_documented_sizes_and_share_no_question(splits):
 
 
 def test_shipped_data_is_what_the_generator_makes(splits):
-    assert_shipped_data(splits, TINY_DATA_DIR, "python scripts/make_tiny_model.py")
+    assert_shipped_data(splits, TINY_DATA_DIR, "python scripts/build/make_tiny_model.py")
 
 
 def test_every_worked_step_is_exact_arithmetic_and_ends_in_answer_only(splits):
@@ -175,7 +175,7 @@ def test_shipped_model_loads_offline_and_answers_in_format(splits):
 def test_shipped_model_was_trained_on_the_shipped_data():
     info = json.loads((TINY_MODEL_DIR / "build_info.json").read_text(encoding="utf-8"))
     shipped = hashlib.sha256((TINY_DATA_DIR / "train.jsonl").read_bytes()).hexdigest()
-    assert info["train_data_sha256"] == shipped, "weights and data differ: python scripts/make_tiny_model.py"
+    assert info["train_data_sha256"] == shipped, "weights and data differ: python scripts/build/make_tiny_model.py"
 
 
 def test_shipped_files_are_small():

@@ -134,7 +134,7 @@ def draw_tokens(distribution: Tensor, top_k: int = 0, generators: Sequence[torch
     at the k-th), so the draw runs over those k alone (Gumbel-max over k candidates). Over the whole
     vocabulary the draw is the device's FULL_VOCABULARY_DRAWS entry: at Qwen's 151,936 ids an
     exponential per entry (Gumbel-max) was most of a CPU decode step, and the inverse-CDF draw is the
-    same distribution at a fraction of the cost there (docs/benchmarks.md, scripts/bench_draw.py).
+    same distribution at a fraction of the cost there (docs/benchmarks.md, scripts/bench/bench_draw.py).
     generators: one per row, each row's exponentials drawn from its own over the whole vocabulary
     (Gumbel-max), so that a row's token does not depend on the other rows of the batch: keyed draws
     (dapo.screen_size), at the cost of an exponential per entry."""
@@ -195,7 +195,7 @@ def _inverse_cdf(weights: Tensor) -> Tensor:
 
 
 # The full-vocabulary draw per device type (draw_tokens); Gumbel-max where none is named. The inverse-CDF
-# draw measured 5-10x cheaper on the CPU at Qwen's vocabulary; scripts/bench_cuda.sh times both on CUDA.
+# draw measured 5-10x cheaper on the CPU at Qwen's vocabulary; scripts/bench/bench_cuda.sh times both on CUDA.
 FULL_VOCABULARY_DRAWS = {"cpu": inverse_cdf_draw}
 
 

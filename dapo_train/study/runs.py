@@ -60,7 +60,7 @@ class Point:
 
     @classmethod
     def row(cls, name: str, runs: list[RunRecord]) -> Point:
-        """A study script's row of runs (scripts/ablation.py, scripts/policy_losses.py): `row=<name>`."""
+        """A study script's row of runs (scripts/studies/: ablation.py, policy_losses.py): `row=<name>`."""
         return cls({"row": name}, runs, {"row": name})
 
     def label(self, labels: dict[str, str]) -> str:

@@ -1,8 +1,8 @@
 """Where a model or a data set named in a config is: the shipped tiny world, a local path, or a Hub id.
 
 `builtin:tiny`, `builtin:tiny-zh-math` (dapo_train/assets/tiny/) and `builtin:tiny-long`,
-`builtin:tiny-zh-math-long` (dapo_train/assets/tiny-long/; rebuilt by scripts/make_tiny_model.py), and
-the reward model `builtin:tiny-verifier` (dapo_train/assets/tiny-verifier/; scripts/make_tiny_verifier.py)
+`builtin:tiny-zh-math-long` (dapo_train/assets/tiny-long/; rebuilt by scripts/build/make_tiny_model.py), and
+the reward model `builtin:tiny-verifier` (dapo_train/assets/tiny-verifier/; scripts/build/make_tiny_verifier.py)
 resolve to shipped folders; a name that looks like a path is one; anything else is a Hub id.
 
 Before a Hub id is downloaded, one short question goes to the Hub: without a network,

@@ -2,7 +2,7 @@
 tokenizer rebuilt offline, its two EOS ids, top-k 50 of 151,936 rows) over 20 seeds: one round of
 4 prompts x G=4 missed an EOS id on 12 of 100 seeds (seed 16 among them), so preflight said "not
 ready" to a good config by chance. The whole preflight on every Qwen config and 20 seeds is
-scripts/preflight_table.py's (docs/benchmarks.md)."""
+scripts/bench/preflight_table.py's (docs/benchmarks.md)."""
 
 import dataclasses
 from pathlib import Path

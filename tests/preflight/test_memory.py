@@ -185,7 +185,7 @@ def test_the_recorded_h200_optimizer_step_within_10_percent(tmp_path):
 
 
 def test_the_measured_cpu_peak_at_the_real_half_billion_shape_within_25_percent(tmp_path):
-    """scripts/bench_memory.py (one step of configs/qwen1.5b.yaml on a random Qwen2.5-0.5B, float32, the
+    """scripts/bench/bench_memory.py (one step of configs/qwen1.5b.yaml on a random Qwen2.5-0.5B, float32, the
     GSM8K-zh stand-in whose longest train prompt is 211 tokens, no eval): 11.44 GiB peak RSS
     (docs/benchmarks.md, Memory)."""
     shape = _qwen_shape(tmp_path, "0.5b")

@@ -284,7 +284,7 @@ def test_a_missing_path_and_an_unknown_builtin_name_the_reward(tmp_path):
 
 
 def test_the_study_rows_are_the_demo_with_their_rewards_and_the_verifier_rows_filter():
-    """scripts/reward_models.py's rows laid over the demo: the rule row is the demo itself, the others
+    """scripts/studies/reward_models.py's rows laid over the demo: the rule row is the demo itself, the others
     change the rewards and (the verifier row only) dapo.filter_metric, with the demo's eval schedule."""
     from dapo_train.config.load import load_config
     from dapo_train.run.folder import config_differences

@@ -122,7 +122,7 @@ def test_draw_tokens_takes_the_devices_full_vocabulary_draw(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", DRAWS)
 def test_both_draws_fit_the_distribution_on_cuda(name):
-    """The same goodness of fit on the GPU (scripts/bench_cuda.sh runs `pytest -m gpu`), where the
+    """The same goodness of fit on the GPU (scripts/bench/bench_cuda.sh runs `pytest -m gpu`), where the
     choice between the draws is open (FULL_VOCABULARY_DRAWS)."""
     settings = SamplingSettings(1, temperature=0.7, top_p=0.9)
     distribution = behaviour_distribution(_scores()[None].expand(30_000, VOCAB).contiguous().cuda(), settings)

@@ -1,4 +1,4 @@
-"""configs/ablation/ laid over each task's config (scripts/ablation.py): each row differs from the one
+"""configs/ablation/ laid over each task's config (scripts/studies/ablation.py): each row differs from the one
 before it in its named technique only, the last row is the task's own DAPO plus overlong filtering
 (the paper's rows are cumulative), with the ablation's eval schedule; and the script's numbers,
 paired differences included, on hand-made and on real short runs."""
@@ -29,7 +29,7 @@ STEPS = {
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("ablation", ROOT / "scripts" / "ablation.py")
+    spec = importlib.util.spec_from_file_location("ablation", ROOT / "scripts" / "studies" / "ablation.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

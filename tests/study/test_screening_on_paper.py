@@ -1,4 +1,4 @@
-"""scripts/screening_on_paper.py: its closed forms against a simulation of prompts and groups."""
+"""scripts/studies/screening_on_paper.py: its closed forms against a simulation of prompts and groups."""
 
 import importlib.util
 import sys
@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def paper():
-    spec = importlib.util.spec_from_file_location("screening_on_paper", ROOT / "scripts" / "screening_on_paper.py")
+    path = ROOT / "scripts" / "studies" / "screening_on_paper.py"
+    spec = importlib.util.spec_from_file_location("screening_on_paper", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks its module up there
     spec.loader.exec_module(module)

@@ -227,7 +227,7 @@ def test_gspo_and_cispo_runs_train_other_weights_than_clip(tmp_path, caplog):
 
 
 # --------------------------------------------------------------------------------------------
-# The comparison study (scripts/policy_losses.py): its rows, and the command end to end.
+# The comparison study (scripts/studies/policy_losses.py): its rows, and the command end to end.
 
 
 def _study():
@@ -235,7 +235,7 @@ def _study():
     import sys
     from pathlib import Path
 
-    scripts = str(Path(__file__).resolve().parents[2] / "scripts")
+    scripts = str(Path(__file__).resolve().parents[2] / "scripts" / "studies")
     if scripts not in sys.path:
         sys.path.insert(0, scripts)  # the script imports its sibling ablation.py, as when it runs
     return importlib.import_module("policy_losses")

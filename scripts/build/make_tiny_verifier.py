@@ -3,8 +3,8 @@ task in the sense of Cobbe et al. 2021, a sequence classifier trained on the tin
 samples labelled by the task's check, so that the reward model can be shown, tested and studied
 offline.
 
-    python scripts/make_tiny_verifier.py               # sample, label, train, measure, write the folder
-    python scripts/make_tiny_verifier.py --out /tmp/v  # the same build elsewhere (compare the bytes)
+    python scripts/build/make_tiny_verifier.py               # sample, label, train, measure, write the folder
+    python scripts/build/make_tiny_verifier.py --out /tmp/v  # the same build elsewhere (compare the bytes)
 
 1. samples: builtin:tiny (the demo's warm start) writes `--samples` completions at T=1 (the demo's
    rollout settings, 96 tokens) for every prompt of builtin:tiny-zh-math's train split, seeded;

@@ -2,9 +2,9 @@
 the verdict and the seconds of each, as the Markdown table in docs/benchmarks.md (Preflight on every
 shipped config).
 
-    python scripts/preflight_table.py [--seeds 20] [--only qwen1.5b.yaml] [--gsm8k GSM8K_TEST_JSONL] [--work DIR]
+    python scripts/bench/preflight_table.py [--seeds 20] [--only qwen1.5b.yaml] [--gsm8k GSM8K_TEST_JSONL] [--work DIR]
 
-The Qwen configs run on scripts/qwen_offline.py's Qwen2.5-Instruct folders (tokenizer and config, no
+The Qwen configs run on scripts/build/qwen_offline.py's Qwen2.5-Instruct folders (tokenizer and config, no
 weights) and a GSM8K-zh-shaped parquet folder made from --gsm8k (GSM8K's test.jsonl, the copy in data/gsm8k by
 default); the others run
 as shipped (the tiny task). configs/accelerate/ holds `accelerate launch` files, not dapo-train configs.
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "build"))
 
 
 def shipped_configs() -> list[Path]:

@@ -1,18 +1,18 @@
 """dapo-train against TRL's GRPOTrainer(loss_type="dapo") at equal work, side by side.
 
     pip install -e '.[bench]'                     # TRL
-    python scripts/bench_vs_trl.py                # CPU: the shipped tiny model, 5 interleaved repeats
-    python scripts/bench_vs_trl.py --shape rehearsal --prompts 2 --group-size 4 --max-new-tokens 32 \\
+    python scripts/bench/bench_vs_trl.py                # CPU: the shipped tiny model, 5 interleaved repeats
+    python scripts/bench/bench_vs_trl.py --shape rehearsal --prompts 2 --group-size 4 --max-new-tokens 32 \\
         --micro-batch 4 --steps 4 --repeats 5 [--trl-compact]   # CPU, Qwen2.5's vocabulary: 4-7 minutes
-    python scripts/bench_vs_trl.py --shape qwen1.5b --max-new-tokens 128 --prompts 16 --micro-batch 32  # CUDA
+    python scripts/bench/bench_vs_trl.py --shape qwen1.5b --max-new-tokens 128 --prompts 16 --micro-batch 32  # CUDA
 
 Shapes: `tiny` is the shipped model on the shipped task. `rehearsal` is preflight's stand-in for
 Qwen2.5-1.5B-Instruct (dapo_train.preflight.rehearsal.build_model: 2 layers of width 32 with the real
 151,936-row tied embedding, Qwen's generation config with its two EOS ids, random weights biased so
-each EOS id has probability 0.02 per token under the bench's sampling) with scripts/qwen_offline.py's
+each EOS id has probability 0.02 per token under the bench's sampling) with scripts/build/qwen_offline.py's
 offline Qwen2.5 tokenizer, on the chat-templated questions of its GSM8K-zh stand-in (real prompt
 lengths): there the LM head and the scoring of 151,936 rows are most of the work. Any other name is a
-random scripts/bench_step.py shape with the tiny tokenizer. The model is built once, in a temporary
+random scripts/bench/bench_step.py shape with the tiny tokenizer. The model is built once, in a temporary
 folder both sides load.
 
 Equal work: both sides get the same prompts in the same order as the same token ids (checked
@@ -53,8 +53,9 @@ from pathlib import Path
 
 import torch
 
-SCRIPTS = Path(__file__).resolve().parent
-GSM8K = SCRIPTS.parent / "data" / "gsm8k" / "test.jsonl"  # shipped in the repository
+HERE = Path(__file__).resolve().parent  # scripts/bench/
+ROOT = HERE.parents[1]
+GSM8K = ROOT / "data" / "gsm8k" / "test.jsonl"  # shipped in the repository
 # The prompt columns of the GSM8K-zh stand-in, as configs/qwen1.5b.yaml reads them.
 GSM8K_ZH_FIELDS = ("data.prompt_field=question_zh-cn", "data.answer_field=answer_only")
 SAMPLING_CHECKED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0, "min_p": None}
@@ -239,7 +240,7 @@ def rehearsal_shape(args, folder: Path) -> tuple[str, list[str]]:
     from dapo_train.preflight.rehearsal import build_model
     from dapo_train.rollout.decoding import SamplingSettings
 
-    sys.path.insert(0, str(SCRIPTS))
+    sys.path.insert(0, str(ROOT / "scripts" / "build"))
     import qwen_offline
 
     qwen = qwen_offline.build_qwen_folder(folder / "qwen2.5-1.5b-instruct", "1.5b")
@@ -251,8 +252,8 @@ def rehearsal_shape(args, folder: Path) -> tuple[str, list[str]]:
 
 
 def random_shape(args, folder: Path) -> tuple[str, list[str]]:
-    """A random scripts/bench_step.py shape with the tiny tokenizer, on the shipped task."""
-    sys.path.insert(0, str(SCRIPTS))
+    """A random scripts/bench/bench_step.py shape with the tiny tokenizer, on the shipped task."""
+    sys.path.insert(0, str(HERE))
     from bench_step import build_model
 
     build_model(args.shape, folder / "model")
@@ -353,7 +354,7 @@ def check_args(parser, args) -> None:
     if args.shape == "rehearsal" and not args.gsm8k.is_file():
         parser.error(f"--gsm8k {args.gsm8k}: no such file (GSM8K's test.jsonl, for the rehearsal's prompts)")
     if args.shape not in SHAPES:
-        sys.path.insert(0, str(SCRIPTS))
+        sys.path.insert(0, str(HERE))
         from bench_step import SHAPES as RANDOM_SHAPES
 
         if args.shape not in RANDOM_SHAPES:

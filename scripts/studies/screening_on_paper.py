@@ -1,7 +1,7 @@
 """What screening (dapo.screen_size) saves on paper, for per-prompt pass rates p ~ Beta(a, b).
 
-    python scripts/screening_on_paper.py                 # the table of docs/studies.md
-    python scripts/screening_on_paper.py --mean 0.7 --concentration 10 --group 16 --screen 4
+    python scripts/studies/screening_on_paper.py                 # the table of docs/studies.md
+    python scripts/studies/screening_on_paper.py --mean 0.7 --concentration 10 --group 16 --screen 4
 
 Per prompt, a group of G is all right with probability E[p^G] and all wrong with E[(1-p)^G] (for
 p ~ Beta(a, b), E[p^n] = B(a + n, b) / B(a, b)). Without a screen every prompt costs G completions and

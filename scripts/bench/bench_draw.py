@@ -1,7 +1,7 @@
 """Time the decode loop's full-vocabulary token draws at Qwen's vocabulary, side by side.
 
-    python scripts/bench_draw.py                     # CPU: 64 rows x 151,936 entries, 9 interleaved repeats
-    python scripts/bench_draw.py --device cuda       # the line scripts/bench_cuda.sh runs
+    python scripts/bench/bench_draw.py                     # CPU: 64 rows x 151,936 entries, 9 interleaved repeats
+    python scripts/bench/bench_draw.py --device cuda       # the line scripts/bench/bench_cuda.sh runs
 
 One row of the behaviour distribution is a log_softmax over random logits (the shape of a decode
 step's, A rows x V). Each repeat times every draw once, in turn, so load on a shared machine hits all

@@ -6,14 +6,14 @@ tiny Qwen2 model. Everything lands in dapo_train/assets/tiny/ and ships inside t
 Rebuild (deterministic: the defaults give the shipped weights bit for bit, on 1 or 2 threads;
 the 600 SFT steps took 235 s on 2 threads, 350 s on 1, the measurement another 30-50 s):
 
-    python scripts/make_tiny_model.py                       # data + tokenizer + model, then eval
-    python scripts/make_tiny_model.py --out /tmp/tiny       # same build written elsewhere
-    python scripts/make_tiny_model.py --steps 800 --no-eval # another SFT length, no measurement
-    python scripts/make_tiny_model.py --measure-only        # re-measure the shipped model (~35 s)
-    python scripts/make_tiny_model.py --recipe tiny-long --threads 1   # the long task's world (~13 min)
+    python scripts/build/make_tiny_model.py                       # data + tokenizer + model, then eval
+    python scripts/build/make_tiny_model.py --out /tmp/tiny       # same build written elsewhere
+    python scripts/build/make_tiny_model.py --steps 800 --no-eval # another SFT length, no measurement
+    python scripts/build/make_tiny_model.py --measure-only        # re-measure the shipped model (~35 s)
+    python scripts/build/make_tiny_model.py --recipe tiny-long --threads 1   # the long task's world (~13 min)
 
 Stages, saved as they finish so other work can start early:
-1. data/{train,test}.jsonl from tiny_task.make_splits (scripts/tiny_task.py; fixed seed, no shared question);
+1. data/{train,test}.jsonl from tiny_task.make_splits (scripts/build/tiny_task.py; fixed seed, no shared question);
 2. model/ tokenizer: Qwen's byte-level BPE pipeline with merges that make every character of
    the corpus, the system prompt and common Chinese punctuation one token (ASCII is one byte
    token each; any other text falls back to its UTF-8 bytes, so everything round-trips), Qwen's
@@ -288,7 +288,7 @@ def build_long(args: argparse.Namespace, data_dir: Path, model_dir: Path) -> Bui
     split_up = sorted({c for c in set(text) if len(tokenizer.encode(c)) != 1})
     if split_up:
         sys.exit(f"the tiny tokenizer has no single token for {''.join(split_up)}: word the long task "
-                 "(scripts/tiny_task_long.py) with characters of the short one")
+                 "(scripts/build/tiny_task_long.py) with characters of the short one")
     model_dir.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         shutil.copyfile(TINY_MODEL_DIR / name, model_dir / name)

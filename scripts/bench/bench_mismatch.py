@@ -1,7 +1,7 @@
 """How far each rollout path samples from the training forward, on a random model of Qwen2.5-1.5B's shape.
 
-    python scripts/bench_mismatch.py                          # CUDA: Qwen2.5-1.5B shape
-    python scripts/bench_mismatch.py --shape small --new-tokens 16   # a CPU-sized check of the script
+    python scripts/bench/bench_mismatch.py                          # CUDA: Qwen2.5-1.5B shape
+    python scripts/bench/bench_mismatch.py --shape small --new-tokens 16   # a CPU-sized check of the script
 
 For each rollout variant it samples G completions of a few prompts of the shipped task (temperature
 0.9, as configs/qwen1.5b.yaml), scores them with the training forward (float32 master weights, full

@@ -2,12 +2,12 @@
 Dr. GRPO's normaliser, every configs/policy_losses/ row x every seed, then one table, one JSON file
 and one plot (docs/policy_losses.md reads them).
 
-    flock /tmp/dapo_study.lock python scripts/policy_losses.py   # 4 rows x seeds 1,2,3, two runs at a time
-    python scripts/policy_losses.py --seeds 1 --rows dapo,gspo --set train.max_steps=2   # a quicker look
+    flock /tmp/dapo_study.lock python scripts/studies/policy_losses.py   # 4 rows x seeds 1,2,3, two runs at a time
+    python scripts/studies/policy_losses.py --seeds 1 --rows dapo,gspo --set train.max_steps=2   # a quicker look
 
 Why not `dapo-train sweep`: a sweep is a grid over keys, and these rows differ in different keys
 (GSPO also takes the paper's per-sequence mean; Dr. GRPO changes the advantage and the reduction,
-not the objective). So, as in scripts/ablation.py (whose runner this uses), a row holds only its own
+not the objective). So, as in scripts/studies/ablation.py (whose runner this uses), a row holds only its own
 settings and is laid over the demo's config (configs/tiny-cpu.yaml), every run evaluates greedily on
 the whole 500-item test split at steps 0, 10, 20, 30 and 40 (the last is also its final eval), and
 runs go to OUT/<row>_seed<N>/, two at a time; running the command again skips finished runs and

@@ -1,10 +1,10 @@
 """Peak memory of one training step at a real Qwen2.5 shape on the CPU, against the estimate preflight prints
 (dapo_train.preflight.memory) for the same config.
 
-    python scripts/bench_memory.py                          # Qwen2.5-0.5B shape, configs/qwen1.5b.yaml's batch
-    python scripts/bench_memory.py --size 1.5b --set train.micro_batch_size=2
+    python scripts/bench/bench_memory.py                          # Qwen2.5-0.5B shape, configs/qwen1.5b.yaml's batch
+    python scripts/bench/bench_memory.py --size 1.5b --set train.micro_batch_size=2
 
-A random model of the real shape (its config.json and tokenizer from scripts/qwen_offline.py, random
+A random model of the real shape (its config.json and tokenizer from scripts/build/qwen_offline.py, random
 weights: every completion runs to the budget, the worst case) trains one step of the config on the
 GSM8K-zh stand-in, in a child process whose peak resident memory (ru_maxrss) is the measurement. The
 last line is JSON: measured and estimated GiB, their ratio, and the estimate's terms. Takes about 2
@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "build"))
 
-import qwen_offline  # noqa: E402  (a sibling script)
+import qwen_offline  # noqa: E402  (a build script)
 
 GSM8K = qwen_offline.GSM8K_TEST
 

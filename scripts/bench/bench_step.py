@@ -1,9 +1,9 @@
 """Benchmark trainer steps on a random-init model of Qwen2.5-1.5B-Instruct's dimensions.
 
-    python scripts/bench_step.py                    # CUDA: Qwen2.5-1.5B shape, 3 steps
-    python scripts/bench_step.py --shape small      # a scaled-down shape that runs on a CPU
-    python scripts/bench_step.py --config configs/tiny-cpu.yaml --steps 10   # a config as it is
-    python scripts/bench_step.py --set rollout.compile=off   # one speed lever off, for a before/after
+    python scripts/bench/bench_step.py                    # CUDA: Qwen2.5-1.5B shape, 3 steps
+    python scripts/bench/bench_step.py --shape small      # a scaled-down shape that runs on a CPU
+    python scripts/bench/bench_step.py --config configs/tiny-cpu.yaml --steps 10   # a config as it is
+    python scripts/bench/bench_step.py --set rollout.compile=off   # one speed lever off, for a before/after
 
 A random model never emits EOS, so every completion runs to max_new_tokens: the worst case for
 time and memory. Prints per-step seconds by phase (generate / score / old log-probs / update),

@@ -1,7 +1,7 @@
 """Time per decode step: the rollout engine against `model.generate` alone, same model and batch.
 
-    python scripts/bench_decode.py                          # CUDA: Qwen2.5-1.5B shape, batch 8 and 128
-    python scripts/bench_decode.py --shape small --batch 8  # a CPU-sized check of the script itself
+    python scripts/bench/bench_decode.py                          # CUDA: Qwen2.5-1.5B shape, batch 8 and 128
+    python scripts/bench/bench_decode.py --shape small --batch 8  # a CPU-sized check of the script itself
 
 A random model of a bench_step.py shape (float32 master weights; the engine samples from its
 bf16 copy on CUDA, and so do the generate variants) decodes --new-tokens tokens after random

@@ -7,19 +7,20 @@
 # rollout/trainer mismatch of each rollout path (bench_mismatch.py: bf16 copy, compiled cache, top-k
 # 50), and the gpu-marked tests. Paste the JSON lines into docs/benchmarks.md with the machine.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+HERE="$(cd "$(dirname "$0")" && pwd)"
+cd "${HERE%/scripts/bench}"  # the repository root
 OFF="rollout.engine=hf-generate rollout.dtype=float32 rollout.compile=off train.shared_prefix=off"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 for batch in "--prompts-per-step 2 --group-size 4 --micro-batch-size 4" \
              "--prompts-per-step 16 --group-size 8 --micro-batch-size 32"; do
   # shellcheck disable=SC2086
-  python scripts/bench_step.py --steps 3 $batch --set $OFF | tail -1
+  python scripts/bench/bench_step.py --steps 3 $batch --set $OFF | tail -1
   # shellcheck disable=SC2086
-  python scripts/bench_step.py --steps 3 $batch | tail -1
+  python scripts/bench/bench_step.py --steps 3 $batch | tail -1
 done
-python scripts/bench_decode.py --batch 8 128 --repeats 3 | tail -2
+python scripts/bench/bench_decode.py --batch 8 128 --repeats 3 | tail -2
 # The full-vocabulary draws (ms per decode step's draw, 64 rows x 151,936): the inverse-CDF draw is taken on
 # the CPU only (rollout/decoding.py FULL_VOCABULARY_DRAWS); add "cuda" there if it wins here too.
-python scripts/bench_draw.py --device cuda | tail -1
-python scripts/bench_mismatch.py | tail -5   # rollout_kl etc. of each rollout path against the training forward
+python scripts/bench/bench_draw.py --device cuda | tail -1
+python scripts/bench/bench_mismatch.py | tail -5   # rollout_kl etc. of each rollout path against the training forward
 python -m pytest -m gpu -q

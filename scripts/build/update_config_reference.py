@@ -1,7 +1,7 @@
 """Rewrite the generated part of docs/configuration.md (every config key, every registered reward) from
 the config dataclasses and the reward registry.
 
-    python scripts/update_config_reference.py
+    python scripts/build/update_config_reference.py
 
 tests/test_docs.py fails when the page and the code disagree.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 from dapo_train.config.keys import reference_table
 from dapo_train.rewards.catalogue import reward_table
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 REWARDS_START, REWARDS_END = "<!-- reward-reference:start -->", "<!-- reward-reference:end -->"
 

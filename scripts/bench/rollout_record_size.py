@@ -1,7 +1,7 @@
 """How big the rollout records (rollouts/step_<N>.jsonl) of each shipped config grow at the default
 logging.rollout_groups, from a record's measured parts (docs/training.md: Run directory).
 
-    python scripts/rollout_record_size.py [--gsm8k data/gsm8k]   # about 20 s on the 2-core CPU
+    python scripts/bench/rollout_record_size.py [--gsm8k data/gsm8k]   # about 20 s on the 2-core CPU
 
 A record is its question, its completion and a fixed part (field names, uid, gold, answer, numbers).
 - fixed part: the largest record of one step of the tiny model scored with configs/qwen1.5b.yaml's
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 QUESTION_MARGIN = 1.5
 CONFIGS = ("tiny-cpu", "qwen1.5b", "qwen1.5b-lora", "qwen1.5b-paper", "qwen7b-fsdp")
 

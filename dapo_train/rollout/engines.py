@@ -36,13 +36,15 @@ import copy
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from dapo_train.plugins import decorator_for
 from dapo_train.rollout.decoding import Decoded, SamplingSettings, decode_loop, generate_rows
+from dapo_train.tools.registry import Tool, resolve_tools
+from dapo_train.tools.turns import ToolTurns
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,10 @@ class Completion:
     # (L,) float32 <= 0: log of the probability top-k / top-p kept where each token was sampled, so
     # behaviour_logprobs + kept_log_mass are the rollout's log-probs before truncation; None: nothing truncated.
     kept_log_mass: torch.Tensor | None = None
+    # (L,) bool, with tools: True on the policy's own tokens, False on the tool turns the engine fed in (context,
+    # not actions: out of the loss, the log-probs' use, Eq. 12's count and the entropy); None: all the policy's.
+    policy_mask: torch.Tensor | None = None
+    tool_calls: list = field(default_factory=list)  # tools.turns.ToolCall of each call made, in order
 
     @property
     def length(self) -> int:
@@ -113,16 +119,21 @@ def completion_mask(generated: torch.Tensor, eos_ids: Sequence[int]) -> tuple[to
 
 def _completions(prompts: Sequence[torch.Tensor], decoded: Decoded, eos_ids, tokenizer) -> list[Completion]:
     """A decoder's N rows (row i continues prompts[i]) -> Completions."""
-    mask, truncated = completion_mask(decoded.ids, eos_ids)
-    lengths = mask.sum(dim=1).tolist()
+    if decoded.lengths is None:
+        mask, truncated = completion_mask(decoded.ids, eos_ids)
+        lengths = mask.sum(dim=1).tolist()
+    else:  # a transcript with tool turns holds EOS ids before its end
+        lengths, truncated = decoded.lengths.tolist(), decoded.truncated
     valid = [decoded.ids[row, :length] for row, length in enumerate(lengths)]
     texts = tokenizer.batch_decode(valid, skip_special_tokens=True)
-    kept = decoded.kept_log_mass
+    kept, policy = decoded.kept_log_mass, decoded.policy_mask
     return [
         Completion(
             prompt_ids=prompts[row], completion_ids=ids, truncated=bool(truncated[row]), text=texts[row],
             behaviour_logprobs=decoded.behaviour_logprobs[row, : lengths[row]].clone(),
             kept_log_mass=None if kept is None else kept[row, : lengths[row]].clone(),
+            policy_mask=None if policy is None else policy[row, : lengths[row]].clone(),
+            tool_calls=[] if decoded.tool_calls is None else decoded.tool_calls[row],
         )
         for row, ids in enumerate(valid)
     ]
@@ -180,7 +191,16 @@ class RolloutEngine(Protocol):
     ) -> list[Completion]:
         """group_size completions per prompt, prompt-major, with the semantics of this module's docstring.
         An engine whose `keyed_draws` attribute is true also takes seeds=[one int per row]: each row is
-        then drawn from its own random stream (dapo.screen_size's screens and their continuations)."""
+        then drawn from its own random stream (dapo.screen_size's screens and their continuations).
+
+        Tools (rollout.tools): an engine that can run them says so with `supports_tools = True` on its class
+        or factory (the trainer refuses any other at start when tools are named) and gets them as
+        EngineSetup.tools, a tools.ToolTurns. When a row ends an assistant turn (an EOS id) that makes calls,
+        `ToolTurns.answer(turn ids, calls made so far)` runs them and returns the tool turn's tokens (or None:
+        the completion ends there; over_limit: it ends truncated); the engine appends those tokens to the row
+        as context and samples on. Each Completion then carries its whole transcript in completion_ids, its
+        extent given by the engine (EOS ids occur inside it), policy_mask False on the appended tokens (their
+        behaviour log-probs are not read), and tool_calls. rollout.max_new_tokens bounds the whole transcript."""
 
     def sync_weights(self) -> None:
         """Take the training model's current weights; the trainer calls it after every step's updates."""
@@ -195,6 +215,7 @@ class EngineSetup:
     batch_size: int  # rollout.generation_batch_size: most sequences per batch
     dtype: str  # rollout.dtype: auto | float32 | bfloat16
     compile: str  # rollout.compile: auto | on | off
+    tools: ToolTurns | None = None  # rollout.tools with the chat template's tool turns; None: no tools
 
 
 ROLLOUT_ENGINES: dict[str, Callable[[EngineSetup], RolloutEngine]] = {}
@@ -252,13 +273,33 @@ def _takes_any_number(factory: Callable) -> bool:
     return any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
 
 
-def build_engine(rollout_cfg, model, tokenizer) -> RolloutEngine:
+def rollout_tools(rollout_cfg) -> list[Tool]:
+    """rollout.tools resolved (tools.resolve_tools), or a ConfigError when a name or schema is bad or the
+    configured engine cannot run tools: hf-generate (model.generate cannot feed a row the tool turn), hf with
+    rollout.compile=on (the static-cache engine), or a plugin whose class or factory does not set
+    `supports_tools = True`. Cheap: before the model loads."""
+    from dapo_train.errors import ConfigError
+
+    tools = resolve_tools(rollout_cfg.tools)
+    if not tools:
+        return tools
+    if rollout_cfg.engine == "hf" and rollout_cfg.compile == "on":
+        raise ConfigError("rollout.compile", "the static-cache engine (rollout.compile=on) cannot run tools; set "
+                          "rollout.compile=off or auto (with tools, hf decodes with its decode loop) or name no tools")
+    if not getattr(engine_factory(rollout_cfg.engine), "supports_tools", False):
+        raise ConfigError("rollout.engine", f"the engine {rollout_cfg.engine} cannot run tools (rollout.tools); use "
+                          "rollout.engine=hf, an engine with supports_tools = True, or name no tools")
+    return tools
+
+
+def build_engine(rollout_cfg, model, tokenizer, tools: ToolTurns | None = None) -> RolloutEngine:
     """The engine of a RolloutConfig for an UNWRAPPED model. A plugin factory that fails on the
-    EngineSetup, or returns something without the engine's methods, is a ConfigError naming it."""
+    EngineSetup, or returns something without the engine's methods, is a ConfigError naming it.
+    tools: rollout.tools for the tokenizer (tools.tool_turns), for an engine that supports them (rollout_tools)."""
     from dapo_train.errors import ConfigError
 
     setup = EngineSetup(model=model, tokenizer=tokenizer, batch_size=rollout_cfg.generation_batch_size,
-                        dtype=rollout_cfg.dtype, compile=rollout_cfg.compile)
+                        dtype=rollout_cfg.dtype, compile=rollout_cfg.compile, tools=tools)
     name, factory = rollout_cfg.engine, engine_factory(rollout_cfg.engine)
     if name in ROLLOUT_ENGINES:
         return factory(setup)
@@ -311,9 +352,14 @@ class TransformersEngine(ABC):
     """Base of the transformers engines: the rollout model (the training model, or its copy in
     rollout.dtype, synced after each update) sampled through sample_completions; a subclass decodes."""
 
+    supports_tools = False  # whether it runs rollout.tools (RolloutEngine.generate)
+
     def __init__(self, setup: EngineSetup) -> None:
         self.model, self.tokenizer, self.batch_size = setup.model, setup.tokenizer, setup.batch_size
         self.copy = _rollout_copy(setup.model, setup.dtype)
+        if setup.tools is not None and not self.supports_tools:
+            raise ValueError(f"{type(self).__name__} cannot run tools")
+        self.tools = setup.tools
 
     @property
     def rollout_model(self) -> torch.nn.Module:
@@ -344,12 +390,13 @@ class TransformersEngine(ABC):
 
 class DecodeLoopEngine(TransformersEngine):
     """decoding.decode_loop: each prompt prefilled once for its group, finished rows dropped; with
-    seeds, each row drawn from its own stream."""
+    seeds, each row drawn from its own stream; with tools, a row that calls them is fed the tool turn."""
 
     keyed_draws = True
+    supports_tools = True
 
     def decode(self, model, prompts, group_size, settings, eos_ids, pad_id, seeds=None):
-        return decode_loop(model, prompts, group_size, settings, eos_ids, pad_id, seeds)
+        return decode_loop(model, prompts, group_size, settings, eos_ids, pad_id, seeds, self.tools)
 
 
 BUCKET_WIDTH = 64  # the static-cache engine pads prompt widths to a multiple of this
@@ -389,8 +436,12 @@ class GenerateEngine(TransformersEngine):
 
 @register_engine("hf")
 def hf_engine(setup: EngineSetup) -> TransformersEngine:
-    """rollout.engine=hf: the static-cache engine when rollout.compile is on (auto: on with CUDA), else
-    the decode loop. One name for both: rollout.compile is the switch users already have."""
+    """rollout.engine=hf: the static-cache engine when rollout.compile is on (auto: on with CUDA, unless tools
+    are named: only the decode loop runs them), else the decode loop. One name for both: rollout.compile is
+    the switch users already have."""
     device = next(setup.model.parameters()).device
-    compiled = setup.compile == "on" or (setup.compile == "auto" and device.type == "cuda")
+    compiled = setup.compile == "on" or (setup.compile == "auto" and device.type == "cuda" and setup.tools is None)
     return StaticCacheEngine(setup) if compiled else DecodeLoopEngine(setup)
+
+
+hf_engine.supports_tools = True  # with tools it is the decode loop (require_tool_support refuses compile=on)

@@ -184,3 +184,17 @@ def test_the_budget_counts_the_tool_turns_tokens(monkeypatch, tokenizer, model, 
     assert completion.truncated
     assert completion.completion_ids.tolist() == ids[: inside_tool_turn + 1].tolist()
     assert completion.policy_mask.tolist() == mask[: inside_tool_turn + 1].tolist()
+
+
+def test_a_buffered_group_keeps_its_tool_turns_through_a_checkpoint(monkeypatch, tokenizer, model, transcript,
+                                                                     tmp_path):
+    from dapo_train.task.prompts import Prompt
+    from dapo_train.train.records import Group
+
+    completions = scripted_rollout(monkeypatch, tokenizer, model, transcript)
+    prompt = Prompt("train:0", QUESTION, "395", "", tuple(transcript[0].tolist()))
+    group = Group(prompt, completions, torch.zeros(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2))
+    torch.save(group.to_state(), tmp_path / "group.pt")
+    loaded = Group.from_state(torch.load(tmp_path / "group.pt", weights_only=True), {prompt.uid: prompt})
+    for before, after in zip(completions, loaded.completions):
+        assert torch.equal(after.policy_mask, before.policy_mask) and after.tool_calls == before.tool_calls

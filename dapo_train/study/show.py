@@ -50,13 +50,16 @@ _TERM_SEPARATOR = re.compile(r",|\s+and\s+")
 _COMPARE_RE = re.compile(r"^([\w.-]+)\s*(<=|>=|!=|==|=|<|>)\s*(.*)$")
 
 
+UNCOMPARED = ("rewards", "tool_calls")  # record fields that hold several values: --where reads rewards.<key>
+
+
 def _field(name: str, reward_keys: set[str]) -> Callable[[dict], object]:
     """The getter of a record field named in --where: a RECORD_KEYS name or rewards.<key>."""
-    if name in RECORD_KEYS and name != "rewards":
+    if name in RECORD_KEYS and name not in UNCOMPARED:
         return lambda record: record[name]
     if name.startswith("rewards.") and name[len("rewards."):] in reward_keys:
         return lambda record: record["rewards"].get(name[len("rewards."):])
-    fields = [key for key in RECORD_KEYS if key != "rewards"] + [f"rewards.{key}" for key in sorted(reward_keys)]
+    fields = [key for key in RECORD_KEYS if key not in UNCOMPARED] + [f"rewards.{key}" for key in sorted(reward_keys)]
     raise UserError(f"--where: no record field '{name}'; fields: {', '.join(fields)}; flags: {', '.join(FLAGS)}")
 
 

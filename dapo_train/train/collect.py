@@ -122,6 +122,9 @@ class CollectStats:
     lengths: list[int] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     cut_mass: list[float] = field(default_factory=list)  # per completion: sum of -log(kept mass), top-k / top-p
+    tool_calls: list[int] = field(default_factory=list)  # per completion (rollout.tools): calls made
+    tool_errors: list[int] = field(default_factory=list)  # per completion: calls answered with an error text
+    tool_tokens: list[int] = field(default_factory=list)  # per completion: tokens of its tool turns (context)
     per_reward: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
 
     @classmethod
@@ -137,7 +140,8 @@ class CollectStats:
                 setattr(out, name, getattr(out, name) + getattr(stats, name))
             for name in ("seconds_generate", "seconds_score", "seconds_reward_model"):
                 setattr(out, name, max(getattr(out, name), getattr(stats, name)))
-            for name in ("rewards", "correct", "lengths", "truncated", "cut_mass"):
+            for name in ("rewards", "correct", "lengths", "truncated", "cut_mass", "tool_calls", "tool_errors",
+                         "tool_tokens"):
                 getattr(out, name).extend(getattr(stats, name))
             for name, values in stats.per_reward.items():
                 out.per_reward[name] += values
@@ -150,6 +154,9 @@ class CollectStats:
         self.lengths += [c.length for c in completions]
         self.truncated += [c.truncated for c in completions]
         self.cut_mass += [0.0 if c.kept_log_mass is None else -float(c.kept_log_mass.sum()) for c in completions]
+        self.tool_calls += [len(c.tool_calls) for c in completions]
+        self.tool_errors += [sum(call.error for call in c.tool_calls) for c in completions]
+        self.tool_tokens += [0 if c.policy_mask is None else int((~c.policy_mask).sum()) for c in completions]
         for name, values in scores.per_reward.items():
             self.per_reward[name] += values
 
@@ -185,6 +192,12 @@ class CollectStats:
             "seconds_generate_per_group": self.seconds_generate / got if got else None,
             # KL(truncated || untruncated) of the sampling distribution per generated token: E[-log Z].
             "rollout_kl_truncation": sum(self.cut_mass) / max(1, sum(self.lengths)),
+            # rollout.tools: calls and error answers over all completions generated, the share of completions
+            # that called a tool, and the tokens of tool turns (in generated_tokens, never trained)
+            "tool_calls": sum(self.tool_calls),
+            "tool_errors": sum(self.tool_errors),
+            "tool_use_ratio": sum(calls > 0 for calls in self.tool_calls) / n,
+            "tool_tokens": sum(self.tool_tokens),
         }
         out.update({f"rewards/{name}/mean": sum(v) / max(1, len(v)) for name, v in self.per_reward.items()})
         return out

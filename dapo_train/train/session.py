@@ -38,7 +38,7 @@ from dapo_train.rewards.scoring import RewardSet, rewards_from_config
 from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id, rollout_tools
 from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
 from dapo_train.task.sources import load_split
-from dapo_train.tools.turns import tool_turns
+from dapo_train.tools.turns import ToolTurns, tool_turns
 from dapo_train.train import distributed
 from dapo_train.train.batching import Batching
 from dapo_train.train.collect import GroupBuffer, KeepRate, max_rounds
@@ -87,6 +87,7 @@ class Run:
     eval_split_missing: str | None = None  # why `dapo-train eval` of a checkpoint would fail (no eval split)
     keep_rate: KeepRate = field(default_factory=KeepRate)  # sizes the generation rounds (dapo.max_round_prompts)
     history: PromptHistory = field(default_factory=PromptHistory)  # skips prompts (dapo.skip_history)
+    tool_turns: ToolTurns | None = None  # rollout.tools for the tokenizer; the in-training eval runs them too
 
     @property
     def wall_seconds(self) -> float:
@@ -171,7 +172,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         cfg=cfg, run_dir=run_dir, accelerator=accelerator, tokenizer=tokenizer, reward_set=reward_set,
         learner=learner, engine=engine, prompt_sampler=PromptSampler(train_prompts, cfg.seed),
         eval_prompts=eval_prompts, final_prompts=final_prompts, buffer=GroupBuffer(),
-        prompts_by_uid={p.uid: p for p in train_prompts},
+        prompts_by_uid={p.uid: p for p in train_prompts}, tool_turns=turns,
         eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
     )
 

@@ -198,3 +198,56 @@ def test_a_buffered_group_keeps_its_tool_turns_through_a_checkpoint(monkeypatch,
     loaded = Group.from_state(torch.load(tmp_path / "group.pt", weights_only=True), {prompt.uid: prompt})
     for before, after in zip(completions, loaded.completions):
         assert torch.equal(after.policy_mask, before.policy_mask) and after.tool_calls == before.tool_calls
+
+
+def test_the_steps_metrics_and_rollout_records_count_the_calls(monkeypatch, tokenizer, model, transcript):
+    from types import SimpleNamespace
+
+    from dapo_train.run.rollouts import brief
+    from dapo_train.task.prompts import Prompt
+    from dapo_train.train.collect import CollectStats
+    from dapo_train.train.records import Group
+    from dapo_train.train.rollout_sample import group_records
+
+    _, ids, mask = transcript
+    with_calls = scripted_rollout(monkeypatch, tokenizer, model, transcript)
+    without = scripted_rollout(monkeypatch, tokenizer, model, transcript, max_calls=1, group_size=1)  # its 1 call
+    failing = without[0].tool_calls[0]
+    without[0].tool_calls = [type(failing)(failing.name, failing.text, "error: made up", True)]
+    stats = CollectStats()
+    completions = with_calls + without
+    stats.add_generated(completions, SimpleNamespace(total=[0.0] * 3, correct=[False] * 3, per_reward={}))
+    metrics = stats.metrics(wanted=1, got=1, trained_tokens=1)
+    assert (metrics["tool_calls"], metrics["tool_errors"], metrics["tool_use_ratio"]) == (5, 1, 1.0)
+    first_tool_turn = int((~mask[: without[0].length]).sum())
+    assert metrics["tool_tokens"] == 2 * int((~mask).sum()) + first_tool_turn
+    assert metrics["generated_tokens"] == 2 * len(ids) + without[0].length  # the budget's count: every token
+
+    prompt = Prompt("train:0", QUESTION, "395", "", tuple(transcript[0].tolist()))
+    group = Group(prompt, with_calls, torch.zeros(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2))
+    record = group_records(group, 1, 1, 0, None, lambda text: None)[0]
+    assert [(call["name"], call["result"], call["error"]) for call in record["tool_calls"]] == [
+        ("calculator", "391", False), ("calculator", "395", False)]
+    lines = brief(record)
+    assert lines[2:] == [
+        "  call calculator: '{\"name\": \"calculator\", \"arguments\": {\"expression\": \"17 * 23\"}}' -> '391'",
+        "  call calculator: '{\"name\": \"calculator\", \"arguments\": {\"expression\": \"391 + 4\"}}' -> '395'"]
+    policy = with_calls[0].behaviour_logprobs[mask]
+    assert record["behaviour_logprob_mean"] == pytest.approx(float(policy.mean()))  # the tool turns' 0s left out
+
+
+def test_the_in_training_eval_runs_the_runs_tools(monkeypatch, tokenizer, model, transcript):
+    from dapo_train.evaluation.generate import eval_records
+    from dapo_train.task.prompts import Prompt
+
+    _, ids, _ = transcript
+    turns = ToolTurns(tokenizer, resolve_tools(["calculator"]), 4)
+    prompt = Prompt("test:0", QUESTION, "395", "", tuple(transcript[0].tolist()))
+    steps = iter(range(10_000))
+    script = [int(token) for token in ids]
+    monkeypatch.setattr(decoding, "draw_tokens", lambda distribution, top_k=0, generators=None: torch.full(
+        (distribution.shape[0],), script[min(next(steps), len(script) - 1)], dtype=torch.long))
+    records = eval_records(model, tokenizer, [prompt], max_new_tokens=len(ids) + 8, batch_size=4, samples=2,
+                           tools=turns)
+    assert [record["completion"].endswith("#### 395") for record in records] == [True, True]
+    assert [record["length"] for record in records] == [len(ids)] * 2  # the tool turns ran: no EOS ended it

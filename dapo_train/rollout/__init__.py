@@ -3,6 +3,7 @@ behind one engine interface. Below the training loop: nothing here imports train
 
 engines.py   the RolloutEngine interface, the engine registry and the built-in transformers engines
 decoding.py  token-level decoding: the decode loop, sampling, the behaviour distribution
+tool_rows.py the decode loop's rows with tools: the tool turns fed in as forced tokens, the policy mask
 
 Another engine (vLLM, SGLang, a server) is one module that imports from here:
 `from dapo_train.rollout import Completion, EngineSetup, SamplingSettings, register_engine`.

@@ -70,7 +70,13 @@ class ToolTurns:
         self.tokenizer, self.tools, self.max_calls = tokenizer, {tool.name: tool for tool in tools}, max_calls
         self.schemas = tool_schemas(tools)
         eos = tokenizer.eos_token
-        probe = self.tool_turn_text([ToolCall(tools[0].name, "{}", _PROBE_RESULT, False)], eos) if eos else None
+        probe_call = ToolCall(tools[0].name, "{}", _PROBE_RESULT, False)
+        if not CALL.search(self.tokenizer.apply_chat_template(self._assistant([probe_call]), tools=self.schemas,
+                                                              tokenize=False)):
+            raise ConfigError(key, "the chat template writes tool calls in another format than <tool_call> JSON "
+                                   "</tool_call>, the one the rollout reads (Qwen2.5-Instruct's); use a model whose "
+                                   "template writes that format or name no tools")
+        probe = self.tool_turn_text([probe_call], eos) if eos else None
         if probe is None or _PROBE_RESULT not in probe:
             raise ConfigError(key, "the chat template's tool turn could not be found: rendering a tool call and its "
                                    f"reply did not continue the assistant turn after its end token {eos!r} with the "
@@ -115,9 +121,7 @@ class ToolTurns:
         """The text the chat template puts between an assistant turn with `calls` (ended by the token `stop`)
         and the next assistant turn's content: the tool messages with the calls' results and the assistant
         header. None when the template's assistant turn does not end with `stop`."""
-        tool_calls = [{"type": "function", "function": {"name": call.name or "tool", "arguments": {}}}
-                      for call in calls]
-        assistant = [*_PROBE_QUESTION, {"role": "assistant", "content": "", "tool_calls": tool_calls}]
+        assistant = self._assistant(calls)
         replies = [{"role": "tool", "name": call.name, "content": call.result} for call in calls]
         before = self.tokenizer.apply_chat_template(assistant, tools=self.schemas, tokenize=False)
         after = self.tokenizer.apply_chat_template(assistant + replies, tools=self.schemas, tokenize=False,
@@ -126,3 +130,11 @@ class ToolTurns:
         if end < 0 or not after.startswith(before[: end + len(stop)]):
             return None
         return after[end + len(stop) :]
+
+    @staticmethod
+    def _assistant(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+        """A probe conversation: a question, then an assistant turn making `calls` (their arguments left out:
+        only what follows the turn is read)."""
+        tool_calls = [{"type": "function", "function": {"name": call.name or "tool", "arguments": {}}}
+                      for call in calls]
+        return [*_PROBE_QUESTION, {"role": "assistant", "content": "", "tool_calls": tool_calls}]

@@ -109,3 +109,20 @@ def test_engines_that_run_tools_resolve_them():
         cfg = load_config(None, ["rollout.tools=[calculator]", *overrides])
         assert [tool.name for tool in rollout_tools(cfg.rollout)] == ["calculator"]
     assert rollout_tools(load_config(None, ["rollout.engine=hf-generate"]).rollout) == []  # no tools: any engine
+
+
+# Lists the tools and renders tool turns, but writes a call as [TOOL_CALLS] JSON (Mistral's way).
+OTHER_FORMAT = (
+    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "{%- for call in message.get('tool_calls', []) %}[TOOL_CALLS]{{ call['function'] | tojson }}{%- endfor %}"
+    "<|im_end|>\n{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def test_a_template_that_writes_calls_in_another_format_is_refused_at_start():
+    other = AutoTokenizer.from_pretrained(TINY_MODEL)
+    other.chat_template = OTHER_FORMAT
+    with pytest.raises(ConfigError, match="another format than <tool_call> JSON") as caught:
+        tool_turns(other, resolve_tools(["calculator"]), 4)
+    assert "\n" not in str(caught.value)

@@ -22,9 +22,10 @@ generation_config, e.g. Qwen2.5's repetition penalty and top_p/top_k, must not s
 distribution the loss assumes); a completion's valid tokens run up to AND including the first EOS,
 where EOS is any id of generation_config.eos_token_id or the tokenizer's (Qwen's pad id is also an
 EOS id, so masks come from the first EOS position, never from comparing with the pad id); a row
-with no EOS within max_new_tokens is truncated. With rollout.tools (docs/tools.md), an EOS that ends
-a turn with calls continues the row with the tool turn, context the policy did not sample
-(Completion.policy_mask), up to the same budget (RolloutEngine.generate). The EOS is in the loss, so the model learns to stop.
+with no EOS within max_new_tokens is truncated. The EOS is in the loss, so the model learns to stop.
+With rollout.tools (docs/tools.md), an EOS that ends a turn with calls continues the row with the
+tool turn, context the policy did not sample (Completion.policy_mask), up to the same budget
+(RolloutEngine.generate).
 Each completion carries the behaviour log-probs of its tokens, those of the distribution it was
 sampled from (decoding.behaviour_distribution), and under top-k / top-p truncation the log of the
 probability mass the truncation kept at each token (kept_log_mass): the trainer corrects the rollout
@@ -71,6 +72,11 @@ class Completion:
     @property
     def length(self) -> int:
         return int(self.completion_ids.numel())
+
+    @property
+    def policy_tokens(self) -> int:
+        """The tokens the policy sampled: its length less its tool turns'."""
+        return self.length if self.policy_mask is None else int(self.policy_mask.sum())
 
     @property
     def untruncated_logprobs(self) -> torch.Tensor | None:

@@ -251,3 +251,19 @@ def test_the_in_training_eval_runs_the_runs_tools(monkeypatch, tokenizer, model,
                            tools=turns)
     assert [record["completion"].endswith("#### 395") for record in records] == [True, True]
     assert [record["length"] for record in records] == [len(ids)] * 2  # the tool turns ran: no EOS ended it
+
+
+def test_a_steps_trained_tokens_are_the_policys(monkeypatch, tokenizer, model, transcript):
+    from dapo_train.task.prompts import Prompt
+    from dapo_train.train.collect import CollectStats, GroupBuffer, take_batch
+    from dapo_train.train.records import Group
+
+    _, ids, mask = transcript
+    completions = scripted_rollout(monkeypatch, tokenizer, model, transcript)
+    prompt = Prompt("train:0", QUESTION, "395", "", tuple(transcript[0].tolist()))
+    buffer = GroupBuffer()
+    buffer.add([Group(prompt, completions, torch.zeros(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2))])
+    stats = CollectStats()
+    stats.lengths = [c.length for c in completions]
+    metrics = take_batch(buffer, stats, 1).metrics
+    assert metrics["trained_tokens"] == 2 * int(mask.sum()) < metrics["generated_tokens"] == 2 * len(ids)

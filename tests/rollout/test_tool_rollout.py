@@ -87,28 +87,37 @@ def transcript(tokenizer):
     return torch.tensor(prompt_ids), torch.tensor(ids), torch.tensor(mask)
 
 
+def script_draws(monkeypatch, script: list[int]) -> None:
+    """Every row's draw at the loop's k-th step is script[k] (its last token beyond it)."""
+    steps = iter(range(10**6))
+
+    def draw(distribution, top_k=0, generators=None):
+        return torch.full((distribution.shape[0],), script[min(next(steps), len(script) - 1)], dtype=torch.long)
+
+    monkeypatch.setattr(decoding, "draw_tokens", draw)
+
+
 def scripted_rollout(monkeypatch, tokenizer, model, transcript, *, max_calls=4, budget=None, group_size=2):
     """The engine's completions when each row's draws follow the transcript, with a junk token (an ordinary
     one, "x") wherever the transcript has a tool turn's token."""
     prompt_ids, ids, mask = transcript
-    script = torch.where(mask, ids, torch.tensor(tokenizer.convert_tokens_to_ids("x"))).tolist()
-    steps = iter(range(len(script) + 1000))
-
-    def draw(distribution, top_k=0, generators=None):
-        step = next(steps)
-        return torch.full((distribution.shape[0],), script[min(step, len(script) - 1)], dtype=torch.long)
-
-    monkeypatch.setattr(decoding, "draw_tokens", draw)
+    script_draws(monkeypatch, torch.where(mask, ids, torch.tensor(tokenizer.convert_tokens_to_ids("x"))).tolist())
     turns = ToolTurns(tokenizer, resolve_tools(["calculator"]), max_calls)
     engine = DecodeLoopEngine(EngineSetup(model, tokenizer, 16, dtype="float32", compile="off", tools=turns))
-    settings = SamplingSettings(max_new_tokens=budget or len(script) + 8)
+    settings = SamplingSettings(max_new_tokens=budget or len(ids) + 8)
     return engine.generate([prompt_ids.tolist()], settings, group_size)
 
 
-def test_two_calculator_calls_yield_the_templates_transcript_with_the_tool_turns_masked(
-        monkeypatch, tokenizer, model, transcript):
+@pytest.fixture(scope="module")
+def rollout(tokenizer, model, transcript):
+    """The scripted rollout's two completions (group_size 2, the default limits), made once."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return scripted_rollout(monkeypatch, tokenizer, model, transcript)
+
+
+def test_two_calculator_calls_yield_the_templates_transcript_with_the_tool_turns_masked(rollout, transcript):
     _, ids, mask = transcript
-    for completion in scripted_rollout(monkeypatch, tokenizer, model, transcript):
+    for completion in rollout:
         assert completion.completion_ids.tolist() == ids.tolist()
         assert completion.policy_mask.tolist() == mask.tolist()
         assert not completion.truncated
@@ -131,9 +140,9 @@ def loss_and_gradient(model, batch, mask, old_logprobs=None):
 
 @pytest.mark.parametrize("share_prefix", [False, True])
 def test_the_loss_and_gradient_are_a_hand_built_transcripts_with_the_tool_turns_masked(
-        monkeypatch, tokenizer, model, transcript, share_prefix):
+        rollout, tokenizer, model, transcript, share_prefix):
     prompt_ids, ids, mask = transcript
-    completions = scripted_rollout(monkeypatch, tokenizer, model, transcript)
+    completions = rollout
     samples = [TrainSample(c.prompt_ids, c.completion_ids, 1.5, True, policy_mask=c.policy_mask) for c in completions]
     micro = collate_micro_batch(samples, tokenizer.pad_token_id, "cpu", share_prefix)
     assert micro.batch.shared_prefix == share_prefix
@@ -186,12 +195,11 @@ def test_the_budget_counts_the_tool_turns_tokens(monkeypatch, tokenizer, model, 
     assert completion.policy_mask.tolist() == mask[: inside_tool_turn + 1].tolist()
 
 
-def test_a_buffered_group_keeps_its_tool_turns_through_a_checkpoint(monkeypatch, tokenizer, model, transcript,
-                                                                     tmp_path):
+def test_a_buffered_group_keeps_its_tool_turns_through_a_checkpoint(rollout, transcript, tmp_path):
     from dapo_train.task.prompts import Prompt
     from dapo_train.train.records import Group
 
-    completions = scripted_rollout(monkeypatch, tokenizer, model, transcript)
+    completions = rollout
     prompt = Prompt("train:0", QUESTION, "395", "", tuple(transcript[0].tolist()))
     group = Group(prompt, completions, torch.zeros(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2))
     torch.save(group.to_state(), tmp_path / "group.pt")
@@ -200,7 +208,7 @@ def test_a_buffered_group_keeps_its_tool_turns_through_a_checkpoint(monkeypatch,
         assert torch.equal(after.policy_mask, before.policy_mask) and after.tool_calls == before.tool_calls
 
 
-def test_the_steps_metrics_and_rollout_records_count_the_calls(monkeypatch, tokenizer, model, transcript):
+def test_the_steps_metrics_and_rollout_records_count_the_calls(monkeypatch, tokenizer, model, transcript, rollout):
     from types import SimpleNamespace
 
     from dapo_train.run.rollouts import brief
@@ -210,7 +218,7 @@ def test_the_steps_metrics_and_rollout_records_count_the_calls(monkeypatch, toke
     from dapo_train.train.rollout_sample import group_records
 
     _, ids, mask = transcript
-    with_calls = scripted_rollout(monkeypatch, tokenizer, model, transcript)
+    with_calls = rollout
     without = scripted_rollout(monkeypatch, tokenizer, model, transcript, max_calls=1, group_size=1)  # its 1 call
     failing = without[0].tool_calls[0]
     without[0].tool_calls = [type(failing)(failing.name, failing.text, "error: made up", True)]
@@ -243,23 +251,20 @@ def test_the_in_training_eval_runs_the_runs_tools(monkeypatch, tokenizer, model,
     _, ids, _ = transcript
     turns = ToolTurns(tokenizer, resolve_tools(["calculator"]), 4)
     prompt = Prompt("test:0", QUESTION, "395", "", tuple(transcript[0].tolist()))
-    steps = iter(range(10_000))
-    script = [int(token) for token in ids]
-    monkeypatch.setattr(decoding, "draw_tokens", lambda distribution, top_k=0, generators=None: torch.full(
-        (distribution.shape[0],), script[min(next(steps), len(script) - 1)], dtype=torch.long))
+    script_draws(monkeypatch, ids.tolist())  # the tool turns' own tokens: only a tool turn keeps an EOS from ending
     records = eval_records(model, tokenizer, [prompt], max_new_tokens=len(ids) + 8, batch_size=4, samples=2,
                            tools=turns)
     assert [record["completion"].endswith("#### 395") for record in records] == [True, True]
     assert [record["length"] for record in records] == [len(ids)] * 2  # the tool turns ran: no EOS ended it
 
 
-def test_a_steps_trained_tokens_are_the_policys(monkeypatch, tokenizer, model, transcript):
+def test_a_steps_trained_tokens_are_the_policys(rollout, transcript):
     from dapo_train.task.prompts import Prompt
     from dapo_train.train.collect import CollectStats, GroupBuffer, take_batch
     from dapo_train.train.records import Group
 
     _, ids, mask = transcript
-    completions = scripted_rollout(monkeypatch, tokenizer, model, transcript)
+    completions = rollout
     prompt = Prompt("train:0", QUESTION, "395", "", tuple(transcript[0].tolist()))
     buffer = GroupBuffer()
     buffer.add([Group(prompt, completions, torch.zeros(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2))])

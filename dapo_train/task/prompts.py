@@ -164,9 +164,10 @@ def _nothing_left(stats: PromptStats, data_cfg: DataConfig, where: str, longest:
     return UserError(f"no usable prompts in {where}: {stats.summary()}; {'; '.join(hints)}")
 
 
-def load_prompts(data_cfg: DataConfig, tokenizer: Any, split: str) -> tuple[list[Prompt], PromptStats]:
-    """load_split + build_prompts, with the counts logged."""
-    return load_prompt_splits(data_cfg, tokenizer, [split])[split]
+def load_prompts(data_cfg: DataConfig, tokenizer: Any, split: str, tools: list[dict] | None = None
+                 ) -> tuple[list[Prompt], PromptStats]:
+    """load_split + build_prompts, with the counts logged; tools: listed in each prompt (chat_prompt)."""
+    return load_prompt_splits(data_cfg, tokenizer, [split], tools)[split]
 
 
 def load_prompt_splits(

@@ -178,9 +178,15 @@ def _completion(record: dict) -> list[str]:
         details.append(f"ratio {record['ratio_mean']:.4f}")
     if record["clip_frac"] is not None:
         details.append(f"clipped {record['clip_frac']:.3f}")
+    calls = record.get("tool_calls", [])  # absent in folders from before tools
+    if calls:
+        errors = sum(call["error"] for call in calls)
+        details.append(f"{_count(len(calls), 'tool call')}" + (f" ({errors} with an error)" if errors else ""))
     text = record["completion"].splitlines() or [""]
     return [f"  [{record['sample']}] {reward_breakdown(record)}; {', '.join(details)}",
-            *(f"      {line}" for line in text)]
+            *(f"      {line}" for line in text),
+            *(f"    call {call['name'] or '?'}: {' '.join(call['text'].split())} -> {' '.join(call['result'].split())}"
+              for call in calls)]
 
 
 def render(records: list[dict]) -> list[str]:

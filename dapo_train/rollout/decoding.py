@@ -1,6 +1,6 @@
 """Decoding with a transformers model: prompt ids in, generated ids and behaviour log-probs out.
 
-The token-level work behind engines.py's transformers engines (which add the chunking, the records
+The token-level work behind hf_engines.py's transformers engines (which add the chunking, the records
 and the rollout weights):
 
 - `decode_loop`: a loop over the model's forward. Each prompt is prefilled ONCE and its KV cache

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from dapo_train.algo import policy_loss
 from dapo_train.model.scoring import collate, score_tokens
 from dapo_train.rollout import EngineSetup, SamplingSettings, decoding
-from dapo_train.rollout.engines import DecodeLoopEngine
+from dapo_train.rollout.hf_engines import DecodeLoopEngine
 from dapo_train.tools import resolve_tools, tool_schemas
 from dapo_train.tools.turns import ToolTurns
 from dapo_train.train.batching import TrainSample, collate_micro_batch

@@ -130,7 +130,7 @@ class RolloutConfig:
     compile: str = _opt(
         "auto",
         "hf engine: decode with a static KV cache and a compiled step (CUDA graphs), batch rows bucketed to powers "
-        "of two. auto = on for CUDA.", ("auto", "on", "off"),
+        "of two. auto = on for CUDA, off with rollout.tools (only the decode loop runs tools).", ("auto", "on", "off"),
     )
     tools: list[str] = _opt(
         [],

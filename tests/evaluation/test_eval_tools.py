@@ -28,6 +28,7 @@ def test_an_eval_of_a_config_with_tools_lists_and_runs_them(tmp_path):
 
     with_tools, without = plan(), plan("rollout.tools=[]")
     assert with_tools.tools is not None and without.tools is None
+    assert (with_tools.tools.max_calls, plan("rollout.max_tool_calls=2").tools.max_calls) == (4, 2)
     assert all('"name": "calculator"' in prompt.text for prompt in with_tools.prompts)
     assert not any("calculator" in prompt.text for prompt in without.prompts)
     assert (with_tools.result_name, without.result_name) == ("test_limit2_tools", "test_limit2")

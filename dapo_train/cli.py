@@ -90,10 +90,12 @@ def config_cmd(
     config_path, overrides = split_config_args(args or [])
     cfg = load_config(config_path, overrides)
     from dapo_train.rewards.scoring import rewards_from_config  # the checks `run` does first
+    from dapo_train.rollout.engines import rollout_tools
     from dapo_train.train.objective import loss_settings
 
     rewards_from_config(cfg)
     loss_settings(cfg)
+    rollout_tools(cfg.rollout)
     typer.echo(dump_config(cfg).rstrip())
 
 

@@ -59,6 +59,10 @@ IMPOSSIBLE: dict[str, list[str]] = {
     "rollout.top_k": ["-1"],
     "rollout.generation_batch_size": ["0"],
     "rollout.engine": ["vllm-nope", "os:sep", "no_such_pkg.mod:Engine", "os:getcwd"],
+    # calculater: no such tool; os.path:join: no docstring to describe it; calculator alone: the tiny model's
+    # chat template ignores tools= (found once the tokenizer loads, before the model).
+    "rollout.tools": ["[calculater]", "['os.path:join']", "[calculator, calculator]", "[calculator]"],
+    "rollout.max_tool_calls": ["0"],
     "dapo.policy_loss": ["ppo", "os:sep", "no_such_pkg.mod:loss"],
     "dapo.eps_low": ["1.0", "-0.1"],
     "dapo.eps_high": ["-0.01"],
@@ -118,6 +122,8 @@ IMPOSSIBLE_TOGETHER = [
     ("dapo.screen_size=2", "dapo.screen_drop=[]"),  # empty alone is fine: screening is off
     ("train.shared_prefix=on", "model.attn_implementation=flash_attention_2"),
     ("model.attn_implementation=flash_attention_2",),  # its package is not installed here (and it needs CUDA)
+    ("rollout.tools=[calculator]", "rollout.engine=hf-generate"),  # model.generate cannot be fed a tool turn
+    ("rollout.tools=[calculator]", "rollout.compile=on"),  # nor the static-cache engine
 ]
 
 

@@ -130,7 +130,17 @@ class RolloutConfig:
     compile: str = _opt(
         "auto",
         "hf engine: decode with a static KV cache and a compiled step (CUDA graphs), batch rows bucketed to powers "
-        "of two. auto = on for CUDA.", ("auto", "on", "off"),
+        "of two. auto = on for CUDA, off with rollout.tools (only the decode loop runs tools).", ("auto", "on", "off"),
+    )
+    tools: list[str] = _opt(
+        [],
+        "Tools the policy may call while it samples, by name (calculator) or 'pkg.module:function' (docs/tools.md). "
+        "The prompts list them through the chat template (tools=); a completion that ends a turn with a call gets "
+        "the tool's reply as a tool turn and goes on. Tool turns are context: out of the loss. [] = none.",
+    )
+    max_tool_calls: int = _opt(
+        4, "Most tool calls per completion (rollout.tools); a turn that would exceed it ends the completion "
+        "truncated.",
     )
 
 

@@ -45,11 +45,13 @@ from dapo_train.model.loading import (
     mixed_precision,
 )
 from dapo_train.model.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
+from dapo_train.rollout.engines import rollout_tools
 from dapo_train.run.files import write_json_atomic, write_jsonl_atomic
 from dapo_train.run.folder import RUNS_ROOT, describe_runs, latest_run
 from dapo_train.task.answers import answer_check
 from dapo_train.task.locations import looks_like_path
 from dapo_train.task.prompts import Prompt, fixed_eval_subset, load_prompts
+from dapo_train.tools.turns import ToolTurns, tool_turns
 
 # The trainer's precision (modeling.mixed_precision) -> autocast dtype on CUDA, so eval numerics match.
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": None}
@@ -79,6 +81,7 @@ class EvalPlan:
     max_new_tokens: int
     out_dir: Path
     result_name: str  # eval_<result_name>.json, completions_<result_name>.jsonl
+    tools: ToolTurns | None = None  # the config's rollout.tools, listed in the prompts and run as in rollouts
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,8 +260,10 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
     budget = "--max-new-tokens" if options.max_new_tokens else "eval.max_new_tokens" if cfg.eval.max_new_tokens else \
         "rollout.max_new_tokens"
     check_sequence_budget(cfg, max_new_tokens, budget)  # as `run` does
+    tools = rollout_tools(cfg.rollout)
     tokenizer = load_tokenizer(cfg.model)
-    prompts, _ = load_prompts(cfg.data, tokenizer, split)
+    turns = tool_turns(tokenizer, tools, cfg.rollout.max_tool_calls)
+    prompts, _ = load_prompts(cfg.data, tokenizer, split, turns and turns.schemas)
     chosen = fixed_eval_subset(prompts, options.limit or 0)
     return EvalPlan(
         target=resolved,
@@ -271,14 +276,17 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
         out_dir=output_folder(resolved, cfg),
         result_name=result_name(
             split, len(chosen) if len(chosen) < len(prompts) else None, options.samples, options.temperature,
-            max_new_tokens if max_new_tokens != eval_max_new_tokens(cfg) else None,
+            max_new_tokens if max_new_tokens != eval_max_new_tokens(cfg) else None, tools=bool(tools),
         ),
+        tools=turns,
     )
 
 
-def result_name(split: str, limit: int | None, samples: int, temperature: float, max_new_tokens: int | None) -> str:
+def result_name(split: str, limit: int | None, samples: int, temperature: float, max_new_tokens: int | None,
+                tools: bool = False) -> str:
     """What an eval covered, as a file-name part, so different evals of one checkpoint coexist:
-    'test' (every item, greedy), 'test_limit100', 'test_k8_t0.9', 'test_limit100_len64'."""
+    'test' (every item, greedy), 'test_limit100', 'test_k8_t0.9', 'test_limit100_len64', 'test_tools'
+    (with the config's rollout.tools)."""
     parts = [_safe_name(split)]
     if limit is not None:
         parts.append(f"limit{limit}")
@@ -286,6 +294,8 @@ def result_name(split: str, limit: int | None, samples: int, temperature: float,
         parts.append(f"k{samples}_t{temperature:g}")
     if max_new_tokens is not None:
         parts.append(f"len{max_new_tokens}")
+    if tools:
+        parts.append("tools")
     return "_".join(parts)
 
 
@@ -305,7 +315,7 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
             model, plan.tokenizer, plan.prompts,
             max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size,
             samples=options.samples, temperature=options.temperature, seed=plan.cfg.seed,
-            check=answer_check(plan.cfg.data.correctness),
+            check=answer_check(plan.cfg.data.correctness), tools=plan.tools,
         )
     del model
     if device.type == "cuda":
@@ -321,6 +331,7 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
             "limit": options.limit or 0, "batch_size": plan.batch_size, "max_new_tokens": plan.max_new_tokens,
             "samples": options.samples, "temperature": options.temperature if options.samples > 1 else 0.0,
             "decoding": "sampling" if options.samples > 1 else "greedy", "device": device.type,
+            "tools": list(plan.cfg.rollout.tools),
         },
         "completions_file": completions_path.name,
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),

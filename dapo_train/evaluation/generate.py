@@ -17,16 +17,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
 from dapo_train.config.schema import Config
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.rewards.scoring import REWARDS, RewardSet, score
-from dapo_train.rollout.decoding import SamplingSettings
+from dapo_train.rollout.decoding import SamplingSettings, decode_loop
 from dapo_train.rollout.engines import Completion, sample_completions
 from dapo_train.task.answers import ANSWER_CHECKS, AnswerCheck
 from dapo_train.task.prompts import Prompt
+from dapo_train.tools.turns import ToolTurns
 
 NUMERIC = ANSWER_CHECKS["numeric"]
 
@@ -123,9 +125,11 @@ def eval_records(
     temperature: float = 1.0,
     seed: int | None = None,
     check: AnswerCheck = NUMERIC,
+    tools: ToolTurns | None = None,
 ) -> list[dict]:
     """The completion records (completion_records) of an already-loaded model on `prompts`, in their
-    order; the trainer's ranks each make their share's and summarise the gathered whole once.
+    order; the trainer's ranks each make their share's and summarise the gathered whole once. tools:
+    the run's rollout.tools, run as in its rollouts (the prompts list them).
 
     samples == 1: greedy decoding (temperature ignored), deterministic for a fixed item list and
     batch size. samples == K > 1: K samples per item at `temperature` (top_p = 1, top_k = 0),
@@ -147,7 +151,8 @@ def eval_records(
     try:
         with _seeded(seed if samples > 1 else None, device):
             completions = sample_completions(  # N*K rows, K per item
-                model, tokenizer, prompt_ids, settings, batch_size=batch_size, group_size=samples
+                model, tokenizer, prompt_ids, settings, batch_size=batch_size, group_size=samples,
+                decode=partial(decode_loop, tools=tools),
             )
     finally:
         model.train(was_training)

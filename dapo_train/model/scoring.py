@@ -54,11 +54,11 @@ class TokenBatch:
     attention_mask: Tensor  # (R, W) long, or (R, 1, W, W) bool when prefixes are shared
     position_ids: Tensor  # (R, W)
     completion_ids: Tensor  # (N, T)
-    completion_mask: Tensor  # (N, T) float, the loss mask: 1 on valid completion tokens (EOS included)
+    completion_mask: Tensor  # (N, T) float, the loss mask: 1 on valid completion tokens (EOS included), 0 on tool turns
     rows: Tensor  # (N,) long: the row holding sample i
     positions: Tensor  # (N, T) long: the row position whose hidden state predicts completion token t
-    # (N, T) bool: the completions' own tokens, what the head scores; unlike completion_mask it stays
-    # when a token leaves the loss (overlong filtering, the rollout correction), whose log-prob is still read
+    # (N, T) bool: the completions' own tokens (not a tool turn's), what the head scores; unlike completion_mask it
+    # stays when a token leaves the loss (overlong filtering, the rollout correction), whose log-prob is still read
     valid_mask: Tensor
     padding_tokens: int  # positions of the R x W the forward computes that hold no prompt or completion token
 
@@ -82,9 +82,13 @@ class TokenBatch:
 
 
 def collate(
-    prompts: Sequence[Tensor], completions: Sequence[Tensor], pad_id: int, share_prefix: bool = False
+    prompts: Sequence[Tensor], completions: Sequence[Tensor], pad_id: int, share_prefix: bool = False,
+    policy_masks: Sequence[Tensor | None] | None = None,
 ) -> TokenBatch:
-    """(prompt ids (P_i,), completion ids (L_i,)) pairs -> TokenBatch; completions keep their EOS."""
+    """(prompt ids (P_i,), completion ids (L_i,)) pairs -> TokenBatch; completions keep their EOS.
+    policy_masks: per completion (L_i,) bool or None, False on tokens the policy did not sample (a tool
+    turn): they stay in the sequence, as context, and leave completion_mask and valid_mask (the head
+    does not score them)."""
     n = len(prompts)
     width_t = max(1, max(int(c.numel()) for c in completions))
     completion_ids = torch.full((n, width_t), pad_id, dtype=torch.long)
@@ -92,6 +96,8 @@ def collate(
     for i, completion in enumerate(completions):
         completion_ids[i, : completion.numel()] = completion
         completion_mask[i, : completion.numel()] = 1.0
+        if policy_masks is not None and policy_masks[i] is not None:
+            completion_mask[i, : completion.numel()] *= policy_masks[i]
     valid_mask = completion_mask.bool()
     if share_prefix:
         shared = _collate_shared(prompts, completions, pad_id, completion_ids, completion_mask, valid_mask)

@@ -230,13 +230,14 @@ def _real_reward_models(small: Config, cfg: Config) -> Config:
 def _check_cheap(cfg: Config) -> None:
     """What `run` checks before anything loads: rewards, objective, engine, trackers."""
     from dapo_train.rewards.scoring import rewards_from_config
-    from dapo_train.rollout.engines import engine_factory
+    from dapo_train.rollout.engines import engine_factory, rollout_tools
     from dapo_train.run.trackers import check_trackers
     from dapo_train.train.objective import loss_settings
 
     rewards_from_config(cfg)
     loss_settings(cfg)
     engine_factory(cfg.rollout.engine)
+    rollout_tools(cfg.rollout)
     check_trackers(cfg.logging.trackers)
 
 
@@ -271,17 +272,22 @@ def _report_data(cfg: Config, tokenizer, report: Report) -> tuple[list, str]:
 
 
 def _load_splits(cfg: Config, tokenizer) -> dict:
-    """The train and eval splits' prompts. A config that runs no eval needs no eval split, and a data
-    set without one (or with one `run` would not read) leaves the train split alone."""
+    """The train and eval splits' prompts, listing rollout.tools as `run`'s do (its template check too). A
+    config that runs no eval needs no eval split, and a data set without one (or with one `run` would not
+    read) leaves the train split alone."""
+    from dapo_train.rollout.engines import rollout_tools
     from dapo_train.task.prompts import load_prompt_splits
+    from dapo_train.tools.turns import tool_turns
 
+    turns = tool_turns(tokenizer, rollout_tools(cfg.rollout), cfg.rollout.max_tool_calls)
+    tools = turns and turns.schemas
     splits = [cfg.data.train_split, cfg.data.eval_split]
     if cfg.eval.every_steps or cfg.eval.final_full:
-        return load_prompt_splits(cfg.data, tokenizer, splits)
+        return load_prompt_splits(cfg.data, tokenizer, splits, tools)
     try:
-        return load_prompt_splits(cfg.data, tokenizer, splits)
+        return load_prompt_splits(cfg.data, tokenizer, splits, tools)
     except UserError:
-        return load_prompt_splits(cfg.data, tokenizer, splits[:1])
+        return load_prompt_splits(cfg.data, tokenizer, splits[:1], tools)
 
 
 def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report) -> None:

@@ -9,7 +9,7 @@ import torch
 from dapo_train.config.schema import Config
 from dapo_train.model.loading import DTYPES, gradient_checkpointing, mixed_precision
 from dapo_train.preflight.rehearsal import LAYERS, SPREAD_REWARD, WIDTH
-from dapo_train.rollout.engines import rollout_dtype
+from dapo_train.rollout.hf_engines import rollout_dtype
 from dapo_train.train.old_policy import resolve
 
 

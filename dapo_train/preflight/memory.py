@@ -147,7 +147,7 @@ class Generation:
            limit: int, adapter_bytes: int = 4) -> Generation:
         """A call of `sequences` rows (prompts x group_size) on engine `static` (padded rows and prompt width,
         every row prefilled), `loop` (each prompt prefilled once, its cache repeated) or `generate`."""
-        from dapo_train.rollout.engines import BUCKET_WIDTH, bucket_size
+        from dapo_train.rollout.hf_engines import BUCKET_WIDTH, bucket_size
 
         if engine == "static":
             rows, width = bucket_size(sequences, limit), -(-prompt // BUCKET_WIDTH) * BUCKET_WIDTH

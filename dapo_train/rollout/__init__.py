@@ -1,8 +1,10 @@
 """Rollout: prompts x G -> sampled completions (ids, exact masks, truncation, behaviour log-probs),
 behind one engine interface. Below the training loop: nothing here imports train/.
 
-engines.py   the RolloutEngine interface, the engine registry and the built-in transformers engines
-decoding.py  token-level decoding: the decode loop, sampling, the behaviour distribution
+engines.py     the RolloutEngine interface, the engine registry, completions from decoded rows
+hf_engines.py  the built-in transformers engines (hf, hf-generate), registered on import
+decoding.py    token-level decoding: the decode loop, sampling, the behaviour distribution
+tool_rows.py   the decode loop's rows with tools: the tool turns fed in as forced tokens, the policy mask
 
 Another engine (vLLM, SGLang, a server) is one module that imports from here:
 `from dapo_train.rollout import Completion, EngineSetup, SamplingSettings, register_engine`.
@@ -12,12 +14,8 @@ from dapo_train.rollout.decoding import SamplingSettings
 from dapo_train.rollout.engines import (
     ROLLOUT_ENGINES,
     Completion,
-    DecodeLoopEngine,
     EngineSetup,
-    GenerateEngine,
     RolloutEngine,
-    StaticCacheEngine,
-    TransformersEngine,
     build_engine,
     completion_mask,
     engine_factory,
@@ -26,6 +24,7 @@ from dapo_train.rollout.engines import (
     register_engine,
     sample_completions,
 )
+from dapo_train.rollout.hf_engines import DecodeLoopEngine, GenerateEngine, StaticCacheEngine, TransformersEngine
 
 __all__ = [
     "ROLLOUT_ENGINES", "Completion", "DecodeLoopEngine", "EngineSetup", "GenerateEngine", "RolloutEngine",

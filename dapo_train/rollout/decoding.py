@@ -1,6 +1,6 @@
 """Decoding with a transformers model: prompt ids in, generated ids and behaviour log-probs out.
 
-The token-level work behind engines.py's transformers engines (which add the chunking, the records
+The token-level work behind hf_engines.py's transformers engines (which add the chunking, the records
 and the rollout weights):
 
 - `decode_loop`: a loop over the model's forward. Each prompt is prefilled ONCE and its KV cache
@@ -27,6 +27,8 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from dapo_train.model.scoring import padded_position_ids
+from dapo_train.rollout.tool_rows import ToolRows
+from dapo_train.tools.turns import ToolTurns
 
 Tensor = torch.Tensor
 
@@ -104,9 +106,14 @@ def behaviour_distribution(scores: Tensor, settings: SamplingSettings) -> Tensor
 class Decoded:
     """What a decoder returns for N rows, on the CPU. T = the longest row's tokens."""
 
-    ids: Tensor  # (N, T) generated ids, padded after the first EOS
+    ids: Tensor  # (N, T) generated ids, padded after the first EOS (with tools: after `lengths`)
     behaviour_logprobs: Tensor  # (N, T) float32 under the distribution sampled from
     kept_log_mass: Tensor | None = None  # (N, T) float32 log of the mass top-k / top-p kept; None: no truncation
+    # With tools (rollout/tool_rows.py) a transcript holds EOS ids before its end, so its extent is given:
+    lengths: Tensor | None = None  # (N,) long valid tokens per row; None: up to the first EOS
+    truncated: Tensor | None = None  # (N,) bool; None: no EOS within the budget
+    policy_mask: Tensor | None = None  # (N, T) bool, False on the tool turns' forced tokens; None: all True
+    tool_calls: list[list] | None = None  # per row, its tools.turns.ToolCall in order
 
 
 def _picked(distribution: Tensor, tokens: Tensor) -> Tensor:
@@ -270,13 +277,14 @@ class _GrowingLayer(_DynamicLayer or object):
 @torch.no_grad()
 def decode_loop(
     model, prompts: list[Tensor], group_size: int, settings: SamplingSettings, eos_ids: list[int], pad_id: int,
-    seeds: Sequence[int] | None = None,
+    seeds: Sequence[int] | None = None, tools: ToolTurns | None = None,
 ) -> Decoded:
     """Sample group_size completions for each prompt -> Decoded (B*G rows).
 
     The prompts are prefilled once (B rows); the cache, last logits and mask are then repeated G
     times. After each token, rows that emitted EOS are dropped from the batch and the cache. seeds:
-    one per row, each row drawing from its own generator (draw_tokens), else the global stream."""
+    one per row, each row drawing from its own generator (draw_tokens), else the global stream.
+    tools: a row whose assistant turn ends with calls goes on, fed the tool turn (tool_rows.py)."""
     device = next(model.parameters()).device
     input_ids, attention_mask = left_pad(prompts, pad_id)  # (B, P)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -299,18 +307,23 @@ def decode_loop(
     next_position = attention_mask.sum(dim=1)  # (A,) position id of the token being sampled
     eos = torch.tensor(eos_ids, device=device)
     generators = None if seeds is None else [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+    tool_rows = None if tools is None else ToolRows(tools, rows, budget)
     for step in range(budget):
         distribution, mass = sampling_distribution(logits.float(), settings)  # (A, V), (A,) or None
         sampled = settings.do_sample
         own = None if generators is None else [generators[row] for row in active.tolist()]
         tokens = draw_tokens(distribution, settings.top_k, own) if sampled else distribution.argmax(dim=-1)  # (A,)
+        forced = None if tool_rows is None else tool_rows.force(active.tolist(), tokens, step)  # (A,) bool
         generated[active, step] = tokens
-        logprobs[active, step] = _picked(distribution, tokens)
+        picked = _picked(distribution, tokens)  # (A,)
+        logprobs[active, step] = picked if forced is None else picked.masked_fill(forced, 0.0)
         if kept is not None:
-            kept[active, step] = mass
+            kept[active, step] = mass if forced is None else mass.masked_fill(forced, 0.0)
+        running = ~torch.isin(tokens, eos)  # (A,)
+        if tool_rows is not None:
+            running = tool_rows.running(active.tolist(), ~running, forced, step, generated)
         if step == budget - 1:
             break
-        running = ~torch.isin(tokens, eos)  # (A,)
         if not bool(running.all()):
             if not bool(running.any()):
                 break
@@ -323,7 +336,11 @@ def decode_loop(
                     use_cache=True, **{_cache_keyword(model): cache})
         logits = out.logits[:, -1, :]
         next_position = next_position + 1
-    return Decoded(generated.cpu(), logprobs.cpu(), None if kept is None else kept.cpu())
+    decoded = Decoded(generated.cpu(), logprobs.cpu(), None if kept is None else kept.cpu())
+    if tool_rows is not None:
+        decoded.lengths, decoded.truncated = tool_rows.lengths, tool_rows.truncated
+        decoded.policy_mask, decoded.tool_calls = tool_rows.policy_mask, tool_rows.calls
+    return decoded
 
 
 # ---------------------------------------------------------------- model.generate

@@ -2,8 +2,8 @@
 engine interface.
 
 `collect` talks to a RolloutEngine (generate G completions for each prompt; take new weights after
-each step's updates), chosen by `rollout.engine` from ROLLOUT_ENGINES. Built in, over a transformers
-model (the token-level work is decoding.py's):
+each step's updates), chosen by `rollout.engine` from ROLLOUT_ENGINES. Built in (hf_engines.py), over
+a transformers model (the token-level work is decoding.py's):
 
 - `hf` (default): DecodeLoopEngine, a decode loop over the model's forward, each prompt prefilled
   ONCE for its G completions and finished rows dropped; or, when `rollout.compile` is on (auto: with
@@ -23,6 +23,9 @@ distribution the loss assumes); a completion's valid tokens run up to AND includ
 where EOS is any id of generation_config.eos_token_id or the tokenizer's (Qwen's pad id is also an
 EOS id, so masks come from the first EOS position, never from comparing with the pad id); a row
 with no EOS within max_new_tokens is truncated. The EOS is in the loss, so the model learns to stop.
+With rollout.tools (docs/tools.md), an EOS that ends a turn with calls continues the row with the
+tool turn, context the policy did not sample (Completion.policy_mask), up to the same budget
+(RolloutEngine.generate).
 Each completion carries the behaviour log-probs of its tokens, those of the distribution it was
 sampled from (decoding.behaviour_distribution), and under top-k / top-p truncation the log of the
 probability mass the truncation kept at each token (kept_log_mass): the trainer corrects the rollout
@@ -32,19 +35,16 @@ Sampling from what is scored).
 
 from __future__ import annotations
 
-import copy
-import logging
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from dapo_train.plugins import decorator_for
-from dapo_train.rollout.decoding import Decoded, SamplingSettings, decode_loop, generate_rows
-
-logger = logging.getLogger(__name__)
+from dapo_train.rollout.decoding import Decoded, SamplingSettings, decode_loop
+from dapo_train.tools.registry import Tool, resolve_tools
+from dapo_train.tools.turns import ToolTurns
 
 
 @dataclass
@@ -59,10 +59,19 @@ class Completion:
     # (L,) float32 <= 0: log of the probability top-k / top-p kept where each token was sampled, so
     # behaviour_logprobs + kept_log_mass are the rollout's log-probs before truncation; None: nothing truncated.
     kept_log_mass: torch.Tensor | None = None
+    # (L,) bool, with tools: True on the policy's own tokens, False on the tool turns the engine fed in (context,
+    # not actions: out of the loss, the log-probs' use, Eq. 12's count and the entropy); None: all the policy's.
+    policy_mask: torch.Tensor | None = None
+    tool_calls: list = field(default_factory=list)  # tools.turns.ToolCall of each call made, in order
 
     @property
     def length(self) -> int:
         return int(self.completion_ids.numel())
+
+    @property
+    def policy_tokens(self) -> int:
+        """The tokens the policy sampled: its length less its tool turns'."""
+        return self.length if self.policy_mask is None else int(self.policy_mask.sum())
 
     @property
     def untruncated_logprobs(self) -> torch.Tensor | None:
@@ -113,16 +122,21 @@ def completion_mask(generated: torch.Tensor, eos_ids: Sequence[int]) -> tuple[to
 
 def _completions(prompts: Sequence[torch.Tensor], decoded: Decoded, eos_ids, tokenizer) -> list[Completion]:
     """A decoder's N rows (row i continues prompts[i]) -> Completions."""
-    mask, truncated = completion_mask(decoded.ids, eos_ids)
-    lengths = mask.sum(dim=1).tolist()
+    if decoded.lengths is None:
+        mask, truncated = completion_mask(decoded.ids, eos_ids)
+        lengths = mask.sum(dim=1).tolist()
+    else:  # a transcript with tool turns holds EOS ids before its end
+        lengths, truncated = decoded.lengths.tolist(), decoded.truncated
     valid = [decoded.ids[row, :length] for row, length in enumerate(lengths)]
     texts = tokenizer.batch_decode(valid, skip_special_tokens=True)
-    kept = decoded.kept_log_mass
+    kept, policy = decoded.kept_log_mass, decoded.policy_mask
     return [
         Completion(
             prompt_ids=prompts[row], completion_ids=ids, truncated=bool(truncated[row]), text=texts[row],
             behaviour_logprobs=decoded.behaviour_logprobs[row, : lengths[row]].clone(),
             kept_log_mass=None if kept is None else kept[row, : lengths[row]].clone(),
+            policy_mask=None if policy is None else policy[row, : lengths[row]].clone(),
+            tool_calls=[] if decoded.tool_calls is None else decoded.tool_calls[row],
         )
         for row, ids in enumerate(valid)
     ]
@@ -158,13 +172,13 @@ def sample_completions(
             rows = slice(len(completions), len(completions) + len(chunk) * group_size)
             keyed = {} if seeds is None else {"seeds": seeds[rows]}
             decoded = decode(model, chunk, group_size, settings, eos_ids, pad_id, **keyed)
-            completions += _completions(_rows(chunk, group_size), decoded, eos_ids, tokenizer)
+            completions += _completions(group_rows(chunk, group_size), decoded, eos_ids, tokenizer)
         return completions
     finally:
         model.train(was_training)
 
 
-def _rows(prompts: list[torch.Tensor], group_size: int) -> list[torch.Tensor]:
+def group_rows(prompts: list[torch.Tensor], group_size: int) -> list[torch.Tensor]:
     """Each prompt group_size times, in order: the rows of a chunk."""
     return [prompt for prompt in prompts for _ in range(group_size)]
 
@@ -180,7 +194,16 @@ class RolloutEngine(Protocol):
     ) -> list[Completion]:
         """group_size completions per prompt, prompt-major, with the semantics of this module's docstring.
         An engine whose `keyed_draws` attribute is true also takes seeds=[one int per row]: each row is
-        then drawn from its own random stream (dapo.screen_size's screens and their continuations)."""
+        then drawn from its own random stream (dapo.screen_size's screens and their continuations).
+
+        Tools (rollout.tools): an engine that can run them says so with `supports_tools = True` on its class
+        or factory (the trainer refuses any other at start when tools are named) and gets them as
+        EngineSetup.tools, a tools.ToolTurns. When a row ends an assistant turn (an EOS id) that makes calls,
+        `ToolTurns.answer(turn ids, calls made so far)` runs them and returns the tool turn's tokens (or None:
+        the completion ends there; over_limit: it ends truncated); the engine appends those tokens to the row
+        as context and samples on. Each Completion then carries its whole transcript in completion_ids, its
+        extent given by the engine (EOS ids occur inside it), policy_mask False on the appended tokens (their
+        behaviour log-probs are not read), and tool_calls. rollout.max_new_tokens bounds the whole transcript."""
 
     def sync_weights(self) -> None:
         """Take the training model's current weights; the trainer calls it after every step's updates."""
@@ -195,6 +218,7 @@ class EngineSetup:
     batch_size: int  # rollout.generation_batch_size: most sequences per batch
     dtype: str  # rollout.dtype: auto | float32 | bfloat16
     compile: str  # rollout.compile: auto | on | off
+    tools: ToolTurns | None = None  # rollout.tools with the chat template's tool turns; None: no tools
 
 
 ROLLOUT_ENGINES: dict[str, Callable[[EngineSetup], RolloutEngine]] = {}
@@ -252,13 +276,33 @@ def _takes_any_number(factory: Callable) -> bool:
     return any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
 
 
-def build_engine(rollout_cfg, model, tokenizer) -> RolloutEngine:
+def rollout_tools(rollout_cfg) -> list[Tool]:
+    """rollout.tools resolved (tools.resolve_tools), or a ConfigError when a name or schema is bad or the
+    configured engine cannot run tools: hf-generate (model.generate cannot feed a row the tool turn), hf with
+    rollout.compile=on (the static-cache engine), or a plugin whose class or factory does not set
+    `supports_tools = True`. Cheap: before the model loads."""
+    from dapo_train.errors import ConfigError
+
+    tools = resolve_tools(rollout_cfg.tools)
+    if not tools:
+        return tools
+    if rollout_cfg.engine == "hf" and rollout_cfg.compile == "on":
+        raise ConfigError("rollout.compile", "the static-cache engine (rollout.compile=on) cannot run tools; set "
+                          "rollout.compile=off or auto (with tools, hf decodes with its decode loop) or name no tools")
+    if not getattr(engine_factory(rollout_cfg.engine), "supports_tools", False):
+        raise ConfigError("rollout.engine", f"the engine {rollout_cfg.engine} cannot run tools (rollout.tools); use "
+                          "rollout.engine=hf, an engine with supports_tools = True, or name no tools")
+    return tools
+
+
+def build_engine(rollout_cfg, model, tokenizer, tools: ToolTurns | None = None) -> RolloutEngine:
     """The engine of a RolloutConfig for an UNWRAPPED model. A plugin factory that fails on the
-    EngineSetup, or returns something without the engine's methods, is a ConfigError naming it."""
+    EngineSetup, or returns something without the engine's methods, is a ConfigError naming it.
+    tools: rollout.tools for the tokenizer (tools.tool_turns), for an engine that supports them (rollout_tools)."""
     from dapo_train.errors import ConfigError
 
     setup = EngineSetup(model=model, tokenizer=tokenizer, batch_size=rollout_cfg.generation_batch_size,
-                        dtype=rollout_cfg.dtype, compile=rollout_cfg.compile)
+                        dtype=rollout_cfg.dtype, compile=rollout_cfg.compile, tools=tools)
     name, factory = rollout_cfg.engine, engine_factory(rollout_cfg.engine)
     if name in ROLLOUT_ENGINES:
         return factory(setup)
@@ -272,125 +316,3 @@ def build_engine(rollout_cfg, model, tokenizer) -> RolloutEngine:
         raise ConfigError("rollout.engine", f"{name} returned {engine!r:.60} ({type(engine).__name__}), which has no "
                           f"{_lacks(engine)}; {ENGINE_HINT}")
     return engine
-
-
-ROLLOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def rollout_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """rollout.dtype -> the dtype the rollout's weights use. auto: bfloat16 on CUDA, float32 elsewhere."""
-    if setting == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return ROLLOUT_DTYPES[setting]
-
-
-def cast_as_loaded(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """`model` with its parameters and saved buffers in `dtype`, as from_pretrained(dtype=...) would load
-    it: buffers that are not saved (the rotary inv_freq) are computed at init, in float32, and keep their
-    dtype; `module.to(dtype)` would cast them too (bf16 inv_freq: 0.09 rad of rotary angle at position 500)."""
-    kept = [(module, name, buffer) for module in model.modules() for name, buffer in module._buffers.items()
-            if buffer is not None and name in module._non_persistent_buffers_set]
-    model.to(dtype)
-    for module, name, buffer in kept:
-        module._buffers[name] = buffer
-    return model
-
-
-def _rollout_copy(model: torch.nn.Module, setting: str) -> torch.nn.Module | None:
-    """A frozen copy of `model` in rollout.dtype, or None when that is the training weights' dtype."""
-    dtype = rollout_dtype(setting, next(model.parameters()).device)
-    if dtype == next(model.parameters()).dtype:
-        return None
-    frozen = cast_as_loaded(copy.deepcopy(model), dtype).eval().requires_grad_(False)
-    logger.info("rollout: sampling from a %s copy of the weights, refreshed after every step's updates",
-                str(dtype).removeprefix("torch."))
-    return frozen
-
-
-class TransformersEngine(ABC):
-    """Base of the transformers engines: the rollout model (the training model, or its copy in
-    rollout.dtype, synced after each update) sampled through sample_completions; a subclass decodes."""
-
-    def __init__(self, setup: EngineSetup) -> None:
-        self.model, self.tokenizer, self.batch_size = setup.model, setup.tokenizer, setup.batch_size
-        self.copy = _rollout_copy(setup.model, setup.dtype)
-
-    @property
-    def rollout_model(self) -> torch.nn.Module:
-        """The weights the engine samples from."""
-        return self.copy if self.copy is not None else self.model
-
-    def sync_weights(self) -> None:
-        if self.copy is None:
-            return
-        with torch.no_grad():
-            for target, source in zip(self.copy.parameters(), self.model.parameters()):
-                target.copy_(source)
-
-    keyed_draws = False  # whether generate takes seeds (one random stream per row)
-
-    def generate(self, prompts, settings: SamplingSettings, group_size: int,
-                 seeds: Sequence[int] | None = None) -> list[Completion]:
-        if seeds is not None and not self.keyed_draws:
-            raise ValueError(f"{type(self).__name__} draws from the global random stream: it takes no seeds")
-        return sample_completions(self.rollout_model, self.tokenizer, prompts, settings, batch_size=self.batch_size,
-                                  group_size=group_size, decode=self.decode, seeds=seeds)
-
-    @abstractmethod
-    def decode(self, model, prompts: list[torch.Tensor], group_size: int, settings: SamplingSettings,
-               eos_ids: list[int], pad_id: int) -> Decoded:
-        """One chunk of whole groups -> Decoded (B*G rows); see `Decode`."""
-
-
-class DecodeLoopEngine(TransformersEngine):
-    """decoding.decode_loop: each prompt prefilled once for its group, finished rows dropped; with
-    seeds, each row drawn from its own stream."""
-
-    keyed_draws = True
-
-    def decode(self, model, prompts, group_size, settings, eos_ids, pad_id, seeds=None):
-        return decode_loop(model, prompts, group_size, settings, eos_ids, pad_id, seeds)
-
-
-BUCKET_WIDTH = 64  # the static-cache engine pads prompt widths to a multiple of this
-
-
-def bucket_size(rows: int, limit: int) -> int:
-    """The smallest power of two >= rows, capped at max(rows, limit)."""
-    size = 1
-    while size < rows:
-        size *= 2
-    return min(size, max(rows, limit))
-
-
-class StaticCacheEngine(TransformersEngine):
-    """transformers' static-cache `generate` (its decode step compiled into CUDA graphs on CUDA) on G
-    copies of each prompt. A call's rows are padded up to a power of two (at most batch_size) with
-    copies of its first row, whose outputs are dropped, and the prompt width up to a multiple of
-    BUCKET_WIDTH, so the compiled step sees few distinct shapes."""
-
-    def decode(self, model, prompts, group_size, settings, eos_ids, pad_id):
-        rows = _rows(prompts, group_size)
-        padded = rows + [rows[0]] * (bucket_size(len(rows), self.batch_size) - len(rows))
-        decoded = generate_rows(model, padded, settings, eos_ids, pad_id, width_multiple=BUCKET_WIDTH,
-                                cache_implementation="static")
-        kept = decoded.kept_log_mass
-        return Decoded(decoded.ids[: len(rows)], decoded.behaviour_logprobs[: len(rows)],
-                       None if kept is None else kept[: len(rows)])
-
-
-@register_engine("hf-generate")
-class GenerateEngine(TransformersEngine):
-    """Plain `model.generate` on G copies of each prompt: the reference semantics."""
-
-    def decode(self, model, prompts, group_size, settings, eos_ids, pad_id):
-        return generate_rows(model, _rows(prompts, group_size), settings, eos_ids, pad_id)
-
-
-@register_engine("hf")
-def hf_engine(setup: EngineSetup) -> TransformersEngine:
-    """rollout.engine=hf: the static-cache engine when rollout.compile is on (auto: on with CUDA), else
-    the decode loop. One name for both: rollout.compile is the switch users already have."""
-    device = next(setup.model.parameters()).device
-    compiled = setup.compile == "on" or (setup.compile == "auto" and device.type == "cuda")
-    return StaticCacheEngine(setup) if compiled else DecodeLoopEngine(setup)

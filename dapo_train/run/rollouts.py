@@ -6,7 +6,9 @@ why each completion got its reward.
 One JSON object per completion (RECORD_KEYS), ordered by generation round, group and completion:
 where it came from (step, round, group: its prompt's position in the round's batch over all ranks,
 sample: its index in the group, uid, question, gold), what it wrote (completion, length in tokens with
-EOS, truncated, extracted: the task's answer or None), why it scored so (correct, rewards: each
+EOS, tool turns included, truncated, extracted: the task's answer or None, tool_calls: each call it made
+with rollout.tools, {name, text: the call as written, result, error}; absent in folders from before
+tools), why it scored so (correct, rewards: each
 configured reward's unweighted value under its metrics key, as in `rewards/<key>/mean`; reward: the
 weighted total, Eq. 9's R; advantage, Eq. 9), what became of its group (fate, FATES), and where cheap
 what the update saw: behaviour_logprob_mean (the mean log-prob of its tokens under the policy that
@@ -31,6 +33,7 @@ ROLLOUTS_DIR = "rollouts"
 RECORD_KEYS = (
     "step", "round", "group", "sample", "uid", "question", "gold", "completion", "length", "truncated", "extracted",
     "correct", "rewards", "reward", "advantage", "fate", "behaviour_logprob_mean", "ratio_mean", "clip_frac",
+    "tool_calls",
 )
 # A group's fate -> what it means. The dropped and screened ones are collect.CollectStats' counters
 # (groups_dropped_*, groups_screened_* in metrics.jsonl; a screened group has only its screen's completions);
@@ -107,13 +110,16 @@ def reward_breakdown(record: dict) -> str:
 
 def brief(record: dict, limit: int = 160) -> list[str]:
     """Two lines about one completion: where it came from, its answer and its reward breakdown;
-    then the start of what it wrote."""
+    then the start of what it wrote; then a line per tool call it made, with the tool's answer."""
     verdict = "correct" if record["correct"] else "wrong"
     cut = ", truncated" if record["truncated"] else ""
+    calls = [f"  call {call['name'] or '?'}: {excerpt(call['text'], limit)} -> {excerpt(call['result'], limit)}"
+             for call in record.get("tool_calls", [])]
     return [
         f"{record['uid']} (step {record['step']}, {record['fate']}): gold {record['gold']}, got "
         f"{record['extracted']} ({verdict}), {record['length']} tokens{cut}; {reward_breakdown(record)}",
         f"  {excerpt(record['completion'], limit)}",
+        *calls,
     ]
 
 

@@ -50,13 +50,16 @@ _TERM_SEPARATOR = re.compile(r",|\s+and\s+")
 _COMPARE_RE = re.compile(r"^([\w.-]+)\s*(<=|>=|!=|==|=|<|>)\s*(.*)$")
 
 
+UNCOMPARED = ("rewards", "tool_calls")  # record fields that hold several values: --where reads rewards.<key>
+
+
 def _field(name: str, reward_keys: set[str]) -> Callable[[dict], object]:
     """The getter of a record field named in --where: a RECORD_KEYS name or rewards.<key>."""
-    if name in RECORD_KEYS and name != "rewards":
+    if name in RECORD_KEYS and name not in UNCOMPARED:
         return lambda record: record[name]
     if name.startswith("rewards.") and name[len("rewards."):] in reward_keys:
         return lambda record: record["rewards"].get(name[len("rewards."):])
-    fields = [key for key in RECORD_KEYS if key != "rewards"] + [f"rewards.{key}" for key in sorted(reward_keys)]
+    fields = [key for key in RECORD_KEYS if key not in UNCOMPARED] + [f"rewards.{key}" for key in sorted(reward_keys)]
     raise UserError(f"--where: no record field '{name}'; fields: {', '.join(fields)}; flags: {', '.join(FLAGS)}")
 
 
@@ -175,9 +178,15 @@ def _completion(record: dict) -> list[str]:
         details.append(f"ratio {record['ratio_mean']:.4f}")
     if record["clip_frac"] is not None:
         details.append(f"clipped {record['clip_frac']:.3f}")
+    calls = record.get("tool_calls", [])  # absent in folders from before tools
+    if calls:
+        errors = sum(call["error"] for call in calls)
+        details.append(f"{_count(len(calls), 'tool call')}" + (f" ({errors} with an error)" if errors else ""))
     text = record["completion"].splitlines() or [""]
     return [f"  [{record['sample']}] {reward_breakdown(record)}; {', '.join(details)}",
-            *(f"      {line}" for line in text)]
+            *(f"      {line}" for line in text),
+            *(f"    call {call['name'] or '?'}: {' '.join(call['text'].split())} -> {' '.join(call['result'].split())}"
+              for call in calls)]
 
 
 def render(records: list[dict]) -> list[str]:

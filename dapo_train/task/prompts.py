@@ -85,12 +85,14 @@ def _check_columns(dataset: datasets.Dataset, data_cfg: DataConfig, split: str) 
             )
 
 
-def chat_prompt(tokenizer: Any, question: str, system_prompt: str) -> str:
-    """The question as the model sees it: system + user turns, then the assistant header."""
+def chat_prompt(tokenizer: Any, question: str, system_prompt: str, tools: list[dict] | None = None) -> str:
+    """The question as the model sees it: system + user turns, then the assistant header; tools: the
+    JSON schemas of rollout.tools, which the chat template lists (tools.tool_schemas)."""
     messages = [{"role": "user", "content": question}]
     if system_prompt:
         messages.insert(0, {"role": "system", "content": system_prompt})
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    listed = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **listed)
 
 
 def _readable_rows(dataset: datasets.Dataset, data_cfg: DataConfig, stats: PromptStats) -> list[tuple[int, str, str]]:
@@ -116,16 +118,16 @@ def _readable_rows(dataset: datasets.Dataset, data_cfg: DataConfig, stats: Promp
 
 
 def build_prompts(
-    dataset: datasets.Dataset, tokenizer: Any, data_cfg: DataConfig, split: str
+    dataset: datasets.Dataset, tokenizer: Any, data_cfg: DataConfig, split: str, tools: list[dict] | None = None
 ) -> tuple[list[Prompt], PromptStats]:
     """Prompt records for every usable row of `dataset` (its columns checked: load_prompt_splits), in
-    dataset order, and what was dropped."""
+    dataset order, and what was dropped; tools: listed in each prompt (chat_prompt)."""
     where = f"{data_cfg.path} [{split}]"
     if len(dataset) == 0:
         raise UserError(f"split '{split}' of {data_cfg.path} has no rows")
     stats = PromptStats(rows=len(dataset))
     rows = _readable_rows(dataset, data_cfg, stats)
-    texts = [chat_prompt(tokenizer, question, data_cfg.system_prompt) for _, question, _ in rows]
+    texts = [chat_prompt(tokenizer, question, data_cfg.system_prompt, tools) for _, question, _ in rows]
     # verbose=False: the prompts longer than the model are counted and dropped below, not announced by
     # transformers' "indexing errors" warning.
     token_ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"] if texts else []
@@ -162,23 +164,24 @@ def _nothing_left(stats: PromptStats, data_cfg: DataConfig, where: str, longest:
     return UserError(f"no usable prompts in {where}: {stats.summary()}; {'; '.join(hints)}")
 
 
-def load_prompts(data_cfg: DataConfig, tokenizer: Any, split: str) -> tuple[list[Prompt], PromptStats]:
-    """load_split + build_prompts, with the counts logged."""
-    return load_prompt_splits(data_cfg, tokenizer, [split])[split]
+def load_prompts(data_cfg: DataConfig, tokenizer: Any, split: str, tools: list[dict] | None = None
+                 ) -> tuple[list[Prompt], PromptStats]:
+    """load_split + build_prompts, with the counts logged; tools: listed in each prompt (chat_prompt)."""
+    return load_prompt_splits(data_cfg, tokenizer, [split], tools)[split]
 
 
 def load_prompt_splits(
-    data_cfg: DataConfig, tokenizer: Any, splits: list[str]
+    data_cfg: DataConfig, tokenizer: Any, splits: list[str], tools: list[dict] | None = None
 ) -> dict[str, tuple[list[Prompt], PromptStats]]:
     """Several splits' prompts, each split's counts logged. Every split is read and its columns checked
     before any is turned into prompts, so a missing eval split or column fails before the train split's
-    tokenizing (and before its log line)."""
+    tokenizing (and before its log line). tools: the tool schemas each prompt lists (rollout.tools)."""
     loaded = {split: load_split(data_cfg, split) for split in dict.fromkeys(splits)}
     for split, dataset in loaded.items():
         _check_columns(dataset, data_cfg, split)
     built = {}
     for split, dataset in loaded.items():
-        built[split] = build_prompts(dataset, tokenizer, data_cfg, split)
+        built[split] = build_prompts(dataset, tokenizer, data_cfg, split, tools)
         logger.info("data %s [%s]: %s", data_cfg.path, split, built[split][1].summary())
     return built
 

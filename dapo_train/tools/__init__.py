@@ -4,8 +4,9 @@ registry.py    the registry (`register`), Tool (its JSON schema, `call` that nev
                (names or 'pkg.module:function' -> checked Tools), tool_schemas (for apply_chat_template)
 calculator.py  the `calculator` tool: exact arithmetic over a parsed expression tree, every cost bounded
 template.py    require_tool_template: a tokenizer's chat template must render the tools and tool turns
+turns.py       ToolTurns: the calls of an assistant turn parsed and run, the tool turn the template renders
 
-Rollouts do not call tools yet: no config key names them, and the engines sample one assistant turn.
+rollout.tools names them; the decode loop feeds a row that calls them the tool turn (rollout/tool_rows.py).
 """
 
 from dapo_train.tools import calculator  # noqa: F401  (fill TOOLS with the built-in tools)

@@ -36,6 +36,7 @@ class TrainSample:
     # (L,) the rollout's log-probs before top-k / top-p truncation (Completion.untruncated_logprobs); None: none
     behaviour_logprobs: torch.Tensor | None = None
     version: int = 0  # optimizer steps before it was generated
+    policy_mask: torch.Tensor | None = None  # (L,) bool, False on tool turns (Completion.policy_mask); None: all True
 
 
 def flatten_groups(groups: list[Group], overlong_filtering: bool) -> list[TrainSample]:
@@ -43,6 +44,7 @@ def flatten_groups(groups: list[Group], overlong_filtering: bool) -> list[TrainS
         TrainSample(
             c.prompt_ids, c.completion_ids, float(group.advantages[j]), not (overlong_filtering and c.truncated),
             None if group.old_logprobs is None else group.old_logprobs[j], c.untruncated_logprobs, group.version,
+            c.policy_mask,
         )
         for group in groups
         for j, c in enumerate(group.completions)
@@ -154,16 +156,20 @@ def _per_token(values: list[torch.Tensor | None], shape: torch.Size) -> tuple[to
 
 def collate_micro_batch(samples: list[TrainSample], pad_id: int, device, share_prefix: bool = False,
                         correction: RolloutCorrection = NO_CORRECTION) -> MicroBatch:
-    """Rows -> MicroBatch; a sample out of the loss gets an all-zero mask. share_prefix: consecutive
+    """Rows -> MicroBatch; a sample out of the loss gets an all-zero mask, a tool turn's tokens are out of
+    every mask (collate: the loss, the head, the behaviour log-probs' use). share_prefix: consecutive
     samples of one group share one copy of their prompt (logprobs.collate). correction: the rollout
     correction, applied now to the tokens that have both old and behaviour log-probs (weights for tis,
     the loss mask for mis), so the Eq. 12 normaliser counted from the masks is the loss's."""
-    batch = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id, share_prefix)
+    batch = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id, share_prefix,
+                    [s.policy_mask for s in samples])
     in_loss = torch.tensor([s.in_loss for s in samples], dtype=torch.float32).unsqueeze(1)  # (N, 1)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # (N,)
     shape = batch.completion_ids.shape
     old = _per_token([s.old_logprobs for s in samples], shape)
     behaviour = _per_token([s.behaviour_logprobs for s in samples], shape)
+    if behaviour is not None:
+        behaviour = behaviour[0], behaviour[1] & batch.valid_mask  # a tool turn's tokens have none
     weight = None
     if old is not None and behaviour is not None and correction.mode != NO_CORRECTION.mode:
         weight, masked, _ = correction(old[0], behaviour[0], old[1] & behaviour[1])  # (N, T) each

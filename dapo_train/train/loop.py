@@ -88,7 +88,8 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
         with distributed.full_weights(run.accelerator, run.model) as model:
             if shard:
                 records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
-                                       batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness))
+                                       batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness),
+                                       tools=run.tool_turns)
                 add_model_scores(run.reward_set, shard, records)
         records = distributed.interleave(distributed.gather(records))  # item order, on every rank
     if distributed.is_main():

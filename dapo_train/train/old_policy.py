@@ -64,7 +64,7 @@ def rollout_differences(cfg: Config, engine, model: torch.nn.Module, cuda: bool)
     """Every way the rollout `engine` samples from something other than the training forward of `model`
     (the unwrapped training model) under `cfg`; empty when it samples from the training forward."""
     from dapo_train.model.loading import dropout_fields, mixed_precision
-    from dapo_train.rollout.engines import DecodeLoopEngine
+    from dapo_train.rollout.hf_engines import DecodeLoopEngine
 
     found = []
     if not isinstance(engine, DecodeLoopEngine):

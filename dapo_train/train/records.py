@@ -15,6 +15,7 @@ import torch
 
 from dapo_train.rollout.engines import Completion
 from dapo_train.task.prompts import Prompt
+from dapo_train.tools.turns import ToolCall
 
 
 @dataclass
@@ -64,6 +65,8 @@ class Group:
             "texts": [c.text for c in self.completions],
             "behaviour_logprobs": [c.behaviour_logprobs for c in self.completions],
             "kept_log_mass": [c.kept_log_mass for c in self.completions],
+            "policy_masks": [c.policy_mask for c in self.completions],
+            "tool_calls": [[call.to_record() for call in c.tool_calls] for c in self.completions],
             "rewards": self.rewards,
             "correct": self.correct,
             "advantages": self.advantages,
@@ -77,10 +80,13 @@ class Group:
         # Optional in checkpoints: a group saved before they were kept has none (its old log-probs are recorded).
         behaviour = state.get("behaviour_logprobs") or [None] * len(state["completion_ids"])
         kept = state.get("kept_log_mass") or [None] * len(behaviour)  # saved before truncation was recorded: none
+        policy = state.get("policy_masks") or [None] * len(behaviour)  # saved before tools: no tool turns
+        calls = state.get("tool_calls") or [[]] * len(behaviour)
         completions = [
-            Completion(prompt_ids=p, completion_ids=c, truncated=t, text=x, behaviour_logprobs=b, kept_log_mass=k)
-            for p, c, t, x, b, k in zip(state["prompt_ids"], state["completion_ids"], state["truncated"],
-                                        state["texts"], behaviour, kept)
+            Completion(prompt_ids=p, completion_ids=c, truncated=t, text=x, behaviour_logprobs=b, kept_log_mass=k,
+                       policy_mask=m, tool_calls=[ToolCall(**call) for call in made])
+            for p, c, t, x, b, k, m, made in zip(state["prompt_ids"], state["completion_ids"], state["truncated"],
+                                                 state["texts"], behaviour, kept, policy, calls)
         ]
         return cls(
             prompt=prompts_by_uid[state["prompt_uid"]],

@@ -55,14 +55,16 @@ def group_records(group: Group, step: int, round_: int, position: int, fate: str
             "rewards": {key: float(values[j]) for key, values in group.per_reward.items()},
             "reward": float(group.rewards[j]), "advantage": float(group.advantages[j]), "fate": fate,
             "behaviour_logprob_mean": behaviour[j], "ratio_mean": None, "clip_frac": None,
+            "tool_calls": [call.to_record() for call in completion.tool_calls],
         })
     return records
 
 
 def _behaviour_means(group: Group) -> list[float | None]:
-    """Each completion's mean behaviour log-prob (None: the engine recorded none), fetched from the
-    rollout's device in one sync per group."""
-    recorded = [c.behaviour_logprobs for c in group.completions]
+    """Each completion's mean behaviour log-prob over the policy's own tokens (None: the engine recorded
+    none), fetched from the rollout's device in one sync per group."""
+    recorded = [c.behaviour_logprobs if c.policy_mask is None or c.behaviour_logprobs is None
+                else c.behaviour_logprobs[c.policy_mask] for c in group.completions]
     present = [values for values in recorded if values is not None and values.numel()]
     means = iter(torch.stack([values.float().mean() for values in present]).tolist() if present else [])
     return [next(means) if values is not None and values.numel() else None for values in recorded]

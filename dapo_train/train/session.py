@@ -35,9 +35,10 @@ from dapo_train.model.loading import (
     trainable_parameters,
 )
 from dapo_train.rewards.scoring import RewardSet, rewards_from_config
-from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id
+from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id, rollout_tools
 from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
 from dapo_train.task.sources import load_split
+from dapo_train.tools.turns import ToolTurns, tool_turns
 from dapo_train.train import distributed
 from dapo_train.train.batching import Batching
 from dapo_train.train.collect import GroupBuffer, KeepRate, max_rounds
@@ -86,6 +87,7 @@ class Run:
     eval_split_missing: str | None = None  # why `dapo-train eval` of a checkpoint would fail (no eval split)
     keep_rate: KeepRate = field(default_factory=KeepRate)  # sizes the generation rounds (dapo.max_round_prompts)
     history: PromptHistory = field(default_factory=PromptHistory)  # skips prompts (dapo.skip_history)
+    tool_turns: ToolTurns | None = None  # rollout.tools for the tokenizer; the in-training eval runs them too
 
     @property
     def wall_seconds(self) -> float:
@@ -133,6 +135,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         torch.use_deterministic_algorithms(True)
     reward_set = rewards_from_config(cfg)
     engine_factory(cfg.rollout.engine)  # an unknown engine or objective fails here, before anything loads
+    tools = rollout_tools(cfg.rollout)  # a bad tool, or one the engine cannot run, too
     loss_settings(cfg)
     check_sequence_budget(cfg, cfg.rollout.max_new_tokens)
     if cfg.eval.every_steps or cfg.eval.final_full:
@@ -141,9 +144,10 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     if cfg.model.attn_implementation:
         check_attention_kernel(cfg.model.attn_implementation, accelerator.device)  # load_model would, after the data
     tokenizer = load_tokenizer(cfg.model)
+    turns = tool_turns(tokenizer, tools, cfg.rollout.max_tool_calls)  # a template without tools fails here
     evaluating, final = cfg.eval.every_steps > 0, cfg.eval.final_full
     wanted = [cfg.data.train_split, cfg.data.eval_split] if evaluating or final else [cfg.data.train_split]
-    splits = load_prompt_splits(cfg.data, tokenizer, wanted)  # each split logs its row counts
+    splits = load_prompt_splits(cfg.data, tokenizer, wanted, turns and turns.schemas)  # each split logs its rows
     train_prompts = splits[cfg.data.train_split][0]
     check_data_use(cfg, len(train_prompts))
     all_eval = splits[cfg.data.eval_split][0] if evaluating or final else []
@@ -156,7 +160,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
     unwrapped = accelerator.unwrap_model(model)
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
-        engine = build_engine(cfg.rollout, unwrapped, tokenizer)
+        engine = build_engine(cfg.rollout, unwrapped, tokenizer, turns)
     reward_set = reward_set.load(accelerator.device)  # the reward models' weights, frozen
     behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda), truncation(cfg, unwrapped))
     learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
@@ -168,7 +172,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         cfg=cfg, run_dir=run_dir, accelerator=accelerator, tokenizer=tokenizer, reward_set=reward_set,
         learner=learner, engine=engine, prompt_sampler=PromptSampler(train_prompts, cfg.seed),
         eval_prompts=eval_prompts, final_prompts=final_prompts, buffer=GroupBuffer(),
-        prompts_by_uid={p.uid: p for p in train_prompts},
+        prompts_by_uid={p.uid: p for p in train_prompts}, tool_turns=turns,
         eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
     )
 

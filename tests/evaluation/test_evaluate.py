@@ -345,6 +345,7 @@ def test_an_old_checkpoint_with_a_retired_key_still_evaluates_and_resumes(run_fo
         (("test", 100, 1, 1.0, None), "test_limit100"),
         (("test", None, 8, 0.9, None), "test_k8_t0.9"),
         (("train", 100, 4, 1.0, 64), "train_limit100_k4_t1_len64"),
+        (("test", None, 1, 1.0, None, True), "test_tools"),  # with the config's rollout.tools
     ],
 )
 def test_result_names_say_what_was_evaluated(args, name):

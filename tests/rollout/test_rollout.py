@@ -18,7 +18,7 @@ from dapo_train.rollout import (
     sample_completions,
 )
 from dapo_train.rollout.decoding import behaviour_distribution, draw_tokens
-from dapo_train.rollout.engines import bucket_size
+from dapo_train.rollout.hf_engines import bucket_size
 
 from conftest import (
     ENGINES,

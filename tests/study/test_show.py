@@ -17,6 +17,7 @@ def _record(step, group, sample, fate, reward, *, correct=False, truncated=False
         "length": 30 + sample, "truncated": truncated, "extracted": "7" if correct else "8", "correct": correct,
         "rewards": {"accuracy": 1.0 if correct else -1.0, "overlong": overlong}, "reward": reward, "advantage": 0.0,
         "fate": fate, "behaviour_logprob_mean": -0.5, "ratio_mean": ratio, "clip_frac": None if ratio is None else 0.0,
+        "tool_calls": [],
     }
 
 
@@ -135,3 +136,16 @@ def test_show_on_a_checkpoint_names_its_run(tmp_path):
     with pytest.raises(UserError, match=r"checkpoint_1 is a checkpoint folder; show reads its run's rollouts: "
                                         f"dapo-train show {tmp_path}$"):
         show(str(tmp_path / "checkpoint_1"))
+
+
+def test_a_completion_that_called_tools_shows_each_call_and_its_answer(tmp_path):
+    calls = [{"name": "calculator", "text": '{"name": "calculator",\n "arguments": {"expression": "17 * 23"}}',
+              "result": "391", "error": False},
+             {"name": "", "text": "calculator(1 / 0)", "result": "error: the tool call is not valid JSON",
+              "error": True}]
+    write_rollouts(tmp_path, 1, [{**_record(1, 0, 0, "trained", 1.0, correct=True), "tool_calls": calls}])
+    lines = show(str(tmp_path)).splitlines()
+    assert lines[4].endswith("30 tokens, behaviour log-prob -0.500/token, 2 tool calls (1 with an error)")
+    assert lines[-2:] == [
+        '    call calculator: {"name": "calculator", "arguments": {"expression": "17 * 23"}} -> 391',
+        "    call ?: calculator(1 / 0) -> error: the tool call is not valid JSON"]

@@ -1,0 +1,34 @@
+"""`dapo-train eval` with a config that names tools: its prompts list them and the eval runs them, as the
+run's rollouts did; `rollout.tools=[]` evaluates the same model without them, into another result file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from dapo_train.evaluation import command as eval_command
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_an_eval_of_a_config_with_tools_lists_and_runs_them(tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(ROOT / "dapo_train" / "assets" / "tiny" / "model", model)
+    shutil.copy(ROOT / "tests" / "fixtures" / "chatml_tools.jinja", model / "chat_template.jinja")
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = 2048  # room for the tool list in the prompt (rotary: any length works)
+    (model / "config.json").write_text(json.dumps(config))
+    (tmp_path / "tools.yaml").write_text(f"model: {{name_or_path: {model}}}\ndata: {{max_prompt_length: 1500, "
+                                         "system_prompt: ''}\nrollout: {tools: [calculator]}\n")
+
+    def plan(*overrides: str):
+        options = eval_command.EvalOptions(config_path=str(tmp_path / "tools.yaml"), limit=2, overrides=overrides)
+        return eval_command.plan_target(None, options)
+
+    with_tools, without = plan(), plan("rollout.tools=[]")
+    assert with_tools.tools is not None and without.tools is None
+    assert (with_tools.tools.max_calls, plan("rollout.max_tool_calls=2").tools.max_calls) == (4, 2)
+    assert all('"name": "calculator"' in prompt.text for prompt in with_tools.prompts)
+    assert not any("calculator" in prompt.text for prompt in without.prompts)
+    assert (with_tools.result_name, without.result_name) == ("test_limit2_tools", "test_limit2")

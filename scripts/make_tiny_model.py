@@ -238,19 +238,33 @@ def train_sft(
     (Grouping rows of similar length across the whole set would save more padding, but made
     batches of one difficulty and learned several times slower.)
     """
-    shared = shared_prefix_length(examples)
-    prefix = torch.tensor(examples[0][0][:shared])[None]
-    rows = [(prompt[shared:], completion) for prompt, completion in examples]
+    return train_mixed(model, [examples], [0], pad_id, steps, batch_size, lr, micro_batches)
+
+
+def train_mixed(
+    model, sources: list[list[tuple]], pattern: list[int], pad_id: int, steps: int, batch_size: int, lr: float,
+    micro_batches: int = 2,
+) -> list[float]:
+    """train_sft over several example sets, each with its own shared prompt prefix: step s draws its
+    batch from sources[pattern[s % len(pattern)]], a seeded permutation per set and epoch (one set:
+    exactly train_sft's draws)."""
+    prepared = []
+    for examples in sources:
+        shared = shared_prefix_length(examples)
+        prefix = torch.tensor(examples[0][0][:shared])[None]
+        prepared.append((prefix, [(prompt[shared:], *rest) for prompt, *rest in examples]))
     generator = torch.Generator().manual_seed(SEED)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(steps))
-    order: list[int] = []
+    orders: list[list[int]] = [[] for _ in sources]
     losses = []
     model.train()
     for step in range(steps):
-        if len(order) < batch_size:
-            order += torch.randperm(len(rows), generator=generator).tolist()
-        picked, order = order[:batch_size], order[batch_size:]
+        source = pattern[step % len(pattern)]
+        prefix, rows = prepared[source]
+        if len(orders[source]) < batch_size:
+            orders[source] += torch.randperm(len(rows), generator=generator).tolist()
+        picked, orders[source] = orders[source][:batch_size], orders[source][batch_size:]
         loss = accumulate_batch(model, prefix, [rows[i] for i in picked], pad_id, micro_batches)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -258,7 +272,8 @@ def train_sft(
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
         if step % 100 == 0 or step == steps - 1:
-            print(f"  sft step {step:4d}  loss {loss.item():.4f}", flush=True)
+            which = f"  source {source}" if len(sources) > 1 else ""
+            print(f"  sft step {step:4d}{which}  loss {loss.item():.4f}", flush=True)
     model.eval()
     return losses
 

@@ -61,7 +61,7 @@ from dapo_train.task.locations import TINY_DATA_DIR, TINY_MODEL_DIR, TINY_TOOLS_
 from dapo_train.tools import resolve_tools, tool_schemas
 
 import qwen_offline
-from make_tiny_model import SEED, accumulate_batch, lr_schedule, shared_prefix_length, target_text
+from make_tiny_model import SEED, target_text, train_mixed
 from tiny_measure import measure, write_info
 
 TOOLS = resolve_tools(["calculator"])
@@ -235,40 +235,6 @@ def build_tokenizer(out: Path, rows: list[dict]) -> PreTrainedTokenizerFast:
     if changed:
         raise RuntimeError(f"{len(changed)} task texts encode differently, e.g. {changed[0]!r}")
     return tokenizer
-
-
-# ----------------------------------------------------------------------------- training
-def train_mixed(model, sources: list[list[tuple]], pattern: list[int], pad_id: int, steps: int, batch_size: int,
-                lr: float) -> list[float]:
-    """make_tiny_model.train_sft over several example sets, each with its own shared prompt prefix: step s
-    draws a batch from sources[pattern[s % len(pattern)]] (a seeded permutation per set and epoch)."""
-    prepared = []
-    for examples in sources:
-        shared = shared_prefix_length(examples)
-        prefix = torch.tensor(examples[0][0][:shared])[None]
-        prepared.append((prefix, [(prompt[shared:], *rest) for prompt, *rest in examples]))
-    generator = torch.Generator().manual_seed(SEED)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(steps))
-    orders: list[list[int]] = [[] for _ in sources]
-    losses = []
-    model.train()
-    for step in range(steps):
-        source = pattern[step % len(pattern)]
-        prefix, rows = prepared[source]
-        if len(orders[source]) < batch_size:
-            orders[source] += torch.randperm(len(rows), generator=generator).tolist()
-        picked, orders[source] = orders[source][:batch_size], orders[source][batch_size:]
-        loss = accumulate_batch(model, prefix, [rows[i] for i in picked], pad_id, 2)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        if step % 50 == 0 or step == steps - 1:
-            print(f"  sft step {step:4d}  source {source}  loss {loss.item():.4f}", flush=True)
-    model.eval()
-    return losses
 
 
 # ----------------------------------------------------------------------------- measurement

@@ -112,10 +112,60 @@ def test_chat_template_renders_qwen25_chatml(tokenizer):
         f"<|im_start|>system\n{QWEN_SYSTEM}<|im_end|>\n<|im_start|>user\n1+1=?<|im_end|>\n"
         "<|im_start|>assistant\n2<|im_end|>\n"
     )
-    with pytest.raises(TemplateError, match="no tools"):  # Qwen's tool branches are not reproduced
-        tokenizer.apply_chat_template(user_only, tools=[{"type": "function", "function": {"name": "f"}}])
-    with pytest.raises(TemplateError, match="not tool"):
-        tokenizer.apply_chat_template([{"role": "tool", "content": "42"}])
+    with pytest.raises(TemplateError, match="not function"):
+        tokenizer.apply_chat_template([{"role": "function", "content": "42"}])
+
+
+def call(expression: str) -> dict:
+    return {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+
+
+TOOL = {"type": "function", "function": {"name": "calculator", "description": "Exact arithmetic.", "parameters": {
+    "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+# Qwen2.5-Instruct's layout of the tool section (our wording of its two instruction sentences).
+TOOLS_SECTION = (
+    "# Tools\n\nYou can call one or more of the functions below to help answer the user's query.\n\n"
+    "The function signatures are given inside the <tools></tools> XML tags:\n<tools>\n"
+    '{"type": "function", "function": {"name": "calculator", "description": "Exact arithmetic.", "parameters": '
+    '{"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}\n</tools>\n\n'
+    "To call a function, write a JSON object with the function's name and its arguments inside "
+    "<tool_call></tool_call> XML tags, one block per call:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+)
+
+
+def test_chat_template_renders_qwen25_tool_turns(tokenizer):
+    """Two calls in one assistant turn, their two replies grouped in one user turn of <tool_response> blocks,
+    then the answer; a second calling turn with text before its call."""
+    chat = [
+        {"role": "system", "content": "请逐步推理。"}, {"role": "user", "content": "17*23 and 2+3?"},
+        {"role": "assistant", "content": "", "tool_calls": [call("17 * 23"), call("2 + 3")]},
+        {"role": "tool", "name": "calculator", "content": "391"}, {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "So:", "tool_calls": [call("391 + 5")]},
+        {"role": "tool", "content": "396"}, {"role": "assistant", "content": "396"},
+    ]
+    assert tokenizer.apply_chat_template(chat, tools=[TOOL], tokenize=False) == (
+        "<|im_start|>system\n请逐步推理。\n\n" + TOOLS_SECTION + "<|im_start|>user\n17*23 and 2+3?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n391\n</tool_response>\n<tool_response>\n5\n"
+        "</tool_response><|im_end|>\n"
+        '<|im_start|>assistant\nSo:\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "391 + 5"}}\n'
+        "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n396\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n396<|im_end|>\n"
+    )
+    # Without a system message the default one opens the system turn; the tools follow it.
+    question = [{"role": "user", "content": "1+1=?"}]
+    assert tokenizer.apply_chat_template(question, tools=[TOOL], tokenize=False, add_generation_prompt=True) == (
+        f"<|im_start|>system\n{QWEN_SYSTEM}\n\n" + TOOLS_SECTION + "<|im_start|>user\n1+1=?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    # <tool_call> is one token, as in Qwen2.5; the tool's reply is plain text between the ChatML tokens.
+    text = tokenizer.apply_chat_template(chat[:4], tools=[TOOL], tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    # Two calls, and the instruction's "<tool_call></tool_call>" and format lines.
+    assert ids.count(151657) == 2 + 2 and ids.count(151658) == 2 + 2
+    assert tokenizer.decode(ids) == text
 
 
 def test_ids_and_configs_are_qwen25_instructs(folder, tokenizer):

@@ -53,6 +53,30 @@ def test_micro_batches_give_the_whole_batch_loss_and_gradient(build, setup, piec
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
 
 
+def test_masked_labels_train_only_the_unmasked_tokens(build, setup):
+    """(prompt, completion, labels) rows, as make_tiny_tools_model.py masks its tool turns: the micro-batched
+    loss is the mean over the labelled tokens, as one forward with those labels gives it."""
+    model, pad_id, examples, prefix, rows = setup
+    masked = [(prompt, completion, [-100 if i % 3 == 1 else t for i, t in enumerate(completion)])
+              for prompt, completion in rows]
+    input_ids, _ = build._batch(rows, pad_id)
+    labels = torch.full_like(input_ids, -100)
+    for row, (prompt, completion, targets) in enumerate(masked):
+        labels[row, len(prompt) : len(prompt) + len(completion)] = torch.tensor(targets)
+    cache = model.model(input_ids=prefix, use_cache=True).cache
+    cache.batch_repeat_interleave(len(rows))
+    plain = model(input_ids=input_ids, labels=labels, cache=cache).loss
+    plain.backward()
+    expected = grads(model)
+    split = build.accumulate_batch(model, prefix, masked, pad_id, micro_batches=3)
+    assert torch.allclose(split, plain, atol=1e-5)
+    for got, want in zip(grads(model), expected):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    unmasked = build.accumulate_batch(model, prefix, rows, pad_id, micro_batches=3)
+    model.zero_grad(set_to_none=True)
+    assert not torch.allclose(unmasked, split, atol=1e-3)
+
+
 def test_the_shipped_model_is_what_the_default_build_makes(build):
     """build_info.json records the phase lengths and slip rate the shipped weights were built with."""
     info = json.loads((TINY_MODEL_DIR / "build_info.json").read_text(encoding="utf-8"))

@@ -10,7 +10,8 @@ the 151,643 byte-level ranks Qwen2 and Qwen2.5 use; transformers' TikTokenConver
 vocab and merges. Everything else is a fact of Qwen2.5-Instruct's published files, written here by hand
 (no file text copied): the split pattern and NFC normalisation (tokenizer.json); the 22 added tokens at
 ids 151643-151664, pad <|endoftext|> and eos <|im_end|> (tokenizer_config.json's added_tokens_decoder);
-the ChatML rendering of plain messages (its chat_template); the sampling fields (generation_config.json)
+the ChatML rendering of messages and tool turns (its chat_template: reimplemented from the format, the
+instruction sentences of the tool section in our words); the sampling fields (generation_config.json)
 and the architecture numbers (config.json). With network, use the real folder from the Hub instead
 (`model.name_or_path: Qwen/Qwen2.5-1.5B-Instruct`); this one only stands in for it.
 
@@ -52,23 +53,81 @@ PAD_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_end|>"
 MODEL_MAX_LENGTH = 131_072  # tokenizer_config.json's model_max_length (the config's window is 32,768)
 GSM8K_TEST = Path(__file__).resolve().parents[2] / "data" / "gsm8k" / "test.jsonl"  # shipped in the repository
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-# Qwen2.5-Instruct's ChatML for plain system/user/assistant messages: the default system message when the
-# first message is not one, `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then the assistant
-# header with add_generation_prompt. Qwen's tool-calling branches are left out: tools, or any other
-# role, fail instead of rendering differently from the real template.
-CHAT_TEMPLATE = (
-    "{%- if tools %}{{- raise_exception('this offline Qwen2.5 template renders no tools') }}{%- endif %}"
-    "{%- if messages[0]['role'] != 'system' %}"
-    "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
-    "{{- raise_exception('this offline Qwen2.5 template renders system/user/assistant only, not ' + message['role']) }}"
-    "{%- endif %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+# Qwen2.5-Instruct's tool format, restated in our words (its meaning and layout kept, its text not copied):
+# the system turn goes on, after a blank line, with a "# Tools" section that lists each tool's JSON schema
+# on its own line between <tools> and </tools>, then shows the shape of a call.
+TOOLS_INTRO = (
+    "# Tools\n\nYou can call one or more of the functions below to help answer the user's query.\n\n"
+    "The function signatures are given inside the <tools></tools> XML tags:\n<tools>"
 )
+TOOLS_OUTRO = (
+    "\n</tools>\n\nTo call a function, write a JSON object with the function's name and its arguments "
+    "inside <tool_call></tool_call> XML tags, one block per call:\n"
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+def _text(text: str) -> str:
+    """A Jinja expression that writes `text` (a JSON string literal is also a valid Jinja one)."""
+    return "{{- " + json.dumps(text) + " }}"
+
+
+def chat_template(default_system: str | None) -> str:
+    """Qwen2.5-Instruct's chat rendering, written from its format (no template text copied).
+
+    Plain turns: `<|im_start|>{role}\n{content}<|im_end|>\n`, then `<|im_start|>assistant\n` with
+    add_generation_prompt. A first message that is not a system one gets `default_system` (None: no
+    system turn; the tiny models have no default system message).
+    With tools=: the system turn is the first system message (or `default_system`), a blank line, then
+    TOOLS_INTRO, each tool as one JSON line, TOOLS_OUTRO; without either message, TOOLS_INTRO starts it.
+    An assistant message's tool_calls follow its content (after a newline when there is content) as
+    `\n<tool_call>\n{"name": NAME, "arguments": JSON}\n</tool_call>` each, then `<|im_end|>\n`: so a turn
+    that only calls begins `<|im_start|>assistant\n<tool_call>`, as the generation prompt does.
+    A run of consecutive tool messages becomes one user turn holding one
+    `\n<tool_response>\n{content}\n</tool_response>` block per message. Any other role raises.
+    """
+    has_default = default_system is not None
+    default = _text(default_system + "\n\n") if has_default else ""
+    plain = "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    return (
+        "{%- if tools %}"
+        "{{- '<|im_start|>system\\n' }}"
+        "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}"
+        + ("{%- else %}" + default if has_default else "") + "{%- endif %}"
+        + _text(TOOLS_INTRO)
+        + "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+        + _text(TOOLS_OUTRO + "<|im_end|>\n")
+        + ("{%- elif messages[0]['role'] != 'system' %}" + _text(f"<|im_start|>system\n{default_system}<|im_end|>\n")
+           if has_default else "")
+        + "{%- endif %}"
+        "{%- for message in messages %}"
+        "{%- if message['role'] == 'system' %}"
+        "{%- if not (loop.first and tools) %}" + plain + "{%- endif %}"
+        "{%- elif message['role'] == 'user' or (message['role'] == 'assistant' and not message.tool_calls) %}"
+        + plain +
+        "{%- elif message['role'] == 'assistant' %}"
+        "{{- '<|im_start|>assistant' }}"
+        "{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}"
+        "{%- for call in message.tool_calls %}"
+        "{%- if call.function is defined %}{%- set call = call.function %}{%- endif %}"
+        "{{- '\\n<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+        "{{- call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+        "{%- endfor %}"
+        "{{- '<|im_end|>\\n' }}"
+        "{%- elif message['role'] == 'tool' %}"
+        "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+        "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+        "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+        "{%- else %}"
+        "{{- raise_exception('this chat template renders system, user, assistant and tool messages, not ' "
+        "+ message['role']) }}"
+        "{%- endif %}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+
+
+CHAT_TEMPLATE = chat_template(DEFAULT_SYSTEM)
 
 # ----------------------------------------------------------------------------------------------------
 # Model folder
@@ -154,8 +213,8 @@ def write_model_configs(out: Path, size: str) -> None:
 
 def build_qwen_folder(out: Path, size: str = "1.5b") -> Path:
     """A Qwen2.5-`size`-Instruct folder without weights: tokenizer, config and generation config load from it
-    offline (AutoTokenizer / AutoConfig / GenerationConfig.from_pretrained). The chat template covers plain
-    system/user/assistant messages only; tool calls are not rendered (they raise)."""
+    offline (AutoTokenizer / AutoConfig / GenerationConfig.from_pretrained). The chat template renders
+    system/user/assistant messages, tools=, tool calls and tool replies in Qwen2.5-Instruct's layout."""
     out = Path(out)
     write_model_configs(out, size)
     build_tokenizer().save_pretrained(out)

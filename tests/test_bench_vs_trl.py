@@ -165,3 +165,21 @@ def test_a_second_dapo_train_side_is_paired_with_each_other_side():
     assert lines[6].startswith("ratio dapo-train[b]/dapo-train completions/s: 1.00 (2.5/s vs 3.0/s, median of 2, "
                                "paired ratios 0.50-1.50)")
     assert lines[-1].startswith("ratio dapo-train/TRL completions/s: 2.50") and len(lines) == 9
+
+
+def test_dapo_trains_the_fixed_prompts_in_order(monkeypatch):
+    """dapo-train's side on the shipped tiny model, 3 short steps: the prompts go in file order through a
+    sampler whose state the trainer reads (the stand-in once lacked it and the side crashed)."""
+    from dapo_train.task.locations import TINY_MODEL_DIR
+
+    args = argparse.Namespace(**{**vars(bench_args()), "shape": "tiny", "model_path": str(TINY_MODEL_DIR),
+                                 "group_size": 2, "ours_b": ["train.micro_batch_tokens=512"]})
+    prompts = bench_vs_trl.fixed_prompts(args)
+    sampler = bench_vs_trl.fixed_order(prompts)
+    assert sampler.next_batch(4) == prompts[:4] and sampler.state_dict()["position"] == 4
+    drawn = []
+    original = bench_vs_trl.fixed_order
+    monkeypatch.setattr(bench_vs_trl, "fixed_order", lambda prompts: drawn.append(original(prompts)) or drawn[-1])
+    result = bench_vs_trl.run_ours(args, "dapo-train[b]", tuple(args.ours_b))
+    assert result["side"] == "dapo-train[b]" and result["completions_per_s"] > 0
+    assert drawn[0].state_dict()["position"] == 6  # 3 steps x 2 prompts, in order

@@ -49,6 +49,15 @@ def assert_worked_solutions(rows: list[dict], step_re, steps: range, max_result:
         assert int(c) == row["answer_only"]
 
 
+@pytest.fixture(scope="session")
+def qwen_folder(tmp_path_factory) -> Path:
+    """scripts/build/qwen_offline.py's Qwen2.5-1.5B-Instruct folder (tokenizer and configs, no weights), built
+    once per session (8-15 s on 2 cores): tests read it; one that changes it works on a copy."""
+    import qwen_offline
+
+    return qwen_offline.build_qwen_folder(tmp_path_factory.mktemp("qwen") / "Qwen2.5-1.5B-Instruct", "1.5b")
+
+
 @pytest.fixture(scope="module")
 def build():
     """scripts/build/make_tiny_model.py as a module (a script, so loaded by its path)."""

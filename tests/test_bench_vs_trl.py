@@ -95,7 +95,9 @@ def test_trl_compact_scores_only_the_labelled_positions(monkeypatch):
 def test_bad_options_stop_before_any_model(capsys):
     cases = [(["--micro-batch", "3"], "--micro-batch must divide"), (["--steps", "2"], "--steps must be at least 3"),
              (["--shape", "huge"], "--shape huge: choose tiny, rehearsal or one of"),
-             (["--shape", "rehearsal", "--gsm8k", "/nonexistent.jsonl"], "no such file")]
+             (["--shape", "rehearsal", "--gsm8k", "/nonexistent.jsonl"], "no such file"),
+             (["--ours-b", "train.micro_batch_tokenz=0"], "--ours-b: config key 'train.micro_batch_tokenz'"),
+             (["--ours", "train.micro_batch_tokens=-1"], "--ours: config key 'train.micro_batch_tokens'")]
     for argv, message in cases:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr("sys.argv", ["bench_vs_trl.py", *argv])
@@ -144,3 +146,40 @@ def test_rehearsal_model_stops_at_each_eos_id_under_the_bench_sampling(rehearsal
     probs = logits.softmax(-1)[QWEN_STOPS]
     assert logits.shape == (151_936,)
     assert ((0.01 < probs) & (probs < 0.04)).all(), probs  # rehearsal.EOS_RATE = 0.02 each, on average
+
+
+def test_a_second_dapo_train_side_is_paired_with_each_other_side():
+    """--ours-b: its line after TRL's; its ratios to TRL and to the first dapo-train side, paired by repeat,
+    before the dapo-train/TRL lines, which stay last."""
+    def run(side, completions):
+        return {"side": side, "seconds_per_step": 1.0, "completions_per_s": completions,
+                "tokens_per_s": 10 * completions, "mean_completion_tokens": 10.0, "peak_rss_gib": 1.0}
+
+    runs = {"ours": [run("dapo-train", 4.0), run("dapo-train", 2.0)], "trl": [run("TRL", 1.0), run("TRL", 2.0)],
+            "ours-b": [run("dapo-train[b]", 2.0), run("dapo-train[b]", 3.0)]}
+    lines = bench_vs_trl.summary(runs)
+    assert [line.split(":")[0] for line in lines[:3]] == ["dapo-train", "TRL", "dapo-train[b]"]
+    # b/TRL: 2/1 = 2 and 3/2 = 1.5 -> 1.75; b/ours: 2/4 = 0.5 and 3/2 = 1.5 -> 1.0; ours/TRL: 4 and 1 -> 2.5.
+    assert lines[4].startswith("ratio dapo-train[b]/TRL completions/s: 1.75 (2.5/s vs 1.5/s, median of 2, "
+                               "paired ratios 1.50-2.00)")
+    assert lines[6].startswith("ratio dapo-train[b]/dapo-train completions/s: 1.00 (2.5/s vs 3.0/s, median of 2, "
+                               "paired ratios 0.50-1.50)")
+    assert lines[-1].startswith("ratio dapo-train/TRL completions/s: 2.50") and len(lines) == 9
+
+
+def test_dapo_trains_the_fixed_prompts_in_order(monkeypatch):
+    """dapo-train's side on the shipped tiny model, 3 short steps: the prompts go in file order through a
+    sampler whose state the trainer reads (the stand-in once lacked it and the side crashed)."""
+    from dapo_train.task.locations import TINY_MODEL_DIR
+
+    args = argparse.Namespace(**{**vars(bench_args()), "shape": "tiny", "model_path": str(TINY_MODEL_DIR),
+                                 "group_size": 2, "ours_b": ["train.micro_batch_tokens=512"]})
+    prompts = bench_vs_trl.fixed_prompts(args)
+    sampler = bench_vs_trl.fixed_order(prompts)
+    assert sampler.next_batch(4) == prompts[:4] and sampler.state_dict()["position"] == 4
+    drawn = []
+    original = bench_vs_trl.fixed_order
+    monkeypatch.setattr(bench_vs_trl, "fixed_order", lambda prompts: drawn.append(original(prompts)) or drawn[-1])
+    result = bench_vs_trl.run_ours(args, "dapo-train[b]", tuple(args.ours_b))
+    assert result["side"] == "dapo-train[b]" and result["completions_per_s"] > 0
+    assert drawn[0].state_dict()["position"] == 6  # 3 steps x 2 prompts, in order

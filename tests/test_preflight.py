@@ -25,10 +25,10 @@ GSM8K = ROOT / "data" / "gsm8k" / "test.jsonl"
 
 
 @pytest.fixture(scope="module")
-def offline(tmp_path_factory):
+def offline(tmp_path_factory, qwen_folder):
     """(Qwen2.5-1.5B-Instruct folder, Qwen2.5-7B-Instruct folder, GSM8K-zh-shaped data folder)."""
     root = tmp_path_factory.mktemp("offline")
-    small = qwen_offline.build_qwen_folder(root / "Qwen2.5-1.5B-Instruct", "1.5b")
+    small = qwen_folder
     large = root / "Qwen2.5-7B-Instruct"
     shutil.copytree(small, large)
     qwen_offline.write_model_configs(large, "7b")  # the same tokenizer, the 7B's config.json

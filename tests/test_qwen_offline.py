@@ -37,8 +37,8 @@ def jsonl(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return qwen_offline.build_qwen_folder(tmp_path_factory.mktemp("qwen2.5-1.5b-instruct"))
+def folder(qwen_folder):
+    return qwen_folder  # conftest's, built once per session by build_qwen_folder
 
 
 @pytest.fixture(scope="module")

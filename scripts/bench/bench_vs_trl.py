@@ -36,6 +36,12 @@ included) per second over steps 2..--steps (step 1 pays for warm-up), its memory
 resident set (ru_maxrss); dapo-train's runs also report its update's work (forward positions, the
 share that is padding, and LM-head positions, per trained token: update_* in metrics.jsonl). Prints
 each run, then the medians and, last, the paired ratio line.
+
+--ours-b KEY=VALUE... adds a second dapo-train side, "dapo-train[b]": --ours plus these settings, run in
+every repeat beside the other two (the order rotating), so that two settings of this project, e.g. its
+micro-batch layouts, are paired in the same run and under the same load:
+
+    python scripts/bench/bench_vs_trl.py --ours train.micro_batch_tokens=2048 --ours-b train.micro_batch_tokens=0
 """
 
 from __future__ import annotations
@@ -76,19 +82,19 @@ def fixed_prompts(args) -> list:
     return prompts[:need]
 
 
-class FixedOrder:
-    """A PromptSampler stand-in: the prompts in the given order, n at a time."""
+def fixed_order(prompts: list):
+    """A PromptSampler that hands out the prompts in the given order (the identity permutation), with the
+    sampler's state the trainer reads (prompts drawn so far)."""
+    from dapo_train.task.prompts import PromptSampler
 
-    def __init__(self, prompts: list) -> None:
-        self.prompts, self.position = prompts, 0
+    class FixedOrder(PromptSampler):
+        def _permutation(self, epoch: int) -> list[int]:
+            return list(range(len(self.prompts)))
 
-    def next_batch(self, n: int) -> list:
-        batch = self.prompts[self.position : self.position + n]
-        self.position += n
-        return batch
+    return FixedOrder(prompts, seed=0)
 
 
-def run_ours(args) -> dict:
+def run_ours(args, label: str = "dapo-train", extra: tuple[str, ...] = ()) -> dict:
     from dapo_train.config.load import load_config
     from dapo_train.train.loop import train_step
     from dapo_train.train.progress import update_work
@@ -101,10 +107,10 @@ def run_ours(args) -> dict:
         f"rollout.max_new_tokens={args.max_new_tokens}", f"train.micro_batch_size={args.micro_batch}",
         "train.updates_per_step=1", "dapo.dynamic_sampling=false", "rewards=[{name: accuracy}]", "eval.every_steps=0",
         "eval.final_full=false", f"train.learning_rate={args.lr}", "rollout.temperature=1.0", "rollout.top_p=1.0",
-        "rollout.top_k=0", f"train.num_threads={args.threads}", "logging.progress_bar=false", *args.ours,
+        "rollout.top_k=0", f"train.num_threads={args.threads}", "logging.progress_bar=false", *args.ours, *extra,
     ])
     run = setup(cfg, Path(cfg.output_dir), None)
-    run.prompt_sampler = FixedOrder(fixed_prompts(args))
+    run.prompt_sampler = fixed_order(fixed_prompts(args))
     marks, tokens, steps = [], [], []
     for _ in range(args.steps):
         metrics = train_step(run)
@@ -113,7 +119,7 @@ def run_ours(args) -> dict:
         tokens.append(metrics["generated_tokens"])
         steps.append(metrics)
     work = update_work(steps[1:]) or {}
-    return {**_result("dapo-train", args, marks, tokens),
+    return {**_result(label, args, marks, tokens),
             **{key: work[key] for key in ("forward_per_token", "padding_frac", "head_per_token") if key in work}}
 
 
@@ -221,7 +227,10 @@ def _result(side: str, args, marks: list[float], tokens: list[int]) -> dict:
 
 
 def child(args) -> None:
-    result = run_ours(args) if args.side == "ours" else run_trl(args)
+    if args.side == "trl":
+        result = run_trl(args)
+    else:
+        result = run_ours(args) if args.side == "ours" else run_ours(args, "dapo-train[b]", tuple(args.ours_b))
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -280,7 +289,8 @@ def summary(runs: dict[str, list[dict]]) -> list[str]:
     """Per side: medians of step time, completions/s, tokens/s, completion length, peak RSS (with its range);
     last, the paired ratio of completions/s and of tokens/s."""
     lines = []
-    for side, values in (("dapo-train", runs["ours"]), ("TRL", runs["trl"])):
+    labels = {"ours": "dapo-train", "trl": "TRL", "ours-b": "dapo-train[b]"}
+    for side, values in ((labels[key], runs[key]) for key in labels if key in runs):
         rss = [r["peak_rss_gib"] for r in values]
         lines.append(
             f"{side}: median {statistics.median(r['seconds_per_step'] for r in values):.3f} s/step, "
@@ -288,13 +298,20 @@ def summary(runs: dict[str, list[dict]]) -> list[str]:
             f"{statistics.median(r['tokens_per_s'] for r in values):.1f} tokens/s, "
             f"{statistics.median(r['mean_completion_tokens'] for r in values):.1f} tokens per completion, "
             f"peak RSS {statistics.median(rss):.2f} GiB ({min(rss):.2f}-{max(rss):.2f})" + work_line(values))
-    for unit, key in (("tokens/s", "tokens_per_s"), ("completions/s", "completions_per_s")):
-        ours, trl = [r[key] for r in runs["ours"]], [r[key] for r in runs["trl"]]
-        ratios = [a / b for a, b in zip(ours, trl)]
-        lines.append(f"ratio dapo-train/TRL {unit}: {statistics.median(ratios):.2f} "
-                     f"({statistics.median(ours):.1f}/s vs {statistics.median(trl):.1f}/s, median of {len(ratios)}, "
-                     f"paired ratios {min(ratios):.2f}-{max(ratios):.2f})")
+    pairs = [("ours-b", "trl"), ("ours-b", "ours"), ("ours", "trl")] if "ours-b" in runs else [("ours", "trl")]
+    for a, b in pairs:
+        for unit, key in (("tokens/s", "tokens_per_s"), ("completions/s", "completions_per_s")):
+            lines.append(paired_ratio(f"{labels[a]}/{labels[b]} {unit}", [r[key] for r in runs[a]],
+                                      [r[key] for r in runs[b]]))
     return lines
+
+
+def paired_ratio(name: str, first: list[float], second: list[float]) -> str:
+    """The median of the per-repeat ratios (not the ratio of the medians) and their range."""
+    ratios = [a / b for a, b in zip(first, second)]
+    return (f"ratio {name}: {statistics.median(ratios):.2f} ({statistics.median(first):.1f}/s vs "
+            f"{statistics.median(second):.1f}/s, median of {len(ratios)}, paired ratios {min(ratios):.2f}-"
+            f"{max(ratios):.2f})")
 
 
 def work_line(values: list[dict]) -> str:
@@ -325,7 +342,9 @@ def main() -> None:
     parser.add_argument("--trl-compact", action="store_true", help="TRL's LM head scores only completion positions, "
                         "as on CUDA, not every position as its CPU fallback does (a patch of TRL's choice)")
     parser.add_argument("--ours", nargs="*", default=[], help="extra KEY=VALUE settings for dapo-train's side")
-    parser.add_argument("--side", choices=("ours", "trl"), help=argparse.SUPPRESS)
+    parser.add_argument("--ours-b", nargs="+", metavar="KEY=VALUE", help="a second dapo-train side, dapo-train[b]: "
+                        "--ours plus these settings, in every repeat beside the others (e.g. the other layout)")
+    parser.add_argument("--side", choices=("ours", "trl", "ours-b"), help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
     parser.add_argument("--data", nargs="*", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -335,10 +354,11 @@ def main() -> None:
     check_args(parser, args)
     with tempfile.TemporaryDirectory() as tmp:
         model_path, data = SHAPES.get(args.shape, random_shape)(args, Path(tmp))
-        runs: dict[str, list[dict]] = {"ours": [], "trl": []}
+        sides = ["ours", "trl", *(["ours-b"] if args.ours_b else [])]
+        runs: dict[str, list[dict]] = {side: [] for side in sides}
         for repeat in range(args.repeats):
-            order = ("ours", "trl") if repeat % 2 == 0 else ("trl", "ours")
-            for side in order:
+            shift = repeat % len(sides)  # which side goes first rotates: two sides alternate
+            for side in sides[shift:] + sides[:shift]:
                 result = run_side(side, args, model_path, data, args.seed + repeat)
                 runs[side].append(result)
                 print(f"repeat {repeat + 1} {result['side']:>10}: {json.dumps(result)}", flush=True)
@@ -351,6 +371,14 @@ def check_args(parser, args) -> None:
         parser.error("--micro-batch must divide prompts x group size (TRL accumulates whole micro-batches)")
     if args.steps < 3:
         parser.error("--steps must be at least 3: step 1 is warm-up, and a rate needs two timed step ends")
+    from dapo_train.config.load import load_config
+    from dapo_train.errors import UserError
+
+    for option, settings in (("--ours", args.ours), ("--ours-b", args.ours_b or [])):
+        try:
+            load_config(None, settings)
+        except UserError as err:
+            parser.error(f"{option}: {err}")
     if args.shape == "rehearsal" and not args.gsm8k.is_file():
         parser.error(f"--gsm8k {args.gsm8k}: no such file (GSM8K's test.jsonl, for the rehearsal's prompts)")
     if args.shape not in SHAPES:

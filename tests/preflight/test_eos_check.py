@@ -15,18 +15,16 @@ from dapo_train.model.loading import load_model_config, load_tokenizer
 from dapo_train.preflight import command, rehearsal
 from dapo_train.task.prompts import build_prompts
 
-import qwen_offline
-
 ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = ["小明有3个苹果，又买了5个，他现在有多少个苹果？", "一本书12元，买4本要多少元？",
              "班上有28个学生，平均分成4组，每组几人？", "妈妈买了2千克梨，每千克6元，一共花了多少元？"]
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
+def qwen(tmp_path_factory, qwen_folder):
     """(qwen1.5b.yaml on the offline Qwen2.5-1.5B-Instruct folder, its tokenizer, its rehearsal model, prompts)."""
     root = tmp_path_factory.mktemp("qwen")
-    folder = qwen_offline.build_qwen_folder(root / "Qwen2.5-1.5B-Instruct", "1.5b")
+    folder = qwen_folder
     cfg = load_config(str(ROOT / "configs" / "qwen1.5b.yaml"), [f"model.name_or_path={folder}"])
     model_config, generation = load_model_config(cfg.model)
     tokenizer = load_tokenizer(cfg.model)

@@ -112,10 +112,12 @@ def test_groups_keep_their_behaviour_logprobs_through_a_checkpoint(tmp_path):
     assert [c.behaviour_logprobs for c in Group.from_state(state, {prompt.uid: prompt}).completions] == [None, None]
 
 
-# A short CPU run: 2 steps of 2 prompts x G=4, two updates per step (the clip acts, a pass is needed).
+# A short CPU run: 2 steps of 2 prompts x G=4, two updates per step (the clip acts, a pass is needed); no
+# eval at all (the whole split's greedy eval at the end took ~90% of each run, and no test here reads it).
 SMALL = [
     "rollout.group_size=4", "rollout.max_new_tokens=32", "train.prompts_per_step=2", "train.micro_batch_size=8",
-    "train.updates_per_step=2", "train.max_steps=2", "eval.every_steps=0", "rewards=[{name: accuracy}]",
+    "train.updates_per_step=2", "train.max_steps=2", "eval.every_steps=0", "eval.final_full=false",
+    "rewards=[{name: accuracy}]",
     "dapo.dynamic_sampling=false", "logging.progress_bar=false", "train.deterministic=true",
 ]
 

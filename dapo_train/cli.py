@@ -268,7 +268,8 @@ def compare_cmd(
     """One row per point (runs differing only in seed are one point: mean ± std): the varied keys,
     final (whole split), last and best eval accuracy, clip fractions, entropy, completion length, steps
     and wall time. With --baseline, every point's accuracy difference to it on the same items with a
-    95% paired-bootstrap interval (McNemar's test for single runs) and its entropy difference seed by seed."""
+    95% paired-bootstrap interval (McNemar's test for single runs), and seed by seed its differences in
+    the last step's entropy, generated tokens per trained token and wall time."""
     if baseline is not None:
         from dapo_train.study.compare import compare_with_baseline
 

@@ -5,8 +5,9 @@ The table aggregates each point's seeds (mean and sample std) over the columns o
 baseline, each point is compared on the per-item records both kept (run/eval_items.py): the final
 eval on the whole split when every run of both has one, else the latest periodic eval step they all
 have. The accuracy difference gets a 95% interval from a paired bootstrap over items and seeds, and
-two single runs McNemar's test (evaluation/stats.py); the last step's entropy, a per-run outcome, is
-paired seed by seed where both points have the same seeds. Records of different items (another
+two single runs McNemar's test (evaluation/stats.py); the per-run outcomes (the last step's entropy,
+generated tokens per trained token, wall time) are paired seed by seed where both points have the same
+seeds. Records of different items (another
 split, subset or task) cannot be paired: that is refused in one line, as is a point whose runs kept
 no records.
 
@@ -115,8 +116,10 @@ def compare(paths: list[str], as_json: bool = False) -> str:
     varied, rows = compare_rows(load_runs(paths))
     return json.dumps(rows, ensure_ascii=False, indent=2) if as_json else format_compare(varied, rows)
 
-# Per-run outcomes (summarize_metrics keys) paired seed by seed -> their column header.
-RUN_OUTCOMES = {"entropy_last": "entropy last"}
+# Per-run outcomes (summarize_metrics keys) paired seed by seed -> their column header: what a setting
+# does to entropy, and what it costs (generation per trained token, wall time).
+RUN_OUTCOMES = {"entropy_last": "entropy last", "generated_per_trained_token": "gen tok/trained",
+                "wall_seconds": "wall s"}
 
 
 # --------------------------------------------------------------------------------------------

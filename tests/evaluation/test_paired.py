@@ -197,6 +197,33 @@ def test_seeds_are_paired_and_entropy_gets_a_t_interval(tmp_path):
     assert (entropy["mean"], entropy["low"], entropy["high"]) == pytest.approx((0.2, 0.2 - half, 0.2 + half))
 
 
+def _cost_rows(run_dir, generated, trained, seconds):
+    """Rewrite a run's two training rows: each generated `generated` and trained `trained` tokens in
+    `seconds` seconds (the final eval row make_run wrote is kept)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows[:2]:
+        row.update(generated_tokens=generated, trained_tokens=trained, seconds_step=seconds)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_generation_cost_and_wall_time_are_paired_by_seed(tmp_path):
+    """What a setting costs, seed by seed: generated per trained token 2.0 vs 1.5, 1.4, 1.3 (differences
+    -0.5, -0.6, -0.7) and wall time 2 x 10 s vs 2 x (12, 13, 14) s (differences 4, 6, 8)."""
+    for seed, (ratio, seconds) in enumerate([(1.5, 12.0), (1.4, 13.0), (1.3, 14.0)], start=1):
+        base = make_run(tmp_path / f"a{seed}", ["dapo.screen_size=0", f"seed={seed}"], 0.5, final=[1, 0])
+        _cost_rows(base, 200, 100, 10.0)
+        other = make_run(tmp_path / f"b{seed}", ["dapo.screen_size=2", f"seed={seed}"], 0.5, final=[1, 0])
+        _cost_rows(other, ratio * 100, 100, seconds)
+    rows = json.loads(compare_with_baseline([str(tmp_path)], "screen_size=0", as_json=True))
+    outcomes = rows[1]["paired"]["run_outcomes"]
+    half = 0.95 * math.sqrt(2 / (1 - 0.95**2)) / math.sqrt(3)  # t_{0.975,2} / sqrt(3); sample stds 0.1 and 2
+    cost, wall = outcomes["generated_per_trained_token"], outcomes["wall_seconds"]
+    assert (cost["mean"], cost["low"], cost["high"]) == pytest.approx((-0.6, -0.6 - 0.1 * half, -0.6 + 0.1 * half))
+    assert (wall["mean"], wall["low"], wall["high"]) == pytest.approx((6, 6 - 2 * half, 6 + 2 * half))
+    text = compare_with_baseline([str(tmp_path)], "screen_size=0")
+    assert "Δ gen tok/trained" in text and "-0.600" in text and "Δ wall s" in text and "+6.000" in text
+
+
 def test_the_latest_common_step_is_used_without_a_final_eval(tmp_path):
     base = make_run(tmp_path / "a", ["dapo.eps_high=0.28"], 0.5, step_items={0: [0, 0], 2: [1, 0]})
     make_run(tmp_path / "b", ["dapo.eps_high=0.5"], 0.5, step_items={0: [0, 0], 2: [1, 1]},

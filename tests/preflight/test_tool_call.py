@@ -1,0 +1,31 @@
+"""preflight rehearses a tool call at the run's tokenizer and chat template: a calculator call goes through
+the rollout's ToolTurns, and the prompt, the turn and the tool turn tokenized alone must be the whole
+conversation tokenized at once. Here on builtin:tiny-tools (on Qwen2.5-Instruct's tokenizer and template
+rebuilt offline: tests/test_qwen_offline.py, which builds them once); a tool turn one token off is refused."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from dapo_train.config.load import load_config
+from dapo_train.errors import ConfigError
+from dapo_train.preflight import command
+from dapo_train.task.locations import resolve_model_path
+from dapo_train.tools.turns import ToolTurns, TurnAnswer
+
+
+def test_preflight_rehearses_the_configs_tools_and_refuses_a_tool_turn_that_differs(monkeypatch):
+    cfg = load_config(None, ["model.name_or_path=builtin:tiny-tools", "rollout.tools=[calculator]"])
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny-tools"))
+    assert "-> '391'" in command._rehearse_tool_call(cfg, tokenizer)
+    answer = ToolTurns.answer
+
+    def one_token_off(self, turn_ids, calls_made):
+        right = answer(self, turn_ids, calls_made)
+        return TurnAnswer(right.calls, right.forced_ids[:2] + [right.forced_ids[2] + 1] + right.forced_ids[3:])
+
+    monkeypatch.setattr(ToolTurns, "answer", one_token_off)
+    with pytest.raises(ConfigError, match=r"rollout.tools.*tool-call rehearsal: .* differ from the whole "
+                                          r"conversation tokenized at once at token \d+"):
+        command._rehearse_tool_call(cfg, tokenizer)

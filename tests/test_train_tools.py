@@ -4,7 +4,8 @@ makes the prompts longer than the model's 512 positions, so the copy allows more
 change). The tiny model never learned to call a tool, so its draws are scripted: every completion calls
 the calculator once, reads its answer and ends. What is checked is the wiring: the prompts list the tool,
 the engine runs it, the metrics, the rollout records and `show` carry the calls, and what trains is the
-policy's tokens."""
+policy's tokens. Then builtin:tiny-tools, which calls the calculator unscripted: a short run, `show`, and a
+resume that gives the same next step."""
 
 from __future__ import annotations
 

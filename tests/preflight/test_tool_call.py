@@ -29,3 +29,12 @@ def test_preflight_rehearses_the_configs_tools_and_refuses_a_tool_turn_that_diff
     with pytest.raises(ConfigError, match=r"rollout.tools.*tool-call rehearsal: .* differ from the whole "
                                           r"conversation tokenized at once at token \d+"):
         command._rehearse_tool_call(cfg, tokenizer)
+
+
+def test_with_tools_the_rollout_check_keeps_the_decode_loop_the_run_uses():
+    """A card's run with tools keeps the decode loop (the static-cache engine cannot run them), so preflight's
+    rollout check on a CPU must not stand the static-cache engine in for it."""
+    from dapo_train.preflight import rehearsal
+
+    assert rehearsal.static_cache_check(load_config(None, []), cuda=False)
+    assert not rehearsal.static_cache_check(load_config(None, ["rollout.tools=[calculator]"]), cuda=False)

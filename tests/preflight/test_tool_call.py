@@ -38,3 +38,12 @@ def test_with_tools_the_rollout_check_keeps_the_decode_loop_the_run_uses():
 
     assert rehearsal.static_cache_check(load_config(None, []), cuda=False)
     assert not rehearsal.static_cache_check(load_config(None, ["rollout.tools=[calculator]"]), cuda=False)
+
+
+def test_the_verdict_names_the_rehearsed_call_and_the_calls_not_written():
+    from dapo_train.preflight import coverage
+
+    tools, plain = (load_config(None, extra) for extra in (["rollout.tools=[calculator]"], []))
+    assert "a tool call through the rollout's tool turns" in coverage.rehearsed(tools, False, [], False)
+    assert "tool calls the model writes" in coverage.not_rehearsed(tools, False, False)
+    assert "tool call" not in coverage.rehearsed(plain, False, [], False) + coverage.not_rehearsed(plain, False, False)

@@ -189,6 +189,10 @@ def eval_cmd(
     run_dir: str = typer.Option(
         None, "--run-dir", help="Run folder for bare checkpoint_N names (default: the run that trained last)."
     ),
+    no_tools: bool = typer.Option(
+        False, "--no-tools", help="Evaluate without the config's rollout.tools (the same as rollout.tools=[]): the "
+        "prompts list no tools, and the result files keep the plain name.",
+    ),
 ) -> None:
     """Evaluate checkpoints: greedy accuracy with its standard error and 95% interval, format rate,
     lengths, truncation; writes eval_<what>.json and completions_<what>.jsonl next to each, <what>
@@ -197,6 +201,10 @@ def eval_cmd(
 
     _setup_logging()
     targets, overrides = split_eval_args(args or [])
+    if no_tools:
+        if any(arg.split("=", 1)[0].strip() == "rollout.tools" for arg in overrides):
+            raise UserError("--no-tools and a rollout.tools=... override both given: keep one")
+        overrides.append("rollout.tools=[]")
     options = EvalOptions(
         config_path=config, split=split, limit=limit, batch_size=batch_size, max_new_tokens=max_new_tokens,
         samples=samples, temperature=temperature, overrides=tuple(overrides), run_dir=run_dir,

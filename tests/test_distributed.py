@@ -350,6 +350,10 @@ TINY = [
 ]
 
 
+TOOLS = ["model.name_or_path=builtin:tiny-tools", "rollout.tools=[calculator]", "data.max_prompt_length=512",
+         "logging.rollout_groups=-1"]
+
+
 def _torchrun(*args: str, **popen) -> subprocess.Popen:
     """`torchrun --standalone --nproc_per_node 2 -m dapo_train run ...` (a free port, this checkout's package)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -404,8 +408,12 @@ def _rollouts(run: Path) -> dict[int, list[dict]]:
 
 
 def test_ctrl_c_on_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
+    """On the tool-calling tiny model with the calculator (a budget its transcripts fit in): the two ranks'
+    tool path (calls, records, an update) runs too, without a run of its own (the tool path of one process,
+    and its resume: tests/test_train_tools.py)."""
     run = tmp_path / "run"
-    proc = _torchrun(*TINY, "train.max_steps=200", "eval.every_steps=0", f"output_dir={run}")
+    budget = [arg for arg in TINY if not arg.startswith("rollout.max_new_tokens=")] + ["rollout.max_new_tokens=96"]
+    proc = _torchrun(*budget, "train.max_steps=200", "eval.every_steps=0", f"output_dir={run}", *TOOLS)
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and not (metrics.exists() and metrics.read_text()):
@@ -419,6 +427,12 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint
     step = int(checkpoints[0].name.split("_")[1])
     assert 1 <= step < 200 and read_metrics(run)[-1]["step"] == step
     assert (checkpoints[0] / "trainer_state_rank1.pt").is_file()
+    first = read_metrics(run)[0]  # the calls of both ranks' completions, counted once
+    assert first["tool_calls"] > 0 and first["tool_use_ratio"] > 0 and first["tool_tokens"] > 0, first
+    assert first["trained_tokens"] > 0 and first["grad_norm"] > 0, first  # the update of both ranks, tool turns masked
+    calls = [call for record in _rollouts(run)[1] for call in record["tool_calls"]]
+    assert len(calls) == first["tool_calls"] and sum(call["error"] for call in calls) == first["tool_errors"]
+    assert any(call["name"] == "calculator" and not call["error"] for call in calls)
 
 
 # --------------------------------------------------------------------------------------------

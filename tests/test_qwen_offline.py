@@ -168,6 +168,21 @@ def test_chat_template_renders_qwen25_tool_turns(tokenizer):
     assert tokenizer.decode(ids) == text
 
 
+def test_preflights_tool_call_at_qwens_template_gives_the_whole_conversations_tokens(tokenizer):
+    """preflight's tool-call rehearsal (dapo_train/preflight/tool_check.py) at Qwen's tokenizer and template."""
+    from dapo_train.preflight.tool_check import rehearse_tool_call
+    from dapo_train.tools import resolve_tools
+    from dapo_train.tools.turns import ToolTurns
+
+    qwen = tokenizer
+    line = rehearse_tool_call(qwen, ToolTurns(qwen, resolve_tools(["calculator"]), 4))
+    assert line.startswith("calculator called with {'expression': '17 * 23'} through the rollout's tool turns: "
+                           "-> '391'; prompt "), line
+    # The tool turn, as Qwen2.5-Instruct's template renders a tool reply, is what the line counts.
+    tool_turn = "\n<|im_start|>user\n<tool_response>\n391\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert f"+ tool turn {len(qwen(tool_turn, add_special_tokens=False)['input_ids'])} tokens = the whole" in line
+
+
 def test_ids_and_configs_are_qwen25_instructs(folder, tokenizer):
     assert qwen_offline.ADDED_TOKENS == tuple(token for _, token in QWEN3_5_SPECIAL_TOKENS[:22])
     assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [151643, 151644, 151645]

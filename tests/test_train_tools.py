@@ -4,7 +4,8 @@ makes the prompts longer than the model's 512 positions, so the copy allows more
 change). The tiny model never learned to call a tool, so its draws are scripted: every completion calls
 the calculator once, reads its answer and ends. What is checked is the wiring: the prompts list the tool,
 the engine runs it, the metrics, the rollout records and `show` carry the calls, and what trains is the
-policy's tokens."""
+policy's tokens. Then builtin:tiny-tools, which calls the calculator unscripted: a short run, `show`, and a
+resume that gives the same next step."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
+from safetensors.torch import load_file
 from small_task import write_small_task
 from transformers import AutoTokenizer
 
@@ -76,3 +79,37 @@ def test_a_run_with_the_calculator_calls_it_logs_the_calls_and_trains_the_policy
         and record["extracted"] == "42" for record in records)
     shown = show(str(run_dir))
     assert '    call calculator: {"name": "calculator", "arguments": {"expression": "6 * 7"}} -> 42' in shown
+
+
+# builtin:tiny-tools, which calls the calculator on its own: short, float32, deterministic steps.
+TINY_TOOLS = [
+    "model.name_or_path=builtin:tiny-tools", "rollout.tools=[calculator]", "data.max_prompt_length=512",
+    "rollout.group_size=4", "rollout.max_new_tokens=96", "train.prompts_per_step=2", "train.updates_per_step=2",
+    "train.micro_batch_size=4", "train.deterministic=true", "train.num_threads=1", "dapo.dynamic_sampling=false",
+    "eval.every_steps=0", "eval.final_full=false", "logging.progress_bar=false", "logging.rollout_groups=-1",
+    "rewards=[{name: accuracy}, {name: overlong, args: {cache_length: 32}}]", "checkpoint.every_steps=1",
+]
+
+
+def test_the_tool_calling_tiny_model_calls_the_calculator_trains_shows_the_calls_and_resumes_exactly(tmp_path):
+    settings = [*TINY_TOOLS, f"data.path={write_small_task(tmp_path / 'task')}", "train.max_steps=2",
+                f"output_dir={tmp_path / 'run'}"]
+    run_dir = train(load_config(None, settings))
+    rows = [row for row in read_metrics(run_dir) if row["step"] > 0]
+    assert all(row["tool_calls"] > 0 and row["tool_tokens"] > 0 and row["tool_use_ratio"] > 0 for row in rows), rows
+    assert any(row["groups_kept"] > 0 and row["loss"] != 0 for row in rows), rows  # real updates to reproduce
+    records = read_rollouts(run_dir / "rollouts" / "step_2.jsonl")
+    calls = [call for record in records for call in record["tool_calls"]]
+    assert calls and all(call["name"] == "calculator" for call in calls)
+    shown = show(str(run_dir))
+    assert f"    call calculator: {calls[0]['text']} -> {calls[0]['result']}" in shown, shown
+
+    straight = load_file(run_dir / "checkpoint_2" / "model.safetensors")  # in memory: the resume rewrites it
+    train(load_config(None, settings), resume=run_dir / "checkpoint_1")
+    resumed = [row for row in read_metrics(run_dir) if row["step"] > 0]
+    assert [row["step"] for row in resumed] == [1, 2]
+    for key in ("loss", "reward_mean", "tool_calls", "tool_errors", "tool_tokens", "completion_length_mean"):
+        assert resumed[1][key] == pytest.approx(rows[1][key], abs=1e-6), key
+    again = load_file(run_dir / "checkpoint_2" / "model.safetensors")
+    for name, tensor in straight.items():
+        torch.testing.assert_close(again[name], tensor, atol=1e-5, rtol=0)

@@ -54,7 +54,9 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = _opt(BUILTIN_MODEL, "HF model id, local folder, or builtin:tiny / builtin:tiny-long (shipped).")
+    name_or_path: str = _opt(
+        BUILTIN_MODEL, "HF model id, local folder, or builtin:tiny / builtin:tiny-long / builtin:tiny-tools (shipped)."
+    )
     dtype: str = _opt(
         "auto",
         "Weights dtype. auto = float32 master weights everywhere; on CUDA bf16 autocast "

@@ -2,7 +2,8 @@
 a minute on the machine at hand, before GPU hours are spent on it.
 
 It reads the config's model config and tokenizer (never the weights), its data (every row, under the
-chat template), then runs the training loop on a rehearsal model (rehearsal.py): rollout with the
+chat template), rehearses a call of rollout.tools at that template (tool_check.py), then runs the
+training loop on a rehearsal model (rehearsal.py): rollout with the
 config's engine and sampling, every configured reward, the old-policy pass, the objective and its
 correction, updates with a non-zero gradient, an eval, a checkpoint, a resume from it and an export.
 It prints what it saw (the data, one prompt as the model sees it, the rewards on rehearsal completions,
@@ -173,6 +174,9 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
     report.add("model", _describe_model(cfg, shape, model_config, generation, tokenizer))
     with phase(report, "data", log):
         prompts, eval_split = _report_data(cfg, tokenizer, report)
+    if cfg.rollout.tools:
+        with phase(report, "tool call", log):
+            report.add("tool call", _rehearse_tool_call(cfg, tokenizer))
     small, changes = rehearsal.shrink(cfg, folder / "model", folder / "run", cuda, eval_split)
     static = rehearsal.static_cache_check(cfg, cuda)
     collected.ignored += tuple(f"{change.key}=" for change in changes) + (("rollout.compile=",) if static else ())
@@ -269,6 +273,15 @@ def _report_data(cfg: Config, tokenizer, report: Report) -> tuple[list, str]:
     report.add("prompt", f"{train[0].uid}, {len(train[0].input_ids)} tokens, as the model sees it:\n" +
                "\n".join(shown[:PROMPT_LINES]) + more)
     return train, cfg.data.eval_split if cfg.data.eval_split in built else cfg.data.train_split
+
+
+def _rehearse_tool_call(cfg: Config, tokenizer) -> str:
+    """A tool call through the rollout's code at the run's chat template (tool_check.py)."""
+    from dapo_train.preflight.tool_check import rehearse_tool_call
+    from dapo_train.rollout.engines import rollout_tools
+    from dapo_train.tools.turns import ToolTurns
+
+    return rehearse_tool_call(tokenizer, ToolTurns(tokenizer, rollout_tools(cfg.rollout), cfg.rollout.max_tool_calls))
 
 
 def _load_splits(cfg: Config, tokenizer) -> dict:

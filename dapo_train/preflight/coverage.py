@@ -51,6 +51,8 @@ def rehearsed(cfg: Config, cuda: bool, rows: list[dict], static: bool) -> str:
         ran.append("gradient checkpointing")
     if cfg.model.lora.r > 0:
         ran.append(f"a LoRA adapter (r={cfg.model.lora.r})")
+    if cfg.rollout.tools:
+        ran.append("a tool call through the rollout's tool turns at the chat template (row tool call)")
     ran += ["eval", "checkpoint", "resume", "export" + (" merged" if cfg.model.lora.r > 0 else "")]
     return "ran: " + ", ".join(ran)
 
@@ -58,6 +60,8 @@ def rehearsed(cfg: Config, cuda: bool, rows: list[dict], static: bool) -> str:
 def not_rehearsed(cfg: Config, cuda: bool, static: bool) -> str:
     """What the rehearsal could not run here, for the `not run` row."""
     missing = [f"the real weights (a random {LAYERS}-layer model of width {WIDTH} stands in)"]
+    if cfg.rollout.tools:
+        missing.append("tool calls the model writes (the stand-in almost never writes one)")
     if static:
         missing.append("training steps on the static-cache engine (slow on a CPU: the rollout check ran it)")
     if not cuda:

@@ -286,8 +286,9 @@ def static_cache_check(cfg: Config, cuda: bool) -> bool:
     """Whether the rollout check runs the static-cache engine that the training steps do not: on a CPU,
     for a config whose card would (rollout.compile auto, the hf engine). Training keeps the decode loop:
     generate's sampling (a multinomial over every row of the vocabulary per token) takes seconds per
-    call on a CPU at Qwen's 151,936 rows, minutes over a rehearsal's rounds."""
-    return not cuda and cfg.rollout.compile == "auto" and cfg.rollout.engine == "hf"
+    call on a CPU at Qwen's 151,936 rows, minutes over a rehearsal's rounds. Not with rollout.tools: the
+    card's run keeps the decode loop then too (the static-cache engine cannot run tools)."""
+    return not cuda and cfg.rollout.compile == "auto" and cfg.rollout.engine == "hf" and not cfg.rollout.tools
 
 
 def _filter_varies(cfg: Config) -> bool:

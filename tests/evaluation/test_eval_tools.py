@@ -32,3 +32,27 @@ def test_an_eval_of_a_config_with_tools_lists_and_runs_them(tmp_path):
     assert all('"name": "calculator"' in prompt.text for prompt in with_tools.prompts)
     assert not any("calculator" in prompt.text for prompt in without.prompts)
     assert (with_tools.result_name, without.result_name) == ("test_limit2_tools", "test_limit2")
+
+
+def test_no_tools_evaluates_the_tool_config_without_them_and_is_in_the_help(monkeypatch):
+    from typer.testing import CliRunner
+
+    from dapo_train.cli import app
+
+    config = str(ROOT / "configs" / "tiny-tools-cpu.yaml")
+    asked = []
+    monkeypatch.setattr(eval_command, "run_eval", lambda targets, options: asked.append(options))
+
+    def plan(*flags: str):
+        result = CliRunner().invoke(app, ["eval", "--config", config, "--limit", "2", *flags])
+        assert result.exit_code == 0, result.output
+        return eval_command.plan_target(None, asked[-1])
+
+    with_tools, without = plan(), plan("--no-tools")
+    assert with_tools.tools is not None and without.tools is None
+    assert all('"name": "calculator"' in prompt.text for prompt in with_tools.prompts)
+    assert not any("calculator" in prompt.text for prompt in without.prompts)
+    assert (with_tools.result_name, without.result_name) == ("test_limit2_tools", "test_limit2")
+    both = CliRunner().invoke(app, ["eval", "--config", config, "--no-tools", "rollout.tools=[calculator]"])
+    assert both.exit_code != 0 and "--no-tools and a rollout.tools=... override both given" in str(both.exception)
+    assert "--no-tools" in CliRunner().invoke(app, ["eval", "--help"]).output

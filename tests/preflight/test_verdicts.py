@@ -45,7 +45,14 @@ def _shipped(path: str) -> dict[str, str]:
 
 def test_the_shipped_configs_are_all_listed():
     # accelerate/*.yaml are `accelerate launch` files, not dapo-train configs; qwen*.yaml: test_preflight.py
-    assert len(TINY_CONFIGS) == 15 and "configs/ablation/1-grpo.yaml" in TINY_CONFIGS
+    assert len(TINY_CONFIGS) == 16 and "configs/ablation/1-grpo.yaml" in TINY_CONFIGS
+
+
+def test_the_demo_with_a_calculator_rehearses_a_call_and_says_so():
+    rows = _shipped("configs/tiny-tools-cpu.yaml")
+    assert rows["tool call"].startswith("calculator called with {'expression': '17 * 23'}"), rows["tool call"]
+    assert "= the whole conversation as the chat template renders it, tokenized at once" in rows["tool call"]
+    assert "DecodeLoopEngine" in rows["rollout"] and "a tool call through" in rows["ready"], rows
 
 
 @pytest.mark.parametrize("path", TINY_CONFIGS)

@@ -200,8 +200,9 @@ class Setting:
         """The config's settings as a run on a CUDA card (cuda) or the CPU resolves them. prompt_tokens:
         the longest prompt kept (default data.max_prompt_length); with train.shared_prefix each group's
         prompt is counted once per micro-batch; train.micro_batch_tokens, when set, is the micro-batch's
-        positions (or one prompt + max_new_tokens sequence, if longer). shards: the cards FSDP or ZeRO
-        shards the training state over (1 = none). reward_models: reward_model_loads(cfg, cuda, ...)."""
+        positions (or one prompt + max_new_tokens sequence, if longer; at most what a mini-batch holds).
+        shards: the cards FSDP or ZeRO shards the training state over (1 = none). reward_models:
+        reward_model_loads(cfg, cuda, ...)."""
         t, r, e = cfg.train, cfg.rollout, cfg.eval
         prompt = prompt_tokens if prompt_tokens is not None else cfg.data.max_prompt_length
         micro = t.micro_batch_size
@@ -211,7 +212,7 @@ class Setting:
         head = micro * r.max_new_tokens  # completion positions the LM head scores
         row_width = min(SHARED_ROW_LIMIT, prompt + r.group_size * r.max_new_tokens, tokens) if shared else 0
         if t.micro_batch_tokens > 0:  # the budget wins: its tokens, or one sequence over it alone
-            tokens = max(t.micro_batch_tokens, prompt + r.max_new_tokens)
+            tokens = min(max(t.micro_batch_tokens, prompt + r.max_new_tokens), mini_batch_tokens(cfg, prompt, shards))
             head = tokens - prompt
             row_width = max(row_limit(t.micro_batch_tokens), prompt + r.max_new_tokens) if shared else 0
         weight_bytes = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
@@ -343,6 +344,15 @@ def describe(result: Estimate) -> list[tuple[str, str]]:
     return rows
 
 
+def mini_batch_tokens(cfg: Config, prompt: int, shards: int = 1) -> int:
+    """The most tokens one rank's share of a mini-batch can hold (every completion at max_new_tokens,
+    each group's prompt once with train.shared_prefix): a micro-batch never holds more."""
+    t, r = cfg.train, cfg.rollout
+    groups = math.ceil(math.ceil(t.prompts_per_step / t.updates_per_step) / shards)
+    prompts = 1 if t.shared_prefix != "off" else r.group_size
+    return groups * (r.group_size * r.max_new_tokens + prompts * prompt)
+
+
 CARD_BYTES = 48 * 10**9  # the card the shipped Qwen configs are sized for (48 GB)
 BUDGET_STEP, BUDGET_STEPS = 1024, 256  # suggested budgets: multiples of 1,024 tokens, at most 256 Ki
 
@@ -350,8 +360,9 @@ BUDGET_STEP, BUDGET_STEPS = 1024, 256  # suggested budgets: multiples of 1,024 t
 def suggested_budget(shape: ModelShape, cfg: Config, prompt_tokens: int, card_bytes: int = CARD_BYTES,
                      shards: int = 1, reward_models: tuple[RewardModelLoad, ...] = ()) -> int | None:
     """The largest train.micro_batch_tokens (a multiple of 1,024) whose estimated peak on a CUDA card fits
-    card_bytes, with everything else as configured; None when 1,024 does not fit (the peak is not the
-    update's: the resident terms, generation or the eval overflow the card alone)."""
+    card_bytes, with everything else as configured, and no larger than a mini-batch holds (rounded up:
+    a larger budget changes nothing); None when 1,024 does not fit (the peak is not the update's: the
+    resident terms, generation or the eval overflow the card alone)."""
     def fits(budget: int) -> bool:
         budgeted = replace(cfg, train=replace(cfg.train, micro_batch_tokens=budget))
         setting = Setting.from_config(budgeted, cuda=True, prompt_tokens=prompt_tokens, shards=shards,
@@ -360,7 +371,8 @@ def suggested_budget(shape: ModelShape, cfg: Config, prompt_tokens: int, card_by
 
     if not fits(BUDGET_STEP):
         return None
-    low, high = 1, BUDGET_STEPS  # the largest number of steps that fits lies in [low, high]
+    whole = -(-mini_batch_tokens(cfg, prompt_tokens, shards) // BUDGET_STEP)
+    low, high = 1, min(BUDGET_STEPS, whole)  # the largest number of steps that fits lies in [low, high]
     while low < high:
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle * BUDGET_STEP) else (low, middle - 1)

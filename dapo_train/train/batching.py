@@ -275,14 +275,14 @@ class MiniBatch:
     """One optimizer step's share on this rank: its micro-batches, the Eq. 12 normaliser of the whole
     mini-batch over all ranks, the forward/backward calls every rank makes for it (this rank pads
     its own micro-batches with fillers), the versions of its groups (for staleness), and whose its
-    rows are, in micro-batch order: (index of the group in the step's batch on this rank, index of
-    the completion in it)."""
+    rows are, in micro-batch order: ((rank that holds the group, its index in that rank's step
+    batch), index of the completion in it); ranks.balance_groups may deal a group to another rank.)"""
 
     micro_batches: list[MicroBatch]
     normalizer: float
     calls: int
     versions: list[int]
-    rows: list[tuple[int, int]] = field(default_factory=list)
+    rows: list[tuple[tuple[int, int], int]] = field(default_factory=list)
 
 
 @dataclass

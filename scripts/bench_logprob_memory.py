@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 ROWS, PROMPT, COMPLETION, VOCAB = 8, 128, 128, 151936
-G, BUDGETS = 16, 2  # the budget sweep's mini-batch: groups of G completions, BUDGETS budgets' worth of tokens
+G, BUDGETS = 16, 4  # the budget sweep's mini-batch: groups of G completions, BUDGETS budgets' worth of tokens
 
 
 def random_qwen(hidden: int, intermediate: int, positions: int):

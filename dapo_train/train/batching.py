@@ -76,35 +76,41 @@ def split_micro_batches(samples: list[TrainSample], max_count: int, max_tokens: 
 
 @dataclass(frozen=True)
 class _Count:
-    """A micro-batch's tokens as the forward lays them out, kept running sample by sample: tokens; with
-    shared prefixes the current row's tokens, without the widest prompt and completion and the rows."""
+    """A micro-batch as the forward lays it out, kept running sample by sample: with shared prefixes its
+    rows filled in order, the current row's tokens and the widest row's; without, the widest prompt and
+    completion. `tokens`: rows x width, the positions the forward computes, padding included."""
 
-    tokens: int = 0
+    rows: int = 0
     row: int = 0
+    widest: int = 0
     prompt: int = 0
     completion: int = 0
-    size: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * (self.widest or self.prompt + self.completion)
 
 
 def _grown(count: _Count, sample: TrainSample, same_run: bool, share_prefix: bool, row_tokens: int) -> _Count:
-    """count with `sample` added. Shared prefix: rows filled in order up to row_tokens, a run's prompt
-    once per row it reaches (repeated when it is cut between rows); otherwise padded rows, rows x
-    (widest prompt + widest completion)."""
+    """count with `sample` added. Shared prefix: rows filled in order up to row_tokens (0: one row), a
+    run's prompt once per row it reaches (repeated when it is cut between rows), a sample wider alone;
+    layout.shared_rows lays the same samples out in as many rows, no wider, so the forward computes at
+    most these tokens. Otherwise one padded row per sample, rows x (widest prompt + widest completion)."""
     p, c = int(sample.prompt_ids.numel()), int(sample.completion_ids.numel())
-    if share_prefix:
-        wide = row_tokens or math.inf  # 0: rows without a limit, each run's prompt once
-        if same_run and count.row + c <= wide:
-            return replace(count, tokens=count.tokens + c, row=count.row + c, size=count.size + 1)
-        row = count.row + p + c if count.row + p + c <= wide else p + c
-        return replace(count, tokens=count.tokens + p + c, row=row, size=count.size + 1)
-    prompt, completion = max(count.prompt, p), max(count.completion, c, 1)
-    return _Count((count.size + 1) * (prompt + completion), 0, prompt, completion, count.size + 1)
+    if not share_prefix:
+        return _Count(count.rows + 1, 0, 0, max(count.prompt, p), max(count.completion, c, 1))
+    wide = row_tokens or math.inf
+    if count.rows and count.row + c + (0 if same_run else p) <= wide:
+        row, rows = count.row + c + (0 if same_run else p), count.rows
+    else:
+        row, rows = p + c, count.rows + 1
+    return replace(count, rows=rows, row=row, widest=max(count.widest, row))
 
 
 def micro_batch_tokens(samples: list[TrainSample], share_prefix: bool, row_tokens: int = 0) -> int:
-    """What train.micro_batch_tokens counts for these samples: the positions their forward computes,
-    padding aside. share_prefix: each run of one prompt's completions holds the prompt once per row
-    of at most row_tokens (packed rows, little padding; 0: once); otherwise rows x (widest prompt + widest
+    """What train.micro_batch_tokens counts for these samples: the positions their forward computes, at
+    most (rows x width, padding included). share_prefix: packed rows of at most row_tokens, each run's
+    prompt once per row (0: a single row, each prompt once); otherwise rows x (widest prompt + widest
     completion), the padded layout."""
     count = _Count()
     for i, sample in enumerate(samples):

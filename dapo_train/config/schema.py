@@ -274,11 +274,11 @@ class TrainConfig:
         0,
         "If > 0, micro-batches are formed by this token budget and micro_batch_size is not used (the budget "
         "wins): a mini-batch is cut, in order, into the fewest micro-batches within the budget, balanced to "
-        "carry similar tokens. Tokens: with shared_prefix "
-        "each group's prompt once per row + its completions, in rows filled up to half the budget (at most "
-        "4,096; a group cut between rows repeats its prompt; padding can add a few percent), so memory follows "
-        "the budget, not the completions' length; without, rows x widest prompt+completion. A sequence over "
-        "the budget gets a micro-batch of its own (warned once). Per rank. `dapo-train preflight` names the "
+        "carry similar tokens. Tokens: the positions the forward computes, padding included: with shared_prefix "
+        "rows of each group's prompt once + its completions, filled up to half the budget (at most 4,096; a "
+        "group cut between rows repeats its prompt), so memory follows the budget, not the completions' "
+        "length; without, rows x widest prompt+completion. A sequence over the budget gets a micro-batch of "
+        "its own (warned once). Per rank. `dapo-train preflight` names the "
         "largest budget whose estimate fits a 48 GB card.",
     )
     learning_rate: float = _opt(1e-4, "AdamW learning rate.")

@@ -152,8 +152,8 @@ def test_demo_like_batch_computes_under_5_percent_padding():
     padding = sum(m.batch.padding_tokens for m in micro)
     assert padding <= 0.05 * forward
     assert sum(m.batch.head_tokens for m in micro) == sum(s.completion_ids.numel() for s in samples)
-    # the budget counts each run's prompt once per row it reaches; rows pad a little
-    assert max(m.batch.forward_tokens for m in micro) <= 1200 * 1.05
+    # the budget counts the rows as the forward computes them, padding and repeated prompts included
+    assert max(m.batch.forward_tokens for m in micro) <= 1200
 
 
 def _groups(sizes: list[int], seed: int = 0) -> list[Group]:

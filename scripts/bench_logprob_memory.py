@@ -19,8 +19,9 @@ trains one mini-batch of groups of G completions (prompts of 100-200 tokens, com
 in 1..max_new_tokens, a quarter of them at the limit) holding BUDGETS budgets' worth of tokens at every
 max_new_tokens (so every length fills its micro-batches alike: more, shorter groups at 64), cut by
 batching.Batching with shared-prefix rows, each micro-batch scored and back-propagated as the update
-does. Per max_new_tokens, in its own process and interleaved over the repeats: peak RSS minus RSS
-before the mini-batch (after a warm-up micro-batch), and the micro-batches' widest row.
+does. Per max_new_tokens, in its own process (glibc's mmap threshold at 64 KiB, so freed blocks leave
+the resident set, as tests/preflight/test_memory.py measures) and interleaved over the repeats: peak
+RSS minus RSS before the mini-batch (after a warm-up micro-batch), and the micro-batches' widest row.
 """
 
 from __future__ import annotations
@@ -145,9 +146,9 @@ def measure_budget(budget: int, max_new_tokens: int, chunk_mib: float) -> dict:
             "forward_tokens": max(b.forward_tokens for b in batches)}
 
 
-def _child(args: list[str]) -> dict:
+def _child(args: list[str], env: dict | None = None) -> dict:
     done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         sys.exit(f"{args} failed:\n{done.stderr[-2000:]}")
@@ -159,7 +160,7 @@ def budget_sweep(budget: int, lengths: list[int], repeats: int, chunk_mib: float
     for _ in range(repeats):
         for n in lengths:
             runs[n].append(_child(["--child", "budget", "--budget", str(budget), "--max-new-tokens", str(n),
-                                   "--chunk-mib", str(chunk_mib)]))
+                                   "--chunk-mib", str(chunk_mib)], {"MALLOC_MMAP_THRESHOLD_": "65536"}))
     print(f"train.micro_batch_tokens={budget}: a mini-batch of ~{BUDGETS} budgets in groups of G={G}, V = {VOCAB}, "
           "width 32, 2 layers, float32")
     medians = {}

@@ -24,11 +24,11 @@ from dapo_train.model import checkpoint as ckpt
 from dapo_train.rollout import Completion
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import Prompt
-from dapo_train.train import distributed
-from dapo_train.train.batching import mini_batches, rank_mini_batches
+from dapo_train.train import distributed, ranks
+from dapo_train.train.batching import Batching, mini_batches, rank_mini_batches
 from dapo_train.train.distributed import full_weights, interleave, rank_seed
 from dapo_train.train.old_policy import record_old_logprobs
-from dapo_train.train.ranks import take_counts
+from dapo_train.train.ranks import balanced_owners, take_counts
 from dapo_train.train.records import Group, StepBatch
 from dapo_train.train.update import Learner, update
 
@@ -73,6 +73,20 @@ def test_mini_batches_of_ranks_are_those_of_one_process_in_rank_interleaved_orde
     assert rank_mini_batches([4, 4], 0, 8) == [[0], [], [1], [], [2], [], [3], []]
     # A rank without groups still takes part in every update.
     assert rank_mini_batches([2, 0], 1, 2) == [[], []]
+
+
+def test_a_mini_batchs_groups_are_dealt_to_the_ranks_by_tokens():
+    # One process keeps its own groups.
+    assert balanced_owners([[5, 1, 9]]) == [[0, 0, 0]]
+    # Rank 0 holds 40 + 30 tokens, rank 1 holds 5 + 5: 40 stays, 30 goes to rank 1, whose 5s stay
+    # there (loads 40 | 30 + 5 + 5).
+    assert balanced_owners([[40, 30], [5, 5]]) == [[0, 1], [1, 1]]
+    # Already even: nothing moves (a tie keeps a group where it is).
+    assert balanced_owners([[10, 4], [10, 4]]) == [[0, 0], [1, 1]]
+    # A rank without groups of this mini-batch gets some: loads 9 | 8 + 1.
+    owners = balanced_owners([[9, 8, 1], []])
+    loads = [sum(n for n, o in zip([9, 8, 1], owners[0]) if o == rank) for rank in range(2)]
+    assert sorted(loads) == [9, 9]
 
 
 def test_the_launch_configs_are_valid_accelerate_configs_and_the_7b_one_splits_evenly():
@@ -280,6 +294,54 @@ def test_two_ranks_make_exactly_the_update_of_one_process_holding_every_group(tm
             saved = load_file(tmp_path / name / "checkpoint_1" / "model.safetensors")
             for key, weight in saved.items():
                 torch.testing.assert_close(weight, one["weights"][key], atol=1e-5, rtol=0, msg=f"{name}: {key}")
+
+
+# --------------------------------------------------------------------------------------------
+# The ranks of a step carry similar tokens: groups dealt by tokens, their stats sent back.
+
+
+def _uneven_groups(rank: int) -> list[Group]:
+    """Rank 0 holds three groups of two 30-token completions, rank 1 three of two 2-token ones."""
+    length = 30 if rank == 0 else 2
+    groups = []
+    for i in range(3):
+        prompt_ids = torch.tensor([3 + i, 4, 5])
+        completions = [Completion(prompt_ids, torch.arange(6, 6 + length) + j, False, "") for j in range(2)]
+        groups.append(Group(prompt=Prompt(f"train:{rank}-{i}", "q", "1", "p", tuple(prompt_ids.tolist())),
+                            completions=completions, rewards=torch.zeros(2), correct=torch.zeros(2, dtype=torch.bool),
+                            advantages=torch.tensor([1.0, -1.0])))
+    return groups
+
+
+def _balance_worker(rank: int, port: int, out: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    cfg = load_config(None, ["rollout.group_size=2", "train.prompts_per_step=6", "train.updates_per_step=1",
+                             "train.micro_batch_size=2"])
+    batching = Batching(EOS2_ID, torch.device("cpu"), share_prefix=True, max_count=2)
+    plan = ranks.plan_update(StepBatch(_uneven_groups(rank), [3, 3], {}), batching, cfg)
+    mini = plan.mini_batches[0]
+    tokens = sum(int(m.batch.valid_mask.sum()) for m in mini.micro_batches)
+    trained = SimpleNamespace(mini_batch=0, rows=[(float(rank), float(j)) for _, j in mini.rows])
+    back = ranks.trained_rows(plan, [trained])  # (index, j) -> [(rank that trained it, j)]
+    torch.save({"tokens": tokens, "rows": mini.rows, "back": back}, f"{out}.{rank}")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_train_similar_tokens_and_get_back_the_stats_of_their_groups(tmp_path):
+    """Rank 0 generated 180 completion tokens and rank 1 12: the mini-batch's groups are dealt so that
+    each rank trains about half, every group exactly once, and each rank gets back the per-completion
+    stats of the groups it generated, wherever they were trained."""
+    out = tmp_path / "balance"
+    mp.spawn(_balance_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+    results = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
+    assert abs(results[0]["tokens"] - results[1]["tokens"]) <= 60  # within one group (2 x 30 tokens)
+    trained = sorted(row for result in results for row in result["rows"])
+    assert trained == sorted(((rank, i), j) for rank in range(2) for i in range(3) for j in range(2))
+    for result in results:
+        assert sorted(result["back"]) == [(i, j) for i in range(3) for j in range(2)]
+        assert all(values == [(values[0][0], float(j))] for (i, j), values in result["back"].items())
+    assert {values[0][0] for values in results[0]["back"].values()} == {0.0, 1.0}  # some trained on rank 1
 
 
 # --------------------------------------------------------------------------------------------

@@ -279,16 +279,19 @@ class TrainConfig:
         "so eps_low / eps_high act.",
     )
     micro_batch_size: int = _opt(
-        16, "Sequences per forward/backward; a mini-batch's are accumulated. Used when micro_batch_tokens is 0."
+        16, "Sequences per forward/backward; a mini-batch's are accumulated. Used only when micro_batch_tokens "
+        "is 0 (a token budget wins over this count)."
     )
     micro_batch_tokens: int = _opt(
         0,
-        "If > 0, micro-batches are formed by this token budget and micro_batch_size is not used: a mini-batch "
-        "is cut, in order, into the fewest micro-batches within the budget, balanced to carry similar tokens. "
-        "Tokens: each group's prompt once + its completions with shared_prefix (rows pack several groups; a "
-        "group cut between rows repeats its prompt, so a forward can exceed the budget by a few percent), "
-        "rows x widest prompt+completion without. A sequence over the budget gets a micro-batch of its own "
-        "(warned once). Per rank.",
+        "If > 0, micro-batches are formed by this token budget and micro_batch_size is not used (the budget "
+        "wins): a mini-batch is cut, in order, into the fewest micro-batches within the budget, balanced to "
+        "carry similar tokens. Tokens: the positions the forward computes, padding included: with shared_prefix "
+        "rows of each group's prompt once + its completions, filled up to half the budget (at most 4,096; a "
+        "group cut between rows repeats its prompt), so memory follows the budget, not the completions' "
+        "length; without, rows x widest prompt+completion. A sequence over the budget gets a micro-batch of "
+        "its own (warned once). Per rank. `dapo-train preflight` names the "
+        "largest budget whose estimate fits a 48 GB card.",
     )
     learning_rate: float = _opt(1e-4, "AdamW learning rate.")
     lr_scheduler: str = _opt(

@@ -32,7 +32,15 @@ from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
 from dapo_train.preflight import coverage, rehearsal
 from dapo_train.preflight.export_check import check_export
-from dapo_train.preflight.memory import GIB, ModelShape, Setting, estimate, reward_model_loads
+from dapo_train.preflight.memory import (
+    CARD_BYTES,
+    GIB,
+    ModelShape,
+    Setting,
+    estimate,
+    reward_model_loads,
+    suggested_budget,
+)
 from dapo_train.rollout.decoding import SamplingSettings
 from dapo_train.train import distributed
 
@@ -412,5 +420,10 @@ def _memory(cfg: Config, shape: ModelShape, prompts: list, shards: int) -> str:
                                                  reward_models=reward_models))
     terms = ", ".join(f"{name} {value / GIB:.1f}" for name, value in result.terms.items() if value)
     where = "one CUDA card" if shards == 1 else f"each of {shards} CUDA cards with FSDP/ZeRO sharding"
+    budget = suggested_budget(shape, cfg, longest, shards=shards, reward_models=reward_models)
+    card = f"{CARD_BYTES // 10**9} GB card"
+    suggestion = (f"train.micro_batch_tokens={budget} is the largest budget whose estimate fits a {card}"
+                  if budget else f"no train.micro_batch_tokens fits a {card}: the peak is not the update's")
     return (f"estimated peak on {where} for the real model as configured: {result.peak / GIB:.1f} GiB (at the "
-            f"{result.peak_moment}); GiB: {terms}; CUDA context not included (docs/benchmarks.md#memory)")
+            f"{result.peak_moment}); GiB: {terms}; CUDA context not included (docs/benchmarks.md#memory); "
+            f"{suggestion}")

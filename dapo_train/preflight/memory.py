@@ -33,6 +33,10 @@ the rollout's or eval's element dtype: 2 under a bf16 copy, a bf16 base or autoc
   LM head       the chunked head (LinearHeadLogprobs): 4 x train.logprob_chunk_mib of float32 logits
                 (a chunk's logits, their exp, the gradient and its scaled copy) plus the completion
                 positions' hidden states and their gradient (positions x h x 4 each)
+  attention     packed shared-prefix rows (train.shared_prefix): the micro-batch's bool 4-D mask, tokens x
+  mask          row width (layout.row_limit under a budget, else the widest group, at most 4,096), and
+                the attention kernel's float copy of it (b bytes), saved for backward by every layer
+                without gradient checkpointing, by the recomputed one with it
   head backward with a trained head (not LoRA): the float32 (V, h) weight-gradient accumulator and each
                 chunk's (V, h) product in the compute dtype (plus its float32 copy under autocast):
                 V x h x (8, or 10 under autocast); a tied embedding holds as much at the end of backward
@@ -46,8 +50,9 @@ the rollout's or eval's element dtype: 2 under a bf16 copy, a bf16 base or autoc
 The peak is the largest of these moments, each the resident terms (weights, AdamW state, rollout copy,
 reference, reward models) plus: generating (KV cache, then the larger of the prefill and the logits), the
 periodic eval (the same for its batch, plus the autocast casts), reward scoring (the reward forward), the
-backward of a micro-batch after the first (gradients, autocast casts, activations, then the larger of the
-LM head with the head backward, which run first, and the recomputed layer, which runs after them)
+backward of a micro-batch after the first (gradients, autocast casts, activations, the attention mask,
+then the larger of the LM head with the head backward, which run first, and the recomputed layer, which
+runs after them)
 and the optimizer step (gradients and its temporaries). On a CPU the process's resident baseline (Python,
 torch, the tokenizer) is added. Not counted: the CUDA context and allocator fragmentation (outside
 torch.cuda.max_memory_allocated), the data set, other processes.
@@ -56,9 +61,10 @@ torch.cuda.max_memory_allocated), the data set, other processes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dapo_train.config.schema import Config
+from dapo_train.model.layout import SHARED_ROW_LIMIT, row_limit
 
 GIB = 1024**3
 BASELINE_CPU_BYTES = int(0.6 * GIB)  # peak RSS after importing the trainer and loading Qwen2.5's tokenizer (measured)
@@ -169,7 +175,9 @@ class RewardModelLoad:
 class Setting:
     """How the run uses the device: what preflight resolves from the config for a CUDA card (or the CPU).
 
-    tokens: positions of one micro-batch; rollout / eval: one generate call of each (eval None when off)."""
+    tokens: positions of one micro-batch (train.micro_batch_tokens when set, else micro_batch_size rows),
+    head_positions: the completion positions among them; rollout / eval: one generate call of each (eval
+    None when off)."""
 
     cuda: bool
     weight_bytes: int
@@ -177,9 +185,9 @@ class Setting:
     checkpointing: bool
     rollout_copy: bool
     reference: bool
-    micro_rows: int
-    completion: int
+    head_positions: int
     tokens: int
+    row_width: int  # packed shared-prefix rows' width (layout.row_limit), 0 for one row per completion
     chunk_mib: float
     rollout: Generation
     eval: Generation | None = None
@@ -191,13 +199,22 @@ class Setting:
                     reward_models: tuple[RewardModelLoad, ...] = ()) -> Setting:
         """The config's settings as a run on a CUDA card (cuda) or the CPU resolves them. prompt_tokens:
         the longest prompt kept (default data.max_prompt_length); with train.shared_prefix each group's
-        prompt is counted once per micro-batch. shards: the cards FSDP or ZeRO shards the training state
-        over (1 = none). reward_models: reward_model_loads(cfg, cuda, ...)."""
+        prompt is counted once per micro-batch; train.micro_batch_tokens, when set, is the micro-batch's
+        positions (or one prompt + max_new_tokens sequence, if longer; at most what a mini-batch holds).
+        shards: the cards FSDP or ZeRO shards the training state over (1 = none). reward_models:
+        reward_model_loads(cfg, cuda, ...)."""
         t, r, e = cfg.train, cfg.rollout, cfg.eval
         prompt = prompt_tokens if prompt_tokens is not None else cfg.data.max_prompt_length
         micro = t.micro_batch_size
         shared = t.shared_prefix != "off"
         prompts_per_micro = math.ceil(micro / r.group_size) if shared else micro
+        tokens = micro * r.max_new_tokens + prompts_per_micro * prompt
+        head = micro * r.max_new_tokens  # completion positions the LM head scores
+        row_width = min(SHARED_ROW_LIMIT, prompt + r.group_size * r.max_new_tokens, tokens) if shared else 0
+        if t.micro_batch_tokens > 0:  # the budget wins: its tokens, or one sequence over it alone
+            tokens = min(max(t.micro_batch_tokens, prompt + r.max_new_tokens), mini_batch_tokens(cfg, prompt, shards))
+            head = tokens - prompt
+            row_width = max(row_limit(t.micro_batch_tokens), prompt + r.max_new_tokens) if shared else 0
         weight_bytes = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
         autocast = cuda and t.mixed_precision in ("auto", "bf16", "fp16")
         copy = weight_bytes == 4 and (r.dtype == "bfloat16" or (r.dtype == "auto" and cuda))
@@ -219,7 +236,7 @@ class Setting:
                                                                       and cuda),
             rollout_copy=copy,
             reference=cfg.dapo.beta > 0 and cfg.model.lora.r == 0,
-            micro_rows=micro, completion=r.max_new_tokens, tokens=micro * r.max_new_tokens + prompts_per_micro * prompt,
+            head_positions=head, tokens=tokens, row_width=row_width,
             chunk_mib=t.logprob_chunk_mib, rollout=rollout, eval=evaluation, reward_models=reward_models,
             shards=shards,
         )
@@ -264,6 +281,7 @@ def estimate(shape: ModelShape, s: Setting) -> Estimate:
     p, t, n = shape.parameters, shape.trainable, s.shards
     rollout, evaluation = _generation(shape, s.rollout), _generation(shape, s.eval)
     saved, recomputed = _activations(shape, s)
+    masks = 1 if s.checkpointing else shape.layers  # the attention kernel's float copies of the mask kept
     casts = (p * 2 if n == 1 else p * 2 // shape.layers) if s.autocast and s.weight_bytes == 4 else 0
     terms = {
         "weights": p * s.weight_bytes // n,
@@ -280,7 +298,8 @@ def estimate(shape: ModelShape, s: Setting) -> Estimate:
         "autocast casts": casts,
         "activations": saved,
         "recomputed layer": recomputed,
-        "lm head": int(HEAD_CHUNKS * s.chunk_mib * 2**20) + 2 * s.micro_rows * s.completion * shape.hidden * 4,
+        "lm head": int(HEAD_CHUNKS * s.chunk_mib * 2**20) + 2 * s.head_positions * shape.hidden * 4,
+        "attention mask": s.tokens * s.row_width * (1 + (2 if s.autocast else 4) * masks),
         "head backward": shape.vocab * shape.hidden * (10 if s.autocast else 8) if shape.head_trained else 0,
         "reward forward": max((m.tokens * m.shape.forward_bytes_per_token(m.weight_bytes) for m in s.reward_models),
                               default=0),
@@ -297,7 +316,7 @@ def estimate(shape: ModelShape, s: Setting) -> Estimate:
         max(evaluation["prefill"], evaluation["logits"]),
         "reward scoring": resident + terms["reward forward"],
         "backward": resident + terms["gradients"] + terms["gathered weights"] // max(1, shape.layers) + casts +
-        saved + max(terms["lm head"] + terms["head backward"], recomputed),
+        saved + terms["attention mask"] + max(terms["lm head"] + terms["head backward"], recomputed),
         "optimizer step": resident + terms["gradients"] + terms["optimizer step"],
     }
     return Estimate(terms, moments)
@@ -323,3 +342,38 @@ def describe(result: Estimate) -> list[tuple[str, str]]:
     rows = [(name, f"{value / GIB:.2f}") for name, value in result.terms.items() if value]
     rows.append((f"peak ({result.peak_moment})", f"{result.peak / GIB:.2f}"))
     return rows
+
+
+def mini_batch_tokens(cfg: Config, prompt: int, shards: int = 1) -> int:
+    """The most tokens one rank's share of a mini-batch can hold (every completion at max_new_tokens,
+    each group's prompt once with train.shared_prefix): a micro-batch never holds more."""
+    t, r = cfg.train, cfg.rollout
+    groups = math.ceil(math.ceil(t.prompts_per_step / t.updates_per_step) / shards)
+    prompts = 1 if t.shared_prefix != "off" else r.group_size
+    return groups * (r.group_size * r.max_new_tokens + prompts * prompt)
+
+
+CARD_BYTES = 48 * 10**9  # the card the shipped Qwen configs are sized for (48 GB)
+BUDGET_STEP, BUDGET_STEPS = 1024, 256  # suggested budgets: multiples of 1,024 tokens, at most 256 Ki
+
+
+def suggested_budget(shape: ModelShape, cfg: Config, prompt_tokens: int, card_bytes: int = CARD_BYTES,
+                     shards: int = 1, reward_models: tuple[RewardModelLoad, ...] = ()) -> int | None:
+    """The largest train.micro_batch_tokens (a multiple of 1,024) whose estimated peak on a CUDA card fits
+    card_bytes, with everything else as configured, and no larger than a mini-batch holds (rounded up:
+    a larger budget changes nothing); None when 1,024 does not fit (the peak is not the update's: the
+    resident terms, generation or the eval overflow the card alone)."""
+    def fits(budget: int) -> bool:
+        budgeted = replace(cfg, train=replace(cfg.train, micro_batch_tokens=budget))
+        setting = Setting.from_config(budgeted, cuda=True, prompt_tokens=prompt_tokens, shards=shards,
+                                      reward_models=reward_models)
+        return estimate(shape, setting).peak <= card_bytes
+
+    if not fits(BUDGET_STEP):
+        return None
+    whole = -(-mini_batch_tokens(cfg, prompt_tokens, shards) // BUDGET_STEP)
+    low, high = 1, min(BUDGET_STEPS, whole)  # the largest number of steps that fits lies in [low, high]
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle * BUDGET_STEP) else (low, middle - 1)
+    return low * BUDGET_STEP

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from dapo_train.model.scoring import padded_position_ids
+from dapo_train.model.layout import padded_position_ids
 from dapo_train.rollout.tool_rows import ToolRows
 from dapo_train.tools.turns import ToolTurns
 

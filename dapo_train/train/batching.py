@@ -4,20 +4,22 @@ update that ranks.py agrees across ranks and update.py runs.
 A step's rollout batch (its informative groups) is cut into `train.updates_per_step` mini-batches
 of whole groups, each one optimizer step (mini_batches); each mini-batch into micro-batches, by
 count or by a token budget, whose gradients accumulate (split_micro_batches); shared-prefix rows
-pack several groups back to back (scoring.collate). Scoring reads
+pack several groups back to back, rows no wider than the budget allows (layout.collate). Scoring reads
 logits / the rollout temperature, the distribution the rollout sampled from (Scorer).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from dapo_train.algo.correction import RolloutCorrection
 from dapo_train.config.schema import Config
-from dapo_train.model.scoring import TokenBatch, collate, score_tokens, supports_shared_prefix
+from dapo_train.model.layout import TokenBatch, collate, row_limit
+from dapo_train.model.scoring import score_tokens, supports_shared_prefix
 from dapo_train.train.records import Group
 
 NO_CORRECTION = RolloutCorrection("off")
@@ -54,61 +56,83 @@ def flatten_groups(groups: list[Group], overlong_filtering: bool) -> list[TrainS
 def split_micro_batches(samples: list[TrainSample], max_count: int, max_tokens: int = 0,
                         share_prefix: bool = False) -> list[list[TrainSample]]:
     """Consecutive micro-batches, in order. max_tokens = 0: at most max_count samples each. max_tokens > 0
-    (the budget wins, max_count is not used): the fewest micro-batches whose tokens (micro_batch_tokens)
-    stay within the budget, cut so that the largest holds as few tokens as it can, so the micro-batches
-    of a mini-batch carry similar tokens. A sample over the budget alone gets a micro-batch of its own
-    (with a warning, once)."""
+    (the budget wins, max_count is not used): the fewest micro-batches whose tokens (micro_batch_tokens,
+    in rows of at most layout.row_limit(max_tokens)) stay within the budget, cut so that the largest
+    holds as few tokens as it can, so the micro-batches of a mini-batch carry similar tokens. A sample
+    over the budget alone gets a micro-batch of its own (with a warning, once)."""
     if max_tokens <= 0:
         return [samples[i : i + max_count] for i in range(0, len(samples), max_count)]
+    row_tokens = row_limit(max_tokens)
     if any(micro_batch_tokens([sample], share_prefix) > max_tokens for sample in samples):
         _warn_over_budget(max_tokens)
-    fewest = len(_cut(samples, max_tokens, share_prefix))
+    fewest = len(_cut(samples, max_tokens, share_prefix, row_tokens))
     low, high = 1, max_tokens  # the smallest cap that still needs no more micro-batches than `fewest`
     while low < high:
         middle = (low + high) // 2
-        if len(_cut(samples, middle, share_prefix)) <= fewest:
+        if len(_cut(samples, middle, share_prefix, row_tokens)) <= fewest:
             high = middle
         else:
             low = middle + 1
-    return _cut(samples, low, share_prefix)
+    return _cut(samples, low, share_prefix, row_tokens)
 
 
-def micro_batch_tokens(samples: list[TrainSample], share_prefix: bool) -> int:
-    """What train.micro_batch_tokens counts for these samples: the positions their forward computes.
-    share_prefix: each run of one prompt's completions holds the prompt once (packed rows, nearly no
-    padding); otherwise rows x (widest prompt + widest completion), the padded layout."""
-    if not samples:
-        return 0
-    if share_prefix:
-        total = 0
-        for i, sample in enumerate(samples):
-            if not i or not _same_prompt(samples[i - 1], sample):
-                total += int(sample.prompt_ids.numel())
-            total += int(sample.completion_ids.numel())
-        return total
-    prompt = max(int(s.prompt_ids.numel()) for s in samples)
-    completion = max(1, max(int(s.completion_ids.numel()) for s in samples))
-    return len(samples) * (prompt + completion)
+@dataclass(frozen=True)
+class _Count:
+    """A micro-batch as the forward lays it out, kept running sample by sample: with shared prefixes its
+    rows filled in order, the current row's tokens and the widest row's; without, the widest prompt and
+    completion. `tokens`: rows x width, the positions the forward computes, padding included."""
+
+    rows: int = 0
+    row: int = 0
+    widest: int = 0
+    prompt: int = 0
+    completion: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * (self.widest or self.prompt + self.completion)
 
 
-def _cut(samples: list[TrainSample], cap: int, share_prefix: bool) -> list[list[TrainSample]]:
+def _grown(count: _Count, sample: TrainSample, same_run: bool, share_prefix: bool, row_tokens: int) -> _Count:
+    """count with `sample` added. Shared prefix: rows filled in order up to row_tokens (0: one row), a
+    run's prompt once per row it reaches (repeated when it is cut between rows), a sample wider alone;
+    layout.shared_rows lays the same samples out in as many rows, no wider, so the forward computes at
+    most these tokens. Otherwise one padded row per sample, rows x (widest prompt + widest completion)."""
+    p, c = int(sample.prompt_ids.numel()), int(sample.completion_ids.numel())
+    if not share_prefix:
+        return _Count(count.rows + 1, 0, 0, max(count.prompt, p), max(count.completion, c, 1))
+    wide = row_tokens or math.inf
+    if count.rows and count.row + c + (0 if same_run else p) <= wide:
+        row, rows = count.row + c + (0 if same_run else p), count.rows
+    else:
+        row, rows = p + c, count.rows + 1
+    return replace(count, rows=rows, row=row, widest=max(count.widest, row))
+
+
+def micro_batch_tokens(samples: list[TrainSample], share_prefix: bool, row_tokens: int = 0) -> int:
+    """What train.micro_batch_tokens counts for these samples: the positions their forward computes, at
+    most (rows x width, padding included). share_prefix: packed rows of at most row_tokens, each run's
+    prompt once per row (0: a single row, each prompt once); otherwise rows x (widest prompt + widest
+    completion), the padded layout."""
+    count = _Count()
+    for i, sample in enumerate(samples):
+        count = _grown(count, sample, bool(i) and _same_prompt(samples[i - 1], sample), share_prefix, row_tokens)
+    return count.tokens
+
+
+def _cut(samples: list[TrainSample], cap: int, share_prefix: bool, row_tokens: int) -> list[list[TrainSample]]:
     """Greedy consecutive cut: each part grows while its tokens (micro_batch_tokens, kept running) stay
     within cap; a lone sample always fits."""
     parts: list[list[TrainSample]] = []
-    tokens = prompt = completion = 0
+    count = _Count()
     for i, sample in enumerate(samples):
-        p, c = int(sample.prompt_ids.numel()), int(sample.completion_ids.numel())
-        if share_prefix:
-            same = i and parts and _same_prompt(samples[i - 1], sample)
-            grown = tokens + c + (0 if same else p)
-        else:
-            grown = (len(parts[-1]) + 1 if parts else 1) * (max(prompt, p) + max(completion, c, 1))
-        if parts and grown <= cap:
+        grown = _grown(count, sample, bool(parts) and _same_prompt(samples[i - 1], sample), share_prefix, row_tokens)
+        if parts and grown.tokens <= cap:
             parts[-1].append(sample)
-            tokens, prompt, completion = grown, max(prompt, p), max(completion, c)
+            count = grown
         else:
             parts.append([sample])
-            tokens, prompt, completion = p + c if share_prefix else p + max(c, 1), p, c
+            count = _grown(_Count(), sample, False, share_prefix, row_tokens)
     return parts
 
 
@@ -155,14 +179,15 @@ def _per_token(values: list[torch.Tensor | None], shape: torch.Size) -> tuple[to
 
 
 def collate_micro_batch(samples: list[TrainSample], pad_id: int, device, share_prefix: bool = False,
-                        correction: RolloutCorrection = NO_CORRECTION) -> MicroBatch:
+                        correction: RolloutCorrection = NO_CORRECTION, max_tokens: int = 0) -> MicroBatch:
     """Rows -> MicroBatch; a sample out of the loss gets an all-zero mask, a tool turn's tokens are out of
     every mask (collate: the loss, the head, the behaviour log-probs' use). share_prefix: consecutive
-    samples of one group share one copy of their prompt (logprobs.collate). correction: the rollout
-    correction, applied now to the tokens that have both old and behaviour log-probs (weights for tis,
-    the loss mask for mis), so the Eq. 12 normaliser counted from the masks is the loss's."""
+    samples of one group share one copy of their prompt (layout.collate), in rows no wider than
+    layout.row_limit(max_tokens), the token budget's. correction: the rollout correction, applied now to
+    the tokens that have both old and behaviour log-probs (weights for tis, the loss mask for mis), so the
+    Eq. 12 normaliser counted from the masks is the loss's."""
     batch = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id, share_prefix,
-                    [s.policy_mask for s in samples])
+                    row_limit(max_tokens), [s.policy_mask for s in samples])
     in_loss = torch.tensor([s.in_loss for s in samples], dtype=torch.float32).unsqueeze(1)  # (N, 1)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # (N,)
     shape = batch.completion_ids.shape
@@ -213,8 +238,8 @@ class Batching:
 
     def micro_batches(self, samples: list[TrainSample]) -> list[MicroBatch]:
         split = split_micro_batches(samples, self.max_count, self.max_tokens, self.share_prefix)
-        return [collate_micro_batch(micro, self.pad_id, self.device, self.share_prefix, self.correction)
-                for micro in split]
+        return [collate_micro_batch(micro, self.pad_id, self.device, self.share_prefix, self.correction,
+                                    self.max_tokens) for micro in split]
 
     def filler(self) -> MicroBatch:
         """A one-token row out of the loss: the forward/backward a rank with fewer micro-batches runs
@@ -261,14 +286,14 @@ class MiniBatch:
     """One optimizer step's share on this rank: its micro-batches, the Eq. 12 normaliser of the whole
     mini-batch over all ranks, the forward/backward calls every rank makes for it (this rank pads
     its own micro-batches with fillers), the versions of its groups (for staleness), and whose its
-    rows are, in micro-batch order: (index of the group in the step's batch on this rank, index of
-    the completion in it)."""
+    rows are, in micro-batch order: ((rank that holds the group, its index in that rank's step
+    batch), index of the completion in it); ranks.balance_groups may deal a group to another rank.)"""
 
     micro_batches: list[MicroBatch]
     normalizer: float
     calls: int
     versions: list[int]
-    rows: list[tuple[int, int]] = field(default_factory=list)
+    rows: list[tuple[tuple[int, int], int]] = field(default_factory=list)
 
 
 @dataclass

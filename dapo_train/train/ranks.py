@@ -13,21 +13,32 @@ Under N ranks (`accelerate launch`, `torchrun`; distributed.py holds the primiti
 - the step's groups are dealt from the ranks' buffers in turn (take_counts), so the ranks' shares
   differ as little as their buffers allow, and the generation stats are merged over ranks;
 - the mini-batches are cut from all ranks' groups in one global order (batching.rank_mini_batches),
-  so every rank makes the same optimizer steps; each mini-batch's Eq. 12 normaliser is summed over
-  ranks before its first micro-batch; every rank makes as many forward/backward calls as the rank
-  with the most micro-batches (padding with fillers that add nothing), and each loss is scaled by N
-  because DDP/FSDP average the ranks' gradients where Eq. 12 sums them.
+  so every rank makes the same optimizer steps; each mini-batch's groups are then dealt over the ranks
+  by their tokens (balance_groups: a group may be trained on another rank than the one that generated
+  it, and its per-completion stats come back, trained_rows), so the ranks carry similar tokens; each
+  mini-batch's Eq. 12 normaliser is summed over ranks before its first micro-batch; every rank makes
+  as many forward/backward calls as the rank with the most micro-batches (padding with fillers that
+  add nothing), and each loss is scaled by N because DDP/FSDP average the ranks' gradients where
+  Eq. 12 sums them.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from dapo_train.algo.reductions import loss_normalizer
 from dapo_train.config.schema import Config
 from dapo_train.train import distributed
-from dapo_train.train.batching import Batching, MiniBatch, UpdatePlan, flatten_groups, rank_mini_batches
-from dapo_train.train.records import StepBatch, UpdateResult
+from dapo_train.train.batching import (
+    Batching,
+    MiniBatch,
+    UpdatePlan,
+    flatten_groups,
+    micro_batch_tokens,
+    rank_mini_batches,
+)
+from dapo_train.train.records import StepBatch, UpdateResult, UpdateSums
 
 
 def buffered_groups(count: int) -> int:
@@ -76,15 +87,18 @@ def take_counts(counts: list[int], wanted: int) -> list[int]:
 
 def plan_update(batch: StepBatch, batching: Batching, cfg: Config) -> UpdatePlan:
     """The step's mini-batches of micro-batches on this rank, with every count that must be global
-    summed over ranks before any micro-batch runs."""
+    summed over ranks before any micro-batch runs. Each mini-batch's groups are first dealt over the
+    ranks by their tokens (balance_groups), so the ranks carry similar tokens."""
     local = []
     for indices in rank_mini_batches(batch.takes, distributed.rank(), cfg.train.updates_per_step):
         part = [batch.groups[index] for index in indices]
-        micro = batching.micro_batches(flatten_groups(part, cfg.dapo.overlong_filtering))
+        own = [flatten_groups([group], cfg.dapo.overlong_filtering) for group in part]
+        trained = balance_groups(list(zip(indices, own, (group.version for group in part))), batching.share_prefix)
+        micro = batching.micro_batches([sample for _, samples, _ in trained for sample in samples])
         normalizer = loss_normalizer([m.batch.completion_mask for m in micro], cfg.dapo.loss_reduction,
                                      cfg.rollout.max_new_tokens)
-        rows = [(index, j) for index in indices for j in range(len(batch.groups[index].completions))]
-        local.append(MiniBatch(micro, normalizer, len(micro), [group.version for group in part], rows))
+        rows = [(key, j) for key, samples, _ in trained for j in range(len(samples))]
+        local.append(MiniBatch(micro, normalizer, len(micro), [version for _, _, version in trained], rows))
     batches = [m.batch for mini in local for m in mini.micro_batches]
     totals = [sum(float(b.completion_mask.sum()) for b in batches), sum(b.forward_tokens for b in batches),
               len(batches), sum(b.padding_tokens for b in batches), sum(b.head_tokens for b in batches)]
@@ -96,6 +110,50 @@ def plan_update(batch: StepBatch, batching: Batching, cfg: Config) -> UpdatePlan
                     for mini, normalizer, call in zip(local, normalizers, calls)]
     return UpdatePlan(mini_batches, cfg.dapo.num_iterations, distributed.world_size(), valid_tokens,
                       forward_tokens, int(count), padding_tokens, head_tokens)
+
+
+def balanced_owners(tokens: list[list[int]]) -> list[list[int]]:
+    """tokens[r][i]: the tokens of rank r's i-th group of a mini-batch -> the rank that trains each group
+    (the same shape): the largest first, each to the rank with the fewest tokens so far (a tie keeps a
+    group where it is), so the ranks carry similar tokens (within about the largest group). One rank
+    keeps all of its own."""
+    load = [0] * len(tokens)
+    owners = [[rank] * len(row) for rank, row in enumerate(tokens)]
+    for count, rank, index in sorted((-count, rank, index) for rank, row in enumerate(tokens)
+                                     for index, count in enumerate(row)):
+        owner = min(range(len(tokens)), key=lambda other: (load[other], other != rank, other))
+        owners[rank][index] = owner
+        load[owner] -= count
+    return owners
+
+
+def balance_groups(groups: list[tuple[int, list, int]], share_prefix: bool) -> list[tuple[tuple[int, int], list, int]]:
+    """This rank's groups of one mini-batch, (index in its step batch, samples, version) each -> the groups
+    this rank trains, ((rank that holds it, its index there), samples, version) each, dealt over the ranks
+    by balanced_owners; a group trained elsewhere travels there (its samples are small). In the order
+    of one process holding them all, as rank_mini_batches orders them. One process: its own groups."""
+    tokens = distributed.gather([micro_batch_tokens(samples, share_prefix) for _, samples, _ in groups])
+    owners, me = balanced_owners(tokens), distributed.rank()
+    moving = any(owner != rank for rank, row in enumerate(owners) for owner in row)
+    leaving = {position: group for position, group in enumerate(groups) if owners[me][position] != me}
+    arrived = distributed.gather(leaving) if moving else [{}] * len(owners)
+    held = [dict(enumerate(groups)) if rank == me else arrived[rank] for rank in range(len(owners))]
+    order = [(position, rank) for position in range(max(map(len, owners), default=0))
+             for rank in range(len(owners)) if position < len(owners[rank])]
+    return [((rank, held[rank][position][0]), *held[rank][position][1:]) for position, rank in order
+            if owners[rank][position] == me]
+
+
+def trained_rows(plan: UpdatePlan, applied: list[UpdateSums]) -> dict[tuple[int, int], list[tuple[float, float]]]:
+    """(index of the group in this rank's step batch, index of the completion) -> its (mean ratio, clipped
+    share) in each applied optimizer step that trained it, on whichever rank trained it."""
+    seen: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for step in applied:
+        for ((rank, index), j), values in zip(plan.mini_batches[step.mini_batch].rows, step.rows):
+            seen[(rank, index, j)].append(values)
+    me = distributed.rank()
+    merged = {key: values for rows in distributed.gather(dict(seen)) for key, values in rows.items()}
+    return {(index, j): values for (rank, index, j), values in merged.items() if rank == me}
 
 
 def round_outcomes(outcomes: list[tuple[str, bool]]) -> list[tuple[str, bool]]:

@@ -25,7 +25,6 @@ records), from the loss's own per-row figures: no extra forward.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -100,11 +99,9 @@ def update(learner: Learner, batch: StepBatch, cfg: Config) -> dict:
 
 def leave_trained_stats(groups: list[Group], plan: UpdatePlan, applied: list[UpdateSums]) -> None:
     """Each group of this rank's batch gets its TrainedStats: per completion, the mean over the applied
-    optimizer steps that trained it (one per pass) of its mean ratio and of its clipped share."""
-    seen: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
-    for step in applied:
-        for row, values in zip(plan.mini_batches[step.mini_batch].rows, step.rows):
-            seen[row].append(values)
+    optimizer steps that trained it (one per pass, on whichever rank) of its mean ratio and of its
+    clipped share."""
+    seen = ranks.trained_rows(plan, applied)
     for index, group in enumerate(groups):
         per_completion = [seen.get((index, j), []) for j in range(len(group.completions))]
         group.trained = TrainedStats([_finite_mean(v[0] for v in values) for values in per_completion],

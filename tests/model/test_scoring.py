@@ -125,7 +125,8 @@ def test_property_head_logprobs(n, t, vocab, rows, seed):
 def test_score_tokens_runs_the_head_inside_the_forward_and_restores_the_model():
     """score_tokens swaps the LM head's forward only for its own call (the model's own forward and
     logits are untouched afterwards) and applies a model's final-logit soft-capping exactly once."""
-    from dapo_train.model.scoring import collate, score_tokens
+    from dapo_train.model.layout import collate
+    from dapo_train.model.scoring import score_tokens
 
     from conftest import EOS2_ID, make_random_model
 
@@ -207,7 +208,8 @@ def test_the_head_scores_valid_completion_tokens_only_with_full_logits_parity(mo
     untied embeddings and under LoRA adapters, in both layouts; and the LM head receives exactly those
     tokens' hidden states: no padding after an EOS, no prompt position, nothing for an empty completion."""
     from dapo_train.model import scoring
-    from dapo_train.model.scoring import collate, score_tokens
+    from dapo_train.model.layout import collate
+    from dapo_train.model.scoring import score_tokens
 
     from conftest import EOS2_ID, make_random_model
 

@@ -72,7 +72,8 @@ def rollout(spec: dict, job: dict) -> None:
 
 def update(spec: dict, job: dict) -> None:
     from dapo_train.algo import policy_loss
-    from dapo_train.model.scoring import collate, score_tokens
+    from dapo_train.model.layout import collate
+    from dapo_train.model.scoring import score_tokens
 
     model = _model(spec).train()
     if job.get("checkpointing"):

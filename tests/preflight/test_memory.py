@@ -18,7 +18,15 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from dapo_train.config.load import load_config
 from dapo_train.config.schema import LoraConfig
 from dapo_train.model.lora import apply_lora
-from dapo_train.preflight.memory import GIB, ModelShape, RewardModelLoad, Setting, estimate, reward_model_loads
+from dapo_train.preflight.memory import (
+    GIB,
+    ModelShape,
+    RewardModelLoad,
+    Setting,
+    estimate,
+    reward_model_loads,
+    suggested_budget,
+)
 
 import qwen_offline
 
@@ -178,7 +186,7 @@ def test_the_recorded_h200_optimizer_step_within_10_percent(tmp_path):
     shape = _qwen_shape(tmp_path, "1.5b")
     cfg = load_config(str(ROOT / "configs" / "qwen1.5b.yaml"), [
         "rollout.engine=hf-generate", "rollout.dtype=float32", "rollout.compile=off", "train.shared_prefix=off",
-        "eval.every_steps=0", "eval.final_full=false"])
+        "eval.every_steps=0", "eval.final_full=false", "train.micro_batch_tokens=0"])  # measured by count
     result = estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=137))
     assert result.peak_moment == "optimizer step"
     assert abs(result.peak / GIB / 28.9 - 1) < 0.10, result.peak / GIB
@@ -190,6 +198,50 @@ def test_the_measured_cpu_peak_at_the_real_half_billion_shape_within_25_percent(
     (docs/benchmarks.md, Memory)."""
     shape = _qwen_shape(tmp_path, "0.5b")
     cfg = load_config(str(ROOT / "configs" / "qwen1.5b.yaml"), ["model.dtype=float32", "eval.every_steps=0",
-                                                                  "eval.final_full=false"])
+                                                                  "eval.final_full=false",
+                                                                  "train.micro_batch_tokens=0"])  # measured by count
     peak = estimate(shape, Setting.from_config(cfg, cuda=False, prompt_tokens=211)).peak / GIB
     assert abs(peak / 11.44 - 1) < TOLERANCE, peak
+
+
+LARGE_MINI_BATCH = ["train.prompts_per_step=64", "rollout.group_size=16", "train.updates_per_step=1"]
+
+
+def test_a_token_budget_sets_the_update_terms_whatever_the_completion_length():
+    """train.micro_batch_tokens wins over micro_batch_size: the backward's terms follow the budget, and at
+    a fixed budget they do not follow rollout.max_new_tokens (without one they do)."""
+    shape = _shape(DEEP)
+
+    def terms(*overrides: str) -> dict:
+        cfg = load_config(None, ["train.micro_batch_size=8", *LARGE_MINI_BATCH, *overrides])
+        return estimate(shape, Setting.from_config(cfg, cuda=False, prompt_tokens=128)).terms
+
+    update_terms = ("activations", "attention mask")
+    short, long = (terms("train.micro_batch_tokens=4096", f"rollout.max_new_tokens={n}") for n in (64, 512))
+    assert all(short[name] == long[name] > 0 for name in update_terms)
+    assert terms("rollout.max_new_tokens=64")["activations"] < terms("rollout.max_new_tokens=512")["activations"]
+    assert terms("train.micro_batch_tokens=8192")["activations"] == 2 * short["activations"]
+    # a sequence longer than the budget is a micro-batch of its own: its positions are counted
+    assert terms("train.micro_batch_tokens=256", "rollout.max_new_tokens=512")["activations"] == \
+        terms("train.micro_batch_tokens=640", "rollout.max_new_tokens=512")["activations"]
+    # a budget over what a mini-batch holds (2 groups x (16 x 64 + 128) = 2,304 tokens) counts the mini-batch
+    small = ["train.prompts_per_step=2", "rollout.max_new_tokens=64"]
+    assert terms(*small, "train.micro_batch_tokens=100000")["activations"] == \
+        terms(*small, "train.micro_batch_tokens=2304")["activations"] < short["activations"]
+
+
+def test_the_suggested_budget_is_the_largest_multiple_of_1024_that_fits_the_card():
+    shape = _shape(DEEP)
+    cfg = load_config(None, LARGE_MINI_BATCH)
+
+    def peak(budget: int) -> int:
+        budgeted = load_config(None, [*LARGE_MINI_BATCH, f"train.micro_batch_tokens={budget}"])
+        return estimate(shape, Setting.from_config(budgeted, cuda=True, prompt_tokens=128)).peak
+
+    assert peak(8192) < peak(9216)  # the update's moment is the peak here, and grows with the budget
+    assert suggested_budget(shape, cfg, 128, card_bytes=peak(8192)) == 8192
+    assert suggested_budget(shape, cfg, 128, card_bytes=peak(9216) - 1) == 8192
+    assert suggested_budget(shape, cfg, 128, card_bytes=peak(1024) - 1) is None
+    # no more than a mini-batch holds (2 groups x (16 x 512 + 128) tokens, rounded up to 17 x 1,024)
+    few = load_config(None, [*LARGE_MINI_BATCH, "train.prompts_per_step=2", "rollout.max_new_tokens=512"])
+    assert suggested_budget(shape, few, 128, card_bytes=10**15) == 17 * 1024

@@ -9,8 +9,9 @@ from accelerate import Accelerator
 
 from dapo_train.algo import policy_loss
 from dapo_train.config.load import load_config
+from dapo_train.model.layout import collate
 from dapo_train.model.loading import load_policy
-from dapo_train.model.scoring import collate, score_tokens
+from dapo_train.model.scoring import score_tokens
 from dapo_train.rollout import Completion
 from dapo_train.rollout.decoding import BehaviourRecorder, SamplingSettings
 from dapo_train.run.logs import read_metrics

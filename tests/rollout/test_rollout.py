@@ -6,7 +6,8 @@ import torch
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
-from dapo_train.model.scoring import collate, score_tokens
+from dapo_train.model.layout import collate
+from dapo_train.model.scoring import score_tokens
 from dapo_train.rollout import (
     ROLLOUT_ENGINES,
     SamplingSettings,

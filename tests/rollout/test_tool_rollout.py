@@ -13,7 +13,8 @@ import torch
 from transformers import AutoTokenizer
 
 from dapo_train.algo import policy_loss
-from dapo_train.model.scoring import collate, score_tokens
+from dapo_train.model.layout import collate
+from dapo_train.model.scoring import score_tokens
 from dapo_train.rollout import EngineSetup, SamplingSettings, decoding
 from dapo_train.rollout.hf_engines import DecodeLoopEngine
 from dapo_train.tools import resolve_tools, tool_schemas
@@ -165,7 +166,7 @@ def test_behaviour_logprobs_after_a_tool_turn_are_the_training_forwards(monkeypa
     _, _, mask = transcript
     completion = scripted_rollout(monkeypatch, tokenizer, model, transcript, group_size=1)[0]
     batch = collate([completion.prompt_ids], [completion.completion_ids], tokenizer.pad_token_id, False,
-                    [completion.policy_mask])
+                    policy_masks=[completion.policy_mask])
     with torch.no_grad():
         training, _ = score_tokens(model, batch, temperature=1.0, chunk_mib=1.0)
     after_first_tool_turn = torch.zeros_like(mask)

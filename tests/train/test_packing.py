@@ -12,7 +12,7 @@ from accelerate import Accelerator
 
 from dapo_train.algo import loss_normalizer
 from dapo_train.config.load import load_config
-from dapo_train.model.scoring import collate, shared_rows
+from dapo_train.model.layout import row_limit
 from dapo_train.rollout import Completion
 from dapo_train.task.prompts import Prompt
 from dapo_train.train import batching
@@ -56,7 +56,7 @@ def _run(model, micro_batches) -> tuple[list, dict, list]:
     return [p.grad.clone() for p in model.parameters()], metrics, scored
 
 
-@pytest.mark.parametrize("kernel,budget", [("sdpa", 48), ("sdpa", 90), ("eager", 64)])
+@pytest.mark.parametrize("kernel,budget", [("sdpa", 48), ("sdpa", 120), ("eager", 64)])
 def test_packed_budgeted_micro_batches_match_one_row_per_completion(kernel, budget):
     samples = _mixed()
     base = make_random_model(seed=3).train()
@@ -68,11 +68,11 @@ def test_packed_budgeted_micro_batches_match_one_row_per_completion(kernel, budg
     assert len(reference) == 1 and len(micro) > 2
     # where sharing saves work, runs of one prompt share rows (else collate keeps one row per sample)
     packed_rows = any(m.batch.shared_prefix and m.batch.input_ids.shape[0] < _runs(m) for m in micro)
-    assert packed_rows == (budget >= 64)  # at 48 each micro-batch is about one group
+    assert packed_rows == (budget >= 64)  # rows of at most budget / 2 tokens: at 48 a row holds one group at most
     parts = split_micro_batches(samples, 1, budget, share_prefix=True)
     assert [len(part) for part in parts] == [m.batch.completion_ids.shape[0] for m in micro]
     cut_runs = any(_runs(m) > len({id(s.prompt_ids) for s in part}) for m, part in zip(micro, parts))
-    assert cut_runs == (budget >= 64)  # a group cut between two rows, its prompt in both
+    assert cut_runs  # a group cut between two rows (layout.row_limit), its prompt in both
     grads_a, metrics_a, scored_a = _run(copy.deepcopy(base), reference)
     grads_b, metrics_b, scored_b = _run(copy.deepcopy(base), micro)
     for a, b in zip(grads_a, grads_b):
@@ -91,53 +91,29 @@ def _runs(micro) -> int:
     return len({(int(r), int(p[0])) for r, p in zip(micro.batch.rows, micro.batch.positions)})
 
 
-def test_runs_share_rows_with_a_block_diagonal_mask_and_restarting_positions():
-    prompts = [torch.tensor([5, 6, 7])] * 2 + [torch.tensor([8, 9])] + [torch.tensor([10])]
-    completions = [torch.tensor([11, 12, 13, 14]), torch.tensor([15, 16]), torch.tensor([17, 18]), torch.tensor([19])]
-    batch = collate(prompts, completions, 0, share_prefix=True)
-    # Runs of 9, 4 and 2 tokens: the widest sets the row width, the other two share one row.
-    assert batch.input_ids.tolist() == [[5, 6, 7, 11, 12, 13, 14, 15, 16], [8, 9, 17, 18, 10, 19, 0, 0, 0]]
-    assert batch.position_ids[1].tolist()[:6] == [0, 1, 2, 3, 0, 1]
-    assert batch.padding_tokens == 3 and batch.rows.tolist() == [0, 0, 1, 1]
-    assert batch.positions[3, 0] == 4  # token 0 of the last completion is predicted by its own prompt's end
-    mask = batch.attention_mask[1, 0]
-    assert mask[5].tolist() == [False] * 4 + [True, True, False, False, False]  # sees its own run only
-    assert mask[3].tolist() == [True] * 4 + [False] * 5
-    assert batch.attention_mask[0, 0, 7].tolist() == [True] * 3 + [False] * 4 + [True, False]
-
-
-def test_shared_rows_are_the_fewest_then_balanced_and_repeat_a_cut_runs_prompt():
-    one_run = [True] + [False] * 6
-    # greedy at 9 would give rows of 9 and 7 tokens; the balanced cut gives 8 and 8 (prompt 2 repeated)
-    assert shared_rows([2] * 7, [6, 1, 1, 1, 1, 1, 1], one_run, 9) == [(0, 1, 8), (1, 7, 8)]
-    assert shared_rows([3] * 4, [5] * 4, [True, False, False, False], 13) == [(0, 2, 13), (2, 4, 13)]
-    assert shared_rows([3] * 4, [5] * 4, [True, False, True, False], 30) == [(0, 4, 26)]
-    assert shared_rows([2, 2], [20, 1], [True, True], 9) == [(0, 1, 22), (1, 2, 3)]  # over the cap: alone
-
-
 def test_budget_forms_few_balanced_micro_batches_in_order():
     """Counted as the forward computes them (each run's prompt once, or padded rows), in order, the
     fewest micro-batches within the budget, and their tokens close to each other."""
     samples = _mixed(seed=1)
     for share_prefix in (True, False):
-        budget = 70
+        budget, rows = 70, row_limit(70)
         parts = split_micro_batches(samples, 1, budget, share_prefix)
         assert [s for part in parts for s in part] == samples
-        tokens = [micro_batch_tokens(part, share_prefix) for part in parts]
+        tokens = [micro_batch_tokens(part, share_prefix, rows) for part in parts]
         assert all(t <= budget or len(p) == 1 for t, p in zip(tokens, parts))
         greedy: list[list] = []  # the fewest consecutive parts: a plain greedy count, as an independent check
         for sample in samples:
-            if greedy and micro_batch_tokens([*greedy[-1], sample], share_prefix) <= budget:
+            if greedy and micro_batch_tokens([*greedy[-1], sample], share_prefix, rows) <= budget:
                 greedy[-1].append(sample)
             else:
                 greedy.append([sample])
         assert len(parts) == len(greedy)
-        assert max(tokens) <= max(micro_batch_tokens(part, share_prefix) for part in greedy)
+        assert max(tokens) <= max(micro_batch_tokens(part, share_prefix, rows) for part in greedy)
     g = torch.Generator().manual_seed(2)
     prompt = torch.arange(3, 11)
     even = [TrainSample(prompt, torch.randint(3, 60, (int(torch.randint(5, 30, (1,), generator=g)),), generator=g),
                         1.0, True) for _ in range(32)]
-    tokens = [micro_batch_tokens(part, True) for part in split_micro_batches(even, 1, 200, True)]
+    tokens = [micro_batch_tokens(part, True, row_limit(200)) for part in split_micro_batches(even, 1, 200, True)]
     assert max(tokens) - min(tokens) <= 40 and max(tokens) <= 200
 
 
@@ -162,7 +138,8 @@ def test_a_sequence_over_the_budget_gets_its_own_micro_batch_and_one_warning(cap
 
 
 def test_demo_like_batch_computes_under_5_percent_padding():
-    """16 groups of 8 completions of 10-120 tokens after prompts of 30-60, the budget about two groups."""
+    """16 groups of 8 completions of 10-120 tokens after prompts of 30-60, the budget about two groups
+    (rows filled up to half of it, layout.row_limit)."""
     g = torch.Generator().manual_seed(4)
     samples = []
     for _ in range(16):
@@ -175,8 +152,8 @@ def test_demo_like_batch_computes_under_5_percent_padding():
     padding = sum(m.batch.padding_tokens for m in micro)
     assert padding <= 0.05 * forward
     assert sum(m.batch.head_tokens for m in micro) == sum(s.completion_ids.numel() for s in samples)
-    # the budget counts each run's prompt once: a run cut between rows repeats it, and rows pad a little
-    assert max(m.batch.forward_tokens for m in micro) <= 1200 * 1.1
+    # the budget counts the rows as the forward computes them, padding and repeated prompts included
+    assert max(m.batch.forward_tokens for m in micro) <= 1200
 
 
 def _groups(sizes: list[int], seed: int = 0) -> list[Group]:

@@ -126,14 +126,14 @@ def test_a_shared_prompt_prefix_gives_the_same_gradient_and_update(micro_size, k
     assert shared.input_ids.shape[0] == 3 and shared.forward_tokens < plain.forward_tokens
 
 
-def test_a_row_wider_than_the_limit_or_no_saving_keeps_one_row_per_completion(monkeypatch):
-    from dapo_train.model import scoring as logprobs
-
+def test_rows_no_wider_than_the_budget_allows_and_no_saving_keeps_one_row_per_completion():
     samples = _group_samples(groups=2, size=4)
-    assert collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True).batch.shared_prefix
-    monkeypatch.setattr(logprobs, "SHARED_ROW_LIMIT", 20)
-    batch = collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True).batch
-    assert not batch.shared_prefix and batch.input_ids.shape[0] == 8
+    whole = collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True).batch
+    assert whole.shared_prefix and whole.input_ids.shape[1] > 12
+    narrow = collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True, max_tokens=24).batch  # rows <= 12
+    longest = max(s.prompt_ids.numel() + s.completion_ids.numel() for s in samples)
+    assert narrow.shared_prefix and narrow.input_ids.shape[1] == max(12, longest)
+    assert narrow.input_ids.shape[0] > whole.input_ids.shape[0]
     one_each = [samples[0], samples[4]]  # two prompts, one completion each: nothing to share
     assert not collate_micro_batch(one_each, EOS2_ID, "cpu", share_prefix=True).batch.shared_prefix
 

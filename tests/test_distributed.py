@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -242,18 +243,39 @@ def _rank_worker(rank: int, port: int, out: str) -> None:
     for version, overrides in FSDP_SCENARIOS.items():
         save_to = Path(out).parent / f"fsdp{version}"
         results[f"fsdp{version}"] = _update(accelerator, overrides, groups, fsdp=version, save_to=save_to)
+    torch.distributed.barrier()  # every collective of the work is done before a result is on disk
     if rank == 0:
-        torch.save(results, out)
+        _save(results, out)
     _leave()
 
 
 def _leave() -> None:
     """End a spawned rank: wait at a barrier first, so that no rank tears down its gloo group (or, rank 0,
-    the store it hosts) while the other still has a collective's last message in flight. A loaded CI
-    machine once saw rank 1 abort there ("terminate called without an active exception", SIGABRT) after
-    both ranks had run their steps; this barrier closes the race we could see at that point."""
+    the store it hosts) while the other still has a collective's last message in flight."""
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+def _save(obj, path: str) -> None:
+    """A rank's results, written whole or not at all (a rank stopped mid-write leaves no file)."""
+    torch.save(obj, f"{path}.part")
+    os.replace(f"{path}.part", path)
+
+
+def _spawn_two(worker, out: str, results: list[str]) -> None:
+    """Run `worker(rank, port, out)` as two gloo ranks. The full suite on a 2-core CI machine has twice
+    seen rank 1 abort (SIGABRT, "terminate called without an active exception", from C++, in gloo's
+    teardown as far as we can tell) in the screening test, never in 40+ runs of these tests alone. A rank
+    that aborts so after both ranks wrote `results` (each written only after every collective of the
+    work, _save) is reported as a warning, and the test then checks those results like any others; an
+    abort before them, or any other failure, fails the test."""
+    try:
+        mp.spawn(worker, args=(_free_port(), out), nprocs=2, join=True)
+    except mp.ProcessExitedException as err:
+        if err.signal_name != "SIGABRT" or not all(Path(path).is_file() for path in results):
+            raise
+        warnings.warn(f"rank {err.error_index} aborted (SIGABRT) after both ranks wrote their results: {err}",
+                      stacklevel=2)
 
 
 def _free_port() -> int:
@@ -271,7 +293,7 @@ def test_two_ranks_make_exactly_the_update_of_one_process_holding_every_group(tm
     tokens = [sum(c.length for g in groups[r::2] for c in g.completions) for r in range(2)]
     assert tokens[0] != tokens[1]
     out = tmp_path / "ranks.pt"
-    mp.spawn(_rank_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+    _spawn_two(_rank_worker, str(out), [str(out)])
     ranks = torch.load(out, weights_only=False)
     from accelerate import Accelerator
 
@@ -323,9 +345,9 @@ def _balance_worker(rank: int, port: int, out: str) -> None:
     tokens = sum(int(m.batch.valid_mask.sum()) for m in mini.micro_batches)
     trained = SimpleNamespace(mini_batch=0, rows=[(float(rank), float(j)) for _, j in mini.rows])
     back = ranks.trained_rows(plan, [trained])  # (index, j) -> [(rank that trained it, j)]
-    torch.save({"tokens": tokens, "rows": mini.rows, "back": back}, f"{out}.{rank}")
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    _save({"tokens": tokens, "rows": mini.rows, "back": back}, f"{out}.{rank}")
+    _leave()
 
 
 def test_two_ranks_train_similar_tokens_and_get_back_the_stats_of_their_groups(tmp_path):
@@ -333,7 +355,7 @@ def test_two_ranks_train_similar_tokens_and_get_back_the_stats_of_their_groups(t
     each rank trains about half, every group exactly once, and each rank gets back the per-completion
     stats of the groups it generated, wherever they were trained."""
     out = tmp_path / "balance"
-    mp.spawn(_balance_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+    _spawn_two(_balance_worker, str(out), [f"{out}.{rank}" for rank in range(2)])
     results = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
     assert abs(results[0]["tokens"] - results[1]["tokens"]) <= 60  # within one group (2 x 30 tokens)
     trained = sorted(row for result in results for row in result["rows"])
@@ -382,13 +404,15 @@ def _scoring_worker(rank: int, port: int, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo")
-    torch.save(_collect_with_reward_model(), f"{out}.{rank}")
+    result = _collect_with_reward_model()
+    torch.distributed.barrier()
+    _save(result, f"{out}.{rank}")
     _leave()
 
 
 def test_two_ranks_score_each_completion_once_with_the_totals_of_one_process(tmp_path):
     out = tmp_path / "scores"
-    mp.spawn(_scoring_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+    _spawn_two(_scoring_worker, str(out), [f"{out}.{rank}" for rank in range(2)])
     ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
     one = _collect_with_reward_model()
     assert len(one["values"]) == one["read"] == 6 * 4  # one process: every completion of the step, read once
@@ -540,7 +564,9 @@ def _screen_worker(rank: int, port: int, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo")
-    torch.save({"screen": _screened_step(), "history": _screened_step(steps=4, history=True)}, f"{out}.{rank}")
+    result = {"screen": _screened_step(), "history": _screened_step(steps=4, history=True)}
+    torch.distributed.barrier()
+    _save(result, f"{out}.{rank}")
     _leave()
 
 
@@ -550,7 +576,7 @@ def test_two_ranks_screen_skip_and_complete_the_groups_of_one_process(tmp_path):
     process, rule out the same prompts and report the same counts. With the prompt history over four
     steps of 12 prompts, both ranks hold one process's history and skip the same prompts."""
     out = tmp_path / "screen"
-    mp.spawn(_screen_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+    _spawn_two(_screen_worker, str(out), [f"{out}.{rank}" for rank in range(2)])
     saved = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
     for name, one in (("screen", _screened_step()), ("history", _screened_step(steps=4, history=True))):
         ranks = [rank[name] for rank in saved]

@@ -284,6 +284,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _aborting_worker(rank: int, port: int, out: str) -> None:
+    """Rank 1 aborts as gloo's teardown did: `out` ending in 'after' once both ranks wrote their results,
+    else before it writes its own."""
+    if rank == 0 or out.endswith("after"):
+        _save({"rank": rank}, f"{out}.{rank}")
+    if rank == 1:
+        deadline = time.time() + 60
+        while out.endswith("after") and not Path(f"{out}.0").is_file() and time.time() < deadline:
+            time.sleep(0.05)
+        os.abort()
+
+
+def test_a_rank_that_aborts_is_forgiven_only_after_both_wrote_their_results(tmp_path):
+    """_spawn_two's warning covers exactly the teardown abort: results on disk, then SIGABRT. The same
+    abort before a rank's results exist fails the test that spawned it."""
+    after = tmp_path / "after"
+    with pytest.warns(UserWarning, match="aborted .SIGABRT. after both ranks wrote"):
+        _spawn_two(_aborting_worker, str(after), [f"{after}.{rank}" for rank in range(2)])
+    before = tmp_path / "before"
+    with pytest.raises(mp.ProcessExitedException, match="SIGABRT"):
+        _spawn_two(_aborting_worker, str(before), [f"{before}.{rank}" for rank in range(2)])
+
+
 def test_two_ranks_make_exactly_the_update_of_one_process_holding_every_group(tmp_path):
     """Rank 0 trains groups 0, 2, 4 and rank 1 groups 1, 3 (batch[rank::2]): unequal valid-token
     counts and micro-batch counts per rank. The Eq. 12 normaliser is global and the average over

@@ -9,6 +9,13 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 cd "${HERE%/scripts/bench}"  # the repository root
+# One random Qwen-shaped model for every step below (bench_step.model_folder): in DAPO_BENCH_MODEL_CACHE where
+# that is set, else in a temporary folder removed at the end.
+if [ -z "${DAPO_BENCH_MODEL_CACHE:-}" ]; then
+  DAPO_BENCH_MODEL_CACHE="$(mktemp -d)"
+  export DAPO_BENCH_MODEL_CACHE
+  trap 'rm -rf "$DAPO_BENCH_MODEL_CACHE"' EXIT
+fi
 OFF="rollout.engine=hf-generate rollout.dtype=float32 rollout.compile=off train.shared_prefix=off"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 for batch in "--prompts-per-step 2 --group-size 4 --micro-batch-size 4" \
@@ -23,4 +30,4 @@ python scripts/bench/bench_decode.py --batch 8 128 --repeats 3 | tail -2
 # the CPU only (rollout/decoding.py FULL_VOCABULARY_DRAWS); add "cuda" there if it wins here too.
 python scripts/bench/bench_draw.py --device cuda | tail -1
 python scripts/bench/bench_mismatch.py | tail -5   # rollout_kl etc. of each rollout path against the training forward
-python -m pytest -m gpu -q
+python -m pytest -m gpu -q tests/test_gpu.py tests/rollout/test_draw.py  # these two hold the gpu marks; naming them spares collecting tests that import trl

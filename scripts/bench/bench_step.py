@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import tempfile
 import time
@@ -65,14 +66,30 @@ def build_model(shape: str, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
+def model_folder(shape: str, scratch: Path) -> Path:
+    """The random model of `shape` as a folder: built in `scratch`, or built once in $DAPO_BENCH_MODEL_CACHE
+    and read there by every later process (bench_cuda.sh sets it: the Qwen shape is 6 GB to write and the
+    same seed builds the same weights). A build is renamed into the cache whole, so a killed one leaves none."""
+    cache = os.environ.get("DAPO_BENCH_MODEL_CACHE")
+    if not cache:
+        build_model(shape, scratch / "model")
+        return scratch / "model"
+    folder = Path(cache) / shape
+    if not (folder / "config.json").exists():
+        staging = Path(tempfile.mkdtemp(prefix=f".{shape}-", dir=cache))
+        build_model(shape, staging)
+        staging.rename(folder)
+    return folder
+
+
 def random_model(shape: str, device: torch.device):
     """A random model of `shape` (float32, eval mode) on `device` and the shipped tiny tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        build_model(shape, Path(tmp))
-        tokenizer = AutoTokenizer.from_pretrained(tmp)
-        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(device).eval()
+        folder = model_folder(shape, Path(tmp))
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
     return model, tokenizer
 
 
@@ -103,10 +120,9 @@ def main() -> None:
             "logging.progress_bar=false",
         ]
         if args.config is None:
-            folder = Path(tmp) / "model"
             start = time.perf_counter()
-            build_model(args.shape, folder)
-            print(f"built random {args.shape} model in {time.perf_counter() - start:.1f}s")
+            folder = model_folder(args.shape, Path(tmp))
+            print(f"random {args.shape} model ready in {time.perf_counter() - start:.1f}s")
             overrides += [
                 f"model.name_or_path={folder}",
                 f"train.prompts_per_step={args.prompts_per_step}",

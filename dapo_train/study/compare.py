@@ -55,6 +55,10 @@ COLUMNS = {
     "completion_length": ("length", ".1f"),
     "generated_per_trained_token": ("gen tok/trained", ".2f"),
     "seconds_generate_per_group": ("gen s/group", ".2f"),
+    "tool_calls_per_completion": ("calls/completion", ".2f"),
+    "tool_error_rate": ("call errors", ".3f"),
+    "tool_use_first": ("tool use first", ".3f"),
+    "tool_use_last": ("tool use last", ".3f"),
     "steps": ("steps", ".0f"),
     "wall_seconds": ("wall s", ".0f"),
 }
@@ -95,13 +99,24 @@ def _cell(stat: dict | None, fmt: str) -> str:
     return f"{stat['mean']:{fmt}} ± {stat['std']:{fmt}}"
 
 
+# Columns left out of the text table where no point made a tool call (runs without rollout.tools log zeros).
+TOOL_COLUMNS = ("tool_calls_per_completion", "tool_error_rate", "tool_use_first", "tool_use_last")
+
+
+def shown_columns(rows: list[dict]) -> dict[str, tuple[str, str]]:
+    """COLUMNS less the tool columns, unless some point's runs called a tool."""
+    tools = any((row["tool_calls_per_completion"] or {}).get("mean") for row in rows)
+    return {key: column for key, column in COLUMNS.items() if tools or key not in TOOL_COLUMNS}
+
+
 def format_compare(varied: list[str], rows: list[dict]) -> str:
     """The rows as an aligned text table; the point's own settings on the left."""
     left = varied or ["run"]
-    headers = [*left, "seeds", *(header for header, _ in COLUMNS.values())]
+    columns = shown_columns(rows)
+    headers = [*left, "seeds", *(header for header, _ in columns.values())]
     body = [
         [*(_show(row["point"][k]) if varied else Path(row["runs"][0]).name for k in left), str(len(row["seeds"])),
-         *(_cell(row[key], fmt) for key, (_, fmt) in COLUMNS.items())]
+         *(_cell(row[key], fmt) for key, (_, fmt) in columns.items())]
         for row in rows
     ]
     table = aligned_table(headers, body, left=len(left))
@@ -109,6 +124,9 @@ def format_compare(varied: list[str], rows: list[dict]) -> str:
                  "of eval.num_items items, best leaving out step 0 (before training)")
     if any(len(row["seeds"]) > 1 for row in rows):
         table.append("mean ± sample std over a point's seeds")
+    if "tool_use_last" in columns:
+        table.append("calls/completion, call errors: over all steps' completions and calls; tool use first / last: "
+                     "the share of completions that called a tool at the first and the last step")
     return "\n".join(table)
 
 
@@ -117,8 +135,9 @@ def compare(paths: list[str], as_json: bool = False) -> str:
     return json.dumps(rows, ensure_ascii=False, indent=2) if as_json else format_compare(varied, rows)
 
 # Per-run outcomes (summarize_metrics keys) paired seed by seed -> their column header: what a setting
-# does to entropy, and what it costs (generation per trained token, wall time).
-RUN_OUTCOMES = {"entropy_last": "entropy last", "generated_per_trained_token": "gen tok/trained",
+# does to entropy, to tool use (rollout.tools), and what it costs (generation per trained token, wall time).
+RUN_OUTCOMES = {"entropy_last": "entropy last", "tool_calls_per_completion": "calls/completion",
+                "tool_error_rate": "call errors", "generated_per_trained_token": "gen tok/trained",
                 "wall_seconds": "wall s"}
 
 
@@ -243,9 +262,11 @@ def _run_outcomes(baseline: Point, other: Point) -> dict:
     mine = {str(run.seed): summarize_metrics(run.rows) for run in other.runs}
     outcomes = {}
     for key in RUN_OUTCOMES:
-        diffs = [mine[s][key] - base[s][key] for s in sorted(mine) if mine[s][key] is not None
+        pairs = [(mine[s][key], base[s][key]) for s in sorted(mine) if s in base and mine[s][key] is not None
                  and base[s][key] is not None]
-        outcomes[key] = dataclasses.asdict(t_interval(diffs)) if diffs else None
+        if key in TOOL_COLUMNS and not any(a or b for a, b in pairs):
+            pairs = []  # neither point called a tool
+        outcomes[key] = dataclasses.asdict(t_interval([a - b for a, b in pairs])) if pairs else None
     return outcomes
 
 

@@ -174,12 +174,16 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
     """One run's metrics rows -> its numbers in the compare table (COLUMNS). The final accuracy is
     the end-of-run eval on the whole split (`final_accuracy`, eval.final_full); periodic eval rows
     carry `accuracy` on the fixed subset (step 0 = before training; best counts only steps after
-    it); training rows are steps >= 1; wall time is training plus every eval's seconds."""
+    it); training rows are steps >= 1; wall time is training plus every eval's seconds. The tool numbers
+    (rollout.tools) are ratios of sums over the steps: calls per completion generated and the share of calls
+    answered with an error, and the share of completions that called a tool at the first and last step."""
     evals = [(row["step"], _number(row["accuracy"])) for row in rows if _number(row.get("accuracy")) is not None]
     finals = _values(rows, FINAL.accuracy)
     train = [row for row in rows if row["step"] > 0]
     entropy = _values(train, "entropy")
     cost = generation_cost(train)
+    calls, completions = sum(_values(train, "tool_calls")), sum(_values(train, "completions"))
+    tool_use = _values(train, "tool_use_ratio")
     return {
         "final_accuracy": finals[-1] if finals else None,
         "last_accuracy": evals[-1][1] if evals else None,
@@ -191,6 +195,10 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
         "completion_length": _mean(_values(train, "completion_length_mean")),
         "generated_per_trained_token": cost["generated_per_trained_token"],
         "seconds_generate_per_group": cost["seconds_generate_per_group"],
+        "tool_calls_per_completion": calls / completions if completions and _values(train, "tool_calls") else None,
+        "tool_error_rate": sum(_values(train, "tool_errors")) / calls if calls else None,
+        "tool_use_first": tool_use[0] if tool_use else None,
+        "tool_use_last": tool_use[-1] if tool_use else None,
         "steps": float(max((row["step"] for row in rows), default=0)),
         "wall_seconds": sum(_values(train, "seconds_step")) + sum(_values(rows, PERIODIC.seconds))
         + sum(_values(rows, FINAL.seconds)),

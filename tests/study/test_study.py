@@ -15,7 +15,7 @@ from dapo_train.config.keys import COSMETIC_KEYS, schema_keys
 from dapo_train.config.load import load_config, save_config
 from dapo_train.errors import TaskSolved, TrainingAborted, UserError
 from dapo_train.run.signals import StopRequested
-from dapo_train.study.compare import compare, compare_rows, format_compare
+from dapo_train.study.compare import _run_outcomes, compare, compare_rows, format_compare
 from dapo_train.study.plot import make_figure, plot
 from dapo_train.study.runs import SWEEP_FILE, group_points, load_runs
 from dapo_train.study.sweep import plan_sweep, run_sweep, split_top_level
@@ -482,3 +482,51 @@ def test_compare_and_plot_show_generation_cost_side_by_side(tmp_path):
     assert [list(line.get_ydata()) for line in per_token.lines] == [[3.0, 1.0], [1.5, 1.0]]
     per_group = by_title["generation seconds per trained group"]
     assert [value for line in per_group.lines for value in line.get_ydata()] == pytest.approx([2.0, 1.0, 1.25, 5 / 6])
+
+
+def _tool_runs(root, calls, errors, use, seeds=(1,)):
+    """Runs with rollout.tools=[calculator] (per step: 10 completions, `calls`, `errors`, `use` lists) and
+    rollout.tools=[] (no calls), one per seed; step 2's calls differ by seed (+ seed) so pairs vary."""
+    for seed in seeds:
+        make_run(root / f"calc{seed}", ["rollout.tools=[calculator]", f"seed={seed}"], [
+            train_row(step, 0.5, 0.1, 0.0, 30, 2.0, completions=10, tool_calls=c + (seed if step == 2 else 0),
+                      tool_errors=e, tool_use_ratio=u) for step, c, e, u in zip((1, 2), calls, errors, use)])
+        make_run(root / f"none{seed}", ["rollout.tools=[]", f"seed={seed}"], [
+            train_row(step, 0.5, 0.1, 0.0, 30, 2.0, completions=10, tool_calls=0, tool_errors=0, tool_use_ratio=0.0)
+            for step in (1, 2)])
+    return root
+
+
+def test_compare_shows_tool_use_where_a_point_called_a_tool(tmp_path):
+    """Calls per completion and the error share are ratios of the steps' sums: 15 + (5 + 1) calls over 10 + 10
+    completions = 1.05, 3 + 0 errors over 21 calls = 0.143; tool use first / last are steps 1 and 2's shares.
+    The point without tools has 0 calls and no error share ("-"); a table of points that never called a tool
+    has no tool columns at all."""
+    root = _tool_runs(tmp_path / "runs", calls=(15, 5), errors=(3, 0), use=(0.8, 0.4))
+    varied, rows = compare_rows(load_runs([str(root)]))
+    # a list flattens by index: the calculator point is rollout.tools.0=calculator, the other rollout.tools=[]
+    calc, none = sorted(rows, key=lambda row: row["point"]["rollout.tools.0"] != "calculator")
+    assert none["point"]["rollout.tools"] == []
+    assert calc["tool_calls_per_completion"]["mean"] == pytest.approx(21 / 20)
+    assert calc["tool_error_rate"]["mean"] == pytest.approx(3 / 21)
+    assert (calc["tool_use_first"]["mean"], calc["tool_use_last"]["mean"]) == (0.8, 0.4)
+    assert none["tool_calls_per_completion"]["mean"] == 0 and none["tool_error_rate"] is None
+    table = format_compare(varied, rows)
+    assert "calls/completion" in table and "tool use last" in table and "tool use first / last" in table
+    assert "1.05" in table and "0.143" in table
+    quiet = compare_rows(load_runs([str(root / "none1")]))
+    assert "calls/completion" not in format_compare(*quiet) and "tool use" not in format_compare(*quiet)
+
+
+def test_tool_use_is_paired_seed_by_seed_only_where_a_point_called_a_tool(tmp_path):
+    """Seeds 1 and 2 call 15 + 5 + seed times over 20 completions: 21 / 20 and 22 / 20 against 0, so the
+    paired differences are 1.05 and 1.10 (mean 1.075); two points without calls pair no tool outcome."""
+    root = _tool_runs(tmp_path / "runs", calls=(15, 5), errors=(3, 0), use=(0.8, 0.4), seeds=(1, 2))
+    _, points = group_points(load_runs([str(root)]))
+    calc, none = sorted(points, key=lambda point: point.values["rollout.tools.0"] != "calculator")
+    outcomes = _run_outcomes(none, calc)
+    assert outcomes["tool_calls_per_completion"]["mean"] == pytest.approx(1.075)
+    assert outcomes["tool_calls_per_completion"]["n"] == 2
+    assert outcomes["tool_error_rate"] is None  # the baseline made no call: no share to pair with
+    assert outcomes["entropy_last"]["mean"] == 0
+    assert _run_outcomes(none, none)["tool_calls_per_completion"] is None

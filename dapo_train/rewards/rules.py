@@ -1,12 +1,16 @@
 """The built-in rule rewards: completion texts and gold answers in, one float per completion out.
 
 `accuracy` / `correctness` grade with the task's check, `digit`, `hard_format` and `mark` score the
-<think>/<answer> format, and `overlong` is the soft overlong punishment of Eq. 13 as one more reward.
+<think>/<answer> format, `tool_format` the tool calls (rollout.tools), and `overlong` is the soft overlong
+punishment of Eq. 13 as one more reward.
 The format rewards accept a completion without a newline after </answer> (decoded outputs rarely
 carry one).
 """
 
 from __future__ import annotations
+
+import json
+import math
 
 from dapo_train.algo.advantages import overlong_penalty
 from dapo_train.errors import UserError
@@ -21,6 +25,7 @@ _FORMAT_HEAD, _FORMAT_MIDDLE, _FORMAT_TAIL = "<think>\n", "\n</think>\n<answer>\
 _MARKS = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
 _MARK_VALUE = 0.125
 _TRAILING_COST = 0.001  # per character of text after </answer>
+_CALL_OPEN, _CALL_CLOSE = "<tool_call>", "</tool_call>"  # the rollout's call markup (tools/turns.py CALL)
 
 
 @register("correctness")
@@ -84,6 +89,63 @@ def _mark_one(text: str) -> float:
         trailing = text.rpartition(_MARKS[-1])[2].strip()
         value -= min(_MARK_VALUE, _TRAILING_COST * len(trailing))
     return value
+
+
+def _check_tool_format(args: dict) -> None:
+    for key in ("well_formed", "malformed"):
+        value = args[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"tool_format's {key} must be a finite number, got {value!r}")
+
+
+@register("tool_format", check=_check_tool_format)
+def tool_format(
+    completions: list[str], answers: list, *, lengths=None, prompts=None, well_formed: float = 0.0,
+    malformed: float = -0.5,
+) -> list[float]:
+    """For rollout.tools: `malformed` if a <tool_call> of the completion is not a JSON object with a "name"
+    and object "arguments", else `well_formed` if it made a call, else 0.
+
+    The defaults only punish calls the rollout could not parse (a named tool's own error, such as a
+    calculator's division by zero, is not a format fault). A positive well_formed pays for calling at all,
+    which a policy can earn with calls it does not need: keep it small next to accuracy's weight.
+    """
+    values = []
+    for text in completions:
+        bodies = call_bodies(text)
+        values.append(malformed if any(map(_malformed_call, bodies)) else well_formed if bodies else 0.0)
+    return values
+
+
+def call_bodies(text: str) -> list[str]:
+    """The calls the rollout read in `text` (tools/turns.py CALL.findall: each <tool_call> to the next
+    </tool_call>, whitespace stripped), found in one pass with str.find."""
+    bodies, start = [], text.find(_CALL_OPEN)
+    while start >= 0:
+        end = text.find(_CALL_CLOSE, start + len(_CALL_OPEN))
+        if end < 0:
+            break
+        bodies.append(text[start + len(_CALL_OPEN) : end].strip())
+        start = text.find(_CALL_OPEN, end + len(_CALL_CLOSE))
+    return bodies
+
+
+def _malformed_call(body: str) -> bool:
+    """A call's text is not {"name": str, "arguments": {...}} (the arguments may be a JSON string of one,
+    as the rollout accepts: tools/turns.py)."""
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError:
+        return True
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return True
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return True
+    return not isinstance(arguments, dict)
 
 
 def _cache_tokens(cache_length: int | float, max_length: int) -> int:

@@ -262,6 +262,9 @@ def _warn_inert_settings(cfg: Config) -> None:
             "dapo.%s / dapo.%s cannot act: each rollout batch gets one on-policy update (ratio 1, carried-over "
             "groups aside); set train.updates_per_step > 1 (or dapo.num_iterations > 1) to let it act", low, high,
         )
+    if not cfg.rollout.tools and any(spec.name == "tool_format" for spec in cfg.rewards):
+        logger.warning("the reward tool_format cannot act: rollout.tools names no tool, so no completion makes a "
+                       "call and it scores 0")
     inert = inert_objective_keys(cfg)
     if inert:
         logger.warning("%s cannot act: dapo.policy_loss=%s reads %s", ", ".join(inert), cfg.dapo.policy_loss,

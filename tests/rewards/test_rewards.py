@@ -304,3 +304,46 @@ def test_builtin_registry_names():
     rewards = reward_set({"name": "accuracy"}, {"name": "overlong", "args": {"cache_length": 5}}, max_new_tokens=7)
     assert np.array_equal(score(rewards, ["x"], [0], lengths=[7]).total, [-2.0])  # -1 wrong, -1 at L_max
     assert isinstance(RewardError("x"), UserError)
+
+
+# Transcripts as the rollout decodes them (tools/turns.py): calls, then the template's tool turn.
+CALL_OK = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 × 24"}}\n</tool_call>'
+CALL_STRING_ARGS = '<tool_call>\n{"name": "calculator", "arguments": "{\\"expression\\": \\"1+1\\"}"}\n</tool_call>'
+REPLY = "\nuser\n<tool_response>\n72\n</tool_response>\nassistant\n"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<think>\n72\n</think>", 0.0),                                         # no call: nothing to score
+    (CALL_OK + REPLY + "答案：72", 0.25),                                    # well formed
+    (CALL_STRING_ARGS + REPLY, 0.25),                                       # arguments as a JSON string
+    ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 ÷ 0"}}\n</tool_call>'
+     "\nuser\n<tool_response>\nerror: division by zero\n</tool_response>", 0.25),  # the tool's own error: not format
+    (CALL_OK + REPLY + '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1"}\n</tool_call>', -1.0),
+    ('<tool_call>\n["calculator"]\n</tool_call>', -1.0),                    # JSON, but not an object
+    ('<tool_call>\n{"arguments": {}}\n</tool_call>', -1.0),                 # no name
+    ('<tool_call>\n{"name": "calculator", "arguments": [1]}\n</tool_call>', -1.0),  # arguments not an object
+    ('<tool_call>\n{"name": "calculator", "arguments": "{1"}\n</tool_call>', -1.0),  # arguments string not JSON
+    ("<tool_call>\n{\"name\": \"calculator\"", 0.0),                       # never closed: the rollout read no call
+])
+def test_tool_format_punishes_calls_the_rollout_cannot_parse(text, expected):
+    """well_formed 0.25, malformed -1: a completion with any malformed call gets -1, one whose calls are all
+    objects with a name and object arguments gets 0.25, one without calls 0."""
+    assert REWARDS["tool_format"].fn([text], [72], well_formed=0.25, malformed=-1.0) == [expected]
+
+
+def test_tool_format_defaults_only_punish():
+    rewards = reward_set({"name": "tool_format"})
+    texts = [CALL_OK + REPLY, "72", '<tool_call>\nnot json\n</tool_call>']
+    assert score(rewards, texts, [72] * 3, lengths=[1] * 3).per_reward["tool_format"] == [0.0, 0.0, -0.5]
+    with pytest.raises(ConfigError, match="tool_format's malformed must be a finite number"):
+        reward_set({"name": "tool_format", "args": {"malformed": "much"}})
+
+
+@given(st.lists(st.sampled_from(["<tool_call>", "</tool_call>", " ", "\n", "{}", "a", "<tool", "call>"]), max_size=30))
+@settings(max_examples=300, deadline=None)
+def test_tool_format_reads_the_calls_the_rollout_reads(pieces):
+    """rules.call_bodies (str.find, no regex) finds exactly what the rollout's CALL regex finds."""
+    from dapo_train.tools.turns import CALL
+
+    text = "".join(pieces)
+    assert rules.call_bodies(text) == CALL.findall(text)

@@ -49,6 +49,22 @@ def test_skip_history_says_at_start_when_the_run_never_comes_back_to_a_prompt(ca
     assert not warned([], 24)
 
 
+def test_tool_format_says_at_start_when_no_tool_is_named(caplog):
+    """tool_format scores calls: without rollout.tools every completion gets 0, and the run says so; with the
+    calculator, or without the reward, no word."""
+    from dapo_train.train.session import _warn_inert_settings
+
+    def warned(overrides):
+        caplog.clear()
+        _warn_inert_settings(load_config(None, overrides))
+        return "the reward tool_format cannot act: rollout.tools names no tool" in caplog.text
+
+    reward = "rewards=[{name: accuracy}, {name: tool_format}]"
+    assert warned([reward])
+    assert not warned([reward, "rollout.tools=[calculator]"])
+    assert not warned([])
+
+
 def test_a_missing_eval_split_is_found_without_reading_it_as_prompts(tmp_path):
     (tmp_path / "train.jsonl").write_text(json.dumps({"question": "1+1?", "answer": 2}) + "\n")
     data = load_config(None, [f"data.path={tmp_path / 'train.jsonl'}"]).data

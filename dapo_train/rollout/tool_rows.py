@@ -28,6 +28,7 @@ class ToolRows:
     def __init__(self, turns: ToolTurns, rows: int, budget: int) -> None:
         self.turns = turns
         self.queues: list[list[int]] = [[] for _ in range(rows)]
+        self.pending: set[int] = set()  # the rows whose queue is not empty: most decode steps have none
         self.turn_start = [0] * rows  # step at which each row's current assistant turn began
         self.calls: list[list[ToolCall]] = [[] for _ in range(rows)]
         self.policy_mask = torch.ones((rows, budget), dtype=torch.bool)  # (N, T) False on forced tokens
@@ -38,13 +39,16 @@ class ToolRows:
         """Put the next queued token of each active row that has one in place of its drawn token (tokens (A,),
         in place) -> (A,) bool, True where a token was forced."""
         forced = torch.zeros(len(active), dtype=torch.bool)
+        if not self.pending:
+            return forced.to(tokens.device)
         for index, row in enumerate(active):
-            if self.queues[row]:
+            if row in self.pending:
                 tokens[index] = self.queues[row].pop(0)
                 forced[index] = True
                 self.policy_mask[row, step] = False
                 if not self.queues[row]:
                     self.turn_start[row] = step + 1
+                    self.pending.discard(row)
         return forced.to(tokens.device)
 
     def running(self, active: list[int], ended: Tensor, forced: Tensor, step: int, generated: Tensor) -> Tensor:
@@ -62,5 +66,7 @@ class ToolRows:
                 continue
             self.calls[row] += answer.calls
             self.queues[row] = list(answer.forced_ids)
+            if self.queues[row]:
+                self.pending.add(row)
             running[index] = True
         return running

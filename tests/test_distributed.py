@@ -518,8 +518,9 @@ def _rollouts(run: Path) -> dict[int, list[dict]]:
 
 def test_ctrl_c_on_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
     """On the tool-calling tiny model with the calculator (a budget its transcripts fit in): the two ranks'
-    tool path (calls, records, an update) runs too, without a run of its own (the tool path of one process,
-    and its resume: tests/test_train_tools.py)."""
+    tool path (calls, records, an update) runs too, without a run of its own, and the command the run prints
+    resumes it on two ranks for one more step, with calls (that one process resumes a tool run exactly:
+    tests/test_train_tools.py; that two ranks resume exactly: the test above)."""
     run = tmp_path / "run"
     budget = [arg for arg in TINY if not arg.startswith("rollout.max_new_tokens=")] + ["rollout.max_new_tokens=96"]
     proc = _torchrun(*budget, "train.max_steps=200", "eval.every_steps=0", f"output_dir={run}", *TOOLS)
@@ -542,6 +543,16 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint
     calls = [call for record in _rollouts(run)[1] for call in record["tool_calls"]]
     assert len(calls) == first["tool_calls"] and sum(call["error"] for call in calls) == first["tool_errors"]
     assert any(call["name"] == "calculator" and not call["error"] for call in calls)
+
+    proc = _torchrun("--resume", str(run), f"train.max_steps={step + 1}")
+    log = _finish(proc)
+    assert proc.returncode == 0, log
+    assert "[rank 0/2] at work" in log and "[rank 1/2] at work" in log
+    rows = read_metrics(run)
+    assert [row["step"] for row in rows] == list(range(1, step + 2)), rows  # no eval: step rows only
+    resumed = rows[-1]
+    assert resumed["num_processes"] == 2 and resumed["tool_calls"] > 0 and resumed["trained_tokens"] > 0, resumed
+    assert (run / f"checkpoint_{step + 1}" / "trainer_state_rank1.pt").is_file()
 
 
 # --------------------------------------------------------------------------------------------

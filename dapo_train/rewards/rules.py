@@ -9,13 +9,13 @@ carry one).
 
 from __future__ import annotations
 
-import json
 import math
 
 from dapo_train.algo.advantages import overlong_penalty
 from dapo_train.errors import UserError
 from dapo_train.rewards.scoring import CorrectFn, register
 from dapo_train.task.answers import extract_answer, is_correct
+from dapo_train.tools.turns import read_json
 
 # --------------------------------------------------------------------------------------------
 # The rewards.
@@ -132,20 +132,14 @@ def call_bodies(text: str) -> list[str]:
 
 def _malformed_call(body: str) -> bool:
     """A call's text is not {"name": str, "arguments": {...}} (the arguments may be a JSON string of one,
-    as the rollout accepts: tools/turns.py)."""
-    try:
-        call = json.loads(body)
-    except json.JSONDecodeError:
-        return True
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+    as the rollout accepts), read as the rollout reads it (tools/turns.py read_json)."""
+    call, problem = read_json(body)
+    if problem or not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return True
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return True
-    return not isinstance(arguments, dict)
+        arguments, problem = read_json(arguments)
+    return problem is not None or not isinstance(arguments, dict)
 
 
 def _cache_tokens(cache_length: int | float, max_length: int) -> int:

@@ -52,6 +52,17 @@ class TurnAnswer:
     over_limit: bool = False
 
 
+def read_json(text: str) -> tuple[Any, str | None]:
+    """(json.loads(text), None), or (None, why not): not valid JSON, or nested past the parser's recursion
+    limit (a policy can write thousands of "[" within its budget; json.loads then raises RecursionError)."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as err:
+        return None, f"not valid JSON ({err})"
+    except RecursionError:
+        return None, "nested too deeply to read"
+
+
 def tool_turns(tokenizer: Any, tools: Sequence[Tool], max_calls: int) -> ToolTurns | None:
     """rollout.tools for a run's tokenizer, checked once it loads (before the model): the chat template must
     list the tools and render tool turns (require_tool_template), and their text must be found (ToolTurns).
@@ -100,20 +111,18 @@ class ToolTurns:
 
     def run(self, body: str) -> ToolCall:
         """One call's JSON text -> the call run (Tool.call never raises), or an error text for the model."""
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError as err:
-            return ToolCall("", body, f"error: the tool call is not valid JSON ({err})", True)
+        call, problem = read_json(body)
+        if problem:
+            return ToolCall("", body, f"error: the tool call is {problem}", True)
         name = call.get("name") if isinstance(call, dict) else None
-        if name not in self.tools:
+        if not isinstance(name, str) or name not in self.tools:  # a dict or list name cannot even be looked up
             known = ", ".join(self.tools)
             return ToolCall(str(name or ""), body, f"error: no tool named {name!r}; the tools: {known}", True)
         arguments = call.get("arguments", {})
         if isinstance(arguments, str):  # some models write the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError as err:
-                return ToolCall(name, body, f"error: the arguments are not valid JSON ({err})", True)
+            arguments, problem = read_json(arguments)
+            if problem:
+                return ToolCall(name, body, f"error: the arguments are {problem}", True)
         result = self.tools[name].call(arguments)
         return ToolCall(name, body, result, result.startswith("error: "))
 

@@ -323,6 +323,7 @@ REPLY = "\nuser\n<tool_response>\n72\n</tool_response>\nassistant\n"
     ('<tool_call>\n{"arguments": {}}\n</tool_call>', -1.0),                 # no name
     ('<tool_call>\n{"name": "calculator", "arguments": [1]}\n</tool_call>', -1.0),  # arguments not an object
     ('<tool_call>\n{"name": "calculator", "arguments": "{1"}\n</tool_call>', -1.0),  # arguments string not JSON
+    ("<tool_call>\n" + "[" * 5000 + "\n</tool_call>", -1.0),               # too deep for json.loads: malformed
     ("<tool_call>\n{\"name\": \"calculator\"", 0.0),                       # never closed: the rollout read no call
 ])
 def test_tool_format_punishes_calls_the_rollout_cannot_parse(text, expected):

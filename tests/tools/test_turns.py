@@ -5,9 +5,12 @@ calls; and which engines may run tools (rollout_tools), refused with one line at
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from dapo_train.config.load import load_config
@@ -61,11 +64,37 @@ def test_each_call_of_a_turn_is_answered_in_one_tool_turn_and_failures_are_error
     ('{"name": "abacus", "arguments": {}}', "error: no tool named 'abacus'; the tools: calculator, broken, numeric"),
     ("calculator(6 * 7)", "error: the tool call is not valid JSON (Expecting value: line 1 column 1 (char 0))"),
     ('["calculator"]', "error: no tool named None; the tools: calculator, broken, numeric"),
+    # a name that is no string (the tools study's seed 3 wrote one, and the rollout raised TypeError)
+    ('{"name": {"name": "calculator"}, "arguments": {}}', "error: no tool named {'name': 'calculator'}; the tools: "
+                                                          "calculator, broken, numeric"),
+    ('{"name": ["calculator"]}', "error: no tool named ['calculator']; the tools: calculator, broken, numeric"),
+    ("[" * 5000, "error: the tool call is nested too deeply to read"),  # json.loads raised RecursionError
+    ('{"name": "calculator", "arguments": "' + "[" * 5000 + '"}', "error: the arguments are nested too deeply to "
+                                                                 "read"),
+    ('{"name": "calculator", "arguments": [1, 2]}', "error: the arguments of calculator must be a JSON object, not "
+                                                    "list"),
 ])
 def test_a_call_that_cannot_run_gets_an_error_text(turns, tokenizer, body, result):
     got = answer(turns, tokenizer, f"<tool_call>\n{body}\n</tool_call>")
     assert [call.result for call in got.calls] == [result]
     assert result in replies(tokenizer, got)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                 max_size=3), max_leaves=8)
+
+
+@given(name=_JSON | st.sampled_from(["calculator", "broken", "numeric"]), arguments=_JSON, keys=st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_any_json_call_is_answered_with_text_and_never_raises(turns, tokenizer, name, arguments, keys):
+    """Whatever JSON the policy writes as a call (any name, any arguments, either key missing), the turn is
+    answered with one result text per call; a call the tools cannot take is an error text."""
+    body = json.dumps({"name": name, "arguments": arguments} if keys else [name, arguments])
+    got = answer(turns, tokenizer, f"<tool_call>\n{body}\n</tool_call>")
+    (call,) = got.calls
+    assert isinstance(call.result, str) and call.error == call.result.startswith("error: ")
+    assert call.error or (keys and name in ("calculator", "broken", "numeric"))
 
 
 def test_a_turn_without_a_call_ends_the_completion_and_one_over_the_limit_is_not_run(turns, tokenizer):

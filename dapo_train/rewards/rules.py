@@ -9,13 +9,13 @@ carry one).
 
 from __future__ import annotations
 
+import json
 import math
 
 from dapo_train.algo.advantages import overlong_penalty
 from dapo_train.errors import UserError
 from dapo_train.rewards.scoring import CorrectFn, register
 from dapo_train.task.answers import extract_answer, is_correct
-from dapo_train.tools.turns import read_json
 
 # --------------------------------------------------------------------------------------------
 # The rewards.
@@ -130,16 +130,24 @@ def call_bodies(text: str) -> list[str]:
     return bodies
 
 
+def _read_json(text: str) -> tuple[object, bool]:
+    """(value, False), or (None, True) when json.loads fails: invalid, or nested past its recursion limit."""
+    try:
+        return json.loads(text), False
+    except (ValueError, RecursionError):
+        return None, True
+
+
 def _malformed_call(body: str) -> bool:
     """A call's text is not {"name": str, "arguments": {...}} (the arguments may be a JSON string of one,
-    as the rollout accepts), read as the rollout reads it (tools/turns.py read_json)."""
-    call, problem = read_json(body)
+    as the rollout accepts), read as the rollout reads it (tools/turns.py read_json, a layer above this one)."""
+    call, problem = _read_json(body)
     if problem or not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return True
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):
-        arguments, problem = read_json(arguments)
-    return problem is not None or not isinstance(arguments, dict)
+        arguments, problem = _read_json(arguments)
+    return problem or not isinstance(arguments, dict)
 
 
 def _cache_tokens(cache_length: int | float, max_length: int) -> int:

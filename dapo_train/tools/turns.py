@@ -57,7 +57,7 @@ def read_json(text: str) -> tuple[Any, str | None]:
     limit (a policy can write thousands of "[" within its budget; json.loads then raises RecursionError)."""
     try:
         return json.loads(text), None
-    except json.JSONDecodeError as err:
+    except ValueError as err:  # JSONDecodeError, or an integer past Python's 4,300-digit conversion limit
         return None, f"not valid JSON ({err})"
     except RecursionError:
         return None, "nested too deeply to read"

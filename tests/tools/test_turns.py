@@ -68,9 +68,9 @@ def test_each_call_of_a_turn_is_answered_in_one_tool_turn_and_failures_are_error
     ('{"name": {"name": "calculator"}, "arguments": {}}', "error: no tool named {'name': 'calculator'}; the tools: "
                                                           "calculator, broken, numeric"),
     ('{"name": ["calculator"]}', "error: no tool named ['calculator']; the tools: calculator, broken, numeric"),
-    ("[" * 5000, "error: the tool call is nested too deeply to read"),
+    ("[" * 5000, "error: the tool call is nested too deeply to read"),  # json.loads raised RecursionError
     ("1" * 5000, "error: the tool call is not valid JSON (Exceeds the limit (4300 digits) for integer string "
-                 "conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase the limit)"),  # json.loads raised RecursionError
+                 "conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase the limit)"),
     ('{"name": "calculator", "arguments": "' + "[" * 5000 + '"}', "error: the arguments are nested too deeply to "
                                                                  "read"),
     ('{"name": "calculator", "arguments": [1, 2]}', "error: the arguments of calculator must be a JSON object, not "

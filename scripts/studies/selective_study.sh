@@ -13,9 +13,10 @@
 #            the all-wrong side (20 runs; on a quiet machine, unlike the first demo study)
 #
 #     bash scripts/studies/selective_study.sh outputs/selective_study
-#     dapo-train compare outputs/selective_study/history --baseline skip_history=false
-#     dapo-train compare outputs/selective_study/long --baseline screen_size=0
-#     dapo-train compare outputs/selective_study/rounds --baseline screen_size=0
+#     python scripts/studies/selective_table.py outputs/selective_study/history --baseline off
+#     cd outputs/selective_study && dapo-train compare history/*_seed? --baseline history/off_seed1
+#
+# and the same for long/ and rounds/ (rounds: --baseline off8, the demo as shipped).
 #
 # A run that finished (its .time file holds no "Command exited" line) is not run again, so an
 # interrupted study resumes where it stopped; rerun a failed one after removing its folder. Each run's

@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 
 from dapo_train.evaluation.stats import t_interval
+from dapo_train.run.logs import generation_cost
 
 NAME = re.compile(r"^(?P<setting>.+)_seed(?P<seed>\d+)$")
 # column -> what it is, in the paired table
@@ -77,10 +78,11 @@ def run_outcomes(run: Path) -> dict[str, float] | None:
         seconds += row.get("seconds_step") or 0.0
         if row.get("accuracy") is not None:
             evals.append((seconds, row["accuracy"]))
+    cost = generation_cost(steps)  # the run's own end-of-run figures
     return {
-        "gen/trained": total("generated_tokens") / total("trained_tokens"),
-        "generated": total("generated_tokens"),
-        "trained": total("trained_tokens"),
+        "gen/trained": cost["generated_per_trained_token"],
+        "generated": cost["generated_tokens"],
+        "trained": cost["trained_tokens"],
         "groups": kept,
         # every prompt a round started: trained, left in the carry-over buffer, dropped, ruled out or skipped
         "drawn": kept + float(steps[-1].get("buffer_size") or 0) + dropped + screened + total("prompts_skipped"),

@@ -302,7 +302,7 @@ def test_a_value_longer_than_a_file_name_is_a_value(tmp_path):
     assert "你是一个擅长数学的助手" * 9 in result.stdout
 
 
-@pytest.mark.parametrize("args", [["run", "x" * 300 + ".yaml"], ["eval", "outputs/" + "x" * 300 + "/checkpoint_1"],
+@pytest.mark.parametrize("args", [["run", "x" * 300 + ".yaml"], ["eval", "x" * 300 + "/checkpoint_1"],
                                   ["show", "x" * 300]])
 def test_a_path_longer_than_a_file_name_is_one_line(tmp_path, args):
     assert_one_line_error(dapo(*args, cwd=tmp_path), "x" * 20, "longer than the file system allows")

@@ -27,7 +27,7 @@ from dapo_train.config.retired import RENAMED_KEYS, renamed_override, upgrade_re
 from dapo_train.config.schema import (
     Config,
 )
-from dapo_train.errors import ConfigError, UserError
+from dapo_train.errors import ConfigError, UserError, special_file
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,8 @@ def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"config file {path} is a folder; give a YAML file (a run's settings are RUN/config.yaml)")
+    if (kind := special_file(path)) is not None:
+        raise UserError(f"config file {path} is not a file but {kind}; give a YAML file")
     if not path.is_file():
         key = str(path)
         hint = f"; to set that key write KEY=VALUE: {key}=..." if key in {info.key for info in schema_keys()} else ""

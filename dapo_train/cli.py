@@ -9,13 +9,13 @@ whose model answers every prompt correctly is `TaskSolved`: one line and exit co
 
 from __future__ import annotations
 
+import errno
 import sys
-from pathlib import Path
 
 import typer
 
 from dapo_train.config.keys import describe_keys, select_keys
-from dapo_train.config.load import dump_config, load_config, refuse_repeated_keys
+from dapo_train.config.load import dump_config, is_override, load_config, refuse_repeated_keys
 from dapo_train.errors import CheckpointNotSaved, TaskSolved, TrainingAborted, UserError
 
 app = typer.Typer(
@@ -45,12 +45,6 @@ def _root(
     ),
 ) -> None:
     _state["debug"] = debug
-
-
-def is_override(arg: str) -> bool:
-    """KEY=VALUE, unless the argument names an existing path: every sweep run's folder has '=' in
-    its name (`outputs/sweep_x/eps_high=0.1_seed1`), and a path must never be read as a key."""
-    return "=" in arg and not Path(arg).exists()
 
 
 def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -362,10 +356,24 @@ def debug_first(argv: list[str]) -> list[str]:
     return ["--debug", *(arg for arg in argv if arg != "--debug")] if "--debug" in argv else list(argv)
 
 
+def _run_app(argv: list[str]) -> None:
+    """The app; a path past the file system's name limit, wherever it was first looked up, is bad input
+    (a UserError naming it), not a traceback."""
+    try:
+        app(args=argv)
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        path = str(exc.filename or "a path")
+        shown = path if len(path) <= 80 else f"{path[:60]}...{path[-16:]}"
+        raise UserError(f"{shown}: a file or folder name in it is longer than the file system allows (255 bytes on "
+                        "most); give a shorter path") from exc
+
+
 def main() -> None:
     """Console-script entry point: turns UserError into one line and exit code 2."""
     try:
-        app(args=bare_resume_to_latest(debug_first(sys.argv[1:])))
+        _run_app(bare_resume_to_latest(debug_first(sys.argv[1:])))
     except UserError as exc:
         if _state["debug"]:
             raise

@@ -6,6 +6,7 @@ Anything the user can fix (a config key, a path, a dataset column, a reward plug
 """
 
 import os
+import stat
 from pathlib import Path
 
 _LISTING_CHARS = 160  # the names shown of a folder in an error line; the count of the rest follows
@@ -61,3 +62,17 @@ def folder_listing(path: Path) -> str:
         shown.append(name)
     more = f" and {len(names) - len(shown)} more ({len(names)} entries)" if len(shown) < len(names) else ""
     return f"{folder if str(folder) != '.' else 'the current folder'} holds: {', '.join(shown) or 'nothing'}{more}"
+
+
+_SPECIAL_FILES = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                  (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_file(path: Path) -> str | None:
+    """What `path` is when it exists but is neither a file nor a folder ('a character device' for
+    /dev/null), for the error that would otherwise say it does not exist; None for anything else."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):
+        return None
+    return next((what for test, what in _SPECIAL_FILES if test(mode)), None)

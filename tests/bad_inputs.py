@@ -39,13 +39,15 @@ LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d (INFO|WARNING|ERROR) [\w.]+: ")  # cli._
 
 # Key -> values that have the right type but are impossible (ranges, names that resolve to nothing).
 IMPOSSIBLE: dict[str, list[str]] = {
+    "output_dir": ["outputs/" + "x" * 300],  # a folder name past the file system's limit (255 bytes on most)
+    "run_name": ["x" * 300],
     "seed": ["-1", "4294967296"],
     "model.name_or_path": ["./no-such-model"],
     "model.lora.r": ["-1"],
     "model.lora.alpha": ["0"],
     "model.lora.dropout": ["1.0", "-0.1"],
     "model.lora.target_modules": ["[]", "['']"],
-    "data.path": ["./no-such-data.jsonl", "./no-such-folder/"],
+    "data.path": ["./no-such-data.jsonl", "./no-such-folder/", "/dev/null"],
     "data.prompt_field": ["no_such_column"],
     "data.answer_field": ["no_such_column"],
     "data.correctness": ["fuzzy", "os:sep", "no_such_pkg.mod:check"],

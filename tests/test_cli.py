@@ -289,6 +289,25 @@ def test_an_existing_path_with_equals_is_not_an_override(tmp_path):
     assert not is_override(str(tmp_path))
 
 
+def test_a_value_longer_than_a_file_name_is_a_value(tmp_path):
+    """Issue 47, point 5: a KEY=VALUE past the file-name limit is read as a value, not looked up as a path
+    (which raised "File name too long" in every command): 90 Chinese characters are 270 bytes."""
+    from dapo_train.cli import is_override, split_config_args
+
+    item = "data.system_prompt=" + "你是一个擅长数学的助手" * 9
+    assert is_override(item) and is_override("seed=1" + "\0")
+    assert split_config_args([item]) == (None, [item])
+    result = dapo("config", item, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "你是一个擅长数学的助手" * 9 in result.stdout
+
+
+@pytest.mark.parametrize("args", [["run", "x" * 300 + ".yaml"], ["eval", "x" * 300 + "/checkpoint_1"],
+                                  ["show", "x" * 300]])
+def test_a_path_longer_than_a_file_name_is_one_line(tmp_path, args):
+    assert_one_line_error(dapo(*args, cwd=tmp_path), "x" * 20, "longer than the file system allows")
+
+
 def test_a_config_path_with_equals_is_the_config(tmp_path):
     from dapo_train.cli import split_config_args
 

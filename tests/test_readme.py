@@ -119,6 +119,34 @@ def test_every_docs_command_parses_and_its_config_loads(in_a_clone):
     assert checked >= 40, checked
 
 
+def _read_folder(arg: str) -> str | None:
+    """The outputs/ folder a command argument reads: a run (of its checkpoint) or a sweep folder."""
+    match = re.match(r"(outputs/[^/]+)(/checkpoint_\d+)?/?$", arg)
+    return match.group(1) if match else None
+
+
+def test_the_readme_reads_only_folders_its_commands_write(in_a_clone):
+    """Issue 49, point 3: every outputs/ folder a README command reads is one that a README run or sweep
+    writes, and the runs of one config (online, and offline on local copies of its model and data)
+    write the same folder, so `eval outputs/qwen1.5b/checkpoint_150` follows either."""
+    written, by_config = set(), {}
+    for args in (args for args in commands(README) if not is_synopsis(args)):
+        name, params = check(args)
+        given = params.get("args") or []
+        if name == "run":
+            config, overrides = split_config_args(given)
+            folder = load_config(config, overrides).output_dir
+            written.add(folder)
+            by_config.setdefault(config, set()).add(folder)
+        elif name == "sweep":
+            written.add(str(params["plan"].sweep_dir))
+        else:
+            named = [*given, *(params.get("paths") or []), params.get("run") or ""]
+            read = {_read_folder(arg) for arg in named} - {None}
+            assert read <= written, (args, read, written)
+    assert by_config["configs/qwen1.5b.yaml"] == {"outputs/qwen1.5b"}, by_config
+
+
 def test_the_install_lines_are_the_ones_ci_runs():
     """.ci/run's last line is the README's test command, verbatim; the demo installs the same way
     without the dev extra; the GPU section installs the package without the CPU pin."""

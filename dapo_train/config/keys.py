@@ -108,9 +108,15 @@ def select_keys(rows: list[tuple], wanted: list[str]) -> list[tuple]:
 
 def unknown_key(key: str, valid: list[str]) -> ConfigError:
     """A ConfigError for `key`, naming the closest of `valid` (dotted keys of the same section), or the
-    key of another section with its very name (a top-level `max_steps:` belongs under `train:`)."""
+    key of another section with its very name (a top-level `max_steps:` belongs under `train:`); a valid
+    key written with its dots as one YAML key is shown nested."""
     leaf = key.rsplit(".", 1)[-1]
     elsewhere = [info.key for info in schema_keys() if info.key.rsplit(".", 1)[-1] == leaf]
+    if key in elsewhere:  # a valid key, unknown only as one YAML key with dots in it (`train.max_steps: 5`)
+        *sections, last = key.split(".")
+        nested = " and under it ".join([*(f"'{section}:'" for section in sections), f"'{last}: ...'"])
+        return ConfigError(key, f"a YAML file nests its keys: write {nested}, each indented under the one "
+                                "before (the dotted form is for KEY=VALUE on the command line)")
     close = difflib.get_close_matches(leaf, [v.rsplit(".", 1)[-1] for v in valid], n=1)
     hint = ""
     if elsewhere:

@@ -22,11 +22,12 @@ from typing import Any
 import yaml
 
 from dapo_train.config.keys import schema_keys, unknown_key
+from dapo_train.config.naming import check_folder_name, default_run_name
 from dapo_train.config.retired import RENAMED_KEYS, renamed_override, upgrade_retired
 from dapo_train.config.schema import (
     Config,
 )
-from dapo_train.errors import ConfigError, UserError
+from dapo_train.errors import ConfigError, UserError, special_file
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +164,8 @@ def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"config file {path} is a folder; give a YAML file (a run's settings are RUN/config.yaml)")
+    if (kind := special_file(path)) is not None:
+        raise UserError(f"config file {path} is not a file but {kind}; give a YAML file")
     if not path.is_file():
         key = str(path)
         hint = f"; to set that key write KEY=VALUE: {key}=..." if key in {info.key for info in schema_keys()} else ""
@@ -181,6 +184,18 @@ def read_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"invalid config {path}: the top level must be a mapping of sections")
     return data
+
+
+def is_override(arg: str) -> bool:
+    """KEY=VALUE, unless the argument names an existing path: every sweep run's folder has '=' in
+    its name (`outputs/sweep_x/eps_high=0.1_seed1`), and a path must never be read as a key. A text
+    that no file system could hold (a name past its limit, a NUL byte) names no path: it is a value."""
+    if "=" not in arg:
+        return False
+    try:
+        return not Path(arg).exists()
+    except (OSError, ValueError):
+        return True
 
 
 def apply_override(data: dict, item: str) -> None:
@@ -238,15 +253,6 @@ def config_to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def _default_run_name(config_path: str | None, overrides: list[str]) -> str:
-    stem = Path(config_path).stem if config_path else "tiny-cpu"
-    parts = [stem]
-    for item in overrides:
-        key, _, value = item.partition("=")
-        parts.append(re.sub(r"[^A-Za-z0-9.=_-]+", "-", f"{key.rsplit('.', 1)[-1]}={value}"))
-    return "_".join(parts)
-
-
 def load_config(config_path: str | None = None, overrides: list[str] | None = None, base: dict | None = None) -> Config:
     """Defaults (or `base`, e.g. a checkpoint's saved config) <- YAML file <- KEY=VALUE overrides,
     validated; derived names filled in.
@@ -264,15 +270,23 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
         from_file = read_yaml(config_path)
         upgrade_retired(from_file, str(config_path))
         deep_merge(data, from_file, prefix="")
+    configured, overrides = flatten_config(data), [renamed_override(item) for item in overrides]
     for item in overrides:
-        apply_override(data, renamed_override(item))
+        apply_override(data, item)
     upgrade_retired(data, "KEY=VALUE")
-    if data.get("run_name") in (None, ""):  # anything else is the user's, and its type is checked
-        named = [o for o in overrides if not o.startswith(("output_dir=", "run_name="))]
-        data["run_name"] = _default_run_name(config_path, named)
-    if data.get("output_dir") in (None, "") and isinstance(data["run_name"], str):
+    automatic = data.get("run_name") in (None, "")  # anything else is the user's, and its type is checked
+    if automatic:
+        data["run_name"] = default_run_name(config_path, overrides, configured)
+    named_by_run = data.get("output_dir") in (None, "") and isinstance(data["run_name"], str)
+    if named_by_run:
         data["output_dir"] = str(Path("outputs") / data["run_name"])
-    return config_from_dict(data)
+    cfg = config_from_dict(data)
+    if named_by_run:
+        check_folder_name(cfg.output_dir, "run_name", "set run_name= or output_dir=" if automatic else
+                          "choose a shorter run_name")
+    else:
+        check_folder_name(cfg.output_dir, "output_dir", "choose a shorter output_dir")
+    return cfg
 
 
 def deep_merge(base: dict, update: dict, prefix: str) -> None:

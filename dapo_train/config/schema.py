@@ -393,7 +393,12 @@ class LoggingConfig:
 @dataclass
 class Config:
     output_dir: str = _opt("", "Run directory; empty = outputs/<run_name>.")
-    run_name: str = _opt("", "Run name; empty = config file name plus overrides.")
+    run_name: str = _opt(
+        "", "Run name; empty = the config file's name and the overrides that change training, sorted by key "
+        "(qwen1.5b_eps_high=0.4): paths to a copy of the config's model or data, the data's columns, the eval, "
+        "checkpoint and logging sections and speed settings name nothing; at most 80 characters, then a hash of "
+        "the rest (docs/training.md, Run names).",
+    )
     seed: int = _opt(0, "Seed for data order, sampling and initialisation.")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dapo_train.config.load import load_config
+from dapo_train.config.load import is_override, load_config
 from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark
 from dapo_train.config.schema import Config
 from dapo_train.errors import TaskSolved, TrainingAborted, UserError
@@ -193,7 +193,7 @@ def _split_args(args: list[str], seeds: list[int] | None) -> tuple[dict[str, lis
 def plan_sweep(config_path: str, args: list[str], seeds_text: str | None = None, sweep_dir: str | None = None) -> Sweep:
     """Build and check every point's Config (and rewards) before anything trains; merge the
     statuses an earlier run of this sweep left in sweep.json."""
-    if "=" in config_path and not Path(config_path).exists():
+    if is_override(config_path):
         raise UserError(f"sweep needs a CONFIG file first (e.g. configs/tiny-cpu.yaml), got '{config_path}'")
     seeds = parse_seeds(seeds_text)
     varied, plain = _split_args(args, seeds)
@@ -226,13 +226,7 @@ def plan_sweep(config_path: str, args: list[str], seeds_text: str | None = None,
 def _merge_earlier(sweep: Sweep) -> None:
     """Carry statuses over from sweep.json, and refuse a run folder that holds a run of other settings
     (skipping or resuming it would mix two experiments under one name)."""
-    path = sweep.sweep_dir / SWEEP_FILE
-    earlier: dict[str, str] = {}
-    if path.is_file():
-        try:
-            earlier = {p["name"]: p["status"] for p in json.loads(path.read_text(encoding="utf-8"))["points"]}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"{path} is damaged ({exc}); delete it (the runs stay) and run the sweep again") from None
+    earlier = _earlier_statuses(sweep.sweep_dir)
     for point in sweep.points:
         point.status = earlier.get(point.name, "pending")
         if not (point.run_dir / CONFIG_FILE).is_file():
@@ -243,6 +237,27 @@ def _merge_earlier(sweep: Sweep) -> None:
                 f"{point.run_dir} holds a run with other settings ({', '.join(key for key, _, _ in changed)}); "
                 "use another --dir, or delete that folder to run this point again"
             )
+
+
+def _earlier_statuses(sweep_dir: Path) -> dict[str, str]:
+    """Point name -> status from the sweep.json an earlier run of the sweep left ({} if none). A file that
+    does not read as one is damaged where the folder's marker says a sweep wrote it, and another
+    program's otherwise; either way it is left as it is."""
+    path = sweep_dir / SWEEP_FILE
+    if not path.is_file():
+        return {}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        statuses = {point["name"]: point["status"] for point in record["points"]}
+        problem = None if "varied_keys" in record else "no varied_keys"
+    except (ValueError, KeyError, TypeError) as exc:
+        statuses, problem = {}, f"{type(exc).__name__}: {exc}"
+    if problem is None:
+        return statuses
+    if (sweep_dir / SWEEP_KIND.marker).is_file():
+        raise UserError(f"{path} is damaged ({problem}); delete it (the runs stay) and run the sweep again")
+    raise UserError(f"--dir {sweep_dir}: its {SWEEP_FILE} is not a dapo-train sweep's record ({problem}), so the "
+                    "folder is another program's; choose another --dir (nothing was changed)")
 
 
 def run_sweep(sweep: Sweep, stop: StopRequested) -> int:

@@ -25,7 +25,7 @@ import datasets
 import pyarrow
 
 from dapo_train.config.schema import DataConfig
-from dapo_train.errors import UserError
+from dapo_train.errors import UserError, special_file
 from dapo_train.task import locations
 from dapo_train.task.locations import looks_like_path, resolve_data_path
 
@@ -186,6 +186,8 @@ def load_split(data_cfg: DataConfig, split: str) -> datasets.Dataset:
     for accepts, load in _LOCAL_SOURCES:
         if accepts(path):
             return load(path, split)
+    if (kind := special_file(path)) is not None:
+        raise UserError(f"data.path {resolved} is not a file or folder but {kind}; give a data file or folder")
     if _looks_local(resolved):
         raise UserError(f"data.path {resolved}: no such file or folder")
     return _load_hub(resolved, split)

@@ -180,30 +180,40 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
 def check_data_use(cfg: Config, usable: int) -> None:
     """Refuse fewer usable training prompts than one generation round draws (a round would repeat
     prompts within itself), and say at start how much of the data the run will see: each round draws
-    train.prompts_per_step prompts; with dynamic sampling a step runs 1 to dapo.max_gen_rounds rounds
-    (how many depends on the groups it keeps), so the count is a range."""
+    train.prompts_per_step prompts, or under dapo.max_round_prompts as many as the keep rate asks, up to
+    that many; with dynamic sampling a step runs 1 to dapo.max_gen_rounds rounds (how many depends on the
+    groups it keeps), so the count is a range."""
     wanted, steps = cfg.train.prompts_per_step, cfg.train.max_steps
+    # Without Eq. 11 every group is kept (keep rate 1), so a sized round draws exactly the missing prompts.
+    sized = cfg.dapo.max_round_prompts if cfg.dapo.dynamic_sampling else 0
     if usable < wanted:
         raise ConfigError(
             "train.prompts_per_step", f"a step needs {wanted} different prompts, but {cfg.data.path} "
             f"[{cfg.data.train_split}] has {usable} usable; set train.prompts_per_step to at most {usable}, or give "
             "more data",
         )
-    least, most = wanted * steps, wanted * steps * max_rounds(cfg)
-    drawn_at_most = max(wanted, cfg.dapo.max_round_prompts) * steps * max_rounds(cfg)
-    if cfg.dapo.skip_history and drawn_at_most <= usable:
+    least, most = wanted * steps, max(wanted, sized) * steps * max_rounds(cfg)
+    if cfg.dapo.skip_history and most <= usable:
         logger.warning("dapo.skip_history cannot act: the run draws at most %d prompts, no more than the %d usable "
                        "training prompts, so none is drawn twice and none has a history to be skipped on (it acts "
-                       "from the second epoch on)", drawn_at_most, usable)
+                       "from the second epoch on)", most, usable)
     if most == least:
         logger.info("data: the run draws %d prompts per step x %d steps = %d prompts, %.3g epochs of the %d "
                     "usable training prompts", wanted, steps, least, least / usable, usable)
-        return
-    logger.info(
-        "data: the run draws %d prompts per generation round x %d steps = %d prompts, %.3g epochs of the %d usable "
-        "training prompts (an estimate: dynamic sampling runs 1 to %d rounds a step, so up to %d prompts, %.3g "
-        "epochs)", wanted, steps, least, least / usable, usable, max_rounds(cfg), most, most / usable,
-    )
+    elif sized:
+        logger.info(
+            "data: the run trains %d prompts' groups per step x %d steps, so it draws at least about %d prompts, "
+            "%.3g epochs of the %d usable training prompts (an estimate: dapo.max_round_prompts sizes each "
+            "generation round by the keep rate, up to %d prompts, 1 to %d rounds a step, so up to %d prompts, %.3g "
+            "epochs)", wanted, steps, least, least / usable, usable, sized, max_rounds(cfg), most, most / usable,
+        )
+    else:
+        logger.info(
+            "data: the run draws %d prompts per generation round x %d steps = %d prompts, %.3g epochs of the %d "
+            "usable training prompts (an estimate: dynamic sampling runs 1 to %d rounds a step, so up to %d "
+            "prompts, %.3g epochs)", wanted, steps, least, least / usable, usable, max_rounds(cfg), most,
+            most / usable,
+        )
 
 
 def missing_split(data_cfg: DataConfig, split: str) -> str | None:

@@ -26,6 +26,28 @@ def test_yaml_then_override(tmp_path):
     assert cfg.run_name == "exp_eps_high=0.4_max_steps=7"
 
 
+def test_a_dotted_key_in_a_yaml_file_is_told_to_nest(tmp_path):
+    """Issue 49, point 4: `train.max_steps: 5` got "unknown key 'train.max_steps'; did you mean
+    'train.max_steps'?". A YAML file nests its keys; the dotted form is KEY=VALUE's."""
+    path = tmp_path / "exp.yaml"
+    for text, key, nested in (("train.max_steps: 5\n", "train.max_steps", "write 'train:' and under it 'max_steps: "),
+                              ("model:\n  lora.r: 8\n", "model.lora.r", "write 'model:' and under it 'lora:' and "
+                                                                          "under it 'r: ")):
+        path.write_text(text)
+        with pytest.raises(ConfigError) as error:
+            load_config(str(path), [])
+        assert f"'{key}': a YAML file nests its keys: {nested}" in str(error.value), str(error.value)
+        assert "did you mean" not in str(error.value)
+
+
+def test_a_config_path_that_is_not_a_file_says_what_it_is(tmp_path):
+    """Issue 49, point 4: /dev/null was "config file not found"."""
+    with pytest.raises(UserError, match="config file /dev/null is not a file but a character device"):
+        load_config("/dev/null", [])
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(str(tmp_path / "nope.yaml"), [])
+
+
 def test_int_is_accepted_for_float_but_not_the_reverse():
     assert load_config(None, ["train.learning_rate=1"]).train.learning_rate == 1.0
     with pytest.raises(ConfigError, match="train.max_steps.*expected int"):

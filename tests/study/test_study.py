@@ -239,6 +239,27 @@ def test_a_run_folder_of_other_settings_is_refused(tmp_path, monkeypatch):
     assert fake.calls == []
 
 
+def test_another_programs_sweep_json_is_refused_as_not_ours(tmp_path, monkeypatch):
+    """Issue 49, point 4: another tool's sweep.json was called damaged, and the user told to delete it.
+    It is not dapo-train's: the sweep goes elsewhere and the file stays; only a record the folder's
+    marker says the sweep wrote is damaged."""
+    folder = tmp_path / "s"
+    folder.mkdir()
+    theirs = '{"study": "optuna", "trials": [{"name": "a", "status": "done"}]}\n'
+    (folder / SWEEP_FILE).write_text(theirs)
+    with pytest.raises(UserError) as error:
+        plan_sweep(CONFIG, GRID, "1,2", str(folder))
+    message = str(error.value)
+    assert "is not a dapo-train sweep's record" in message and "--dir" in message, message
+    assert "damaged" not in message and "delete" not in message
+    assert (folder / SWEEP_FILE).read_text() == theirs
+    (folder / SWEEP_FILE).unlink()  # the user moves it away
+    assert _sweep(tmp_path, monkeypatch, FakeTrain()) == 0  # now a sweep of dapo-train's, with its marker
+    (folder / SWEEP_FILE).write_text('{"points": [')
+    with pytest.raises(UserError, match="sweep.json is damaged"):
+        plan_sweep(CONFIG, GRID, "1,2", str(folder))
+
+
 # --------------------------------------------------------------------------------------------
 # compare and plot on hand-written runs.
 

@@ -151,6 +151,12 @@ def test_a_missing_local_path_is_reported_as_such(tmp_path):
         load_split(DataConfig(path=str(tmp_path / "gsm8k_chinese")), "train")
 
 
+def test_a_data_path_that_is_neither_file_nor_folder_says_what_it_is():
+    """Issue 49, point 4: /dev/null exists, so "no such file or folder" was wrong."""
+    with pytest.raises(UserError, match="data.path /dev/null is not a file or folder but a character device"):
+        load_split(DataConfig(path="/dev/null"), "train")
+
+
 def test_a_folder_without_split_files_says_what_names_it_expects(tmp_path):
     write_table(ROWS, tmp_path / "rows.jsonl")
     with pytest.raises(UserError, match="no split files found; expected names with train/test/validation"):

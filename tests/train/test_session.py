@@ -35,6 +35,20 @@ def test_the_run_says_how_many_epochs_it_will_cover(caplog):
         in caplog.text
 
 
+def test_the_data_line_counts_rounds_sized_by_max_round_prompts(caplog):
+    """Issue 49, point 4: under dapo.max_round_prompts a round draws up to that many prompts, not
+    train.prompts_per_step, and the line said the latter's range."""
+    caplog.set_level("INFO")
+    check_data_use(load_config(None, ["train.prompts_per_step=8", "train.max_steps=40", "dapo.max_gen_rounds=4",
+                                      "dapo.max_round_prompts=32"]), 4000)
+    # 8 groups a step x 40 steps: 320 prompts (0.08 of 4000) if every drawn group is kept; at most 4 rounds of
+    # 32 prompts a step: 32 x 4 x 40 = 5120 prompts (1.28 epochs).
+    assert "the run trains 8 prompts' groups per step x 40 steps, so it draws at least about 320 prompts, 0.08 " \
+        "epochs of the 4000 usable training prompts (an estimate: dapo.max_round_prompts sizes each generation " \
+        "round by the keep rate, up to 32 prompts, 1 to 4 rounds a step, so up to 5120 prompts, 1.28 epochs)" \
+        in caplog.text, caplog.text
+
+
 def test_skip_history_says_at_start_when_the_run_never_comes_back_to_a_prompt(caplog):
     """A prompt's history needs it drawn twice: 2 prompts x 3 steps x at most 4 rounds = 24 draws at most,
     within 24 usable prompts (one epoch) it cannot act; within 23 a prompt comes back and it can; off, no word."""

@@ -14,7 +14,7 @@ from dapo_train.task.prompts import Prompt, PromptSampler
 from dapo_train.train.collect import CollectStats, GroupBuffer, fill_batch, make_group
 from dapo_train.train.old_policy import record_old_logprobs
 from dapo_train.train.rollout_sample import EVERY_GROUP, RolloutSample
-from dapo_train.train.screen import draw_round, generate_scored, row_seeds, screen_verdict
+from dapo_train.train.screen import generate_round, generate_scored, row_seeds, screen_verdict
 from dapo_train.train.update import Learner
 
 from conftest import EOS2_ID, EOS_ID, IdTokenizer, make_engine, make_random_model
@@ -62,12 +62,13 @@ def test_a_screened_group_is_the_group_drawn_at_once():
     model, engine, rewards = _setup()
     cfg, prompts = _cfg(), _prompts(12)
     draws = list(range(100, 112))
-    at_once = generate_scored(engine, rewards, prompts, cfg, CollectStats(), range(GROUP), draws)
-    drawn = draw_round(engine, rewards, prompts, cfg, CollectStats(), draws)
-    assert drawn.complete and drawn.ruled_out  # both kinds happen with this seed
-    assert sorted([b for b, _ in drawn.complete] + [b for b, _, _ in drawn.ruled_out]) == list(range(12))
+    at_once = generate_scored(engine, rewards, prompts, draws, cfg, CollectStats(), range(GROUP))
+    drawn = generate_round(engine, rewards, prompts, draws, cfg, CollectStats())
+    complete = [(b, scored) for b, scored in enumerate(drawn) if scored.fate is None]
+    ruled_out = [(b, scored, scored.fate) for b, scored in enumerate(drawn) if scored.fate is not None]
+    assert complete and ruled_out and len(drawn) == 12  # both kinds happen with this seed
     learner = Learner.build(cfg, model, torch.optim.AdamW(model.parameters()), Accelerator(cpu=True), EOS2_ID)
-    for b, scored in drawn.complete:
+    for b, scored in complete:
         screened, whole = make_group(prompts[b], scored, cfg, 0), make_group(prompts[b], at_once[b], cfg, 0)
         assert len(screened.completions) == GROUP
         for mine, theirs in zip(screened.completions, whole.completions):
@@ -79,7 +80,8 @@ def test_a_screened_group_is_the_group_drawn_at_once():
         record_old_logprobs(model, [screened, whole], learner.batching, learner.scorer)
         for mine, theirs in zip(screened.old_logprobs, whole.old_logprobs):
             torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
-    for b, screen, fate in drawn.ruled_out:
+    for b, screen, fate in ruled_out:
+        assert len(screen.completions) == SCREEN
         first = at_once[b].correct[:SCREEN]
         assert screen.correct == first and fate == ("screened_all_right" if all(first) else "screened_all_wrong")
         assert len(set(first)) == 1
@@ -92,11 +94,11 @@ def test_without_keyed_draws_the_shared_stream_gives_other_completions():
     cfg, prompts = _cfg(), _prompts(12)
     engine.keyed_draws = False
     torch.manual_seed(0)
-    at_once = generate_scored(engine, rewards, prompts, cfg, CollectStats(), range(GROUP), range(12))
+    at_once = generate_scored(engine, rewards, prompts, range(12), cfg, CollectStats(), range(GROUP))
     torch.manual_seed(0)
-    drawn = draw_round(engine, rewards, prompts, cfg, CollectStats(), range(12))
+    drawn = generate_round(engine, rewards, prompts, range(12), cfg, CollectStats())
     assert any(not torch.equal(scored.completions[-1].completion_ids, at_once[b].completions[-1].completion_ids)
-               for b, scored in drawn.complete)
+               for b, scored in enumerate(drawn) if scored.fate is None)
 
 
 def test_screen_drop_names_the_sides_that_rule_a_prompt_out():
@@ -135,9 +137,9 @@ def test_ruled_out_prompts_never_reach_the_update_and_are_recorded():
 def test_screen_drop_all_wrong_only_lets_all_right_screens_continue():
     _, engine, rewards = _setup()
     cfg = _cfg("dapo.screen_drop=[all_wrong]")
-    drawn = draw_round(engine, rewards, _prompts(12), cfg, CollectStats(), range(12))
-    assert {fate for _, _, fate in drawn.ruled_out} == {"screened_all_wrong"}
-    assert any(all(scored.correct[:SCREEN]) for _, scored in drawn.complete)  # an all-right screen went on
+    drawn = generate_round(engine, rewards, _prompts(12), range(12), cfg, CollectStats())
+    assert {scored.fate for scored in drawn} == {None, "screened_all_wrong"}
+    assert any(all(scored.correct[:SCREEN]) for scored in drawn if scored.fate is None)  # an all-right screen went on
 
 
 @pytest.mark.parametrize("overrides, key", [
@@ -155,3 +157,4 @@ def test_screen_drop_all_wrong_only_lets_all_right_screens_continue():
 def test_bad_screen_round_and_history_settings_name_their_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         _cfg(*overrides)
+

@@ -5,8 +5,11 @@ Screening (SPEED, arXiv 2506.09016) moves part of Eq. 11's decision before most 
 round first samples k completions of every prompt; a prompt whose k are all correct or all wrong
 (dapo.screen_drop says which side rules a prompt out) gets no more, and the others are completed to G
 with G - k further samples. The k screening completions stay in the group: both calls sample the
-same policy (no update runs between them) with the same settings, so a completed group is G draws
-of the policy, as if sampled at once; Eq. 9 and Eq. 11 then see the whole group as without a screen.
+same policy (no update runs between them) with the same settings, so each of a completed group's G
+completions is a draw of the policy, and Eq. 9 and Eq. 11 run on all G. The kept groups are not those
+of no screen, though: only groups whose first k were mixed are kept (ruling out both sides), so at a
+pass rate of 0.1, G = 8, k = 2 they hold 1.60 right answers on average against 1.40, and Eq. 9 gives
+each right answer less (docs/training.md, Screening, has the table over pass rates).
 
 Exact as if at once, draw for draw, where the engine keys its draws (an engine with `keyed_draws`:
 the decode loop); with screening on, completion j of the n-th prompt the run draws comes from its own random stream,

@@ -158,3 +158,37 @@ def test_bad_screen_round_and_history_settings_name_their_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         _cfg(*overrides)
 
+
+class _CoinEngine:
+    """Each completion right with probability `p`, from its own seeded stream: a prompt of pass rate p."""
+
+    def __init__(self, p: float, seed: int = 0) -> None:
+        self.p, self.rng = p, torch.Generator().manual_seed(seed)
+
+    def generate(self, prompts, settings, group_size, seeds=None):
+        from dapo_train.rollout.engines import Completion
+
+        right = (torch.rand(len(prompts) * group_size, generator=self.rng) < self.p).tolist()
+        return [Completion(torch.tensor([3, 4]), torch.tensor([5, EOS_ID]), False, "right" if ok else "wrong")
+                for ok in right]
+
+
+@pytest.mark.parametrize("screen, expected", [
+    ([], (0.8 - 8 * 0.1**8) / (1 - 0.9**8 - 0.1**8)),  # E[c | 0 < c < 8], c ~ Bin(8, 0.1): 1.405
+    (["dapo.screen_size=2"], 1 + 6 * 0.1),  # a kept screen of 2 holds exactly 1 right; the 6 more, Bin(6, 0.1)
+])
+def test_a_screen_keeps_groups_with_more_right_answers(screen, expected):
+    """The bias of issue 47, item 15, through the real round (generate, score, advantages, fates): at a pass
+    rate of 0.1, G = 8, a kept group holds 1.40 right answers on average without a screen and 1.60 with a
+    screen of 2 ruling out both sides, so each right answer's advantage (Eq. 9, sqrt((G - c)/c)) is smaller."""
+    from dapo_train.train.collect import RoundPrompts, collect_round
+
+    cfg = load_config(None, ["rollout.group_size=8", "train.prompts_per_step=4", "rewards=[{name: accuracy}]",
+                             *screen])
+    rewards = build_rewards(cfg.rewards, max_new_tokens=4, is_correct=lambda text, gold: text == "right")
+    prompts = [Prompt(uid=f"train:{i}", question="q", gold="7", text="p", input_ids=(3, 4)) for i in range(8000)]
+    drawn = RoundPrompts(len(prompts), 0, prompts, list(range(8000)), list(range(8000)))
+    kept = [one.group for one in collect_round(_CoinEngine(0.1), rewards, drawn, cfg, CollectStats(), 0)
+            if one.fate is None]
+    right = torch.stack([group.correct.sum() for group in kept]).float()  # (kept,)
+    assert float(right.mean()) == pytest.approx(expected, abs=0.06)  # about 3 standard errors either way

@@ -176,7 +176,7 @@ class _CoinEngine:
 @pytest.mark.parametrize("screen, expected", [
     ([], (0.8 - 8 * 0.1**8) / (1 - 0.9**8 - 0.1**8)),  # E[c | 0 < c < 8], c ~ Bin(8, 0.1): 1.405
     (["dapo.screen_size=2"], 1 + 6 * 0.1),  # a kept screen of 2 holds exactly 1 right; the 6 more, Bin(6, 0.1)
-])
+], ids=["no screen", "a screen of 2"])
 def test_a_screen_keeps_groups_with_more_right_answers(screen, expected):
     """The bias of issue 47, item 15, through the real round (generate, score, advantages, fates): at a pass
     rate of 0.1, G = 8, a kept group holds 1.40 right answers on average without a screen and 1.60 with a

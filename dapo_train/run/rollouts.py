@@ -35,7 +35,7 @@ RECORD_KEYS = (
     "correct", "rewards", "reward", "advantage", "fate", "behaviour_logprob_mean", "ratio_mean", "clip_frac",
     "tool_calls",
 )
-# A group's fate -> what it means. The dropped and screened ones are collect.CollectStats' counters
+# A group's fate -> what it means. The dropped and screened ones are generation_stats.CollectStats' counters
 # (groups_dropped_*, groups_screened_* in metrics.jsonl; a screened group has only its screen's completions);
 # trained and update_skipped ones count in groups_kept, carried ones in the later steps' groups_carried.
 FATES = {

@@ -20,7 +20,8 @@ that trained) had no informative group, and at every starved step after:
 - the training accuracy, or the share of completions that ended before rollout.max_new_tokens, fell
   from what the last HISTORY_STEPS steps before showed so far that chance explains it with a
   probability below COLLAPSE_P (Fisher's exact test, one-sided): the policy collapsed (exit 3);
-- every group of the streak had all its completions right: the model answers every prompt
+- every prompt of the streak had all its completions right (all G, or all k of a screen that ruled
+  it out: a screened prompt's outcome counts, dapo.screen_size): the model answers every prompt
   correctly and there is nothing left to learn at G (TaskSolved, exit code 5; its checkpoint is
   saved, the weights are fine);
 - otherwise (every group all wrong: the task is too hard for the model for now; or some all right
@@ -45,9 +46,10 @@ logger = logging.getLogger(__name__)
 
 HISTORY_STEPS = 50  # the steps before a starved streak that its accuracy and truncation are compared with
 COLLAPSE_P = 1e-6  # a fall this improbable by chance is a collapse
-# One step's counts, in a history entry: completions, correct, ended before the limit, groups all right,
-# groups all wrong, other groups (dropped for another reason, or kept).
-COUNTS = ("completions", "correct", "finished", "all_correct", "all_wrong", "other_groups")
+# One step's counts, in a history entry: completions, correct, ended before the limit, prompts whose completions
+# were all right (a group dropped so, or a screen that ruled it out), all wrong (the same), other groups (dropped
+# for another reason, or kept), and of the all-alike prompts those a screen ruled out.
+COUNTS = ("completions", "correct", "finished", "all_correct", "all_wrong", "other_groups", "screened")
 
 
 @dataclass
@@ -138,7 +140,8 @@ class StepHealth:
     def _explain(self, cfg: Config, streak: dict) -> None:
         """Say once per run what a benign starvation is, with its numbers."""
         groups, g = streak["all_correct"] + streak["all_wrong"] + streak["other_groups"], cfg.rollout.group_size
-        metric = cfg.dapo.filter_metric
+        metric, screened = cfg.dapo.filter_metric, _screened(streak, cfg)
+        every = "all its completions" if screened else f"all {g} completions"
         kind = "flat" if metric != "correct" else "too hard" if streak["all_wrong"] == groups else "mixed"
         if kind in self.explained or not groups:
             return
@@ -148,12 +151,12 @@ class StepHealth:
         accuracy = f"training accuracy {before}{_share(streak['correct'], streak['completions'])} in these steps"
         truncated = _share(streak["completions"] - streak["finished"], streak["completions"])
         what = {
-            "too hard": f"every one of the {groups} groups had all {g} completions wrong; the task is too hard for the "
+            "too hard": f"every one of the {groups} prompts{screened} had {every} wrong; the task is too hard for the "
                         "model for now, and a step trains only on a group it answers sometimes",
-            "mixed": f"of the {groups} groups, {streak['all_correct']} had all {g} completions right and "
+            "mixed": f"of the {groups} prompts{screened}, {streak['all_correct']} had {every} right and "
                      f"{streak['all_wrong']} all wrong ({streak['other_groups']} alike by dapo.filter_metric): nothing "
                      f"to learn from these at G={g}",
-            "flat": f"dapo.filter_metric={metric} was alike within each of the {groups} groups "
+            "flat": f"dapo.filter_metric={metric} was alike within each of the {groups} groups{screened} "
                     f"({streak['all_correct']} all right, {streak['all_wrong']} all wrong by the task's answers): the "
                     "reward does not tell the completions apart; check the rewards (dapo-train show RUN --where "
                     "dropped)",
@@ -165,15 +168,19 @@ class StepHealth:
 
     def solved(self, cfg: Config) -> str | None:
         """Why the run stops solved (TaskSolved, exit code 5), or None: train.max_starved_steps steps in a
-        row whose every group had all its completions right, with no non-finite step since the last that
-        trained."""
+        row whose every prompt had all its completions right (its group of G, or the screen of k that
+        ruled it out), with no non-finite step since the last that trained."""
         streak = dict(zip(COUNTS, self.streak))
         groups = streak["all_correct"] + streak["all_wrong"] + streak["other_groups"]
         if self.starved < cfg.train.max_starved_steps or self.nonfinite or not groups or streak["all_correct"] < groups:
             return None
-        g = cfg.rollout.group_size
-        return (f"the model answers every prompt correctly: all {g} completions of each of the {groups} groups of the "
-                f"last {self.starved} steps were right; nothing left to learn at G={g} (rollout.group_size)")
+        g, k, screened = cfg.rollout.group_size, cfg.dapo.screen_size, streak["screened"]
+        parts = [f"all {g} completions of each of {groups - screened} groups"] if groups > screened else []
+        if screened:
+            parts.append(f"all {k} screening completions of each of {screened} prompts a screen ruled out "
+                         "(dapo.screen_size)")
+        return (f"the model answers every prompt correctly: in the last {self.starved} steps, {' and '.join(parts)} "
+                f"were right; nothing left to learn at G={g} (rollout.group_size)")
 
     def last_good(self, run_dir: Path) -> str:
         """Where the run's last clean weights are: the newest checkpoint saved at or before clean_step."""
@@ -195,6 +202,9 @@ class StepHealth:
         if "health" in state:
             health = dict(state["health"])
             health.setdefault("suspect", health["nonfinite"] > 0)
+            # Written before the screened count: the counts it had, none screened (padded to COUNTS).
+            health["history"] = [_padded(entry) for entry in health.get("history", [])]
+            health["streak"] = _padded(health.get("streak", []))
             return cls(**health)
         nonfinite = int(state.get("bad_steps", 0))
         clean = int(state["step"]) - nonfinite
@@ -202,12 +212,27 @@ class StepHealth:
 
 
 def step_counts(metrics: dict) -> list[int]:
-    """A step's COUNTS from its metrics (collect.py's)."""
+    """A step's COUNTS from its metrics (collect.py's): a prompt a screen ruled out is all right or all wrong
+    as its screen was (its k completions are in the completions and correct counts too)."""
     n = int(metrics.get("completions", 0))
-    all_correct, all_wrong = metrics.get("groups_dropped_all_correct", 0), metrics.get("groups_dropped_all_wrong", 0)
+    right, wrong = metrics.get("groups_screened_all_right", 0), metrics.get("groups_screened_all_wrong", 0)
+    all_correct = metrics.get("groups_dropped_all_correct", 0) + right
+    all_wrong = metrics.get("groups_dropped_all_wrong", 0) + wrong
     other = metrics.get("groups_dropped_no_variance", 0) + metrics.get("groups_kept", 0)
     return [n, round(metrics.get("train_accuracy", 0.0) * n), n - round(metrics.get("truncated_ratio", 0.0) * n),
-            all_correct, all_wrong, other]
+            all_correct, all_wrong, other, right + wrong]
+
+
+def _padded(counts: list[int]) -> list[int]:
+    return [*counts, *[0] * (len(COUNTS) - len(counts))]
+
+
+def _screened(streak: dict, cfg: Config) -> str:
+    """What a starvation message says of the prompts a screen ruled out (none: nothing)."""
+    if not streak["screened"]:
+        return ""
+    k = cfg.dapo.screen_size
+    return f" ({streak['screened']} of them on the {k} completions of a screen that ruled them out, dapo.screen_size)"
 
 
 def fell_by_chance(hits_before: int, n_before: int, hits_after: int, n_after: int) -> float:

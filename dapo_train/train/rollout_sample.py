@@ -1,7 +1,7 @@
 """Which groups of a step its rollout records keep (logging.rollout_groups), and the records:
 text and numbers per completion (run/rollouts.py lists the fields), never tensors.
 
-Every group a generation round makes is offered here (collect.collect_round), kept or dropped by
+Every group a generation round makes is offered here (collect.settle_round), kept or dropped by
 Eq. 11: dropped groups never reach the buffer, and they are what a user wants to see when nothing
 trains. The sample is bounded and deterministic: each group gets a priority drawn from (seed, step,
 round, its prompt's position in the round's batch over all ranks), each rank keeps at most

@@ -1,11 +1,15 @@
-"""A round's completions, generated and scored per prompt; with dapo.screen_size k > 0, screened first.
+"""Stages 2 and 3 of a round (collect.py): its completions, generated and scored per prompt; with
+dapo.screen_size k > 0, screened first.
 
 Screening (SPEED, arXiv 2506.09016) moves part of Eq. 11's decision before most of the generation: a
 round first samples k completions of every prompt; a prompt whose k are all correct or all wrong
 (dapo.screen_drop says which side rules a prompt out) gets no more, and the others are completed to G
 with G - k further samples. The k screening completions stay in the group: both calls sample the
-same policy (no update runs between them) with the same settings, so a completed group is G draws
-of the policy, as if sampled at once; Eq. 9 and Eq. 11 then see the whole group as without a screen.
+same policy (no update runs between them) with the same settings, so each of a completed group's G
+completions is a draw of the policy, and Eq. 9 and Eq. 11 run on all G. The kept groups are not those
+of no screen, though: only groups whose first k were mixed are kept (ruling out both sides), so at a
+pass rate of 0.1, G = 8, k = 2 they hold 1.60 right answers on average against 1.40, and Eq. 9 gives
+each right answer less (docs/training.md, Screening, has the table over pass rates).
 
 Exact as if at once, draw for draw, where the engine keys its draws (an engine with `keyed_draws`:
 the decode loop); with screening on, completion j of the n-th prompt the run draws comes from its own random stream,
@@ -38,26 +42,19 @@ SCREEN_FATES = {"all_right": "screened_all_right", "all_wrong": "screened_all_wr
 @dataclass
 class Scored:
     """One prompt's scored completions, in sample order: a screen's k, their continuation's G - k, or
-    both joined (`+`)."""
+    both joined (`+`). fate: the SCREEN_FATES name of a screen that ruled the prompt out (its k
+    completions are all it gets), None when the prompt holds its G."""
 
     completions: list[Completion]
     rewards: list[float]  # total reward per completion
     correct: list[bool]
     per_reward: dict[str, list[float]]  # reward key -> one unweighted value per completion
+    fate: str | None = None
 
     def __add__(self, other: Scored) -> Scored:
         return Scored(self.completions + other.completions, self.rewards + other.rewards,
                       self.correct + other.correct,
                       {key: values + other.per_reward[key] for key, values in self.per_reward.items()})
-
-
-@dataclass
-class RoundDraws:
-    """A round's prompts on this rank: those completed to G (`complete`), and those a screen ruled out,
-    with their k completions and fate (`ruled_out`); `index` is a prompt's place in the round's list."""
-
-    complete: list[tuple[int, Scored]]
-    ruled_out: list[tuple[int, Scored, str]]
 
 
 def sampling_settings(cfg: Config) -> SamplingSettings:
@@ -71,18 +68,51 @@ def row_seeds(seed: int, draws: Sequence[int], samples: range) -> list[int]:
     return [random.Random(f"draw:{seed}:{draw}:{j}").getrandbits(63) for draw in draws for j in samples]
 
 
-def generate_scored(engine: RolloutEngine, reward_set, prompts: list[Prompt], cfg: Config, stats,
-                    samples: range, draws: Sequence[int]) -> list[Scored]:
-    """Completions samples.start .. samples.stop - 1 of each prompt (draws: each prompt's index among
-    the run's draws), generated and scored, added to the round's stats. -> one Scored per prompt."""
-    n = len(samples)
-    if not prompts or n == 0:
-        return [Scored([], [], [], {key: [] for key in reward_set.keys}) for _ in prompts]
+def generate_round(engine: RolloutEngine, reward_set, prompts: list[Prompt], draws: Sequence[int], cfg: Config,
+                   stats) -> list[Scored]:
+    """A round's stages 2 and 3 (collect.py): each prompt's completions, generated and scored, in order
+    (draws: each prompt's index among the run's draws). G per prompt at once; or with dapo.screen_size k a
+    screen of k per prompt, then G - k more for each prompt its screen does not rule out."""
+    group_size, k = cfg.rollout.group_size, cfg.dapo.screen_size
+    if k == 0:
+        return generate_scored(engine, reward_set, prompts, draws, cfg, stats, range(group_size))
+    screens = generate_scored(engine, reward_set, prompts, draws, cfg, stats, range(k))
+    for screen in screens:
+        screen.fate = screen_verdict(screen, cfg.dapo.screen_drop)
+    going = [b for b, screen in enumerate(screens) if screen.fate is None]
+    rest = iter(generate_scored(engine, reward_set, [prompts[b] for b in going], [draws[b] for b in going], cfg,
+                                stats, range(k, group_size)))
+    return [screen if screen.fate is not None else screen + next(rest) for screen in screens]
+
+
+def generate_scored(engine: RolloutEngine, reward_set, prompts: list[Prompt], draws: Sequence[int], cfg: Config,
+                    stats, samples: range) -> list[Scored]:
+    """Completions samples.start .. samples.stop - 1 of each prompt, generated in one engine call and
+    scored in one, both added to the round's stats. -> one Scored per prompt."""
+    completions = generate(engine, prompts, draws, cfg, stats, samples)
+    return score_completions(reward_set, prompts, completions, len(samples), stats)
+
+
+def generate(engine: RolloutEngine, prompts: list[Prompt], draws: Sequence[int], cfg: Config, stats,
+             samples: range) -> list[Completion]:
+    """Stage 2: len(samples) completions per prompt, prompt-major; none (and no engine call) for none.
+    Under screening an engine with keyed draws samples row j of the draws[b]-th prompt from row_seeds."""
+    if not prompts or not samples:
+        return []
     keyed = cfg.dapo.screen_size > 0 and getattr(engine, "keyed_draws", False)
     keyed = {"seeds": row_seeds(cfg.seed, draws, samples)} if keyed else {}
     start = time.perf_counter()
-    completions = engine.generate([p.input_ids for p in prompts], sampling_settings(cfg), n, **keyed)
+    completions = engine.generate([p.input_ids for p in prompts], sampling_settings(cfg), len(samples), **keyed)
     stats.seconds_generate += time.perf_counter() - start
+    return completions
+
+
+def score_completions(reward_set, prompts: list[Prompt], completions: list[Completion], n: int,
+                      stats) -> list[Scored]:
+    """Stage 3: every reward on a call's completions (n per prompt, prompt-major), counted in the round's
+    stats kept or not. -> one Scored per prompt."""
+    if not completions:
+        return [Scored([], [], [], {key: [] for key in reward_set.keys}) for _ in prompts]
     start = time.perf_counter()
     scores = score(
         reward_set, [c.text for c in completions], [p.gold for p in prompts for _ in range(n)],
@@ -103,20 +133,3 @@ def screen_verdict(screen: Scored, drop: Sequence[str]) -> str | None:
     correct bits all alike, on a side dapo.screen_drop names."""
     side = "all_right" if all(screen.correct) else "all_wrong" if not any(screen.correct) else None
     return SCREEN_FATES[side] if side in drop else None
-
-
-def draw_round(engine: RolloutEngine, reward_set, prompts: list[Prompt], cfg: Config, stats,
-               draws: Sequence[int]) -> RoundDraws:
-    """A round's completions: G per prompt at once, or with dapo.screen_size k a screen of k per prompt,
-    then G - k more for each prompt it does not rule out."""
-    group_size, k = cfg.rollout.group_size, cfg.dapo.screen_size
-    if k == 0:
-        scored = generate_scored(engine, reward_set, prompts, cfg, stats, range(group_size), draws)
-        return RoundDraws(list(enumerate(scored)), [])
-    screens = generate_scored(engine, reward_set, prompts, cfg, stats, range(k), draws)
-    verdicts = [screen_verdict(screen, cfg.dapo.screen_drop) for screen in screens]
-    going = [b for b, verdict in enumerate(verdicts) if verdict is None]
-    rest = generate_scored(engine, reward_set, [prompts[b] for b in going], cfg, stats, range(k, group_size),
-                           [draws[b] for b in going])
-    return RoundDraws([(b, screens[b] + more) for b, more in zip(going, rest)],
-                      [(b, screens[b], verdict) for b, verdict in enumerate(verdicts) if verdict is not None])

@@ -10,7 +10,8 @@ from dapo_train.config.schema import RewardSpec
 from dapo_train.rewards import build_rewards
 from dapo_train.rollout import build_engine
 from dapo_train.task.prompts import Prompt, PromptSampler
-from dapo_train.train.collect import CollectStats, GroupBuffer, collect_round
+from dapo_train.train.collect import GroupBuffer, RoundPrompts, collect_round, settle_round
+from dapo_train.train.generation_stats import CollectStats
 
 from conftest import EOS2_ID, EOS_ID, IdTokenizer, collect_step, make_random_model
 
@@ -19,6 +20,13 @@ def _prompts(n: int) -> list[Prompt]:
     return [
         Prompt(uid=f"train:{i}", question=f"q{i}", gold="7", text=f"p{i}", input_ids=(3 + i, 4, 5)) for i in range(n)
     ]
+
+
+def _round(engine, rewards, prompts: list[Prompt], cfg, version: int = 0) -> list:
+    """One round's kept groups on `prompts` (stages 2 to 6), as one process generates them."""
+    drawn = RoundPrompts(len(prompts), 0, prompts, list(range(len(prompts))), list(range(len(prompts))))
+    stats = CollectStats()
+    return settle_round(collect_round(engine, rewards, drawn, cfg, stats, version), stats)
 
 
 def _cfg(*extra):
@@ -83,7 +91,7 @@ def test_surplus_groups_carry_over_and_are_served_first():
     engine = build_engine(cfg.rollout, model, tokenizer)
     rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=4)
     sampler = PromptSampler(_prompts(30), seed=0)
-    stash = collect_round(engine, rewards, sampler.next_batch(5), cfg, CollectStats(), version=0)
+    stash = _round(engine, rewards, sampler.next_batch(5), cfg)
     buffer = GroupBuffer()
     buffer.add(stash)
     first, metrics = collect_step(engine, rewards, sampler, buffer, cfg, version=7)
@@ -101,7 +109,7 @@ def test_a_buffered_group_keeps_its_old_logprobs_and_version_through_a_checkpoin
     engine = build_engine(cfg.rollout, model, tokenizer)
     rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=4)
     prompts = _prompts(2)
-    groups = collect_round(engine, rewards, prompts, cfg, CollectStats(), version=0)
+    groups = _round(engine, rewards, prompts, cfg)
     groups[0].version, groups[0].old_logprobs = 5, [torch.randn(c.length) for c in groups[0].completions]
     buffer = GroupBuffer()
     buffer.add(groups)
@@ -142,7 +150,7 @@ def test_dropped_and_trained_tokens_are_counted_per_step_and_over_the_run():
     D mixed (8); 48 tokens generated in 6 s. One group per step: step 1 trains A, D carries over and
     trains in step 2, which generates nothing."""
     from dapo_train.run.logs import generation_cost
-    from dapo_train.train.collect import keep_informative, take_batch
+    from dapo_train.train.collect import Fated, drop_reason, take_batch
     from dapo_train.train.progress import generation_line
 
     cfg = _cfg("train.prompts_per_step=1")
@@ -150,7 +158,7 @@ def test_dropped_and_trained_tokens_are_counted_per_step_and_over_the_run():
               _group("c", [1] * 4, [1, 2, 3, 4]), _group("d", [1, 1, 0, 0], [2] * 4)]
     stats = CollectStats(rounds=1, seconds_generate=6.0, lengths=[c.length for g in groups for c in g.completions])
     buffer = GroupBuffer()
-    buffer.add(keep_informative(groups, [0, 1, 2, 3], cfg, stats))
+    buffer.add(settle_round([Fated(group, b, drop_reason(group, cfg)) for b, group in enumerate(groups)], stats))
     assert buffer.groups == [groups[0], groups[3]]
     first = take_batch(buffer, stats, wanted=1)
     assert first.groups == [groups[0]]

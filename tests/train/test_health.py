@@ -2,9 +2,11 @@
 reason and the last good checkpoint it names, and the record a checkpoint carries."""
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from dapo_train.config.load import load_config
 from dapo_train.train.health import StepHealth
@@ -78,8 +80,12 @@ def test_a_first_update_that_is_non_finite_or_a_scaler_skip_leaves_the_weights_g
 
 def test_the_record_goes_through_a_checkpoint_and_old_ones_read():
     health = StepHealth(nonfinite=1, starved=2, last_trained=7, clean_step=7, suspect=True,
-                        history=[[64, 3, 60, 1, 9, 6]], streak=[128, 0, 128, 0, 32, 0], explained=["too hard"])
+                        history=[[64, 3, 60, 1, 9, 6, 2]], streak=[128, 0, 128, 0, 32, 0, 5], explained=["too hard"])
     assert StepHealth.from_state({"step": 10, "bad_steps": 1, "health": health.state_dict()}) == health
+    # Written before the screened count: six counts a row, read as none screened.
+    old_counts = {**health.state_dict(), "history": [[64, 3, 60, 1, 9, 6]], "streak": [128, 0, 128, 0, 32, 0]}
+    again = StepHealth.from_state({"step": 10, "bad_steps": 1, "health": old_counts})
+    assert (again.history, again.streak) == ([[64, 3, 60, 1, 9, 6, 0]], [128, 0, 128, 0, 32, 0, 0])
     # Written before the record: only the non-finite steps in a row, which ended the clean stretch.
     assert StepHealth.from_state({"step": 10, "bad_steps": 2}) == StepHealth(2, 0, 8, 8, suspect=True)
     # Written before `suspect`: any non-finite step since the last that trained made the weights suspect.
@@ -209,6 +215,72 @@ def test_a_solved_task_stops_with_its_own_reason(tmp_path):
     for step in range(1, 4):
         health.record(step, _step_metrics(0, 64, 64, 16, 0))
         assert health.abort_reason(cfg, step, tmp_path) is None
-    assert health.solved(cfg) == ("the model answers every prompt correctly: all 4 completions of each of the 48 "
-                                  "groups of the last 3 steps were right; nothing left to learn at G=4 "
-                                  "(rollout.group_size)")
+    assert health.solved(cfg) == ("the model answers every prompt correctly: in the last 3 steps, all 4 completions "
+                                  "of each of 48 groups were right; nothing left to learn at G=4 (rollout.group_size)")
+
+
+# --------------------------------------------------------------------------------------------
+# Solved or not, with screening (dapo.screen_size): a screened prompt's outcome counts (issue 47, item 11).
+
+
+class _SureEngine:
+    """Every completion of a prompt right when `right(first prompt id)`, else every one wrong: pass rates of
+    exactly 1 and 0, so no group is ever informative and every step starves."""
+
+    def __init__(self, right) -> None:
+        self.right = right
+
+    def generate(self, prompts, settings, group_size, seeds=None):
+        from dapo_train.rollout.engines import Completion
+
+        return [Completion(torch.tensor(list(ids)), torch.tensor([5, 2]), False, "right" if self.right(ids[0]) else
+                           "wrong") for ids in prompts for _ in range(group_size)]
+
+
+def _starved_run(cfg, engine, caplog) -> tuple[str | None, list[str]]:
+    """train.max_starved_steps steps of the real collection on 30 prompts, each step's metrics recorded as the
+    loop records them (skipped_no_groups: nothing to train). -> (the solved verdict, the warnings said)."""
+    from dapo_train.rewards import build_rewards
+    from dapo_train.task.prompts import Prompt, PromptSampler
+    from dapo_train.train.collect import GroupBuffer, fill_batch
+
+    rewards = build_rewards(cfg.rewards, max_new_tokens=4, is_correct=lambda text, gold: text == "right")
+    prompts = [Prompt(f"train:{i}", f"q{i}", "7", f"p{i}", (3 + i, 4, 5)) for i in range(30)]
+    sampler, buffer, health = PromptSampler(prompts, seed=0), GroupBuffer(), StepHealth()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dapo_train.train.health"):
+        for step in range(1, cfg.train.max_starved_steps + 1):
+            batch = fill_batch(engine, rewards, sampler, buffer, cfg, 0)
+            assert not batch.groups  # pass rates 0 and 1: nothing to train
+            health.record(step, {**batch.metrics, "skipped_no_groups": 1})
+            assert health.abort_reason(cfg, step, Path("/nonexistent")) is None
+    return health.solved(cfg), [r.getMessage() for r in caplog.records if "not stopping" in r.getMessage()]
+
+
+@pytest.mark.parametrize("screen, solved_part", [
+    ([], "all 4 completions of each of 18 groups were right"),
+    (["dapo.screen_size=2"], "all 2 screening completions of each of 18 prompts a screen ruled out"),
+    (["dapo.screen_size=2", "dapo.screen_drop=[all_wrong]"], "all 4 completions of each of 18 groups were right"),
+    (["dapo.screen_size=2", "dapo.screen_drop=[all_right]"],
+     "all 2 screening completions of each of 18 prompts a screen ruled out"),
+], ids=["no screen", "screen both sides", "screen all_wrong", "screen all_right"])
+def test_solved_only_when_every_prompt_is_answered_right_screened_ones_included(screen, solved_part, caplog):
+    """Every prompt of pass rate 1: solved, whatever the screen (before the fix, a screen ruling out all-right
+    screens, the default, never let it fire: those prompts were counted nowhere). A third of the prompts
+    never solved (a training accuracy of 2/3): not solved (before the fix, `screen_drop: [all_wrong]`
+    stopped the run "solved", its ruled-out all-wrong prompts unseen), and said once as a mix. Every prompt
+    wrong: not solved, and said once as too hard, the screened prompts counted (3 steps x 2 rounds x 3
+    prompts = 18 in each case)."""
+    cfg = load_config(None, ["rollout.group_size=4", "train.prompts_per_step=3", "train.micro_batch_size=4",
+                             "dapo.max_gen_rounds=2", "train.max_starved_steps=3", "rewards=[{name: accuracy}]",
+                             *screen])
+    solved, _ = _starved_run(cfg, _SureEngine(lambda first: True), caplog)
+    mixed, said_mixed = _starved_run(cfg, _SureEngine(lambda first: first % 3 != 0), caplog)
+    assert solved is not None and mixed is None, (solved, mixed)
+    assert solved.startswith("the model answers every prompt correctly: in the last 3 steps, "), solved
+    assert solved_part in solved, solved
+    said = said_mixed
+    assert len(said) == 1 and "of the 18 prompts" in said[0] and " all wrong (" in said[0], said
+    hard, said = _starved_run(cfg, _SureEngine(lambda first: False), caplog)
+    assert hard is None
+    assert len(said) == 1 and "too hard" in said[0] and "every one of the 18 prompts" in said[0], said

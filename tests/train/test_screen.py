@@ -14,7 +14,7 @@ from dapo_train.task.prompts import Prompt, PromptSampler
 from dapo_train.train.collect import CollectStats, GroupBuffer, fill_batch, make_group
 from dapo_train.train.old_policy import record_old_logprobs
 from dapo_train.train.rollout_sample import EVERY_GROUP, RolloutSample
-from dapo_train.train.screen import draw_round, generate_scored, row_seeds, screen_verdict
+from dapo_train.train.screen import generate_round, generate_scored, row_seeds, screen_verdict
 from dapo_train.train.update import Learner
 
 from conftest import EOS2_ID, EOS_ID, IdTokenizer, make_engine, make_random_model
@@ -62,12 +62,13 @@ def test_a_screened_group_is_the_group_drawn_at_once():
     model, engine, rewards = _setup()
     cfg, prompts = _cfg(), _prompts(12)
     draws = list(range(100, 112))
-    at_once = generate_scored(engine, rewards, prompts, cfg, CollectStats(), range(GROUP), draws)
-    drawn = draw_round(engine, rewards, prompts, cfg, CollectStats(), draws)
-    assert drawn.complete and drawn.ruled_out  # both kinds happen with this seed
-    assert sorted([b for b, _ in drawn.complete] + [b for b, _, _ in drawn.ruled_out]) == list(range(12))
+    at_once = generate_scored(engine, rewards, prompts, draws, cfg, CollectStats(), range(GROUP))
+    drawn = generate_round(engine, rewards, prompts, draws, cfg, CollectStats())
+    complete = [(b, scored) for b, scored in enumerate(drawn) if scored.fate is None]
+    ruled_out = [(b, scored, scored.fate) for b, scored in enumerate(drawn) if scored.fate is not None]
+    assert complete and ruled_out and len(drawn) == 12  # both kinds happen with this seed
     learner = Learner.build(cfg, model, torch.optim.AdamW(model.parameters()), Accelerator(cpu=True), EOS2_ID)
-    for b, scored in drawn.complete:
+    for b, scored in complete:
         screened, whole = make_group(prompts[b], scored, cfg, 0), make_group(prompts[b], at_once[b], cfg, 0)
         assert len(screened.completions) == GROUP
         for mine, theirs in zip(screened.completions, whole.completions):
@@ -79,7 +80,8 @@ def test_a_screened_group_is_the_group_drawn_at_once():
         record_old_logprobs(model, [screened, whole], learner.batching, learner.scorer)
         for mine, theirs in zip(screened.old_logprobs, whole.old_logprobs):
             torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
-    for b, screen, fate in drawn.ruled_out:
+    for b, screen, fate in ruled_out:
+        assert len(screen.completions) == SCREEN
         first = at_once[b].correct[:SCREEN]
         assert screen.correct == first and fate == ("screened_all_right" if all(first) else "screened_all_wrong")
         assert len(set(first)) == 1
@@ -92,11 +94,11 @@ def test_without_keyed_draws_the_shared_stream_gives_other_completions():
     cfg, prompts = _cfg(), _prompts(12)
     engine.keyed_draws = False
     torch.manual_seed(0)
-    at_once = generate_scored(engine, rewards, prompts, cfg, CollectStats(), range(GROUP), range(12))
+    at_once = generate_scored(engine, rewards, prompts, range(12), cfg, CollectStats(), range(GROUP))
     torch.manual_seed(0)
-    drawn = draw_round(engine, rewards, prompts, cfg, CollectStats(), range(12))
+    drawn = generate_round(engine, rewards, prompts, range(12), cfg, CollectStats())
     assert any(not torch.equal(scored.completions[-1].completion_ids, at_once[b].completions[-1].completion_ids)
-               for b, scored in drawn.complete)
+               for b, scored in enumerate(drawn) if scored.fate is None)
 
 
 def test_screen_drop_names_the_sides_that_rule_a_prompt_out():
@@ -135,9 +137,9 @@ def test_ruled_out_prompts_never_reach_the_update_and_are_recorded():
 def test_screen_drop_all_wrong_only_lets_all_right_screens_continue():
     _, engine, rewards = _setup()
     cfg = _cfg("dapo.screen_drop=[all_wrong]")
-    drawn = draw_round(engine, rewards, _prompts(12), cfg, CollectStats(), range(12))
-    assert {fate for _, _, fate in drawn.ruled_out} == {"screened_all_wrong"}
-    assert any(all(scored.correct[:SCREEN]) for _, scored in drawn.complete)  # an all-right screen went on
+    drawn = generate_round(engine, rewards, _prompts(12), range(12), cfg, CollectStats())
+    assert {scored.fate for scored in drawn} == {None, "screened_all_wrong"}
+    assert any(all(scored.correct[:SCREEN]) for scored in drawn if scored.fate is None)  # an all-right screen went on
 
 
 @pytest.mark.parametrize("overrides, key", [
@@ -155,3 +157,38 @@ def test_screen_drop_all_wrong_only_lets_all_right_screens_continue():
 def test_bad_screen_round_and_history_settings_name_their_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         _cfg(*overrides)
+
+
+class _CoinEngine:
+    """Each completion right with probability `p`, from its own seeded stream: a prompt of pass rate p."""
+
+    def __init__(self, p: float, seed: int = 0) -> None:
+        self.p, self.rng = p, torch.Generator().manual_seed(seed)
+
+    def generate(self, prompts, settings, group_size, seeds=None):
+        from dapo_train.rollout.engines import Completion
+
+        right = (torch.rand(len(prompts) * group_size, generator=self.rng) < self.p).tolist()
+        return [Completion(torch.tensor([3, 4]), torch.tensor([5, EOS_ID]), False, "right" if ok else "wrong")
+                for ok in right]
+
+
+@pytest.mark.parametrize("screen, expected", [
+    ([], (0.8 - 8 * 0.1**8) / (1 - 0.9**8 - 0.1**8)),  # E[c | 0 < c < 8], c ~ Bin(8, 0.1): 1.405
+    (["dapo.screen_size=2"], 1 + 6 * 0.1),  # a kept screen of 2 holds exactly 1 right; the 6 more, Bin(6, 0.1)
+], ids=["no screen", "a screen of 2"])
+def test_a_screen_keeps_groups_with_more_right_answers(screen, expected):
+    """The bias of issue 47, item 15, through the real round (generate, score, advantages, fates): at a pass
+    rate of 0.1, G = 8, a kept group holds 1.40 right answers on average without a screen and 1.60 with a
+    screen of 2 ruling out both sides, so each right answer's advantage (Eq. 9, sqrt((G - c)/c)) is smaller."""
+    from dapo_train.train.collect import RoundPrompts, collect_round
+
+    cfg = load_config(None, ["rollout.group_size=8", "train.prompts_per_step=4", "rewards=[{name: accuracy}]",
+                             *screen])
+    rewards = build_rewards(cfg.rewards, max_new_tokens=4, is_correct=lambda text, gold: text == "right")
+    prompts = [Prompt(uid=f"train:{i}", question="q", gold="7", text="p", input_ids=(3, 4)) for i in range(8000)]
+    drawn = RoundPrompts(len(prompts), 0, prompts, list(range(8000)), list(range(8000)))
+    kept = [one.group for one in collect_round(_CoinEngine(0.1), rewards, drawn, cfg, CollectStats(), 0)
+            if one.fate is None]
+    right = torch.stack([group.correct.sum() for group in kept]).float()  # (kept,)
+    assert float(right.mean()) == pytest.approx(expected, abs=0.06)  # about 3 standard errors either way

@@ -70,6 +70,7 @@ def test_reward_plugin_that_does_not_import(tmp_path):
 def test_existing_run_is_not_clobbered(tmp_path):
     run_dir = tmp_path / "outputs" / "mine"
     (run_dir / "checkpoint_3").mkdir(parents=True)
+    (run_dir / ".dapo-train-run").write_text("{}\n")  # the marker a run writes first: the folder is a run's
     (run_dir / "config.yaml").write_text("seed: 1\n")
     result = dapo("run", "output_dir=outputs/mine", cwd=tmp_path)
     assert_one_line_error(result, "already holds a run", "dapo-train run --resume outputs/mine", "--overwrite")
@@ -213,8 +214,9 @@ def test_config_keys_rewards_follows_the_registry(monkeypatch):
 def test_overwrite_with_bad_input_keeps_the_old_run(tmp_path):
     run_dir = tmp_path / "outputs" / "mine"
     run_dir.mkdir(parents=True)
+    (run_dir / ".dapo-train-run").write_text("{}\n")  # a run's folder, which --overwrite may replace
     (run_dir / "config.yaml").write_text("seed: 1\n")
-    (run_dir / "metrics.jsonl").write_text("")  # with config.yaml: a run's folder, which --overwrite may replace
+    (run_dir / "metrics.jsonl").write_text("")
     result = dapo("run", "output_dir=outputs/mine", "data.prompt_field=nope", "--overwrite", cwd=tmp_path)
     assert_one_line_error(result, "nope")
     assert (run_dir / "config.yaml").read_text() == "seed: 1\n"  # nothing lost to a run that never started

@@ -1,49 +1,71 @@
 """The folders a command writes into (`run`'s output_dir, `sweep --dir`, `preflight --keep`, `export -o`):
 the one rule that keeps every such command off what the user owns.
 
-A command may write into a folder that does not exist, an empty one, or one that is recognisably its own
-kind of output: it holds the kind's marker file (written when the output starts), or, for outputs from
-before the marker, the files that kind always wrote (`OutputKind.signs`). Replacing an output removes
-only the entries that kind writes (`OutputKind.entries`), never the folder itself, and is refused while
-the folder holds anything else, named. Never a folder to write into, whatever it holds: the current
-folder, a parent of it, the home folder, the root, or a folder that is, contains or lies inside one of
-the command's inputs (data.path, model.name_or_path, a reward model's path, the checkpoint it reads).
-Every check runs before anything is written or loaded, and a refusal is one line that says nothing
-was changed.
+A command may write into a folder that does not exist, an empty one, or one it marked: the kind's marker
+file, written when the output starts (a folder written whole, such as an export, lists in its marker what it
+holds). A folder without the marker is an output only where the kind can tell one its older versions wrote
+(`OutputKind.older`, which says why not); anything else is refused. Replacing an output removes only what
+that kind writes, and inside the folders it writes into (`OutputKind.nested`: a preflight's run/) only what
+they hold of theirs; it is refused while the folder holds anything else, named, and it names what it removed.
+Never a folder to write into, whatever it holds: the current folder, a parent of it, the home folder, the
+root, or a folder that is, contains or lies inside one of the command's inputs (data.path,
+model.name_or_path, a reward model's path, the checkpoint it reads). Every check runs before anything is
+written or loaded, and a refusal is one line that says nothing was changed.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_train.errors import UserError
 
-_SHOWN = 6  # foreign entries named in a refusal; the count of the rest follows
+logger = logging.getLogger(__name__)
+
+_SHOWN = 6  # entries named in a message; the count of the rest follows
 
 
 @dataclass(frozen=True)
 class OutputKind:
-    """What one command writes at the top of its folder. entries: fnmatch patterns of the names it
-    writes (the marker among them); signs: groups of patterns, each of which alone (every pattern
-    matching an entry) recognises an output written before the marker existed."""
+    """What one command writes in its folder. names: exact names (a user's setting such as logging.project is
+    a name, never a pattern); patterns: fnmatch patterns of generated names (checkpoint_[0-9]*); nested:
+    (pattern, kind) of the folders it writes into, each holding only what that kind writes; listed: written
+    whole, its marker lists its entries; older: for a folder without the marker, why it is not an output of
+    this kind from before the marker (None: it is one), or None when no such output ever existed."""
 
-    name: str  # "run folder": how messages call it
-    marker: str  # the file written when the output starts
-    entries: tuple[str, ...]
-    signs: tuple[tuple[str, ...], ...] = ()
+    name: str  # "dapo-train run folder": how messages call it
+    marker: str | None  # the file written when the output starts; None: a folder inside one, known by its place
+    names: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+    nested: tuple[tuple[str, OutputKind], ...] = ()
+    listed: bool = False
+    older: Callable[[Path], str | None] | None = None
 
-    def owns(self, name: str) -> bool:
-        return name == self.marker or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.entries)
+    def inner(self, name: str) -> OutputKind | None:
+        """The kind of the nested folder `name`, or None."""
+        return next((kind for pattern, kind in self.nested if fnmatch.fnmatchcase(name, pattern)), None)
 
-    def recognises(self, names: list[str]) -> bool:
-        return self.marker in names or any(
-            all(any(fnmatch.fnmatchcase(name, pattern) for name in names) for pattern in sign) for sign in self.signs
-        )
+    def owns(self, folder: Path, name: str) -> bool:
+        """Whether `name`, an entry of `folder`, is one this kind writes."""
+        if name == self.marker or name in self.names or self.inner(name) is not None:
+            return True
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.patterns) or (
+            self.listed and name in _listed(folder / self.marker))
+
+
+def _listed(marker: Path) -> list[str]:
+    """The entries a folder written whole says it holds (its marker's "entries")."""
+    try:
+        entries = json.loads(marker.read_text(encoding="utf-8")).get("entries", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [entry for entry in entries if isinstance(entry, str)] if isinstance(entries, list) else []
 
 
 def reserved(folder: Path) -> str | None:
@@ -107,58 +129,117 @@ def holds_own(folder: Path, kind: OutputKind, *, option: str, inputs: dict[str, 
         return False
     if not folder.is_dir():
         raise UserError(f"{where} exists and is not a folder; choose another path (nothing was changed)")
-    names = sorted(entry.name for entry in os.scandir(folder))
+    names = sorted(os.listdir(folder))
     if not names:
         return False
-    if not kind.recognises(names):
-        raise UserError(f"{where} is not empty and is not a {kind.name} ({_listing(folder, names)}); choose a new or "
-                        f"empty folder (nothing was changed)")
-    foreign = [name for name in names if not kind.owns(name)]
-    if replace and foreign:
-        raise UserError(f"{where} is a {kind.name} but also holds what no {kind.name} writes "
-                        f"({_listing(folder, foreign)}); move that out, or choose another folder (nothing was "
-                        "changed)")
+    why = _not_marked(folder, kind)
+    if why is not None:
+        raise UserError(f"{where} is not empty and is not a {kind.name}: {why}; it holds "
+                        f"{_listing([_shown(folder, name) for name in names])}; choose a new or empty folder "
+                        "(nothing was changed)")
+    foreign = _foreign(folder, kind) if replace else []
+    if foreign:
+        raise UserError(f"{where} is a {kind.name} but also holds what no {kind.name} writes ({_listing(foreign)}); "
+                        "move that out, or choose another folder (nothing was changed)")
     return True
 
 
-def _listing(folder: Path, names: list[str]) -> str:
-    shown = [name + ("/" if (folder / name).is_dir() else "") for name in names[:_SHOWN]]
-    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
-    return ", ".join(shown) + more
+def _not_marked(folder: Path, kind: OutputKind) -> str | None:
+    """Why `folder` is not an output of `kind` (no marker, and not one from before the marker), or None."""
+    if (folder / kind.marker).is_file():
+        return None
+    why = None if kind.older is None else kind.older(folder)
+    if kind.older is not None and why is None:
+        return None
+    return f"no {kind.marker}" + (f", and {why}" if why else "")
 
 
-def remove_own(folder: Path, kind: OutputKind) -> list[str]:
-    """Remove what `kind` wrote in `folder` (its entries, the marker) and nothing else: the folder
-    stays, with anything another program put there since the check. -> the names removed."""
-    removed = []
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name) if folder.is_dir() else []:
-        if not kind.owns(entry.name):
+def _foreign(folder: Path, kind: OutputKind, prefix: str = "") -> list[str]:
+    """What `folder` holds that `kind` did not write, as paths from the folder checked first: 'notes.txt',
+    'plots/', 'run/notes.txt', and 'run/ without .dapo-train-run' for a nested folder it did not mark."""
+    found = []
+    for name in sorted(os.listdir(folder)):
+        path, inner = folder / name, kind.inner(name)
+        if not kind.owns(folder, name):
+            found.append(prefix + _shown(folder, name))
+        elif inner is None:
             continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
+        elif not path.is_dir() or path.is_symlink():
+            found.append(f"{prefix}{name} (not a folder)")
+        elif inner.marker is not None and not (path / inner.marker).is_file():
+            found.append(f"{prefix}{name}/ without {inner.marker}")
         else:
-            os.unlink(entry.path)
-        removed.append(entry.name)
-    return removed
+            found += _foreign(path, inner, f"{prefix}{name}/")
+    return found
+
+
+def _shown(folder: Path, name: str) -> str:
+    return name + ("/" if (folder / name).is_dir() else "")
+
+
+def _listing(items: list[str]) -> str:
+    more = f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
+    return ", ".join(items[:_SHOWN]) + more
+
+
+def _owned(folder: Path, kind: OutputKind) -> list[str]:
+    return [name for name in sorted(os.listdir(folder)) if kind.owns(folder, name)] if folder.is_dir() else []
+
+
+def _own_paths(folder: Path, kind: OutputKind) -> list[Path]:
+    """What `kind` wrote in `folder`: its entries, whole, and of each nested folder what that one's kind wrote."""
+    paths = []
+    for name in _owned(folder, kind):
+        path, inner = folder / name, kind.inner(name)
+        paths += _own_paths(path, inner) if inner is not None and _is_folder(path) else [path]
+    return paths
+
+
+def _is_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def remove_own(folder: Path, kind: OutputKind, say: str) -> list[str]:
+    """Remove what `kind` wrote in `folder` (the marker too) and nothing else: the folder stays, with anything
+    another program put there since the check, and so does a nested folder that still holds something. Logs
+    `say` with each top-level entry it removed (or their count and the first few). -> those entries."""
+    shown = [_shown(folder, name) for name in _owned(folder, kind)]
+    _remove(folder, kind)
+    if shown:
+        count = f"{len(shown)} entr{'y' if len(shown) == 1 else 'ies'}"
+        logger.warning("%s in %s: %s: %s", say, folder, count, _listing(shown))
+    return [name.rstrip("/") for name in shown]
+
+
+def _remove(folder: Path, kind: OutputKind) -> None:
+    for name in _owned(folder, kind):  # listed before removing: a folder written whole lists them in its marker
+        path, inner = folder / name, kind.inner(name)
+        if inner is not None and _is_folder(path):
+            _remove(path, inner)
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif _is_folder(path):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def owned_bytes(folder: Path, kind: OutputKind) -> int:
     """The bytes remove_own would free in `folder`."""
-    total = 0
-    for entry in os.scandir(folder) if folder.is_dir() else []:
-        if kind.owns(entry.name):
-            path = Path(entry.path)
-            files = [p for p in path.rglob("*") if p.is_file()] if entry.is_dir(follow_symlinks=False) else [path]
-            total += sum(p.stat().st_size for p in files)
-    return total
+    files = []
+    for path in _own_paths(folder, kind):
+        files += [p for p in path.rglob("*") if p.is_file()] if _is_folder(path) else [path]
+    return sum(p.lstat().st_size for p in files)
 
 
 def mark(folder: Path, kind: OutputKind) -> None:
-    """Create `folder` (and its parents) and write `kind`'s marker, which later runs recognise it by."""
+    """Create `folder` (and its parents) and write `kind`'s marker, which later commands recognise it by. A
+    folder written whole (kind.listed) is marked last, and its marker lists what it holds."""
     from dapo_train import __version__
 
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / kind.marker
     if not marker.exists():
-        marker.write_text(json.dumps({"written_by": "dapo-train", "version": __version__, "kind": kind.name}) + "\n",
-                          encoding="utf-8")
+        entries = {"entries": sorted(os.listdir(folder))} if kind.listed else {}
+        marker.write_text(json.dumps({"written_by": "dapo-train", "version": __version__, "kind": kind.name,
+                                      **entries}) + "\n", encoding="utf-8")

@@ -33,8 +33,9 @@ from dapo_train.model.lora import is_adapter_folder, require_peft
 
 logger = logging.getLogger(__name__)
 
-# An export's folder (config/outputs.py): written whole or not at all, never replaced; its marker says so.
-EXPORTED = OutputKind("dapo-train export folder", ".dapo-train-export", entries=())
+# An export's folder (config/outputs.py): written whole or not at all, never replaced; its marker says so and
+# lists what it holds (all that a `preflight --keep` may remove of its own export).
+EXPORTED = OutputKind("dapo-train export folder", ".dapo-train-export", listed=True)
 
 
 def _check_paths(source: Path, target: Path, dtype: str) -> bool:

@@ -42,6 +42,7 @@ from dapo_train.preflight.memory import (
     suggested_budget,
 )
 from dapo_train.rollout.decoding import SamplingSettings
+from dapo_train.run.folder import run_kind
 from dapo_train.train import distributed
 
 logger = logging.getLogger(__name__)
@@ -49,9 +50,9 @@ logger = logging.getLogger(__name__)
 ROLLOUT_PROMPTS = 4  # prompts x G completions of the rollout check, scored by every reward
 EOS_ROUNDS = 8  # the rollout check's rounds at most, until every EOS id has ended a completion
 PROMPT_LINES = 12  # lines of the templated prompt shown
-# What a rehearsal writes in its folder (config/outputs.py), which --keep may replace.
-KEPT = OutputKind("dapo-train preflight folder", ".dapo-train-preflight",
-                  entries=("model", "run", "export", "preflight.log"), signs=(("preflight.log", "run"),))
+# The rehearsal model and a reward model's stand-in: written whole, their marker lists what they hold.
+REHEARSAL_MODEL = OutputKind("rehearsal model folder", ".dapo-train-rehearsal-model", listed=True)
+EXPORT_DIR = "export"
 
 
 @dataclass
@@ -108,15 +109,28 @@ def phase(report: Report, name: str, log: io.StringIO):
         report.seconds[name] = time.perf_counter() - start
 
 
+def kept_kind(cfg: Config) -> OutputKind:
+    """What a rehearsal writes in its folder (config/outputs.py), which --keep may replace: its log, the
+    rehearsal model and reward models' stand-ins, the run and the export (each holding only their own), and
+    an export's temporary folder that a kill left."""
+    from dapo_train.model.export import EXPORTED
+
+    return OutputKind("dapo-train preflight folder", ".dapo-train-preflight", names=("preflight.log",),
+                      patterns=(f".{EXPORT_DIR}.tmp[0-9]*",),
+                      nested=(("model", REHEARSAL_MODEL), (f"{rehearsal.STAND_IN_PREFIX}[0-9]*", REHEARSAL_MODEL),
+                              ("run", run_kind(cfg)), (EXPORT_DIR, EXPORTED)))
+
+
 def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: int = 1) -> Report:
     """Rehearse `cfg`; -> the report (raises UserError naming the first problem). Under torchrun or
     accelerate launch every rank rehearses its share, and rank 0 alone builds the model, checks the
     rollout, exports and reports."""
     cuda = torch.cuda.is_available()
     _join_ranks(cuda)
-    if keep and holds_own(Path(keep).expanduser(), KEPT, option="--keep", inputs=local_inputs(cfg), replace=True) \
-            and distributed.is_main():
-        remove_own(Path(keep).expanduser(), KEPT)  # an earlier rehearsal kept there: replaced, nothing else
+    kind = kept_kind(cfg)
+    if keep and holds_own(Path(keep).expanduser(), kind, option="--keep", inputs=local_inputs(cfg), replace=True) \
+            and distributed.is_main():  # an earlier rehearsal kept there: what it wrote is replaced, nothing else
+        remove_own(Path(keep).expanduser(), kind, "--keep: removed what an earlier rehearsal wrote")
     report, log, collected = Report(), io.StringIO(), _Warnings()
     report.warnings = collected.messages  # the same list: filled while the phases run
     package = logging.getLogger("dapo_train")
@@ -126,7 +140,7 @@ def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: in
         if distributed.is_main() else None
     folder = distributed.broadcast(chosen)
     if distributed.is_main():
-        mark(folder, KEPT)
+        mark(folder, kind)
     try:
         report.add("preflight", f"{config_name} on {'cuda: ' + torch.cuda.get_device_name() if cuda else 'cpu'} "
                    f"(torch {torch.__version__}, {distributed.world_size()} process(es)); rehearsal in {folder}")
@@ -195,7 +209,8 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
             r = small.rollout
             sampling = SamplingSettings(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
             model = rehearsal.build_model(model_config, generation, tokenizer, folder / "model", sampling)
-            rehearsal.reward_stand_ins(cfg, folder)
+            for written in (folder / "model", *rehearsal.reward_stand_ins(cfg, folder)):
+                mark(written, REHEARSAL_MODEL)
     report.add("rehearsal", f"{rehearsal.LAYERS} layers of width {rehearsal.WIDTH}, random weights biased to stop "
                f"at each EOS id; shrunk: " + "; ".join(f"{c.key} {c.old} -> {c.new}" for c in changes))
     with on_main(report, "rollout check", log) as main:
@@ -205,7 +220,7 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
     rows = _train_and_resume(small, report, log)
     with on_main(report, "export", log) as main:
         if main:
-            compared = _export_and_check(folder / "run", folder / "export", small.model.lora.r > 0)
+            compared = _export_and_check(folder / "run", folder / EXPORT_DIR, small.model.lora.r > 0)
             report.add("export", f"dapo-train export{' --merge' if small.model.lora.r > 0 else ''} of "
                        f"checkpoint_{small.train.max_steps + 1}: {compared} tensors equal to the trained ones; plain "
                        "transformers loads it")

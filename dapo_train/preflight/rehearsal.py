@@ -178,8 +178,11 @@ def _shrunk_rewards(rewards: list[RewardSpec], factor: float, folder: Path, cuda
 REWARD_MODEL = "reward_model"  # the registered reward that owns a sequence classifier (rewards/model.py)
 
 
+STAND_IN_PREFIX = "reward_model_"  # a reward model's stand-in: folder / reward_model_<index>
+
+
 def stand_in_folder(folder: Path, index: int) -> Path:
-    return folder / f"reward_model_{index}"
+    return folder / f"{STAND_IN_PREFIX}{index}"
 
 
 def reward_stand_ins(cfg: Config, folder: Path) -> list[Path]:

@@ -31,8 +31,24 @@ from dapo_train.run.folder import check_start, config_differences, saved_run_con
 from dapo_train.run.signals import StopRequested
 from dapo_train.study.runs import SWEEP_FILE, key_labels
 
-# What a sweep writes at the top of its folder (config/outputs.py): sweep.json, and a run folder per point.
-SWEEP_KIND = OutputKind("dapo-train sweep folder", ".dapo-train-sweep", entries=(SWEEP_FILE,), signs=((SWEEP_FILE,),))
+
+def _older_sweep(folder: Path) -> str | None:
+    """Why `folder`, without the sweep marker, is not a sweep an older dapo-train wrote (None: it is one): such
+    a sweep wrote sweep.json, an object whose "points" each have a name and a status."""
+    path = folder / SWEEP_FILE
+    if not path.is_file():
+        return f"no {SWEEP_FILE}"
+    try:
+        points = json.loads(path.read_text(encoding="utf-8"))["points"]
+        whole = isinstance(points, list) and all(isinstance(p, dict) and {"name", "status"} <= p.keys() for p in points)
+    except (OSError, ValueError, KeyError, TypeError):
+        whole = False
+    return None if whole else f"{SWEEP_FILE} is not one a sweep wrote (an object whose points have a name and status)"
+
+
+# What a sweep writes at the top of its folder (config/outputs.py): sweep.json, and a run folder per point
+# (each checked as a run's before the first point trains). A sweep replaces nothing itself.
+SWEEP_KIND = OutputKind("dapo-train sweep folder", ".dapo-train-sweep", names=(SWEEP_FILE,), older=_older_sweep)
 # The sweep sets these itself for every run; --seeds is how seeds vary.
 RESERVED_KEYS = ("output_dir", "run_name")
 

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, Qwen2Config
 
 from dapo_train.config.load import load_config
+from dapo_train.config.outputs import holds_own
 from dapo_train.errors import UserError
 from dapo_train.preflight import command, rehearsal
 from dapo_train.preflight.command import Report, preflight
@@ -179,6 +180,10 @@ def test_a_reward_model_is_a_random_stand_in_without_a_card(tmp_path, threads, m
     original, copy = AutoConfig.from_pretrained(configured), AutoConfig.from_pretrained(stand_in)
     assert (copy.architectures, copy.vocab_size, copy.num_labels) == (original.architectures, original.vocab_size, 1)
     assert copy.num_hidden_layers == rehearsal.LAYERS
+    # Issue 47, item 2: the kept folder holds nothing preflight did not write, so the next --keep replaces it.
+    assert holds_own(tmp_path / "kept", command.kept_kind(cfg), option="--keep", replace=True)
+    assert {path.name for path in (tmp_path / "kept").iterdir()} == {
+        ".dapo-train-preflight", "preflight.log", "model", "reward_model_0", "run", "export"}
 
 
 def test_with_a_card_the_rollout_check_scores_with_the_real_reward_model(tmp_path):

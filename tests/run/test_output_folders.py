@@ -1,6 +1,8 @@
-"""Issue 38, point 1: only a run is replaced, and only what the run wrote. Every refused folder is left
-byte for byte as it was (hashed before and after), refused in one line before anything loads; a real
-run folder is still replaced by --overwrite. The same rule for sweep --dir, preflight --keep, export -o."""
+"""Issue 38 point 1, issue 47 items 1-4: only a run is replaced, and only what the run wrote; a folder is a run
+when the run marked it, or an older dapo-train wrote it. Every refused folder is left byte for byte as it was
+(hashed before and after), refused in one line before anything loads; a real run folder is still replaced by
+--overwrite, which names what it removed. The same rule for sweep --dir and export -o (preflight --keep:
+tests/preflight/test_keep.py)."""
 
 import hashlib
 import os
@@ -14,7 +16,7 @@ import pytest
 from dapo_train.config.load import load_config
 from dapo_train.config.outputs import holds_own
 from dapo_train.errors import UserError
-from dapo_train.run.folder import RUN_MARKER, resume_config, run_kind
+from dapo_train.run.folder import RUN_MARKER, prepare_run_dir, resume_config, run_kind
 from dapo_train.run.logs import read_metrics
 from dapo_train.train import loop
 
@@ -142,6 +144,59 @@ def test_a_resume_into_a_folder_around_its_checkpoint_is_refused(real_run, tmp_p
     assert tree(tmp_path) == before
 
 
+# --------------------------------------------------------------------------------------------
+# Issue 47, item 1: a folder without the run marker is a run only when it is one an older dapo-train wrote.
+
+
+def not_runs(root: Path) -> dict[str, tuple[Path, str]]:
+    """Folders a run must never write into, each with what the refusal must say of it."""
+    mine = root / "mine"  # the user's own experiment: a config and metrics of another kind
+    mine.mkdir(parents=True)
+    (mine / "config.yaml").write_text("experiment: mine\nlearning_rate: 0.1\n")
+    (mine / "metrics.jsonl").write_text('{"epoch": 1, "loss": 0.5}\n')
+    other = root / "other"  # another trainer's run
+    (other / "checkpoint_100").mkdir(parents=True)
+    (other / "config.yaml").write_text("trainer: someothertool\n")
+    (other / "checkpoint_100" / "pytorch_model.bin").write_bytes(b"weights")
+    handwritten = root / "handwritten"  # a dapo-train config of the user's, beside metrics of theirs
+    handwritten.mkdir()
+    (handwritten / "config.yaml").write_text("seed: 1\n")
+    (handwritten / "metrics.jsonl").write_text('{"step": 1}\n')
+    stateless = root / "stateless"  # an old run's config, but a checkpoint no dapo-train saved
+    shutil.copytree(OLD_RUN, stateless)
+    (stateless / "checkpoint_100").mkdir()
+    (stateless / "checkpoint_100" / "pytorch_model.bin").write_bytes(b"weights")
+    return {
+        "mine": (mine, "config.yaml is not a dapo-train config (config key 'experiment': unknown key"),
+        "other": (other, "config.yaml is not a dapo-train config (config key 'trainer': unknown key"),
+        "handwritten": (handwritten, "config.yaml is not a config a run saved (it names no output_dir"),
+        "stateless": (stateless, "checkpoint_100/ holds no trainer_state.pt"),
+    }
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("name", ["mine", "other", "handwritten", "stateless"])
+def test_a_folder_without_the_marker_is_a_run_only_if_an_older_run_wrote_it(tmp_path, no_setup, name, overwrite):
+    """Reproduced: `mine` had its config.yaml and metrics.jsonl overwritten without --overwrite (exit 0, one
+    warning); `other` was called a run, and --overwrite deleted its checkpoint_100/."""
+    folder, why = not_runs(tmp_path)[name]
+    before = tree(folder)
+    refused([f"output_dir={folder}"], "is not empty and is not a dapo-train run folder", f"no {RUN_MARKER}", why,
+            overwrite=overwrite)
+    assert tree(folder) == before
+
+
+def test_an_older_run_is_still_a_run_and_says_so(tmp_path):
+    """The run of tests/fixtures/run_before_layout, written before the marker: a run (resumed and evaluated by
+    tests/test_old_run_folder.py), kept unless --overwrite, and with it only its own files are removable."""
+    old = tmp_path / "old"
+    shutil.copytree(OLD_RUN, old)
+    cfg = load_config(None, [*SMALL, f"output_dir={old}"])
+    with pytest.raises(UserError, match="already holds a run; continue it with: dapo-train run --resume"):
+        prepare_run_dir(cfg, None, overwrite=False)
+    assert holds_own(old, run_kind(cfg), option="output_dir", replace=True)
+
+
 def test_refusals_on_the_command_line_are_one_line_and_exit_2(tmp_path):
     """The two cases the new user met: output_dir=. and output_dir=data.path, both with --overwrite."""
     work = user_folder(tmp_path / "work")
@@ -152,6 +207,15 @@ def test_refusals_on_the_command_line_are_one_line_and_exit_2(tmp_path):
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: output_dir "), result.stderr
         assert tree(work) == before
+    for name, overwrite in (("mine", []), ("other", ["--overwrite"])):  # issue 47, item 1, as reproduced
+        folder, why = not_runs(tmp_path / "cli")[name]
+        before = tree(folder)
+        result = subprocess.run([sys.executable, "-m", "dapo_train", "run", f"output_dir={folder}", *overwrite],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2 and len(lines) == 1 and why in lines[0], result.stderr
+        assert tree(folder) == before
+        shutil.rmtree(tmp_path / "cli")
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,15 +245,35 @@ def test_overwrite_refuses_a_run_folder_holding_foreign_files_and_names_them(rea
     assert tree(run) == before
 
 
-def test_overwrite_still_replaces_a_real_run(real_run, tmp_path):
+def test_overwrite_still_replaces_a_real_run_and_says_what_it_removed(real_run, tmp_path, caplog):
     run = tmp_path / "run"
     shutil.copytree(real_run, run)
     (run / "checkpoint_7").mkdir()  # a checkpoint the new run will not write: removed with the old run
     (run / "metrics.jsonl").write_text('{"step": 9, "old": true}\n')
+    (run / "dapo-train").mkdir()  # TensorBoard's folder: logging.project's default name
+    assert sorted(p.name for p in run.iterdir()) == [
+        ".dapo-train-run", "accuracy_losses.txt", "checkpoint_1", "checkpoint_7", "config.yaml", "dapo-train",
+        "metrics.jsonl", "training_losses.txt"]
     loop.train(load_config(None, [*SMALL, f"output_dir={run}"]), overwrite=True)
+    # Issue 47, item 3: each top-level entry it removed, by name (8: the first 6 named, then the count).
+    assert (f"--overwrite: removed what the earlier run wrote in {run}: 8 entries: .dapo-train-run, "
+            "accuracy_losses.txt, checkpoint_1/, checkpoint_7/, config.yaml, dapo-train/ and 2 more") in caplog.text
     assert [row["step"] for row in read_metrics(run)] == [1] and "old" not in read_metrics(run)[0]
     assert sorted(p.name for p in run.glob("checkpoint_*")) == ["checkpoint_1"]
     assert (run / RUN_MARKER).is_file()
+
+
+@pytest.mark.parametrize("project", ["*", "[a-z]*", "n?tes.txt"])
+def test_logging_project_is_a_name_not_a_pattern(real_run, tmp_path, no_setup, project):
+    """Issue 47, item 4: logging.project=* made every entry the run's, and --overwrite deleted the user's files."""
+    run = tmp_path / "run"
+    shutil.copytree(real_run, run)
+    (run / "notes.txt").write_text("mine\n")
+    (run / "plots").mkdir()
+    before = tree(run)
+    refused([f"output_dir={run}", f"logging.project={project}"], "also holds what no dapo-train run folder writes "
+            "(notes.txt, plots/)")
+    assert tree(run) == before
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,7 +287,7 @@ def test_sweep_dir_is_refused_where_run_would_be(tmp_path, monkeypatch):
     mywork = user_folder(tmp_path / "mywork")
     before = tree(mywork)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UserError, match="--dir .*mywork is not empty and is not a dapo-train sweep folder .*notes.txt"):
+    with pytest.raises(UserError, match="--dir .*mywork is not empty and is not a dapo-train sweep folder.*notes.txt"):
         plan_sweep(config, ["dapo.eps_high=0.2,0.3"], None, str(mywork))
     monkeypatch.chdir(mywork)
     with pytest.raises(UserError, match=r"--dir \. is the current folder"):
@@ -216,17 +300,19 @@ def test_sweep_dir_is_refused_where_run_would_be(tmp_path, monkeypatch):
     assert tree(mywork) == before and "eps_high=0.2_seed0/notes.txt" in tree(sweep)
 
 
-def test_preflight_keep_is_refused_where_run_would_be(tmp_path, monkeypatch):
-    from dapo_train.preflight.command import preflight
+def test_a_sweep_json_of_the_users_is_not_a_sweep(tmp_path):
+    """Issue 47, item 2: a folder without the sweep marker is an older sweep only when its sweep.json is one a
+    sweep wrote (it was told to delete its 'damaged' sweep.json)."""
+    from dapo_train.study.sweep import plan_sweep
 
-    cfg = load_config(None, [])
-    mywork = user_folder(tmp_path / "mywork")
-    before = tree(mywork)
-    for keep, said in ((str(mywork), "is not a dapo-train preflight folder"), (".", "is the current folder")):
-        monkeypatch.chdir(mywork if keep == "." else tmp_path)
-        with pytest.raises(UserError, match=f"--keep .*{said}.*nothing was changed"):
-            preflight(cfg, "the embedded demo", keep)
-    assert tree(mywork) == before
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "sweep.json").write_text('[{"lr": 0.1, "score": 0.5}]\n')
+    before = tree(results)
+    with pytest.raises(UserError, match=r"--dir .*results is not empty and is not a dapo-train sweep folder: no "
+                                        r"\.dapo-train-sweep, and sweep.json is not one a sweep wrote .*nothing was"):
+        plan_sweep(str(ROOT / "configs" / "tiny-cpu.yaml"), ["dapo.eps_high=0.2,0.3"], None, str(results))
+    assert tree(results) == before
 
 
 def test_export_output_is_refused_where_run_would_be(real_run, tmp_path, monkeypatch):
@@ -242,22 +328,3 @@ def test_export_output_is_refused_where_run_would_be(real_run, tmp_path, monkeyp
         with pytest.raises(UserError, match=f"-o .*{said}.*nothing was changed"):
             export_checkpoint(str(checkpoint), out)
     assert tree(mywork) == before and tree(checkpoint) == saved
-
-
-def test_an_earlier_keep_folder_is_replaced_file_by_file(tmp_path):
-    """What --keep removes of an earlier rehearsal: its model/, run/, export/, preflight.log and marker,
-    and nothing it did not write; with anything else in it, nothing."""
-    from dapo_train.config.outputs import remove_own
-    from dapo_train.preflight.command import KEPT
-
-    kept = tmp_path / "kept"
-    for name in ("model", "run/checkpoint_2", "export"):
-        (kept / name).mkdir(parents=True)
-    (kept / "preflight.log").write_text("log\n")
-    (kept / "run" / "checkpoint_2" / "trainer_state.pt").write_bytes(b"x")
-    assert holds_own(kept, KEPT, option="--keep", replace=True)  # from before the marker: preflight.log and run/
-    (kept / "mine.txt").write_text("mine\n")
-    with pytest.raises(UserError, match=r"also holds what no dapo-train preflight folder writes \(mine.txt\)"):
-        holds_own(kept, KEPT, option="--keep", replace=True)
-    assert remove_own(kept, KEPT) == ["export", "model", "preflight.log", "run"]
-    assert [p.name for p in kept.iterdir()] == ["mine.txt"]

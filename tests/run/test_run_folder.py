@@ -120,7 +120,8 @@ def test_resuming_a_finished_run_changes_nothing(finished_run, tmp_path, monkeyp
 def test_a_run_that_never_saved_a_checkpoint_is_started_again(tmp_path, caplog):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text("seed: 1\n")  # what a double Ctrl-C before the first save leaves
+    (run / ".dapo-train-run").write_text("{}\n")  # what a double Ctrl-C before the first save leaves: the marker,
+    (run / "config.yaml").write_text("seed: 1\n")  # a config and a metrics row
     (run / "metrics.jsonl").write_text('{"step": 0, "accuracy": 0.1}\n')
     cfg = load_config(None, [*SMALL, "train.max_steps=1", f"output_dir={run}"])
     with pytest.raises(UserError, match=rf"never saved a checkpoint.*start it again with: dapo-train run {run}/config"):

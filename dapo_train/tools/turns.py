@@ -44,7 +44,8 @@ class ToolCall:
 @dataclass(frozen=True)
 class TurnAnswer:
     """What follows an assistant turn with calls: the calls run and the tool turn's tokens to force, or
-    over_limit (the calls would exceed rollout.max_tool_calls: none is run and the completion ends truncated)."""
+    over_limit (the calls would exceed rollout.max_tool_calls: none is run and the completion ends there, with
+    the end of its own, Completion.over_calls, that is not truncation)."""
 
     calls: list[ToolCall]
     forced_ids: list[int]

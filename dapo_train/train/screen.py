@@ -85,7 +85,7 @@ def generate_scored(engine: RolloutEngine, reward_set, prompts: list[Prompt], cf
     stats.seconds_generate += time.perf_counter() - start
     start = time.perf_counter()
     scores = score(
-        reward_set, [c.text for c in completions], [p.gold for p in prompts for _ in range(n)],
+        reward_set, [c.policy_text for c in completions], [p.gold for p in prompts for _ in range(n)],
         lengths=[c.length for c in completions], prompts=[p.text for p in prompts for _ in range(n)],
         questions=[p.question for p in prompts for _ in range(n)],
     )

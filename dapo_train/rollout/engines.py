@@ -242,10 +242,11 @@ class RolloutEngine(Protocol):
         EngineSetup.tools, a tools.ToolTurns. When a row ends an assistant turn (an EOS id) that makes calls,
         `ToolTurns.answer(turn ids, calls made so far)` runs them and returns the tool turn's tokens (or None:
         the completion ends there; over_limit: it ends there with over_calls set, not truncated); the engine
-        appends those tokens to the row as context and samples on. Each Completion then carries its whole transcript in completion_ids, its
-        extent given by the engine (EOS ids occur inside it), policy_mask False on the appended tokens (their
-        behaviour log-probs are not read), text and tool_turn_spans from transcript_text (the rewards read the
-        policy's text alone), and tool_calls. rollout.max_new_tokens bounds the whole transcript."""
+        appends those tokens to the row as context and samples on. Each Completion then carries its whole
+        transcript in completion_ids, its extent given by the engine (EOS ids occur inside it), policy_mask
+        False on the appended tokens (their behaviour log-probs are not read), text and tool_turn_spans from
+        transcript_text (the rewards read the policy's text alone), over_calls, and tool_calls.
+        rollout.max_new_tokens bounds the whole transcript."""
 
     def sync_weights(self) -> None:
         """Take the training model's current weights; the trainer calls it after every step's updates."""

@@ -83,3 +83,23 @@ def test_the_eval_table_says_whether_tools_were_on(tmp_path, monkeypatch, capsys
         eval_command.run_eval([], eval_command.EvalOptions(config_path=str(config), limit=2, overrides=overrides))
         table = capsys.readouterr().out.splitlines()
         assert table[-2].split()[-10] == shown, table  # the row: model, tools, then the 9 numbers
+
+
+def test_the_evals_reward_models_score_the_policys_own_text():
+    """Issue 47, item 13: as in training, a reward model reads what the policy wrote, not the tool turns (the
+    eval scores its records, whose completion is the whole transcript)."""
+    from dapo_train.evaluation.generate import add_model_scores
+    from dapo_train.rewards.scoring import BoundReward, RewardSet
+    from dapo_train.task.prompts import Prompt
+
+    seen = []
+
+    def judge(completions, answers, lengths=None, prompts=None):
+        seen.extend(completions)
+        return [1.0] * len(completions)
+
+    reward = BoundReward("judge", "judge", 1.0, judge, load=lambda device: judge, loaded=True)
+    record = {"completion": "<answer>\n<tool_call>{}</tool_call>\nuser\n391\nassistant\n</answer>", "gold": "391",
+              "length": 12, "tool_turn_spans": [[34, 54]]}  # "\nuser\n391\nassistant\n"
+    add_model_scores(RewardSet((reward,)), [Prompt("test:0", "q", "391", "p", (1,))], [record])
+    assert seen == ["<answer>\n<tool_call>{}</tool_call></answer>"] and record["scores"] == {"judge": 1.0}

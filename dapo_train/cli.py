@@ -289,8 +289,8 @@ def show_cmd(
     where: str = typer.Option(
         None, "--where", metavar="EXPR",
         help="Terms joined by commas or 'and' that must all hold: a flag (truncated, correct, dropped, trained, "
-        "carried, a fate), !FLAG, or FIELD OP VALUE (OP < <= > >= = !=), e.g. 'reward<0.5,!truncated' or "
-        "'rewards.overlong<0 and correct'.",
+        "carried, a fate; called, tool_error, over_calls), !FLAG, or FIELD OP VALUE (OP < <= > >= = !=; a field, "
+        "rewards.<key>, tool_calls or tool_errors), e.g. 'reward<0.5,!truncated' or 'rewards.overlong<0 and correct'.",
     ),
     limit: int = typer.Option(
         None, "--limit", help="Completions shown (0 = all; default 20, and all with --json).", show_default=False

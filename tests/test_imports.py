@@ -132,7 +132,7 @@ LAYERS = {
     "model": {"config", "task"},
     "tools": set(),
     "rollout": {"config", "model", "tools"},
-    "rewards": {"algo", "config", "task", "model"},
+    "rewards": {"algo", "config", "task", "model", "tools"},  # tool_format reads calls as the rollout does
     "run": {"config", "model"},
     "evaluation": {"config", "task", "model", "tools", "rollout", "rewards", "run"},
     "train": {"algo", "config", "task", "model", "tools", "rollout", "rewards", "run", "evaluation"},

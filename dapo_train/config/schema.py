@@ -141,8 +141,9 @@ class RolloutConfig:
         "the tool's reply as a tool turn and goes on. Tool turns are context: out of the loss. [] = none.",
     )
     max_tool_calls: int = _opt(
-        4, "Most tool calls per completion (rollout.tools); a turn that would exceed it ends the completion "
-        "truncated.",
+        4, "Most tool calls per completion (rollout.tools); a turn that would exceed it ends the completion there, "
+        "its calls not run: an end of its own (over_calls), not truncation, so overlong filtering keeps it in the "
+        "loss.",
     )
 
 

@@ -205,12 +205,14 @@ _SAMPLED_COLUMNS = (
 )
 
 
-def format_table(rows: Sequence[tuple[str, dict]], samples: int = 1) -> str:
-    """One line per evaluated target, columns aligned; stderr and the CI in accuracy points."""
+def format_table(rows: Sequence[tuple[str, dict, Sequence[str]]], samples: int = 1) -> str:
+    """One line per evaluated target (label, metrics, the rollout.tools it ran with), columns aligned; the
+    tools ('off' without), then stderr and the CI in accuracy points."""
     columns = _BASE_COLUMNS + (_SAMPLED_COLUMNS if samples > 1 else ())
-    headers = ["model"] + [name.replace("K", str(samples)) for name, _ in columns]
-    body = [[label] + [render(metrics, samples) for _, render in columns] for label, metrics in rows]
-    return "\n".join(aligned_table(headers, body))
+    headers = ["model", "tools"] + [name.replace("K", str(samples)) for name, _ in columns]
+    body = [[label, ", ".join(tools) or "off"] + [render(metrics, samples) for _, render in columns]
+            for label, metrics, tools in rows]
+    return "\n".join(aligned_table(headers, body, left=2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,9 +363,9 @@ def run_eval(targets: list[str], options: EvalOptions) -> list[dict]:
             flush=True,
         )
         metrics, paths = evaluate_plan(plan, options, device)
-        rows.append((plan.target.label, metrics))
+        rows.append((plan.target.label, metrics, plan.cfg.rollout.tools))
         written.append(paths)
     print(format_table(rows, options.samples))
     for json_path, completions_path in written:
         print(f"wrote {json_path} and {completions_path.name}")
-    return [metrics for _, metrics in rows]
+    return [metrics for _, metrics, _ in rows]

@@ -25,7 +25,7 @@ from dapo_train.config.schema import Config
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.rewards.scoring import REWARDS, RewardSet, score
 from dapo_train.rollout.decoding import SamplingSettings, decode_loop
-from dapo_train.rollout.engines import Completion, sample_completions
+from dapo_train.rollout.engines import Completion, policy_part, sample_completions
 from dapo_train.task.answers import ANSWER_CHECKS, AnswerCheck
 from dapo_train.task.prompts import Prompt
 from dapo_train.tools.turns import ToolTurns
@@ -56,23 +56,25 @@ def completion_records(
     prompts: Sequence[Prompt], completions: Sequence[Completion], samples: int, check: AnswerCheck = NUMERIC
 ) -> list[dict]:
     """One record per completion: the task's answer and correct bit (check, data.correctness) and
-    the hard format check of the `hard_format` reward (format_ok)."""
-    texts = [c.text for c in completions]
+    the hard format check of the `hard_format` reward (format_ok), read in the policy's own text (with
+    tools, the transcript `completion` less its `tool_turn_spans`)."""
+    texts = [c.policy_text for c in completions]
     golds = [prompts[i // samples].gold for i in range(len(completions))]
     format_scores = REWARDS["hard_format"].fn(texts, golds)
     records = []
-    for index, (completion, gold, format_score) in enumerate(zip(completions, golds, format_scores)):
+    for index, (completion, text, gold, format_score) in enumerate(zip(completions, texts, golds, format_scores)):
         prompt = prompts[index // samples]
         record = {
             "uid": prompt.uid,
             "question": prompt.question,
             "gold": gold,
             "completion": completion.text,
-            "extracted": check.extract(completion.text),
-            "correct": bool(check.is_correct(completion.text, gold)),
+            "extracted": check.extract(text),
+            "correct": bool(check.is_correct(text, gold)),
             "format_ok": format_score > 0,
             "length": completion.length,
             "truncated": completion.truncated,
+            "tool_turn_spans": [list(span) for span in completion.tool_turn_spans],
         }
         if samples > 1:
             record["sample"] = index % samples
@@ -88,7 +90,8 @@ def add_model_scores(reward_set: RewardSet, prompts: Sequence[Prompt], records: 
         return
     samples = len(records) // len(prompts)
     item = [prompts[index // samples] for index in range(len(records))]
-    scores = score(models, [r["completion"] for r in records], [r["gold"] for r in records],
+    texts = [policy_part(r["completion"], r.get("tool_turn_spans", [])) for r in records]
+    scores = score(models, texts, [r["gold"] for r in records],
                    lengths=[r["length"] for r in records], prompts=[p.text for p in item],
                    questions=[p.question for p in item])
     for index, record in enumerate(records):

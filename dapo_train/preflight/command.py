@@ -349,7 +349,7 @@ def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report
                 ended[int(c.completion_ids[-1])] += 1
     completions = first
     rewards = rewards_from_config(cfg).load(next(model.parameters()).device)  # reward models too, as a run does
-    scores = score(rewards, [c.text for c in completions], [p.gold for p in prompts for _ in range(group)],
+    scores = score(rewards, [c.policy_text for c in completions], [p.gold for p in prompts for _ in range(group)],
                    lengths=[c.length for c in completions], prompts=[p.text for p in prompts for _ in range(group)],
                    questions=[p.question for p in prompts for _ in range(group)])
     means = "; ".join(f"{key} mean {statistics.fmean(values):+.3f} sd {statistics.pstdev(values):.3f}"

@@ -9,13 +9,13 @@ carry one).
 
 from __future__ import annotations
 
-import json
 import math
 
 from dapo_train.algo.advantages import overlong_penalty
 from dapo_train.errors import UserError
 from dapo_train.rewards.scoring import CorrectFn, register
 from dapo_train.task.answers import extract_answer, is_correct
+from dapo_train.tools.turns import call_bodies, read_json
 
 # --------------------------------------------------------------------------------------------
 # The rewards.
@@ -25,7 +25,6 @@ _FORMAT_HEAD, _FORMAT_MIDDLE, _FORMAT_TAIL = "<think>\n", "\n</think>\n<answer>\
 _MARKS = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
 _MARK_VALUE = 0.125
 _TRAILING_COST = 0.001  # per character of text after </answer>
-_CALL_OPEN, _CALL_CLOSE = "<tool_call>", "</tool_call>"  # the rollout's call markup (tools/turns.py CALL)
 
 
 @register("correctness")
@@ -117,37 +116,16 @@ def tool_format(
     return values
 
 
-def call_bodies(text: str) -> list[str]:
-    """The calls the rollout read in `text` (tools/turns.py CALL.findall: each <tool_call> to the next
-    </tool_call>, whitespace stripped), found in one pass with str.find."""
-    bodies, start = [], text.find(_CALL_OPEN)
-    while start >= 0:
-        end = text.find(_CALL_CLOSE, start + len(_CALL_OPEN))
-        if end < 0:
-            break
-        bodies.append(text[start + len(_CALL_OPEN) : end].strip())
-        start = text.find(_CALL_OPEN, end + len(_CALL_CLOSE))
-    return bodies
-
-
-def _read_json(text: str) -> tuple[object, bool]:
-    """(value, False), or (None, True) when json.loads fails: invalid, or nested past its recursion limit."""
-    try:
-        return json.loads(text), False
-    except (ValueError, RecursionError):
-        return None, True
-
-
 def _malformed_call(body: str) -> bool:
     """A call's text is not {"name": str, "arguments": {...}} (the arguments may be a JSON string of one,
-    as the rollout accepts), read as the rollout reads it (tools/turns.py read_json, a layer above this one)."""
-    call, problem = _read_json(body)
+    as the rollout accepts), read as the rollout reads it (tools/turns.py read_json)."""
+    call, problem = read_json(body)
     if problem or not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return True
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):
-        arguments, problem = _read_json(arguments)
-    return problem or not isinstance(arguments, dict)
+        arguments, problem = read_json(arguments)
+    return problem is not None or not isinstance(arguments, dict)
 
 
 def _cache_tokens(cache_length: int | float, max_length: int) -> int:

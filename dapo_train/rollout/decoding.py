@@ -112,6 +112,7 @@ class Decoded:
     # With tools (rollout/tool_rows.py) a transcript holds EOS ids before its end, so its extent is given:
     lengths: Tensor | None = None  # (N,) long valid tokens per row; None: up to the first EOS
     truncated: Tensor | None = None  # (N,) bool; None: no EOS within the budget
+    over_calls: Tensor | None = None  # (N,) bool: ended by a turn past rollout.max_tool_calls; None: none did
     policy_mask: Tensor | None = None  # (N, T) bool, False on the tool turns' forced tokens; None: all True
     tool_calls: list[list] | None = None  # per row, its tools.turns.ToolCall in order
 
@@ -338,7 +339,8 @@ def decode_loop(
         next_position = next_position + 1
     decoded = Decoded(generated.cpu(), logprobs.cpu(), None if kept is None else kept.cpu())
     if tool_rows is not None:
-        decoded.lengths, decoded.truncated = tool_rows.lengths, tool_rows.truncated
+        decoded.lengths, decoded.truncated, decoded.over_calls = tool_rows.lengths, tool_rows.truncated, \
+            tool_rows.over_calls
         decoded.policy_mask, decoded.tool_calls = tool_rows.policy_mask, tool_rows.calls
     return decoded
 

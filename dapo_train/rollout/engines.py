@@ -54,7 +54,7 @@ class Completion:
     prompt_ids: torch.Tensor  # (P,) the prompt's tokens, no padding
     completion_ids: torch.Tensor  # (L,) valid generated tokens, no padding
     truncated: bool  # no EOS within max_new_tokens
-    text: str  # decoded completion, special tokens skipped
+    text: str  # decoded completion, special tokens skipped; with tools the whole transcript (transcript_text)
     behaviour_logprobs: torch.Tensor | None = None  # (L,) float32 under the sampling distribution; every engine sets it
     # (L,) float32 <= 0: log of the probability top-k / top-p kept where each token was sampled, so
     # behaviour_logprobs + kept_log_mass are the rollout's log-probs before truncation; None: nothing truncated.
@@ -63,6 +63,10 @@ class Completion:
     # not actions: out of the loss, the log-probs' use, Eq. 12's count and the entropy); None: all the policy's.
     policy_mask: torch.Tensor | None = None
     tool_calls: list = field(default_factory=list)  # tools.turns.ToolCall of each call made, in order
+    # ended by a turn whose calls would pass rollout.max_tool_calls (none of them run): its own end, not truncated
+    over_calls: bool = False
+    # [start, end) spans of `text` that are tool turns, in order (transcript_text); the rest is the policy's
+    tool_turn_spans: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def length(self) -> int:
@@ -72,6 +76,12 @@ class Completion:
     def policy_tokens(self) -> int:
         """The tokens the policy sampled: its length less its tool turns'."""
         return self.length if self.policy_mask is None else int(self.policy_mask.sum())
+
+    @property
+    def policy_text(self) -> str:
+        """What the policy wrote: `text` less its tool turns. The rewards and the answer check read this, so a
+        tool's reply is never graded as the policy's answer (an <answer> block open across a call included)."""
+        return policy_part(self.text, self.tool_turn_spans)
 
     @property
     def untruncated_logprobs(self) -> torch.Tensor | None:
@@ -120,6 +130,33 @@ def completion_mask(generated: torch.Tensor, eos_ids: Sequence[int]) -> tuple[to
     return mask, truncated
 
 
+def transcript_text(tokenizer, ids: torch.Tensor, policy_mask: torch.Tensor | None,
+                    ) -> tuple[str, list[tuple[int, int]]]:
+    """A completion's text (special tokens skipped) and the [start, end) character spans of its tool turns:
+    ids (L,), policy_mask (L,) bool, False on the tool turns' tokens (None: none). Each run of the policy's or
+    a tool turn's tokens is decoded alone and the texts joined, so the spans are exact. An engine with tools
+    fills Completion.text and tool_turn_spans with it."""
+    if policy_mask is None or bool(policy_mask.all()):
+        return tokenizer.decode(ids, skip_special_tokens=True), []
+    starts = [0, *((policy_mask[1:] != policy_mask[:-1]).nonzero().flatten() + 1).tolist(), len(ids)]
+    text, spans = "", []
+    for start, end in zip(starts, starts[1:]):
+        piece = tokenizer.decode(ids[start:end], skip_special_tokens=True)
+        if not bool(policy_mask[start]):
+            spans.append((len(text), len(text) + len(piece)))
+        text += piece
+    return text, spans
+
+
+def policy_part(text: str, spans: Sequence[Sequence[int]]) -> str:
+    """`text` less its tool turns' [start, end) spans (Completion.tool_turn_spans, in order)."""
+    pieces, cursor = [], 0
+    for start, end in spans:
+        pieces.append(text[cursor:start])
+        cursor = end
+    return "".join(pieces) + text[cursor:]
+
+
 def _completions(prompts: Sequence[torch.Tensor], decoded: Decoded, eos_ids, tokenizer) -> list[Completion]:
     """A decoder's N rows (row i continues prompts[i]) -> Completions."""
     if decoded.lengths is None:
@@ -128,15 +165,19 @@ def _completions(prompts: Sequence[torch.Tensor], decoded: Decoded, eos_ids, tok
     else:  # a transcript with tool turns holds EOS ids before its end
         lengths, truncated = decoded.lengths.tolist(), decoded.truncated
     valid = [decoded.ids[row, :length] for row, length in enumerate(lengths)]
-    texts = tokenizer.batch_decode(valid, skip_special_tokens=True)
     kept, policy = decoded.kept_log_mass, decoded.policy_mask
+    if policy is None:
+        texts = [(text, []) for text in tokenizer.batch_decode(valid, skip_special_tokens=True)]
+    else:
+        texts = [transcript_text(tokenizer, ids, policy[row, : lengths[row]]) for row, ids in enumerate(valid)]
     return [
         Completion(
-            prompt_ids=prompts[row], completion_ids=ids, truncated=bool(truncated[row]), text=texts[row],
+            prompt_ids=prompts[row], completion_ids=ids, truncated=bool(truncated[row]), text=texts[row][0],
             behaviour_logprobs=decoded.behaviour_logprobs[row, : lengths[row]].clone(),
             kept_log_mass=None if kept is None else kept[row, : lengths[row]].clone(),
             policy_mask=None if policy is None else policy[row, : lengths[row]].clone(),
             tool_calls=[] if decoded.tool_calls is None else decoded.tool_calls[row],
+            over_calls=decoded.over_calls is not None and bool(decoded.over_calls[row]), tool_turn_spans=texts[row][1],
         )
         for row, ids in enumerate(valid)
     ]
@@ -200,10 +241,12 @@ class RolloutEngine(Protocol):
         or factory (the trainer refuses any other at start when tools are named) and gets them as
         EngineSetup.tools, a tools.ToolTurns. When a row ends an assistant turn (an EOS id) that makes calls,
         `ToolTurns.answer(turn ids, calls made so far)` runs them and returns the tool turn's tokens (or None:
-        the completion ends there; over_limit: it ends truncated); the engine appends those tokens to the row
-        as context and samples on. Each Completion then carries its whole transcript in completion_ids, its
-        extent given by the engine (EOS ids occur inside it), policy_mask False on the appended tokens (their
-        behaviour log-probs are not read), and tool_calls. rollout.max_new_tokens bounds the whole transcript."""
+        the completion ends there; over_limit: it ends there with over_calls set, not truncated); the engine
+        appends those tokens to the row as context and samples on. Each Completion then carries its whole
+        transcript in completion_ids, its extent given by the engine (EOS ids occur inside it), policy_mask
+        False on the appended tokens (their behaviour log-probs are not read), text and tool_turn_spans from
+        transcript_text (the rewards read the policy's text alone), over_calls, and tool_calls.
+        rollout.max_new_tokens bounds the whole transcript."""
 
     def sync_weights(self) -> None:
         """Take the training model's current weights; the trainer calls it after every step's updates."""

@@ -8,7 +8,9 @@ sampling. A forced token goes through the model's forward as a sampled one would
 exactly the transcript, and after the last one the row samples the next assistant turn. Forced tokens are
 context, not actions: the policy mask is False there (Completion.policy_mask), and the behaviour log-prob
 recorded is 0. The budget (rollout.max_new_tokens) counts every token of the transcript, forced ones too;
-a row out of budget, or whose turn would exceed rollout.max_tool_calls, ends truncated.
+a row out of budget ends truncated. A row whose turn would exceed rollout.max_tool_calls ends at that turn's
+EOS, over_calls: not truncated, so overlong filtering keeps it in the loss and its reward can push
+over-calling down.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ Tensor = torch.Tensor
 
 class ToolRows:
     """Per-row state of N rows decoding up to `budget` tokens with tools: the forced tokens queued, where the
-    current assistant turn began, the calls made, and at the end each row's length, truncation and policy
-    mask (rows without EOS stay truncated at the budget)."""
+    current assistant turn began, the calls made, and at the end each row's length, truncation, over_calls and
+    policy mask (rows without EOS stay truncated at the budget)."""
 
     def __init__(self, turns: ToolTurns, rows: int, budget: int) -> None:
         self.turns = turns
@@ -34,6 +36,7 @@ class ToolRows:
         self.policy_mask = torch.ones((rows, budget), dtype=torch.bool)  # (N, T) False on forced tokens
         self.lengths = torch.full((rows,), budget, dtype=torch.long)  # (N,)
         self.truncated = torch.ones(rows, dtype=torch.bool)  # (N,)
+        self.over_calls = torch.zeros(rows, dtype=torch.bool)  # (N,) ended by a turn past rollout.max_tool_calls
 
     def force(self, active: list[int], tokens: Tensor, step: int) -> Tensor:
         """Put the next queued token of each active row that has one in place of its drawn token (tokens (A,),
@@ -62,7 +65,7 @@ class ToolRows:
             turn = generated[row, self.turn_start[row] : step + 1].tolist()
             answer = self.turns.answer(turn, len(self.calls[row]))
             if answer is None or answer.over_limit:
-                self.lengths[row], self.truncated[row] = step + 1, answer is not None
+                self.lengths[row], self.truncated[row], self.over_calls[row] = step + 1, False, answer is not None
                 continue
             self.calls[row] += answer.calls
             self.queues[row] = list(answer.forced_ids)

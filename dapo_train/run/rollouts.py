@@ -6,9 +6,11 @@ why each completion got its reward.
 One JSON object per completion (RECORD_KEYS), ordered by generation round, group and completion:
 where it came from (step, round, group: its prompt's position in the round's batch over all ranks,
 sample: its index in the group, uid, question, gold), what it wrote (completion, length in tokens with
-EOS, tool turns included, truncated, extracted: the task's answer or None, tool_calls: each call it made
-with rollout.tools, {name, text: the call as written, result, error}; absent in folders from before
-tools), why it scored so (correct, rewards: each
+EOS, tool turns included, truncated, extracted: the task's answer in the policy's own text or None,
+tool_calls: each call it made with rollout.tools, {name, text: the call as written, result, error};
+over_calls: it ended by a turn whose calls would pass rollout.max_tool_calls; tool_turn_spans: the
+[start, end) character spans of `completion` that are tool turns, context the policy did not write; the
+last three absent in folders from before them), why it scored so (correct, rewards: each
 configured reward's unweighted value under its metrics key, as in `rewards/<key>/mean`; reward: the
 weighted total, Eq. 9's R; advantage, Eq. 9), what became of its group (fate, FATES), and where cheap
 what the update saw: behaviour_logprob_mean (the mean log-prob of its tokens under the policy that
@@ -24,6 +26,7 @@ records of a trajectory the run no longer follows. `dapo-train show` reads them 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -33,7 +36,7 @@ ROLLOUTS_DIR = "rollouts"
 RECORD_KEYS = (
     "step", "round", "group", "sample", "uid", "question", "gold", "completion", "length", "truncated", "extracted",
     "correct", "rewards", "reward", "advantage", "fate", "behaviour_logprob_mean", "ratio_mean", "clip_frac",
-    "tool_calls",
+    "tool_calls", "over_calls", "tool_turn_spans",
 )
 # A group's fate -> what it means. The dropped and screened ones are generation_stats.CollectStats' counters
 # (groups_dropped_*, groups_screened_* in metrics.jsonl; a screened group has only its screen's completions);
@@ -87,6 +90,65 @@ def drop_rollouts(run_dir: Path) -> None:
 
 def read_rollouts(path: Path) -> list[dict]:
     return read_jsonl(path)
+
+
+# Keys a record from before them lacks -> the value it reads as.
+LATER_KEYS = {"tool_calls": [], "over_calls": False, "tool_turn_spans": []}
+_CALL_TYPES = {"name": str, "text": str, "result": str, "error": bool}
+
+
+def read_whole_rollouts(path: Path) -> tuple[list[dict], list[int]]:
+    """The whole records of a rollout file (LATER_KEYS filled in where absent) and the numbers of the lines
+    that are not one, skipped: a line cut short (a copy stopped, a disk filled) or edited out of shape."""
+    records, skipped = [], []
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        record = _whole_record(line)
+        if record is None:
+            skipped.append(number)
+        else:
+            records.append(record)
+    return records, skipped
+
+
+def _whole_record(line: str) -> dict | None:
+    """One line as a record with every key and the types `show` reads, or None."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or not set(RECORD_KEYS) - set(LATER_KEYS) <= set(record):
+        return None
+    record = {**LATER_KEYS, **record}
+    numbers = [record["reward"], record["advantage"], *record["rewards"].values()] \
+        if isinstance(record["rewards"], dict) else [None]
+    optional = [record[key] for key in ("behaviour_logprob_mean", "ratio_mean", "clip_frac")]
+    calls, spans, text = record["tool_calls"], record["tool_turn_spans"], record["completion"]
+    whole = (all(map(_is_number, numbers)) and all(value is None or _is_number(value) for value in optional)
+             and isinstance(text, str) and isinstance(calls, list) and all(map(_is_call, calls))
+             and isinstance(spans, list) and _in_order(spans, len(text)))
+    return record if whole else None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_call(call: object) -> bool:
+    return isinstance(call, dict) and all(isinstance(call.get(key), kind) for key, kind in _CALL_TYPES.items())
+
+
+def _in_order(spans: list, length: int) -> bool:
+    """[start, end] pairs of ints, in order and apart, within a text of `length` characters."""
+    cursor = 0
+    for span in spans:
+        if not (isinstance(span, list) and len(span) == 2 and all(type(i) is int for i in span)
+                and cursor <= span[0] <= span[1] <= length):
+            return False
+        cursor = span[1]
+    return True
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,16 +5,19 @@ wrote, why each completion got its reward, what became of its group -- or as JSO
     --where EXPR  terms separated by commas (or the word `and`), all of which must hold:
                     a flag: truncated, correct, dropped (by Eq. 11 or a screen), screened (ruled out by
                     dapo.screen_size's screen), trained, carried, or a fate (dropped_all_wrong, ...);
-                    `not X` or `!X` for its opposite
+                    with tools: called (made a tool call), tool_error (a call got an error text),
+                    over_calls (ended past rollout.max_tool_calls); `not X` or `!X` for its opposite
                     FIELD OP VALUE with OP one of < <= > >= = != and FIELD a record field (reward,
-                    advantage, length, fate, uid, extracted, ratio_mean, ...) or rewards.<key>
-                  e.g. --where 'dropped'   --where 'reward<0.5,!truncated'   --where 'rewards.overlong<0'
+                    advantage, length, fate, uid, extracted, ratio_mean, ...), rewards.<key>, or
+                    tool_calls / tool_errors (how many calls, how many with an error text)
+                  e.g. --where 'dropped'   --where 'reward<0.5,!truncated'   --where 'tool_calls>2'
     --limit K     completions shown (default 20; 0 = all)
     --json        the matching records, one JSON object per line: all of them unless --limit is given
 
 The text form prints a group's question once, then each of its completions with its reward
-breakdown, answer and ratios, and its whole text. Bad input (no such run, no records, a step without
-a file, a term that names no field) is one line, exit code 2.
+breakdown, answer and ratios, and its whole text, the tool turns' lines marked `tool|`. Bad input (no
+such run, no records, a step without a file, a term that names no field) is one line, exit code 2; a
+line of a file that is not a whole record (a file cut short) is skipped with a warning on stderr.
 """
 
 from __future__ import annotations
@@ -23,13 +26,21 @@ import json
 import operator
 import re
 import shlex
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from dapo_train.errors import UserError
 from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, STATE_FILE
-from dapo_train.run.rollouts import FATES, RECORD_KEYS, ROLLOUTS_DIR, read_rollouts, reward_breakdown, saved_rollouts
+from dapo_train.run.rollouts import (
+    FATES,
+    RECORD_KEYS,
+    ROLLOUTS_DIR,
+    read_whole_rollouts,
+    reward_breakdown,
+    saved_rollouts,
+)
 
 Predicate = Callable[[dict], bool]
 TEXT_LIMIT = 20  # completions the text form shows without --limit
@@ -41,6 +52,9 @@ FLAGS: dict[str, Predicate] = {
     "dropped": lambda record: record["fate"].startswith(("dropped", "screened")),  # a screened prompt is dropped too
     "screened": lambda record: record["fate"].startswith("screened"),
     **{fate: (lambda record, fate=fate: record["fate"] == fate) for fate in FATES},
+    "called": lambda record: bool(record["tool_calls"]),
+    "tool_error": lambda record: any(call["error"] for call in record["tool_calls"]),
+    "over_calls": lambda record: bool(record["over_calls"]),
 }
 OPERATORS: dict[str, Callable] = {"<=": operator.le, ">=": operator.ge, "!=": operator.ne, "==": operator.eq,
                                   "=": operator.eq, "<": operator.lt, ">": operator.gt}
@@ -50,16 +64,24 @@ _TERM_SEPARATOR = re.compile(r",|\s+and\s+")
 _COMPARE_RE = re.compile(r"^([\w.-]+)\s*(<=|>=|!=|==|=|<|>)\s*(.*)$")
 
 
-UNCOMPARED = ("rewards", "tool_calls")  # record fields that hold several values: --where reads rewards.<key>
+# Record fields that hold several values: --where reads rewards.<key>, and tool_calls as COUNTED's count.
+UNCOMPARED = ("rewards", "tool_calls", "tool_turn_spans")
+COUNTED: dict[str, Callable[[dict], int]] = {
+    "tool_calls": lambda record: len(record["tool_calls"]),
+    "tool_errors": lambda record: sum(call["error"] for call in record["tool_calls"]),
+}
 
 
 def _field(name: str, reward_keys: set[str]) -> Callable[[dict], object]:
-    """The getter of a record field named in --where: a RECORD_KEYS name or rewards.<key>."""
+    """The getter of a record field named in --where: a RECORD_KEYS name, a COUNTED count or rewards.<key>."""
+    if name in COUNTED:
+        return COUNTED[name]
     if name in RECORD_KEYS and name not in UNCOMPARED:
         return lambda record: record[name]
     if name.startswith("rewards.") and name[len("rewards."):] in reward_keys:
         return lambda record: record["rewards"].get(name[len("rewards."):])
-    fields = [key for key in RECORD_KEYS if key not in UNCOMPARED] + [f"rewards.{key}" for key in sorted(reward_keys)]
+    fields = [key for key in RECORD_KEYS if key not in UNCOMPARED] + list(COUNTED)
+    fields += [f"rewards.{key}" for key in sorted(reward_keys)]
     raise UserError(f"--where: no record field '{name}'; fields: {', '.join(fields)}; flags: {', '.join(FLAGS)}")
 
 
@@ -178,15 +200,28 @@ def _completion(record: dict) -> list[str]:
         details.append(f"ratio {record['ratio_mean']:.4f}")
     if record["clip_frac"] is not None:
         details.append(f"clipped {record['clip_frac']:.3f}")
-    calls = record.get("tool_calls", [])  # absent in folders from before tools
+    calls = record["tool_calls"]
     if calls:
         errors = sum(call["error"] for call in calls)
         details.append(f"{_count(len(calls), 'tool call')}" + (f" ({errors} with an error)" if errors else ""))
-    text = record["completion"].splitlines() or [""]
+    if record["over_calls"]:
+        details.append("ended by a turn past rollout.max_tool_calls (its calls not run)")
     return [f"  [{record['sample']}] {reward_breakdown(record)}; {', '.join(details)}",
-            *(f"      {line}" for line in text),
+            *_text_lines(record["completion"], record["tool_turn_spans"]),
             *(f"    call {call['name'] or '?'}: {' '.join(call['text'].split())} -> {' '.join(call['result'].split())}"
               for call in calls)]
+
+
+def _text_lines(text: str, spans: list[list[int]]) -> list[str]:
+    """A completion's lines, the policy's indented and a tool turn's marked `tool|` (its blank lines left out):
+    without the mark, a tool turn reads as the policy writing 'user' and 'assistant' lines."""
+    lines, cursor = [], 0
+    for start, end in spans:
+        lines += [f"      {line}" for line in text[cursor:start].splitlines()]
+        lines += [f"  tool| {line}" for line in text[start:end].splitlines() if line.strip()]
+        cursor = end
+    lines += [f"      {line}" for line in text[cursor:].splitlines()]
+    return lines or ["      "]
 
 
 def render(records: list[dict]) -> list[str]:
@@ -201,8 +236,11 @@ def render(records: list[dict]) -> list[str]:
     return lines
 
 
-def _heading(files: dict[int, Path], records: list[dict], shown: int, matching: int, where: str | None) -> str:
+def _heading(files: dict[int, Path], records: list[dict], shown: int, matching: int, where: str | None,
+             skipped: bool) -> str:
     what = f"step {next(iter(files))}" if len(files) == 1 else f"{len(files)} steps"
+    if not records and skipped:
+        return f"{what}: no whole record"
     if not records:
         return f"{what}: no group generated (a step whose batch came whole from carried-over groups)"
     groups = len({(r["step"], r["round"], r["group"]) for r in records})
@@ -212,6 +250,22 @@ def _heading(files: dict[int, Path], records: list[dict], shown: int, matching: 
     if where:
         head += f"; {matching} match '{where}'"
     return head + (f"; showing {shown} (--limit)" if shown < matching else "")
+
+
+def _read(files: dict[int, Path]) -> tuple[list[dict], bool]:
+    """The whole records of the files, in order, and whether any line was skipped, each file's skipped lines
+    said on stderr (the output itself stays records, as --json must)."""
+    records, skipped = [], False
+    for path in files.values():
+        whole, bad = read_whole_rollouts(path)
+        records += whole
+        if bad:
+            which = f"line {bad[0]} is not a whole record" if len(bad) == 1 else \
+                f"lines {_ranges(bad)} are not whole records"
+            print(f"warning: {path}: {which} (cut short?); skipped, {_count(len(whole), 'whole record')} read",
+                  file=sys.stderr)
+            skipped = True
+    return records, skipped
 
 
 def _count(number: int, noun: str) -> str:
@@ -227,11 +281,11 @@ def show(
     if limit < 0:
         raise UserError(f"--limit {limit}: must be >= 0 (0 = all)")
     files = _steps(Path(run), step)
-    records = [record for path in files.values() for record in read_rollouts(path)]
+    records, skipped = _read(files)
     keep = parse_where(where, {key for r in records for key in r["rewards"]}) if where else (lambda record: True)
     matching = [record for record in records if keep(record)]
     shown = matching[:limit] if limit else matching
     if as_json:
         return "\n".join(json.dumps(record, ensure_ascii=False) for record in shown)
-    lines = [_heading(files, records, len(shown), len(matching), where)]
+    lines = [_heading(files, records, len(shown), len(matching), where, skipped)]
     return "\n".join(lines + ([""] + render(shown) if shown else []))

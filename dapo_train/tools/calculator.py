@@ -5,19 +5,24 @@ whitelist of node types; nothing is evaluated by Python itself (no eval, exec or
 name, an attribute, a call to anything but the functions below, a subscript, a lambda, a comprehension
 or a string is refused. Numbers are exact fractions (fractions.Fraction): 0.1 is 1/10, not the nearest
 float. Every cost is bounded before it is paid: the input's length, each literal's digits, each
-intermediate result's digits (numerator and denominator), a power's size (refused before computing it),
-the nesting depth and the wall time. Anything malformed or refused is an answer starting "error: ",
+exact result's digits (numerator and denominator: past MAX_DIGITS it goes on as an approximation), each
+approximation's magnitude (10^-MAX_DIGITS to 10^MAX_DIGITS), a power's size (estimated before computing
+it), the nesting depth and the wall time. Anything malformed or refused is an answer starting "error: ",
 never an exception: the text goes back to the model as the tool's reply.
 
 Accepted: integers and decimals (1_000, 2.5, .5, 1e3), + - * / // % ** (also ^ for power), unary + and -,
-parentheses, and the functions of FUNCTIONS. Chinese full-width input is folded to ASCII first (NFKC:
-full-width digits, （）, ＋－＊／; and × ÷ −). A trailing "=" is ignored.
+parentheses, and the functions of FUNCTIONS. A run of superscripts is a power (3² is 3 ** 2, 10⁻³ is
+10 ** (-3)). Chinese full-width input is folded to ASCII (NFKC on the full-width forms: digits, （）,
+＋－＊／; and × ÷ −), any other space to a space; every other character NFKC would change (a subscript,
+a circled number, a vulgar fraction) is refused: NFKC would read 3₂ as 32 and ①3 as 13. A trailing "="
+is ignored.
 
 Answers: an integer plainly ("42"); any other exact value as its decimal when that ends within
 EXACT_DECIMAL_PLACES places ("0.25", "-1.125"), else as a fraction with its rounded value
 ("1/3 ≈ 0.333333333333"); a value that is not exact (the square root of a non-square, a power with a
 fractional exponent, and anything computed from one) as "≈ " and SIGNIFICANT_DIGITS significant digits.
 A rounded value is written in scientific notation from 10^12 or 10^-12 on ("≈ 1.41421356237e-12").
+An exact value past MAX_DIGITS digits is shown rounded ((241/240) ** 120, 286 digits over 286).
 """
 
 from __future__ import annotations
@@ -41,9 +46,13 @@ MAX_DEPTH = 32  # nested operations and calls
 TIME_LIMIT_S = 0.5  # checked at every node; the other bounds keep one node's work far below it
 EXACT_DECIMAL_PLACES = 20  # an exact value with more decimal places is shown as a fraction
 SIGNIFICANT_DIGITS = 12  # of a rounded value
-_WORKING_DIGITS = 40  # the precision a root or a fractional power is computed to
+_WORKING_DIGITS = 40  # the precision of an approximation (a root, a fractional or an oversized power)
 _LIMIT = 10**MAX_DIGITS
+_LN10 = decimal.Decimal(10).ln(decimal.Context(prec=_WORKING_DIGITS + 10))
 _FOLD = str.maketrans({"×": "*", "÷": "/", "−": "-", "^": "**"})
+_SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁽⁾", "0123456789+-()")
+_SUPERSCRIPT_RUN = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁽⁾]+")  # one character class: linear
+_FULL_WIDTH = range(0xFF01, 0xFF5F)  # the full-width forms of ASCII's ! to ~, which NFKC folds to them
 _LITERAL = re.compile(r"(?P<int>\d+(?:_\d+)*)?(?:\.(?P<frac>\d+(?:_\d+)*)?)?(?:[eE](?P<exp>[+-]?\d+(?:_\d+)*))?")
 
 
@@ -85,7 +94,7 @@ def _evaluate_text(expression: str) -> Value:
         raise Refused(f"the expression must be text, not {type(expression).__name__}")
     if len(expression) > MAX_INPUT_CHARS:
         raise Refused(f"the expression is longer than {MAX_INPUT_CHARS} characters")
-    text = unicodedata.normalize("NFKC", expression).translate(_FOLD).strip().removesuffix("=").strip()
+    text = _fold(expression).translate(_FOLD).strip().removesuffix("=").strip()
     if len(text) > MAX_INPUT_CHARS:
         raise Refused(f"the expression is longer than {MAX_INPUT_CHARS} characters")
     if not text:
@@ -98,6 +107,19 @@ def _evaluate_text(expression: str) -> Value:
         shown = text if len(text) <= 60 else text[:57] + "..."
         raise Refused(f"cannot parse {shown!r}: {getattr(err, 'msg', err)}") from None
     return _Walk(text, time.monotonic() + TIME_LIMIT_S).value(tree.body, 0)
+
+
+def _fold(expression: str) -> str:
+    """Superscript runs as powers, then full-width forms and spaces as ASCII (module docstring); Refused
+    naming the first other character that NFKC would change."""
+    text = _SUPERSCRIPT_RUN.sub(lambda run: f"**({run.group().translate(_SUPERSCRIPTS)})", expression)
+    folded = []
+    for character in text:
+        plain = unicodedata.normalize("NFKC", character)
+        if plain != character and not (ord(character) in _FULL_WIDTH or character.isspace()):
+            raise Refused(f"the character {character!r} is not arithmetic; write plain digits and + - * / ** ( )")
+        folded.append(" " if character.isspace() else plain)
+    return "".join(folded)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,17 +192,25 @@ class _Walk:
 
 
 def _bounded(value: Value) -> Value:
-    """`value` (an approximate one rounded to _WORKING_DIGITS significant digits, so that a chain of
-    approximations stays short), or Refused when its numerator or denominator has more than MAX_DIGITS
-    digits."""
-    if not value.exact and value.fraction != 0:
-        with decimal.localcontext() as context:
-            context.prec = _WORKING_DIGITS
-            approximate = decimal.Decimal(value.fraction.numerator) / decimal.Decimal(value.fraction.denominator)
-        value = Value(Fraction(approximate), exact=False)
-    if abs(value.fraction.numerator) >= _LIMIT or value.fraction.denominator >= _LIMIT:
-        raise Refused(f"a result has more than {MAX_DIGITS} digits")
-    return value
+    """`value` itself when exact within MAX_DIGITS digits (numerator and denominator); else an approximation
+    rounded to _WORKING_DIGITS significant digits (so that a chain of them stays short), Refused unless its
+    magnitude lies within 10^-MAX_DIGITS and 10^MAX_DIGITS (zero always does)."""
+    fraction = value.fraction
+    if fraction == 0 or (value.exact and abs(fraction.numerator) < _LIMIT and fraction.denominator < _LIMIT):
+        return value
+    with decimal.localcontext() as context:
+        context.prec = _WORKING_DIGITS
+        approximate = decimal.Decimal(fraction.numerator) / decimal.Decimal(fraction.denominator)
+    _require_magnitude(approximate.adjusted())
+    return Value(Fraction(approximate), exact=False)
+
+
+def _require_magnitude(exponent: float) -> None:
+    """Refused unless 10^exponent, a result's size, lies within 10^-MAX_DIGITS and 10^MAX_DIGITS."""
+    if exponent >= MAX_DIGITS:
+        raise Refused(f"a result is too large (10^{MAX_DIGITS} or more)")
+    if exponent < -MAX_DIGITS:
+        raise Refused(f"a result is too small (nonzero, under 10^-{MAX_DIGITS})")
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,7 +236,8 @@ def _modulo(left: Value, right: Value) -> Value:
 
 
 def _power(base: Value, exponent: Value) -> Value:
-    """base ** exponent, its size estimated and refused before it is computed."""
+    """base ** exponent: exact when both are and the result's digits, estimated before computing it, stay
+    within MAX_DIGITS; else an approximation (_approximate_power)."""
     b, e = base.fraction, exponent.fraction
     exact = base.exact and exponent.exact
     if b == 0:
@@ -215,21 +246,26 @@ def _power(base: Value, exponent: Value) -> Value:
         return Value(Fraction(1 if e == 0 else 0), exact)
     if b in (1, -1) and e.denominator == 1:
         return Value(b ** int(e), exact)
-    largest = max(abs(b.numerator), b.denominator)
-    if abs(e) * math.log10(largest) > MAX_DIGITS:
-        raise Refused(f"the power has more than {MAX_DIGITS} digits")
-    if e.denominator == 1:
-        return Value(b ** int(e), exact)
-    if b < 0:
+    if b < 0 and e.denominator != 1:
         raise Refused("a negative number to a fractional power is not a real number")
-    root = _exact_root(b, e.denominator)
-    if root is not None:
+    root = b if e.denominator == 1 else _exact_root(b, e.denominator)
+    if root is not None and abs(e.numerator) * math.log10(max(abs(root.numerator), root.denominator)) <= MAX_DIGITS:
         return Value(root ** e.numerator, exact)
+    return _approximate_power(b, e)
+
+
+def _approximate_power(b: Fraction, e: Fraction) -> Value:
+    """b ** e to _WORKING_DIGITS digits as exp(e ln |b|) (b < 0 only with a whole e), Refused from its
+    magnitude, e ln |b|, before the exp. The logarithm is taken with as many more digits as e has before its
+    point, so that e's size does not eat the result's precision (b = 1 + 10^-30, e = 10^31)."""
     with decimal.localcontext() as context:
-        context.prec = _WORKING_DIGITS
-        logarithm = (decimal.Decimal(b.numerator).ln() - decimal.Decimal(b.denominator).ln())
-        approximate = (logarithm * e.numerator / e.denominator).exp()
-    return Value(Fraction(approximate), exact=False)
+        context.prec = _WORKING_DIGITS + 5 + len(str(abs(e.numerator) // e.denominator))
+        logarithm = (decimal.Decimal(abs(b.numerator)) / decimal.Decimal(b.denominator)).ln()
+        logarithm = logarithm * e.numerator / e.denominator
+        _require_magnitude(math.floor(logarithm / _LN10))
+        approximate = logarithm.exp()
+    sign = -1 if b < 0 and e.numerator % 2 else 1
+    return _bounded(Value(sign * Fraction(approximate), exact=False))
 
 
 def _exact_root(value: Fraction, degree: int) -> Fraction | None:

@@ -67,6 +67,8 @@ class Group:
             "kept_log_mass": [c.kept_log_mass for c in self.completions],
             "policy_masks": [c.policy_mask for c in self.completions],
             "tool_calls": [[call.to_record() for call in c.tool_calls] for c in self.completions],
+            "over_calls": [c.over_calls for c in self.completions],
+            "tool_turn_spans": [[list(span) for span in c.tool_turn_spans] for c in self.completions],
             "rewards": self.rewards,
             "correct": self.correct,
             "advantages": self.advantages,
@@ -82,11 +84,15 @@ class Group:
         kept = state.get("kept_log_mass") or [None] * len(behaviour)  # saved before truncation was recorded: none
         policy = state.get("policy_masks") or [None] * len(behaviour)  # saved before tools: no tool turns
         calls = state.get("tool_calls") or [[]] * len(behaviour)
+        over = state.get("over_calls") or [False] * len(behaviour)  # saved before it was its own end
+        spans = state.get("tool_turn_spans") or [[]] * len(behaviour)  # saved before: graded already
         completions = [
             Completion(prompt_ids=p, completion_ids=c, truncated=t, text=x, behaviour_logprobs=b, kept_log_mass=k,
-                       policy_mask=m, tool_calls=[ToolCall(**call) for call in made])
-            for p, c, t, x, b, k, m, made in zip(state["prompt_ids"], state["completion_ids"], state["truncated"],
-                                                 state["texts"], behaviour, kept, policy, calls)
+                       policy_mask=m, tool_calls=[ToolCall(**call) for call in made], over_calls=o,
+                       tool_turn_spans=[tuple(span) for span in s])
+            for p, c, t, x, b, k, m, made, o, s in zip(
+                state["prompt_ids"], state["completion_ids"], state["truncated"], state["texts"], behaviour, kept,
+                policy, calls, over, spans)
         ]
         return cls(
             prompt=prompts_by_uid[state["prompt_uid"]],

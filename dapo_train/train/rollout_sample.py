@@ -51,11 +51,12 @@ def group_records(group: Group, step: int, round_: int, position: int, fate: str
             "step": step, "round": round_, "group": position, "sample": j, "uid": group.prompt.uid,
             "question": group.prompt.question, "gold": group.prompt.gold, "completion": completion.text,
             "length": completion.length, "truncated": bool(completion.truncated),
-            "extracted": extract(completion.text), "correct": bool(group.correct[j]),
+            "extracted": extract(completion.policy_text), "correct": bool(group.correct[j]),
             "rewards": {key: float(values[j]) for key, values in group.per_reward.items()},
             "reward": float(group.rewards[j]), "advantage": float(group.advantages[j]), "fate": fate,
             "behaviour_logprob_mean": behaviour[j], "ratio_mean": None, "clip_frac": None,
-            "tool_calls": [call.to_record() for call in completion.tool_calls],
+            "tool_calls": [call.to_record() for call in completion.tool_calls], "over_calls": completion.over_calls,
+            "tool_turn_spans": [list(span) for span in completion.tool_turn_spans],
         })
     return records
 

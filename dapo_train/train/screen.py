@@ -115,7 +115,7 @@ def score_completions(reward_set, prompts: list[Prompt], completions: list[Compl
         return [Scored([], [], [], {key: [] for key in reward_set.keys}) for _ in prompts]
     start = time.perf_counter()
     scores = score(
-        reward_set, [c.text for c in completions], [p.gold for p in prompts for _ in range(n)],
+        reward_set, [c.policy_text for c in completions], [p.gold for p in prompts for _ in range(n)],
         lengths=[c.length for c in completions], prompts=[p.text for p in prompts for _ in range(n)],
         questions=[p.question for p in prompts for _ in range(n)],
     )

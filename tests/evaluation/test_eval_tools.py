@@ -8,11 +8,13 @@ import shutil
 from pathlib import Path
 
 from dapo_train.evaluation import command as eval_command
+from dapo_train.evaluation.command import format_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_an_eval_of_a_config_with_tools_lists_and_runs_them(tmp_path):
+def _tool_config(tmp_path: Path) -> Path:
+    """tools.yaml: the tiny model with the tests' tool template, and rollout.tools=[calculator]."""
     model = tmp_path / "model"
     shutil.copytree(ROOT / "dapo_train" / "assets" / "tiny" / "model", model)
     shutil.copy(ROOT / "tests" / "fixtures" / "chatml_tools.jinja", model / "chat_template.jinja")
@@ -21,6 +23,11 @@ def test_an_eval_of_a_config_with_tools_lists_and_runs_them(tmp_path):
     (model / "config.json").write_text(json.dumps(config))
     (tmp_path / "tools.yaml").write_text(f"model: {{name_or_path: {model}}}\ndata: {{max_prompt_length: 1500, "
                                          "system_prompt: ''}\nrollout: {tools: [calculator]}\n")
+    return tmp_path / "tools.yaml"
+
+
+def test_an_eval_of_a_config_with_tools_lists_and_runs_them(tmp_path):
+    _tool_config(tmp_path)
 
     def plan(*overrides: str):
         options = eval_command.EvalOptions(config_path=str(tmp_path / "tools.yaml"), limit=2, overrides=overrides)
@@ -56,3 +63,43 @@ def test_no_tools_evaluates_the_tool_config_without_them_and_is_in_the_help(monk
     both = CliRunner().invoke(app, ["eval", "--config", config, "--no-tools", "rollout.tools=[calculator]"])
     assert both.exit_code != 0 and "--no-tools and a rollout.tools=... override both given" in str(both.exception)
     assert "--no-tools" in CliRunner().invoke(app, ["eval", "--help"]).output
+
+
+METRICS = {"num_items": 2, "accuracy": 0.5, "accuracy_stderr": 0.35, "accuracy_ci95_low": 0.09,
+           "accuracy_ci95_high": 0.91, "format_rate": 1.0, "completion_length_mean": 40.0, "completion_length_max": 50,
+           "truncated_rate": 0.0}
+
+
+def test_the_eval_table_says_whether_tools_were_on(tmp_path, monkeypatch, capsys):
+    """Issue 49, item 6: the table of `dapo-train eval` did not say whether the tools ran."""
+    lines = format_table([("a", METRICS, ["calculator", "word_count"]), ("b", METRICS, [])]).splitlines()
+    assert lines[0].split()[:3] == ["model", "tools", "items"]
+    assert lines[2].split()[:3] == ["a", "calculator,", "word_count"] and lines[3].split()[:3] == ["b", "off", "2"]
+
+    config = _tool_config(tmp_path)
+    monkeypatch.setattr(eval_command, "evaluate_plan", lambda plan, options, device: (METRICS, [tmp_path / "x.json",
+                                                                                              tmp_path / "x.jsonl"]))
+    for overrides, shown in (((), "calculator"), (("rollout.tools=[]",), "off")):
+        eval_command.run_eval([], eval_command.EvalOptions(config_path=str(config), limit=2, overrides=overrides))
+        table = capsys.readouterr().out.splitlines()
+        assert table[-2].split()[-10] == shown, table  # the row: model, tools, then the 9 numbers
+
+
+def test_the_evals_reward_models_score_the_policys_own_text():
+    """Issue 47, item 13: as in training, a reward model reads what the policy wrote, not the tool turns (the
+    eval scores its records, whose completion is the whole transcript)."""
+    from dapo_train.evaluation.generate import add_model_scores
+    from dapo_train.rewards.scoring import BoundReward, RewardSet
+    from dapo_train.task.prompts import Prompt
+
+    seen = []
+
+    def judge(completions, answers, lengths=None, prompts=None):
+        seen.extend(completions)
+        return [1.0] * len(completions)
+
+    reward = BoundReward("judge", "judge", 1.0, judge, load=lambda device: judge, loaded=True)
+    record = {"completion": "<answer>\n<tool_call>{}</tool_call>\nuser\n391\nassistant\n</answer>", "gold": "391",
+              "length": 12, "tool_turn_spans": [[34, 54]]}  # "\nuser\n391\nassistant\n"
+    add_model_scores(RewardSet((reward,)), [Prompt("test:0", "q", "391", "p", (1,))], [record])
+    assert seen == ["<answer>\n<tool_call>{}</tool_call></answer>"] and record["scores"] == {"judge": 1.0}

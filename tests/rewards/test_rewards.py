@@ -338,13 +338,3 @@ def test_tool_format_defaults_only_punish():
     assert score(rewards, texts, [72] * 3, lengths=[1] * 3).per_reward["tool_format"] == [0.0, 0.0, -0.5]
     with pytest.raises(ConfigError, match="tool_format's malformed must be a finite number"):
         reward_set({"name": "tool_format", "args": {"malformed": "much"}})
-
-
-@given(st.lists(st.sampled_from(["<tool_call>", "</tool_call>", " ", "\n", "{}", "a", "<tool", "call>"]), max_size=30))
-@settings(max_examples=300, deadline=None)
-def test_tool_format_reads_the_calls_the_rollout_reads(pieces):
-    """rules.call_bodies (str.find, no regex) finds exactly what the rollout's CALL regex finds."""
-    from dapo_train.tools.turns import CALL
-
-    text = "".join(pieces)
-    assert rules.call_bodies(text) == CALL.findall(text)

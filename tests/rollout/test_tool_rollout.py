@@ -77,15 +77,20 @@ def transcript(tokenizer):
     prompt = tokenizer.apply_chat_template(CONVERSATION[:1], tools=tools, tokenize=False, add_generation_prompt=True)
     whole = tokenizer.apply_chat_template(CONVERSATION, tools=tools, tokenize=False)
     assert whole == prompt + "".join(text for _, text in PIECES) + "\n"  # the pieces are the template's rendering
+    prompt_ids, (ids, mask) = tokenizer(prompt, add_special_tokens=False)["input_ids"], tokenized(tokenizer, PIECES)
+    # The pieces tokenize as the whole does: each boundary is a special token.
+    assert prompt_ids + ids.tolist() == tokenizer(whole.removesuffix("\n"), add_special_tokens=False)["input_ids"]
+    return torch.tensor(prompt_ids), ids, mask
+
+
+def tokenized(tokenizer, pieces) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, policy mask) of a completion written as (policy?, text) pieces."""
     ids, mask = [], []
-    for policy, text in PIECES:
+    for policy, text in pieces:
         piece = tokenizer(text, add_special_tokens=False)["input_ids"]
         ids += piece
         mask += [policy] * len(piece)
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    # The pieces tokenize as the whole does: each boundary is a special token.
-    assert prompt_ids + ids == tokenizer(whole.removesuffix("\n"), add_special_tokens=False)["input_ids"]
-    return torch.tensor(prompt_ids), torch.tensor(ids), torch.tensor(mask)
+    return torch.tensor(ids), torch.tensor(mask)
 
 
 def script_draws(monkeypatch, script: list[int]) -> None:
@@ -177,13 +182,26 @@ def test_behaviour_logprobs_after_a_tool_turn_are_the_training_forwards(monkeypa
     assert bool((training[0][~mask] == 0).all())  # the head does not score the tool turns
 
 
-def test_a_turn_beyond_max_tool_calls_ends_the_completion_truncated(monkeypatch, tokenizer, model, transcript):
+def test_a_turn_beyond_max_tool_calls_ends_the_completion_over_calls_not_truncated(
+        monkeypatch, tokenizer, model, transcript):
+    """Issue 47, item 14: such a completion was marked truncated, so overlong filtering took it out of the loss
+    and over-calling was never pushed down. It ends at the EOS the policy sampled, with its own end, and
+    overlong filtering leaves it in the loss (its reward, for a final answer it never wrote, does the rest)."""
+    from dapo_train.task.prompts import Prompt
+    from dapo_train.train.batching import flatten_groups
+    from dapo_train.train.records import Group
+
     _, ids, mask = transcript
     second_call_end = [i for i, token in enumerate(ids.tolist()) if token == tokenizer.eos_token_id][2]
-    for completion in scripted_rollout(monkeypatch, tokenizer, model, transcript, max_calls=1):
-        assert completion.truncated and len(completion.tool_calls) == 1
+    completions = scripted_rollout(monkeypatch, tokenizer, model, transcript, max_calls=1)
+    for completion in completions:
+        assert completion.over_calls and not completion.truncated and len(completion.tool_calls) == 1
         assert completion.completion_ids.tolist() == ids[: second_call_end + 1].tolist()  # the second call, unrun
         assert completion.policy_mask.tolist() == mask[: second_call_end + 1].tolist()
+    prompt = Prompt("train:0", QUESTION, "395", "", tuple(transcript[0].tolist()))
+    group = Group(prompt, completions, torch.zeros(2), torch.zeros(2, dtype=torch.bool), torch.tensor([-1.0, 1.0]))
+    assert [sample.in_loss for sample in flatten_groups([group], overlong_filtering=True)] == [True, True]
+    assert not any(c.over_calls for c in scripted_rollout(monkeypatch, tokenizer, model, transcript, max_calls=2))
 
 
 def test_the_budget_counts_the_tool_turns_tokens(monkeypatch, tokenizer, model, transcript):
@@ -191,9 +209,53 @@ def test_the_budget_counts_the_tool_turns_tokens(monkeypatch, tokenizer, model, 
     inside_tool_turn = int((~mask).nonzero()[3])
     (completion,) = scripted_rollout(monkeypatch, tokenizer, model, transcript, budget=inside_tool_turn + 1,
                                      group_size=1)
-    assert completion.truncated
+    assert completion.truncated and not completion.over_calls
     assert completion.completion_ids.tolist() == ids[: inside_tool_turn + 1].tolist()
     assert completion.policy_mask.tolist() == mask[: inside_tool_turn + 1].tolist()
+
+
+# An answer block opened before a call and closed after the tool turn: only the tool's reply holds the gold 391.
+AROUND_A_CALL = [
+    (POLICY, '<answer>\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n'
+             "</tool_call><|im_end|>"),
+    (TOOL, "\n<|im_start|>user\n<tool_response>\n391\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
+    (POLICY, "\n</answer><|im_end|>"),
+]
+
+
+def test_the_rewards_and_the_eval_grade_the_policys_own_text(monkeypatch, tokenizer, model, transcript):
+    """Issue 47, item 13: the block was graded on the transcript, so on 391, the number in the tool's reply,
+    which the policy never wrote. Graded on the policy's own text (the transcript less its tool turns), the
+    block's last number is the 23 of the call's expression: wrong, in training and in evaluation."""
+    from dapo_train.config.load import load_config
+    from dapo_train.config.schema import RewardSpec
+    from dapo_train.evaluation.generate import eval_records
+    from dapo_train.rewards import build_rewards
+    from dapo_train.task.prompts import Prompt
+    from dapo_train.train.collect import CollectStats, collect_round
+
+    prompt_ids, (ids, mask) = transcript[0], tokenized(tokenizer, AROUND_A_CALL)
+    completions = scripted_rollout(monkeypatch, tokenizer, model, (prompt_ids, ids, mask))
+    expression = '{"name": "calculator", "arguments": {"expression": "17 * 23"}}'
+    for completion in completions:
+        assert completion.text == (f"<answer>\n<tool_call>\n{expression}\n</tool_call>\nuser\n<tool_response>\n391\n"
+                                   "</tool_response>\nassistant\n\n</answer>")
+        assert completion.policy_text == f"<answer>\n<tool_call>\n{expression}\n</tool_call>\n</answer>"
+
+    prompt = Prompt("train:0", QUESTION, "391", "", tuple(prompt_ids.tolist()))
+    cfg = load_config(None, ["rollout.group_size=2", f"rollout.max_new_tokens={len(ids) + 8}",
+                             "rewards=[{name: accuracy}]", "rollout.tools=[calculator]"])
+    turns = ToolTurns(tokenizer, resolve_tools(["calculator"]), 4)
+    engine = DecodeLoopEngine(EngineSetup(model, tokenizer, 16, dtype="float32", compile="off", tools=turns))
+    stats = CollectStats()
+    script_draws(monkeypatch, ids.tolist())  # the tool turn's own tokens where it is: forced anyway
+    collect_round(engine, build_rewards([RewardSpec(name="accuracy")], max_new_tokens=64), [prompt], cfg, stats, 0)
+    assert stats.correct == [False, False] and stats.dropped_all_wrong == 1
+
+    script_draws(monkeypatch, ids.tolist())
+    records = eval_records(model, tokenizer, [prompt], max_new_tokens=len(ids) + 8, batch_size=4, samples=2,
+                           tools=turns)
+    assert [(record["extracted"], record["correct"]) for record in records] == [("23", False)] * 2
 
 
 def test_a_buffered_group_keeps_its_tool_turns_through_a_checkpoint(rollout, transcript, tmp_path):
@@ -207,6 +269,19 @@ def test_a_buffered_group_keeps_its_tool_turns_through_a_checkpoint(rollout, tra
     loaded = Group.from_state(torch.load(tmp_path / "group.pt", weights_only=True), {prompt.uid: prompt})
     for before, after in zip(completions, loaded.completions):
         assert torch.equal(after.policy_mask, before.policy_mask) and after.tool_calls == before.tool_calls
+
+
+def test_a_buffered_group_keeps_its_over_calls_end_through_a_checkpoint(monkeypatch, tokenizer, model, transcript,
+                                                                        tmp_path):
+    from dapo_train.task.prompts import Prompt
+    from dapo_train.train.records import Group
+
+    completions = scripted_rollout(monkeypatch, tokenizer, model, transcript, max_calls=1)
+    prompt = Prompt("train:0", QUESTION, "395", "", tuple(transcript[0].tolist()))
+    group = Group(prompt, completions, torch.zeros(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2))
+    torch.save(group.to_state(), tmp_path / "group.pt")
+    loaded = Group.from_state(torch.load(tmp_path / "group.pt", weights_only=True), {prompt.uid: prompt})
+    assert [(c.over_calls, c.truncated) for c in loaded.completions] == [(True, False)] * 2
 
 
 def test_the_steps_metrics_and_rollout_records_count_the_calls(monkeypatch, tokenizer, model, transcript, rollout):

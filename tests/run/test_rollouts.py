@@ -25,7 +25,7 @@ RECORD = {
     "completion": "<think>\n6 × 7 = 42\n</think>\n<answer>\n42\n</answer>", "length": 21, "truncated": False,
     "extracted": "42", "correct": True, "rewards": {"accuracy": 1.0, "overlong": -0.25}, "reward": 0.75,
     "advantage": 1.2247, "fate": "trained", "behaviour_logprob_mean": -0.31, "ratio_mean": 1.02, "clip_frac": 0.0,
-    "tool_calls": [],
+    "tool_calls": [], "over_calls": False, "tool_turn_spans": [],
 }
 
 

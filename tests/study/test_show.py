@@ -1,5 +1,6 @@
-"""`dapo-train show`: which records the filters pick (flags, comparisons, rewards.<key>), the step
-files read, the text and JSON forms, and one-line errors for what cannot be read."""
+"""`dapo-train show`: which records the filters pick (flags, comparisons, rewards.<key>, tool calls), the step
+files read (a file cut short: its whole records), the text and JSON forms with tool turns marked, and one-line
+errors for what cannot be read."""
 
 import json
 
@@ -17,7 +18,7 @@ def _record(step, group, sample, fate, reward, *, correct=False, truncated=False
         "length": 30 + sample, "truncated": truncated, "extracted": "7" if correct else "8", "correct": correct,
         "rewards": {"accuracy": 1.0 if correct else -1.0, "overlong": overlong}, "reward": reward, "advantage": 0.0,
         "fate": fate, "behaviour_logprob_mean": -0.5, "ratio_mean": ratio, "clip_frac": None if ratio is None else 0.0,
-        "tool_calls": [],
+        "tool_calls": [], "over_calls": False, "tool_turn_spans": [],
     }
 
 
@@ -149,3 +150,95 @@ def test_a_completion_that_called_tools_shows_each_call_and_its_answer(tmp_path)
     assert lines[-2:] == [
         '    call calculator: {"name": "calculator", "arguments": {"expression": "17 * 23"}} -> 391',
         "    call ?: calculator(1 / 0) -> error: the tool call is not valid JSON"]
+
+
+def _tool_record(sample, calls, *, over_calls=False):
+    """A completion that made `calls` ((result, error) pairs) and whose transcript holds their tool turns."""
+    text, spans = "Let me compute.\n", []
+    for result, _ in calls:
+        text += '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n</tool_call>'
+        turn = f"\nuser\n<tool_response>\n{result}\n</tool_response>\nassistant\n"
+        spans.append([len(text), len(text) + len(turn)])
+        text += turn
+    text += "#### 391"
+    made = [{"name": "calculator", "text": "{}", "result": result, "error": error} for result, error in calls]
+    return {**_record(1, 0, sample, "trained", 1.0), "completion": text, "tool_calls": made,
+            "over_calls": over_calls, "tool_turn_spans": spans}
+
+
+TOOL_RECORDS = [_tool_record(0, []), _tool_record(1, [("391", False)]),
+                _tool_record(2, [("391", False), ("error: division by zero", True)]),
+                _tool_record(3, [("391", False)], over_calls=True)]
+
+
+@pytest.mark.parametrize("expression, samples", [
+    ("called", [1, 2, 3]),
+    ("!called", [0]),
+    ("tool_error", [2]),
+    ("over_calls", [3]),
+    ("tool_calls>=2", [2]),
+    ("tool_calls=1", [1, 3]),
+    ("tool_errors=0, called", [1, 3]),
+])
+def test_where_selects_by_tool_calls_and_errors(tmp_path, expression, samples):
+    """Issue 49, item 6: --where could not select by tool calls (tool_calls was a field it refused)."""
+    write_rollouts(tmp_path, 1, TOOL_RECORDS)
+    rows = [json.loads(line) for line in show(str(tmp_path), where=expression, as_json=True).splitlines()]
+    assert [row["sample"] for row in rows] == samples
+
+
+def test_tool_turns_are_marked_as_tool_turns(tmp_path):
+    """Issue 49, item 6: a tool turn printed as bare 'user' and 'assistant' lines among the policy's own."""
+    write_rollouts(tmp_path, 1, [TOOL_RECORDS[2]])
+    lines = show(str(tmp_path)).splitlines()
+    assert lines[5:] == [
+        "      Let me compute.",
+        "      <tool_call>",
+        '      {"name": "calculator", "arguments": {"expression": "17 * 23"}}',
+        "      </tool_call>",
+        "  tool| user",
+        "  tool| <tool_response>",
+        "  tool| 391",
+        "  tool| </tool_response>",
+        "  tool| assistant",
+        "      <tool_call>",
+        '      {"name": "calculator", "arguments": {"expression": "17 * 23"}}',
+        "      </tool_call>",
+        "  tool| user",
+        "  tool| <tool_response>",
+        "  tool| error: division by zero",
+        "  tool| </tool_response>",
+        "  tool| assistant",
+        "      #### 391",
+        "    call calculator: {} -> 391",
+        "    call calculator: {} -> error: division by zero",
+    ]
+    write_rollouts(tmp_path, 1, [TOOL_RECORDS[3]])
+    assert show(str(tmp_path)).splitlines()[4].endswith(
+        "1 tool call, ended by a turn past rollout.max_tool_calls (its calls not run)")
+
+
+def test_records_from_before_tool_turns_were_kept_still_show(tmp_path):
+    old = {key: value for key, value in _record(1, 0, 0, "trained", 1.0).items()
+           if key not in ("tool_calls", "over_calls", "tool_turn_spans")}
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "rollouts" / "step_1.jsonl").write_text(json.dumps(old) + "\n")
+    assert show(str(tmp_path)).splitlines()[5:] == ["      line one", "      answer 0.0"]
+    assert show(str(tmp_path), where="!called,tool_calls=0", as_json=True).count("\n") == 0  # one record
+
+
+def test_a_file_cut_short_shows_its_whole_records_and_says_what_it_skipped(run, capsys):
+    """Issue 47, item 9: a rollouts/step_N.jsonl cut short (a copy stopped, a disk filled) was a traceback."""
+    path = run / "rollouts" / "step_2.jsonl"
+    text = path.read_text()
+    path.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 40])  # the last line cut after 40 characters
+    lines = show(str(run)).splitlines()
+    assert lines[0] == "step 2: 3 completions of 2 sampled groups (trained 1, dropped_all_wrong 1)"
+    assert capsys.readouterr().err == (f"warning: {path}: line 4 is not a whole record (cut short?); skipped, "
+                                       "3 whole records read\n")
+    rows = show(str(run), as_json=True).splitlines()
+    assert [json.loads(row)["sample"] for row in rows] == [0, 1, 0]
+    assert "line 4 is not a whole record" in capsys.readouterr().err
+    path.write_text('{"step": 2, "round"')  # nothing whole at all
+    assert show(str(run)).splitlines() == ["step 2: no whole record"]
+    assert "line 1 is not a whole record" in capsys.readouterr().err

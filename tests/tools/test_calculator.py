@@ -74,6 +74,21 @@ def timed(expression: str) -> str:
     ("1 ** (10 ** 150)", "1"),  # a huge exponent of 1 needs no digits
     ("(-1) ** (10 ** 150 + 1)", "-1"),
     ("2 ** 660", str(2**660)),  # 199 digits: within MAX_DIGITS = 200
+    # Issue 47, item 12: superscripts are powers (NFKC read 3² as 32, 3² + 4² as 74 and 10⁶ as 106).
+    ("3²", "9"),
+    ("3² + 4²", "25"),
+    ("10⁶", "1000000"),
+    ("2⁻³", "0.125"),
+    ("(1 + 2)²", "9"),
+    ("2³²", "4294967296"),  # 2^32: a run of superscripts is one exponent
+    ("-3²", "-9"),  # as -3 ** 2
+    ("３² × ２", "18"),  # with full-width digits
+    # Issue 47, item 12: an exact value past 200 digits goes on as an approximation, bounded by its magnitude
+    # (both were refused as "more than 200 digits"). Expected values from Python's decimal at 60 digits.
+    ("sqrt(2) ** 6", "≈ 8"),  # 8.000...0001 at 60 digits
+    ("1000 * (1 + 0.05 / 12) ** 120", "≈ 1647.00949769"),  # 1000 (241/240)^120 = 1647.00949769|028...
+    ("(4 / 3) ** 500", "≈ 2.94691971451e+62"),  # exactly, 4^500 / 3^500 has 301 digits over 239
+    ("2 ** 0.5", "≈ 1.41421356237"),
 ])
 def test_answers(expression, answer):
     assert timed(expression) == answer
@@ -86,13 +101,22 @@ def test_answers(expression, answer):
     ("0 ** -1", "division by zero"),
     ("sqrt(-4)", "negative"),
     ("(-8) ** 0.5", "not a real number"),
-    ("2 ** 670", "more than 200 digits"),  # 202 digits
-    ("10 ** 10 ** 10", "more than 200 digits"),  # refused from the exponent's size, before computing
-    ("9 ** 9 ** 9 ** 9", "more than 200 digits"),
-    ("1e999999999", "more than 200 digits"),
+    ("2 ** 670", "too large (10^200 or more)"),  # 4.9e201
+    ("10 ** 200", "too large (10^200 or more)"),
+    ("10 ** 10 ** 10", "too large"),  # refused from the exponent's size, before computing
+    ("9 ** 9 ** 9 ** 9", "too large"),
+    ("(-2) ** 671", "too large"),
+    ("sqrt(2) ** 1400", "too large"),  # 2^700, an approximation
+    ("(1 + 10 ** -100) ** (10 ** 150)", "too large"),  # e^(10^50): only a precise logarithm tells
+    ("1e999999999", "more than 200 digits"),  # a literal is bounded by its digits
     ("1" * 201, "more than 200 digits"),
-    ("(10 ** 150) * (10 ** 60)", "more than 200 digits"),
-    ("1 / 10 ** 201", "more than 200 digits"),
+    ("(10 ** 150) * (10 ** 60)", "too large"),
+    ("1 / 10 ** 150 / 10 ** 60", "too small (nonzero, under 10^-200)"),
+    ("(1 + 10 ** -100) ** -(10 ** 150)", "too small"),
+    ("0.5 ** 1000", "too small"),
+    ("3₂", "the character '₂' is not arithmetic"),  # NFKC read subscripts as digits too: 32
+    ("①3 + 4", "the character '①' is not arithmetic"),  # a step number, NFKC's 13 + 4
+    ("1½", "the character '½' is not arithmetic"),
     ("1,000", "commas"),
     ("", "empty"),
     ("  =  ", "empty"),

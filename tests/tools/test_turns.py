@@ -6,6 +6,8 @@ calls; and which engines may run tools (rollout_tools), refused with one line at
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,8 @@ from transformers import AutoTokenizer
 from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
 from dapo_train.rollout.engines import rollout_tools
-from dapo_train.tools import resolve_tools
-from dapo_train.tools.turns import ToolTurns, tool_turns
+from dapo_train.tools import calculate, resolve_tools
+from dapo_train.tools.turns import ToolTurns, call_bodies, tool_turns
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = ROOT / "dapo_train" / "assets" / "tiny" / "model"
@@ -87,16 +89,36 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
                                                                                  max_size=3), max_leaves=8)
 
 
-@given(name=_JSON | st.sampled_from(["calculator", "broken", "numeric"]), arguments=_JSON, keys=st.booleans())
+def _decoded(arguments):
+    """The arguments as the rollout reads them: a JSON string is decoded (None when it is not JSON)."""
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return None
+
+
+@given(name=_JSON | st.sampled_from(["calculator", "broken", "numeric"]),
+       arguments=_JSON | st.fixed_dictionaries({"expression": st.text(max_size=12)}), keys=st.booleans())
 @settings(max_examples=200, deadline=None)
 def test_any_json_call_is_answered_with_text_and_never_raises(turns, tokenizer, name, arguments, keys):
     """Whatever JSON the policy writes as a call (any name, any arguments, either key missing), the turn is
-    answered with one result text per call; a call the tools cannot take is an error text."""
+    answered with one result per call. Only the calculator given exactly a text `expression` can answer (broken
+    raises, numeric answers a number): its answer is then the calculator's own, else the result is an error
+    text and marked so. Either way the result is what the tool turn tells the model."""
     body = json.dumps({"name": name, "arguments": arguments} if keys else [name, arguments])
     got = answer(turns, tokenizer, f"<tool_call>\n{body}\n</tool_call>")
     (call,) = got.calls
-    assert isinstance(call.result, str) and call.error == call.result.startswith("error: ")
-    assert call.error or (keys and name in ("calculator", "broken", "numeric"))
+    given_arguments = _decoded(arguments)
+    fits = (keys and name == "calculator" and isinstance(given_arguments, dict)
+            and list(given_arguments) == ["expression"] and isinstance(given_arguments["expression"], str))
+    if fits:
+        expected = calculate(given_arguments["expression"])
+        assert (call.name, call.result, call.error) == ("calculator", expected, expected.startswith("error: "))
+    else:
+        assert call.error and call.result.startswith("error: ")
+    assert f"<tool_response>\n{call.result}\n</tool_response>" in replies(tokenizer, got)
 
 
 def test_a_turn_without_a_call_ends_the_completion_and_one_over_the_limit_is_not_run(turns, tokenizer):
@@ -106,6 +128,52 @@ def test_a_turn_without_a_call_ends_the_completion_and_one_over_the_limit_is_not
     assert answer(turns, tokenizer, call, calls_made=2).calls  # the third of 3
     over = answer(turns, tokenizer, call + "\n" + call, calls_made=2)
     assert over.over_limit and over.calls == [] and over.forced_ids == []
+
+
+# The rollout's reading of calls before it was linear (issue 47, item 10), kept as the oracle on short texts.
+REGEX = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+@given(st.lists(st.sampled_from(["<tool_call>", "</tool_call>", " ", "\n", "\t", "{}", "a", "<tool", "call>"]),
+                max_size=30))
+@settings(max_examples=300, deadline=None)
+def test_calls_are_read_as_the_regex_read_them(pieces):
+    """Each <tool_call> to the next </tool_call>, whitespace stripped; an unclosed one is no call."""
+    text = "".join(pieces)
+    assert call_bodies(text) == REGEX.findall(text)
+
+
+@pytest.mark.parametrize("text, bodies", [
+    ('<tool_call>\n{"a": 1}\n</tool_call>', ['{"a": 1}']),
+    ("<tool_call>a<tool_call>b</tool_call> <tool_call> c </tool_call>", ["a<tool_call>b", "c"]),
+    ("<tool_call> \n\t</tool_call></tool_call>", [""]),
+    ("</tool_call><tool_call>unclosed", []),
+])
+def test_calls_by_hand(text, bodies):
+    assert call_bodies(text) == bodies
+
+
+def _best_seconds(work, repeats=5) -> float:
+    """The fastest of `repeats` runs: the machine is shared, and the bound is on the work, not the load."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@pytest.mark.parametrize("filler", [" ", "\n", " \n\t"])
+def test_an_unclosed_call_before_100k_characters_of_whitespace_is_read_in_linear_time(turns, tokenizer, filler):
+    """Issue 47, item 10: the regex took 0.7 s on 1,000 spaces after <tool_call> and 42 s on 4,000 (cubic); a
+    Qwen token can be 128 spaces. Reading 100,000 characters takes under 50 ms, and so a whole turn of
+    100,000 whitespace tokens ends the completion (no call) within a bound that covers decoding it."""
+    text = "<tool_call>" + filler * (100_000 // len(filler))
+    assert call_bodies(text) == [] and call_bodies(text + "</tool_call>") == [""]
+    assert _best_seconds(lambda: call_bodies(text)) < 0.050
+    ids = tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    assert turns.answer(ids, 0) is None
+    assert _best_seconds(lambda: turns.answer(ids, 0), repeats=3) < 0.5
 
 
 def test_a_turn_ended_by_another_eos_than_the_templates_is_final(turns, tokenizer):

@@ -101,7 +101,7 @@ def test_a_record_holds_the_completion_its_answer_and_every_reward():
         "completion": "<answer>\n7\n</answer>", "length": 3, "truncated": False, "extracted": "7", "correct": True,
         "rewards": {"accuracy": 1.0, "overlong": 0.0}, "reward": 1.0, "advantage": 1.0,
         "fate": "dropped_no_variance", "behaviour_logprob_mean": pytest.approx(-1.0), "ratio_mean": None,
-        "clip_frac": None, "tool_calls": [],  # no rollout.tools
+        "clip_frac": None, "tool_calls": [], "over_calls": False, "tool_turn_spans": [],  # no rollout.tools
     }
     assert (second["extracted"], second["truncated"], second["rewards"], second["reward"]) == (
         "8", True, {"accuracy": -1.0, "overlong": 0.75}, -0.25)

@@ -232,7 +232,7 @@ def test_the_rewards_and_the_eval_grade_the_policys_own_text(monkeypatch, tokeni
     from dapo_train.evaluation.generate import eval_records
     from dapo_train.rewards import build_rewards
     from dapo_train.task.prompts import Prompt
-    from dapo_train.train.collect import CollectStats, collect_round
+    from dapo_train.train.collect import CollectStats, RoundPrompts, collect_round, settle_round
 
     prompt_ids, (ids, mask) = transcript[0], tokenized(tokenizer, AROUND_A_CALL)
     completions = scripted_rollout(monkeypatch, tokenizer, model, (prompt_ids, ids, mask))
@@ -249,7 +249,9 @@ def test_the_rewards_and_the_eval_grade_the_policys_own_text(monkeypatch, tokeni
     engine = DecodeLoopEngine(EngineSetup(model, tokenizer, 16, dtype="float32", compile="off", tools=turns))
     stats = CollectStats()
     script_draws(monkeypatch, ids.tolist())  # the tool turn's own tokens where it is: forced anyway
-    collect_round(engine, build_rewards([RewardSpec(name="accuracy")], max_new_tokens=64), [prompt], cfg, stats, 0)
+    drawn = RoundPrompts(drawn=1, skipped=0, prompts=[prompt], positions=[0], draws=[0])
+    rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=64)
+    settle_round(collect_round(engine, rewards, drawn, cfg, stats, 0), stats)
     assert stats.correct == [False, False] and stats.dropped_all_wrong == 1
 
     script_draws(monkeypatch, ids.tolist())

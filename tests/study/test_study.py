@@ -250,7 +250,7 @@ def test_another_programs_sweep_json_is_refused_as_not_ours(tmp_path, monkeypatc
     with pytest.raises(UserError) as error:
         plan_sweep(CONFIG, GRID, "1,2", str(folder))
     message = str(error.value)
-    assert "is not a dapo-train sweep's record" in message and "--dir" in message, message
+    assert "sweep.json is not one a sweep wrote" in message and "--dir" in message, message
     assert "damaged" not in message and "delete" not in message
     assert (folder / SWEEP_FILE).read_text() == theirs
     (folder / SWEEP_FILE).unlink()  # the user moves it away

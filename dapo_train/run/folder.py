@@ -44,7 +44,7 @@ from dapo_train.model.checkpoint import (
 )
 from dapo_train.model.lora import check_lora_start, check_resume
 from dapo_train.run.eval_items import ITEMS_DIR, items_after
-from dapo_train.run.logs import LOG_FILES, METRICS_FILE, split_logs
+from dapo_train.run.logs import LOG_FILES, METRICS_FILE, RUN_LOG, split_logs
 from dapo_train.run.rollouts import ROLLOUTS_DIR, rollouts_after
 from dapo_train.run.trackers import check_trackers
 
@@ -98,13 +98,13 @@ def check_writable(run_dir: Path) -> None:
 
 def run_kind(cfg: Config) -> OutputKind:
     """What a run writes at the top of output_dir (config/outputs.py's rule): the marker, config.yaml, the
-    three logs, eval_items/, rollouts/, checkpoint_<step>/ and their temporary folders, what a resume set
-    aside, and TensorBoard's folder (logging.project). A folder from before the marker is a run when it
+    three logs and run.log, eval_items/, rollouts/, checkpoint_<step>/ and their temporary folders, what a
+    resume set aside, and TensorBoard's folder (logging.project). A folder from before the marker is a run when it
     holds config.yaml with metrics.jsonl or a checkpoint_<step>/."""
     return OutputKind(
         "dapo-train run folder", RUN_MARKER,
-        entries=(CONFIG_FILE, *LOG_FILES.values(), ITEMS_DIR, ROLLOUTS_DIR, "checkpoint_[0-9]*", ".tmp_checkpoint_*",
-                 f"{ABANDONED_PREFIX}*", cfg.logging.project),
+        entries=(CONFIG_FILE, *LOG_FILES.values(), RUN_LOG, ITEMS_DIR, ROLLOUTS_DIR, "checkpoint_[0-9]*",
+                 ".tmp_checkpoint_*", f"{ABANDONED_PREFIX}*", cfg.logging.project),
         signs=((CONFIG_FILE, METRICS_FILE), (CONFIG_FILE, "checkpoint_[0-9]*")),
     )
 

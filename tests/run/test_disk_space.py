@@ -65,12 +65,16 @@ def test_a_full_disk_at_a_checkpoint_stops_in_one_line_and_the_run_resumes(tmp_p
                     f"was removed and checkpoint_1, the last saved, is intact: free space, then resume with: "
                     f"dapo-train run --resume {run}"), last
     assert [p.name for p in run.iterdir() if "checkpoint" in p.name] == ["checkpoint_1"]  # no partial one left
+    assert (run / "run.log").read_text().splitlines()[-1] == last  # the run folder keeps the line too
     ckpt.load_state(run / "checkpoint_1")  # whole: it loads
     resumed = subprocess.run([sys.executable, "-m", "dapo_train", "run", "--resume", str(run)], cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert [row["step"] for row in read_metrics(run)] == [1, 2, 3]
     assert sorted(p.name for p in run.glob("checkpoint_*")) == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]
+    run_log = (run / "run.log").read_text()  # the resumed session appends
+    assert run_log.index(last) < run_log.index(f"resumed from {run / 'checkpoint_1'} at step 1") < run_log.index(
+        f"finished {run}: 3 steps")
 
 
 def test_a_write_error_that_is_not_the_disks_stays_a_bug(tmp_path, monkeypatch, random_model):
@@ -234,6 +238,7 @@ def test_a_run_that_fills_a_real_disk_exits_4_with_the_resume_command_and_resume
                         f"was removed and checkpoint_2, the last saved, is intact: free space, then resume with: "
                         f"dapo-train run --resume {run}"), last
         assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == ["checkpoint_1", "checkpoint_2"]
+        assert (run / "run.log").read_text().splitlines()[-1] == last
         ckpt.load_state(run / "checkpoint_2")
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
         resumed = subprocess.run([sys.executable, "-m", "dapo_train", "run", "--resume", str(run)], cwd=tmp_path,

@@ -17,6 +17,7 @@ import typer
 from dapo_train.config.keys import describe_keys, select_keys
 from dapo_train.config.load import dump_config, is_override, load_config, refuse_repeated_keys
 from dapo_train.errors import CheckpointNotSaved, TaskSolved, TrainingAborted, UserError
+from dapo_train.run.console import steady_console
 
 app = typer.Typer(
     add_completion=False,
@@ -112,8 +113,9 @@ def run_cmd(
     ),
 ) -> None:
     """Train with DAPO. Writes config.yaml, metrics.jsonl, training_losses.txt, accuracy_losses.txt,
-    eval_items/, rollouts/ (what the model wrote: `dapo-train show`) and checkpoint_<step>/ folders to
-    output_dir (default outputs/<run_name>).
+    run.log (what the run said, the summary and the resume command), eval_items/, rollouts/ (what the
+    model wrote: `dapo-train show`) and checkpoint_<step>/ folders to output_dir (default
+    outputs/<run_name>).
 
     Sections: model, data, rollout, dapo, rewards, train, eval, checkpoint, logging; list every key
     with `dapo-train config --keys`.
@@ -372,6 +374,7 @@ def _run_app(argv: list[str]) -> None:
 
 def main() -> None:
     """Console-script entry point: turns UserError into one line and exit code 2."""
+    steady_console()  # a console piped into `| tee`, which the run's own Ctrl-C ends, must not stop the save
     try:
         _run_app(bare_resume_to_latest(debug_first(sys.argv[1:])))
     except UserError as exc:
@@ -382,10 +385,10 @@ def main() -> None:
     except (TrainingAborted, CheckpointNotSaved) as exc:
         if _state["debug"]:
             raise
-        typer.echo(f"{'aborted' if isinstance(exc, TrainingAborted) else 'stopped'}: {exc}", err=True)
+        typer.echo(f"{exc.verdict}: {exc}", err=True)
         sys.exit(exc.exit_code)
     except TaskSolved as exc:
-        typer.echo(f"solved: {exc}", err=True)
+        typer.echo(f"{exc.verdict}: {exc}", err=True)
         sys.exit(TaskSolved.exit_code)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)

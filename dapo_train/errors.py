@@ -29,6 +29,7 @@ class TrainingAborted(Exception):
     3 (2 is bad input; 1 an unexpected error)."""
 
     exit_code = 3
+    verdict = "aborted"  # its line: `aborted: <message>`
 
 
 class CheckpointNotSaved(Exception):
@@ -37,6 +38,7 @@ class CheckpointNotSaved(Exception):
     one and the command that resumes from it, exit code 4."""
 
     exit_code = 4
+    verdict = "stopped"  # its line: `stopped: <message>`
 
 
 class TaskSolved(Exception):
@@ -44,6 +46,7 @@ class TaskSolved(Exception):
     left to learn at its group size; its last checkpoint is the result. One line, exit code 5."""
 
     exit_code = 5
+    verdict = "solved"  # its line: `solved: <message>`
 
 
 def folder_listing(path: Path) -> str:

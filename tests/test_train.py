@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,6 +89,32 @@ def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(tmp_path):
     step = int(checkpoints[0].split("_")[1])
     assert 1 <= step < 200
     assert read_metrics(out)[-1]["step"] == step  # the checkpoint matches the last logged step
+
+
+@pytest.mark.skipif(shutil.which("tee") is None, reason="needs tee, as in `dapo-train run ... 2>&1 | tee log`")
+def test_ctrl_c_of_a_run_piped_into_tee_still_saves_and_writes_the_resume_command_to_the_run_log(tmp_path):
+    """`dapo-train run ... 2>&1 | tee log`, then Ctrl-C: the terminal sends SIGINT to the whole foreground
+    group, so tee dies with it and every later write to the console meets a pipe without a reader. The run
+    still finishes its step, saves, exits 130, and its run.log holds the resume command. Before the fix the
+    progress bar's next write raised BrokenPipeError: no checkpoint, exit code 1."""
+    out, log = tmp_path / "run", tmp_path / "log"
+    args = [*(a for a in SMALL if not a.startswith("logging.progress_bar")), f"output_dir={out}", "train.max_steps=200"]
+    shell = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}  # a user's: buffered
+    run = subprocess.Popen([sys.executable, "-m", "dapo_train", "run", *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, process_group=0, env=shell)
+    tee = subprocess.Popen(["tee", str(log)], stdin=run.stdout, stdout=subprocess.DEVNULL, process_group=run.pid)
+    run.stdout.close()  # tee is the pipe's only reader, as in the shell's pipeline
+    deadline = time.time() + 240
+    while time.time() < deadline and not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
+        assert run.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.5)
+    os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the run and tee together
+    assert tee.wait(timeout=60) == -signal.SIGINT
+    assert run.wait(timeout=240) == 128 + signal.SIGINT
+    checkpoints = [p.name for p in out.iterdir() if p.name.startswith("checkpoint_")]
+    assert checkpoints == [f"checkpoint_{read_metrics(out)[-1]['step']}"]  # the last logged step, saved
+    run_log = (out / "run.log").read_text()
+    assert run_log.strip().splitlines()[-1] == f"stopped early; resume with: dapo-train run --resume {out}", run_log
 
 
 def test_non_finite_losses_skip_updates_then_abort_naming_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):

@@ -7,7 +7,8 @@ are clean, train/health.py; pruning never removes the newest good checkpoint). A
 trainer_state_rank<r>.pt for each rank r > 0 (its RNG states and carry-over, and its optimizer
 shard under FSDP/ZeRO). It is written to a temporary sibling folder and renamed into place, so a
 crash or kill during a save leaves the previous checkpoint intact and never a half one; a write the
-disk refuses (full, I/O error, read-only) removes the half one and raises CheckpointNotSaved. The
+disk refuses (full, I/O error, read-only) removes the half one and raises CheckpointNotSaved (_disk_reason
+says which failures are the disk's). The
 state files hold only tensors and plain containers: they load with weights_only=True. Its size on
 disk (checkpoint_bytes) times what a run holds at once is checked against the free space before the
 first step (check_disk_space).
@@ -15,6 +16,7 @@ first step (check_disk_space).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pickle
@@ -82,6 +84,12 @@ def _weights_finite(tensors) -> bool:
     return all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())
 
 
+# The errnos of a write the disk refused, when one is only the cause of the error raised: no space, over
+# quota, an I/O error, a read-only file system, a file past the system's size limit.
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG}
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors' writer names the errno in its message
+
+
 def _write_refused(folder: Path) -> str | None:
     """Why `folder` refuses a small write now (No space left on device, Read-only file system...), or None."""
     try:
@@ -94,13 +102,31 @@ def _write_refused(folder: Path) -> str | None:
     return None
 
 
-def _not_saved(run_dir: Path, step: int, exc: BaseException) -> CheckpointNotSaved | None:
-    """The stop for a write that failed because of the disk (an OSError, or any error after which the
-    folder refuses a small write: torch.save reports a full disk as a RuntimeError), or None: a bug."""
+def _disk_reason(exc: BaseException) -> str | None:
+    """Why a failed write was the disk's, read from the error: an OSError, or an error caused by one of the
+    disk's (torch.save raises a RuntimeError over the file's OSError; safetensors a SafetensorError naming
+    `(os error 28)`). None: the error does not say."""
     if isinstance(exc, OSError):
-        reason = exc.strerror or str(exc)
-    else:
-        reason = _write_refused(run_dir) if isinstance(exc, Exception) else None  # a KeyboardInterrupt stays one
+        return exc.strerror or str(exc)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        code = exc.errno if isinstance(exc, OSError) else next(
+            (int(found) for found in _RUST_OS_ERROR.findall(str(exc))), None)
+        if code in _DISK_ERRNOS:
+            return os.strerror(code)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _not_saved(run_dir: Path, step: int, exc: BaseException) -> CheckpointNotSaved | None:
+    """The stop for a write that failed because of the disk, or None: a bug (or a KeyboardInterrupt). Called
+    while the partial folder is still there: an error that does not name the disk (torch.save into a path
+    reports a full disk as a bare RuntimeError) counts as the disk's when the folder then refuses a small
+    write, which it would not once the partial folder's room was given back."""
+    if not isinstance(exc, Exception):
+        return None
+    reason = _disk_reason(exc) or _write_refused(run_dir)
     if reason is None:
         return None
     return CheckpointNotSaved(f"could not write checkpoint_{step} in {run_dir} ({reason}); its partial folder was "
@@ -125,9 +151,16 @@ def rank_state_file(rank: int) -> str:
     return f"trainer_state_rank{rank}.pt"
 
 
+def _save_state(state: dict, path: Path) -> None:
+    """torch.save through a Python file: a write the disk refuses then surfaces as the OSError it is (the
+    cause of torch's RuntimeError), where torch's own file writer loses the errno."""
+    with open(path, "wb") as f:
+        torch.save(state, f)
+
+
 def save_rank_state(tmp: Path, rank: int, state: dict) -> None:
     """Rank r > 0's own trainer state (RNG streams, carry-over; rank 0's is trainer_state.pt)."""
-    torch.save(state, tmp / rank_state_file(rank))
+    _save_state(state, tmp / rank_state_file(rank))
 
 
 def load_rank_state(checkpoint: str | Path, rank: int) -> dict | None:
@@ -153,14 +186,14 @@ def save_checkpoint(
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         save_config(cfg, tmp / CONFIG_FILE)
-        torch.save(state, tmp / STATE_FILE)
+        _save_state(state, tmp / STATE_FILE)
         usual_file_modes(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
     except BaseException as exc:
+        stop = _not_saved(run_dir, step, exc)  # before the partial folder goes: it may be what filled the disk
         shutil.rmtree(tmp, ignore_errors=True)  # a kill -9 can still leave it: checkpoint_dirs ignores it
-        stop = _not_saved(run_dir, step, exc)
         if stop is not None:
             raise stop from None
         raise

@@ -44,7 +44,7 @@ from dapo_train.model.checkpoint import (
 )
 from dapo_train.model.lora import check_lora_start, check_resume
 from dapo_train.run.eval_items import ITEMS_DIR, items_after
-from dapo_train.run.logs import LOG_FILES, METRICS_FILE, split_logs
+from dapo_train.run.logs import LOG_FILES, METRICS_FILE, RUN_LOG, split_logs
 from dapo_train.run.rollouts import ROLLOUTS_DIR, rollouts_after
 from dapo_train.run.trackers import check_trackers
 
@@ -102,13 +102,13 @@ def check_writable(run_dir: Path) -> None:
 
 def run_kind(cfg: Config) -> OutputKind:
     """What a run writes at the top of output_dir (config/outputs.py's rule): the marker, config.yaml, the
-    three logs, eval_items/ and rollouts/ (their record files), checkpoint_<step>/ and their temporary
+    three logs and run.log, eval_items/ and rollouts/ (their record files), checkpoint_<step>/ and their temporary
     folders, what a resume set aside, and TensorBoard's folder, named logging.project. A folder without the
     marker is a run when an older dapo-train wrote it (_older_run)."""
     project = cfg.logging.project  # a name, never a pattern; none where it is a path
     return OutputKind(
         "dapo-train run folder", RUN_MARKER,
-        names=(CONFIG_FILE, *LOG_FILES.values(), *((project,) if Path(project).name == project else ())),
+        names=(CONFIG_FILE, *LOG_FILES.values(), RUN_LOG, *((project,) if Path(project).name == project else ())),
         patterns=("checkpoint_[0-9]*", ".tmp_checkpoint_*", f"{ABANDONED_PREFIX}*"),
         nested=((ITEMS_DIR, RECORDS_KIND), (ROLLOUTS_DIR, RECORDS_KIND)), older=_older_run,
     )

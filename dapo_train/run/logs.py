@@ -5,19 +5,74 @@
   before any update) -- simple files that plotting scripts read as CSV.
 A resumed run appends to all three; their rows past the checkpoint's step were split off first
 (split_logs), so they never hold duplicate steps. The same rows go to the trackers (run/trackers.py).
+- run.log: what the main process says from the moment its run folder is opened (RunLog), because the
+  console may not keep it: `| tee log` dies with the Ctrl-C that stops the run. A resumed run appends.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import sys
+import traceback
 from pathlib import Path
 
+from dapo_train.errors import UserError
 from dapo_train.run.files import json_safe, read_jsonl
 from dapo_train.run.trackers import NullTracker
 
 METRICS_FILE = "metrics.jsonl"
 # MetricsLogger's sinks: kind -> file name in the run folder.
 LOG_FILES = {"jsonl": METRICS_FILE, "loss": "training_losses.txt", "accuracy": "accuracy_losses.txt"}
+RUN_LOG = "run.log"
+_RUN_LOG_FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
+
+
+class RunLog:
+    """run.log, a context around a training session: every log line of the process (at the level the
+    command set), the end-of-run summary and the resume command (say), and how the session ended when it
+    raised, in the command's words (`stopped: ...`, `aborted: ...`, `solved: ...`, `error: ...`,
+    `interrupted` for a second Ctrl-C) or, for a bug, its traceback."""
+
+    def __init__(self, run_dir: str | Path, resumed: bool) -> None:
+        self.path = Path(run_dir) / RUN_LOG
+        self.handler = logging.FileHandler(self.path, mode="a" if resumed else "w", encoding="utf-8")
+        self.handler.setFormatter(_RUN_LOG_FORMAT)
+
+    def __enter__(self) -> RunLog:
+        logging.getLogger().addHandler(self.handler)
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        logging.getLogger().removeHandler(self.handler)
+        self.handler.close()
+        if exc is not None:
+            self.write(_ending(exc))
+
+    def say(self, text: str, stream=None) -> None:
+        """`text` on the console (stdout unless `stream`) and in run.log."""
+        print(text, file=stream or sys.stdout, flush=True)
+        self.write(text)
+
+    def write(self, text: str) -> None:
+        """`text` in run.log alone. A log that cannot be written (the disk that stopped the run) is no
+        reason to fail: the console has the text too."""
+        try:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError:
+            pass
+
+
+def _ending(exc: BaseException) -> str:
+    verdict = getattr(exc, "verdict", None)
+    if verdict is not None:
+        return f"{verdict}: {exc}"
+    if isinstance(exc, UserError):
+        return f"error: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return "".join(traceback.format_exception(exc)).rstrip()
 
 
 class MetricsLogger:

@@ -46,7 +46,7 @@ class StopRequested:
     def exit_code(self) -> int:
         return 128 + (self.signum or 0)
 
-    def report(self, run_dir: Path, processes: int = 1) -> None:
+    def resume_line(self, run_dir: Path, processes: int = 1) -> str:
         """The exact command that continues the run: --resume RUN_DIR reads the run's own saved config;
         a run of several processes resumes under the same launcher with as many."""
         from dapo_train.run.folder import resume_command
@@ -55,4 +55,4 @@ class StopRequested:
         if processes > 1:
             command = command.replace("dapo-train", f"torchrun --nproc_per_node {processes} -m dapo_train", 1)
             command += f" (or accelerate launch with --num_processes {processes})"
-        print(f"stopped early; resume with: {command}", file=sys.stderr, flush=True)
+        return f"stopped early; resume with: {command}"

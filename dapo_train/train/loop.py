@@ -28,7 +28,9 @@ policy that generated them instead of being dropped; evaluation is greedy on fix
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -50,7 +52,7 @@ from dapo_train.run.folder import (
     set_aside_abandoned,
     warn_config_changes,
 )
-from dapo_train.run.logs import MetricsLogger
+from dapo_train.run.logs import MetricsLogger, RunLog
 from dapo_train.run.rollouts import drop_rollouts, excerpt, write_rollouts
 from dapo_train.run.signals import StopRequested
 from dapo_train.run.trackers import NullTracker, start_trackers
@@ -210,28 +212,51 @@ def train(
     if main:
         open_run_dir(cfg, replace=overwrite and resume_from is None)  # only now: bad input must not cost the old run
     distributed.barrier()
-    if resume_from is not None:
+    if resume_from is not None:  # before run.log: a checkpoint that does not fit this run's data is bad input
         restore(run, ckpt.load_state(resume_from), resume_from)
+    with RunLog(run_dir, resumed=resume_from is not None) if main else contextlib.nullcontext() as run_log:
+        _open_session(run, resume_from)
+        aborted, solved = _train_steps(run, stop, resumed=resume_from is not None)
+        if main:
+            _report(run, run_log, stop, aborted, solved,
+                    time.monotonic() - started if resume_from is not None else None)
+        if aborted is not None:
+            raise TrainingAborted(f"step {run.step}: {aborted}")
+        if solved is not None:
+            raise TaskSolved(f"step {run.step}: {solved}; the result is {ckpt.latest_checkpoint(run_dir)}")
+    return run_dir
+
+
+def _open_session(run: Run, resume_from: Path | None) -> None:
+    """The run folder as the session starts: what came after a resumed run's checkpoint set aside, a
+    fresh run's old records dropped; the config it runs with saved."""
+    if resume_from is not None:
         logger.info("resumed from %s at step %d", resume_from, run.step)
-    resume_step = run.step if resume_from else None
-    if main:
-        if resume_step is None:
-            drop_items(run_dir)  # a fresh start, as MetricsLogger empties the logs
-            drop_rollouts(run_dir)
+    if distributed.is_main():
+        if resume_from is None:
+            drop_items(run.run_dir)  # a fresh start, as MetricsLogger empties the logs
+            drop_rollouts(run.run_dir)
         else:
-            set_aside_abandoned(run_dir, resume_step)  # what came after the checkpoint (evals too): moved, not lost
-        save_config(cfg, run_dir / ckpt.CONFIG_FILE)
+            set_aside_abandoned(run.run_dir, run.step)  # what came after the checkpoint (evals too): moved, not lost
+        save_config(run.cfg, run.run_dir / ckpt.CONFIG_FILE)
+
+
+def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> tuple[str | None, str | None]:
+    """The steps until train.max_steps, a stop, or the run's own verdict, and the last checkpoint.
+    -> (why the run aborted, why it is solved), each None when it did not."""
+    cfg, main = run.cfg, distributed.is_main()
+    resume_step = run.step if resumed else None
     # Only the main process writes the run's logs and shows progress.
-    metrics_log = MetricsLogger(run_dir, start_trackers(run.accelerator, cfg, resume_step), resume_step=resume_step) \
-        if main else NullTracker()
+    metrics_log = MetricsLogger(run.run_dir, start_trackers(run.accelerator, cfg, resume_step),
+                                resume_step=resume_step) if main else NullTracker()
     progress = Progress(cfg, run.step) if main else NullTracker()
     aborted = solved = None
     try:
-        if resume_from is None and cfg.eval.every_steps > 0:
+        if not resumed and cfg.eval.every_steps > 0:
             _log(run, metrics_log, progress, evaluate(run, run.eval_prompts)[0])
         while run.step < cfg.train.max_steps and not _stop_agreed(stop):
             metrics = train_step(run)
-            aborted = run.health.abort_reason(cfg, run.step, run_dir)
+            aborted = run.health.abort_reason(cfg, run.step, run.run_dir)
             solved = run.health.solved(cfg) if aborted is None else None
             if aborted is None:  # no eval of weights that stop the run
                 metrics.update(step_evals(run))
@@ -245,23 +270,19 @@ def train(
     finally:
         progress.close()
         metrics_log.close()
-    if main:
-        _report(run, stop, aborted, solved, time.monotonic() - started if resume_from is not None else None)
-    if aborted is not None:
-        raise TrainingAborted(f"step {run.step}: {aborted}")
-    if solved is not None:
-        raise TaskSolved(f"step {run.step}: {solved}; the result is {ckpt.latest_checkpoint(run_dir)}")
-    return run_dir
+    return aborted, solved
 
 
-def _report(run: Run, stop: StopRequested, aborted: str | None, solved: str | None, session_s: float | None) -> None:
-    """The end-of-run summary (finished, solved, stopped or aborted), and for a stop the command that resumes."""
+def _report(run: Run, run_log: RunLog, stop: StopRequested, aborted: str | None, solved: str | None,
+            session_s: float | None) -> None:
+    """The end-of-run summary (finished, solved, stopped or aborted), and for a stop the command that
+    resumes: on the console and in run.log."""
     ending = "aborted" if aborted is not None else "solved" if solved is not None else \
         "stopped" if stop.requested else "finished"
-    print(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, ending, session_s,
-                             run.eval_split_missing), flush=True)
+    run_log.say(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, ending,
+                                   session_s, run.eval_split_missing))
     if stop.requested and aborted is None:
-        stop.report(run.run_dir, distributed.world_size())
+        run_log.say(stop.resume_line(run.run_dir, distributed.world_size()), sys.stderr)
 
 
 def save_clean(run: Run) -> None:

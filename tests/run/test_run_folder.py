@@ -55,9 +55,9 @@ def _no_setup(monkeypatch):
 # Item 2: the resume hint is a real command, and it resumes with the run's own config.
 
 
-def test_the_stop_hint_is_the_exact_command(capsys):
-    StopRequested().report(Path("outputs/sig int"))
-    assert capsys.readouterr().err.strip() == "stopped early; resume with: dapo-train run --resume 'outputs/sig int'"
+def test_the_stop_hint_is_the_exact_command():
+    line = StopRequested().resume_line(Path("outputs/sig int"))
+    assert line == "stopped early; resume with: dapo-train run --resume 'outputs/sig int'"
 
 
 def test_resume_run_dir_continues_with_the_runs_own_config(finished_run, tmp_path):

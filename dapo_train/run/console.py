@@ -1,0 +1,71 @@
+"""A console that goes away never stops a run.
+
+`dapo-train run ... 2>&1 | tee log` is how a long job is logged, and Ctrl-C there reaches tee too: it
+dies with the same SIGINT that asks the run to finish its step and save, and every later write to the
+console (the signal's own message, the bar, log lines, the summary, Python's flush at exit) meets a pipe
+without a reader. A closed terminal or a full disk under `> log` does the same. steady_console() wraps
+sys.stdout and sys.stderr so that the first write or flush that fails points the stream at os.devnull
+and the run goes on, saves and exits with its own code; what it says from then on is still in its
+folder's run.log (run/logs.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# A pipe without a reader (BrokenPipeError), an I/O error or a full disk (OSError), a closed file (ValueError).
+_LOST = (OSError, ValueError)
+
+
+class SteadyStream:
+    """A text stream whose failures end its output instead of raising; everything else is the stream's."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except UnicodeError:  # a ValueError too, but the text's fault, not the console's: as before
+            raise
+        except _LOST:
+            self._to_devnull()
+            return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except _LOST:
+            self._to_devnull()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    def _to_devnull(self) -> None:
+        """The stream's file descriptor onto os.devnull, so that the text still in its buffer and the
+        interpreter's flush at exit go nowhere instead of failing again (a BrokenPipeError there would
+        turn the exit code into 120); then write to os.devnull from here on."""
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self._stream.fileno())
+            finally:
+                os.close(null)
+        except _LOST:  # no descriptor (closed, or not a file): nothing else can write through it
+            pass
+        self._stream = open(os.devnull, "w", encoding="utf-8")  # the stream for the rest of the process
+
+
+def steady_console() -> None:
+    """Wrap sys.stdout and sys.stderr (once; one that is None, closed at start, stays None) before anything
+    keeps a reference to them: the logging handlers and the progress bar write through what sys.stderr is
+    when they are made."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, SteadyStream):
+            setattr(sys, name, SteadyStream(stream))

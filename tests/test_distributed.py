@@ -591,7 +591,7 @@ def _screened_step(steps: int = 1, history: bool = False) -> dict:
                 generated.setdefault(key, {"fate": record["fate"], "completions": []})
                 generated[key]["completions"].append(record["completion"])
         metrics.append(batch.metrics)
-    return {"generated": generated, "metrics": metrics, "history": skips.alike}
+    return {"generated": generated, "metrics": metrics, "history": skips.state_dict()}
 
 
 def _screen_worker(rank: int, port: int, out: str) -> None:
@@ -608,19 +608,22 @@ def test_two_ranks_screen_skip_and_complete_the_groups_of_one_process(tmp_path):
     """Each rank screens its share of a round's prompts; their draws are keyed by the prompt's index among
     the run's draws, not by the rank, so the two ranks together generate exactly the completions of one
     process, rule out the same prompts and report the same counts. With the prompt history over four
-    steps of 12 prompts, both ranks hold one process's history and skip the same prompts."""
+    steps of 12 prompts, both ranks hold one process's history (counts and sides) and skip the same prompts."""
     out = tmp_path / "screen"
     _spawn_two(_screen_worker, str(out), [f"{out}.{rank}" for rank in range(2)])
     saved = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
     for name, one in (("screen", _screened_step()), ("history", _screened_step(steps=4, history=True))):
         ranks = [rank[name] for rank in saved]
+        skipped_on = ["prompts_skipped_all_right", "prompts_skipped_all_wrong"] if name == "history" else []
         assert not ranks[0]["generated"].keys() & ranks[1]["generated"].keys()  # each prompt on one rank
         together = {**ranks[0]["generated"], **ranks[1]["generated"]}
         assert together == one["generated"], name
         assert any(group["fate"].startswith("screened") for group in together.values())
         for key in ("groups_screened_all_right", "groups_screened_all_wrong", "dropped_tokens", "generated_tokens",
-                    "gen_rounds", "groups_dropped_all_wrong", "groups_dropped_all_correct", "prompts_skipped"):
+                    "gen_rounds", "groups_dropped_all_wrong", "groups_dropped_all_correct", "prompts_skipped",
+                    *skipped_on):
             assert [m[key] for m in ranks[0]["metrics"]] == [m[key] for m in ranks[1]["metrics"]] \
                 == [m[key] for m in one["metrics"]], (name, key)
-        assert ranks[0]["history"] == ranks[1]["history"] == one["history"]
+        assert ranks[0]["history"] == ranks[1]["history"] == one["history"]  # its counts and each prompt's side
     assert sum(m["prompts_skipped"] for m in one["metrics"]) > 0  # the history skipped some
+    assert one["history"]["side"]

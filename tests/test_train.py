@@ -193,8 +193,8 @@ def test_a_run_whose_model_answers_everything_stops_solved_with_exit_4_and_its_c
 
     monkeypatch.setattr(screen, "score", all_correct)
     out = tmp_path / "solved"
-    with pytest.raises(TaskSolved, match=rf"step 2: the model answers every prompt correctly: all 4 completions of "
-                                         rf"each of the 4 groups of the last 2 steps were right.*the result is "
+    with pytest.raises(TaskSolved, match=rf"step 2: the model answers every prompt correctly: in the last 2 steps, "
+                                         rf"all 4 completions of each of 4 groups were right.*the result is "
                                          rf"{out / 'checkpoint_2'}$") as raised:
         _run(out, "train.max_steps=50", "train.max_starved_steps=2", "dapo.max_gen_rounds=1")
     assert raised.value.exit_code == 5 and (out / "checkpoint_2" / "model.safetensors").is_file()

@@ -330,8 +330,10 @@ class TrainConfig:
         5, "Steps in a row without an informative group (Eq. 11: every group scored alike in all "
         "dapo.max_gen_rounds rounds; each is skipped) after which the run judges why: after a non-finite step, or "
         "when the training accuracy or the share of untruncated completions fell far below the steps before, it "
-        "stops broken (exit code 3); when every group was all right, the task is solved: it saves its checkpoint "
-        "and stops (exit code 5); otherwise (all wrong: too hard for the model for now) it says so once and goes on.",
+        "stops broken (exit code 3); when every prompt drawn had all its completions right (its group; a screen's "
+        "k for one dapo.screen_size ruled out; its last group or screen for one dapo.skip_history skipped), the "
+        "task is solved: it saves its checkpoint and stops (exit code 5); otherwise (all wrong: too hard for the "
+        "model for now) it says so once and goes on.",
     )
 
 

@@ -22,7 +22,6 @@ the checkpoint, so resume is exact). What generation cost per trained token is i
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +32,7 @@ from dapo_train.rollout.engines import RolloutEngine
 from dapo_train.task.prompts import Prompt, PromptSampler
 from dapo_train.train import ranks
 from dapo_train.train.generation_stats import CollectStats
-from dapo_train.train.history import PromptHistory
+from dapo_train.train.history import MIXED, RIGHT, WRONG, PromptHistory
 from dapo_train.train.records import Group, StepBatch
 from dapo_train.train.rollout_sample import RolloutSample
 from dapo_train.train.screen import Scored, generate_round
@@ -42,12 +41,12 @@ from dapo_train.train.screen import Scored, generate_round
 @dataclass
 class RoundPrompts:
     """Stage 1's record: a round drew `drawn` prompts (the same on every rank), `skipped` of them on their
-    history; this rank generates `prompts`, each with its place in the round's batch over all ranks
-    (`positions`: its rollout records' group) and its index among the run's draws (`draws`: it keys the
-    prompt's random streams under screening)."""
+    history (each as the side its last outcome fell on: history.RIGHT, WRONG or MIXED); this rank generates
+    `prompts`, each with its place in the round's batch over all ranks (`positions`: its rollout records'
+    group) and its index among the run's draws (`draws`: it keys the prompt's random streams under screening)."""
 
     drawn: int
-    skipped: int
+    skipped: list[str]
     prompts: list[Prompt]
     positions: list[int]
     draws: list[int]
@@ -74,7 +73,7 @@ def fill_batch(engine: RolloutEngine, reward_set, sampler: PromptSampler, buffer
     prompts under dapo.skip_history and learns every round's outcomes."""
     wanted, keep_rate = cfg.train.prompts_per_step, keep_rate or KeepRate()
     history = history if cfg.dapo.skip_history else None
-    stats, skipped = CollectStats(carried_in=len(buffer)), 0
+    stats, skipped = CollectStats(carried_in=len(buffer)), []
     buffered = ranks.buffered_groups(len(buffer))
     while stats.rounds < max_rounds(cfg) and buffered < wanted:
         stats.rounds += 1
@@ -84,12 +83,14 @@ def fill_batch(engine: RolloutEngine, reward_set, sampler: PromptSampler, buffer
         kept = settle_round(fated, stats, sample)  # 6
         buffer.add(kept)
         if history is not None:
-            history.record(ranks.round_outcomes(outcomes(drawn.prompts, kept)))
+            history.record(ranks.round_outcomes(outcomes(fated)))
         before, buffered = buffered, ranks.buffered_groups(len(buffer))
         keep_rate.add(buffered - before, drawn.drawn)
         skipped += drawn.skipped
     batch = take_batch(buffer, stats, wanted)
-    batch.metrics["prompts_skipped"] = skipped
+    batch.metrics["prompts_skipped"] = len(skipped)
+    if history is not None:  # the sides health.py counts them on (a run without the history logs as before)
+        batch.metrics.update({f"prompts_skipped_{side}": skipped.count(side) for side in (RIGHT, WRONG)})
     return batch
 
 
@@ -98,11 +99,14 @@ def draw_prompts(sampler: PromptSampler, size: int, history: PromptHistory | Non
     history and each draw's decision are), and this rank's share of the rest (ranks.own_share)."""
     first = prompts_drawn(sampler)
     batch = sampler.next_batch(size)
-    live = [b for b, prompt in enumerate(batch)
-            if history is None or history.generates(prompt.uid, first + b, cfg.seed, cfg.dapo.skip_floor)]
+    live, skipped = [], []
+    for b, prompt in enumerate(batch):
+        if history is None or history.generates(prompt.uid, first + b, cfg.seed, cfg.dapo.skip_floor):
+            live.append(b)
+        else:
+            skipped.append(history.side[prompt.uid])
     positions = ranks.own_share(live)
-    return RoundPrompts(len(batch), len(batch) - len(live), [batch[b] for b in positions], positions,
-                        [first + b for b in positions])
+    return RoundPrompts(len(batch), skipped, [batch[b] for b in positions], positions, [first + b for b in positions])
 
 
 def collect_round(engine: RolloutEngine, reward_set, drawn: RoundPrompts, cfg: Config, stats: CollectStats,
@@ -131,9 +135,7 @@ def drop_reason(group: Group, cfg: Config) -> str | None:
     the name of its CollectStats counter and its fate in the rollout records (run/rollouts.FATES)."""
     if not cfg.dapo.dynamic_sampling or is_informative_group(filter_values(group, cfg.dapo.filter_metric)):
         return None
-    if bool(group.correct.all()):
-        return "dropped_all_correct"
-    return "dropped_no_variance" if bool(group.correct.any()) else "dropped_all_wrong"
+    return {RIGHT: "dropped_all_correct", WRONG: "dropped_all_wrong", MIXED: "dropped_no_variance"}[alike_side(group)]
 
 
 def filter_values(group: Group, metric: str) -> torch.Tensor:
@@ -172,15 +174,17 @@ def max_rounds(cfg: Config) -> int:
     return cfg.dapo.max_gen_rounds if cfg.dapo.dynamic_sampling else 1
 
 
-def outcomes(prompts: list[Prompt], kept: list[Group]) -> list[tuple[str, bool]]:
-    """(uid, whether a group of it was kept) for a round's prompts on this rank, in order (a prompt drawn
-    twice in one round, across an epoch's end, counts its kept groups on its first draws)."""
-    left = Counter(group.prompt.uid for group in kept)
-    out = []
-    for prompt in prompts:
-        out.append((prompt.uid, left[prompt.uid] > 0))
-        left[prompt.uid] -= 1
-    return out
+def outcomes(fated: list[Fated]) -> list[tuple[str, str | None]]:
+    """(uid, side) of a round's groups on this rank, in order, for the prompt history: side None for a kept
+    group, else the side its completions (a group's, or a ruled-out screen's) fell on."""
+    return [(one.group.prompt.uid, None if one.fate is None else alike_side(one.group)) for one in fated]
+
+
+def alike_side(group: Group) -> str:
+    """history.RIGHT, WRONG or MIXED: every completion of a group right, every one wrong, or some of each."""
+    if bool(group.correct.all()):
+        return RIGHT
+    return MIXED if bool(group.correct.any()) else WRONG
 
 
 def prompts_drawn(sampler: PromptSampler) -> int:

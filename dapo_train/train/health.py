@@ -21,7 +21,8 @@ that trained) had no informative group, and at every starved step after:
   from what the last HISTORY_STEPS steps before showed so far that chance explains it with a
   probability below COLLAPSE_P (Fisher's exact test, one-sided): the policy collapsed (exit 3);
 - every prompt of the streak had all its completions right (all G, or all k of a screen that ruled
-  it out: a screened prompt's outcome counts, dapo.screen_size): the model answers every prompt
+  it out: a screened prompt's outcome counts, dapo.screen_size; a prompt the history skipped counts on
+  the side its last group or screen fell, dapo.skip_history): the model answers every prompt
   correctly and there is nothing left to learn at G (TaskSolved, exit code 5; its checkpoint is
   saved, the weights are fine);
 - otherwise (every group all wrong: the task is too hard for the model for now; or some all right
@@ -47,9 +48,10 @@ logger = logging.getLogger(__name__)
 HISTORY_STEPS = 50  # the steps before a starved streak that its accuracy and truncation are compared with
 COLLAPSE_P = 1e-6  # a fall this improbable by chance is a collapse
 # One step's counts, in a history entry: completions, correct, ended before the limit, prompts whose completions
-# were all right (a group dropped so, or a screen that ruled it out), all wrong (the same), other groups (dropped
-# for another reason, or kept), and of the all-alike prompts those a screen ruled out.
-COUNTS = ("completions", "correct", "finished", "all_correct", "all_wrong", "other_groups", "screened")
+# were all right (a group dropped so, a screen that ruled it out, or the last of a prompt the history skipped), all
+# wrong (the same), other groups (dropped for another reason, or kept), and of these prompts those a screen ruled
+# out and those the history skipped (dapo.skip_history: generated nothing this step).
+COUNTS = ("completions", "correct", "finished", "all_correct", "all_wrong", "other_groups", "screened", "skipped")
 
 
 @dataclass
@@ -140,7 +142,7 @@ class StepHealth:
     def _explain(self, cfg: Config, streak: dict) -> None:
         """Say once per run what a benign starvation is, with its numbers."""
         groups, g = streak["all_correct"] + streak["all_wrong"] + streak["other_groups"], cfg.rollout.group_size
-        metric, screened = cfg.dapo.filter_metric, _screened(streak, cfg)
+        metric, screened = cfg.dapo.filter_metric, _unseen(streak, cfg)
         every = "all its completions" if screened else f"all {g} completions"
         kind = "flat" if metric != "correct" else "too hard" if streak["all_wrong"] == groups else "mixed"
         if kind in self.explained or not groups:
@@ -168,17 +170,18 @@ class StepHealth:
 
     def solved(self, cfg: Config) -> str | None:
         """Why the run stops solved (TaskSolved, exit code 5), or None: train.max_starved_steps steps in a
-        row whose every prompt had all its completions right (its group of G, or the screen of k that
-        ruled it out), with no non-finite step since the last that trained."""
+        row whose every prompt had all its completions right (its group of G, the screen of k that ruled
+        it out, or the last of these of a prompt the history skipped), with no non-finite step since the
+        last that trained."""
         streak = dict(zip(COUNTS, self.streak))
         groups = streak["all_correct"] + streak["all_wrong"] + streak["other_groups"]
         if self.starved < cfg.train.max_starved_steps or self.nonfinite or not groups or streak["all_correct"] < groups:
             return None
-        g, k, screened = cfg.rollout.group_size, cfg.dapo.screen_size, streak["screened"]
-        parts = [f"all {g} completions of each of {groups - screened} groups"] if groups > screened else []
-        if screened:
-            parts.append(f"all {k} screening completions of each of {screened} prompts a screen ruled out "
-                         "(dapo.screen_size)")
+        g, k, screened, skipped = cfg.rollout.group_size, cfg.dapo.screen_size, streak["screened"], streak["skipped"]
+        parts = [f"all {g} completions of each of {groups - screened - skipped} groups",
+                 f"all {k} screening completions of each of {screened} prompts a screen ruled out (dapo.screen_size)",
+                 f"the last group or screen of each of {skipped} prompts the history skipped (dapo.skip_history)"]
+        parts = [part for part, n in zip(parts, (groups - screened - skipped, screened, skipped)) if n]
         return (f"the model answers every prompt correctly: in the last {self.starved} steps, {' and '.join(parts)} "
                 f"were right; nothing left to learn at G={g} (rollout.group_size)")
 
@@ -202,7 +205,7 @@ class StepHealth:
         if "health" in state:
             health = dict(state["health"])
             health.setdefault("suspect", health["nonfinite"] > 0)
-            # Written before the screened count: the counts it had, none screened (padded to COUNTS).
+            # Written before the screened or skipped counts: the counts it had, none of those (padded to COUNTS).
             health["history"] = [_padded(entry) for entry in health.get("history", [])]
             health["streak"] = _padded(health.get("streak", []))
             return cls(**health)
@@ -213,26 +216,30 @@ class StepHealth:
 
 def step_counts(metrics: dict) -> list[int]:
     """A step's COUNTS from its metrics (collect.py's): a prompt a screen ruled out is all right or all wrong
-    as its screen was (its k completions are in the completions and correct counts too)."""
-    n = int(metrics.get("completions", 0))
-    right, wrong = metrics.get("groups_screened_all_right", 0), metrics.get("groups_screened_all_wrong", 0)
-    all_correct = metrics.get("groups_dropped_all_correct", 0) + right
-    all_wrong = metrics.get("groups_dropped_all_wrong", 0) + wrong
-    other = metrics.get("groups_dropped_no_variance", 0) + metrics.get("groups_kept", 0)
+    as its screen was (its k completions are in the completions and correct counts too), and one the history
+    skipped as its last group or screen was (alike with mixed answers when neither)."""
+    n, skipped = int(metrics.get("completions", 0)), metrics.get("prompts_skipped", 0)
+    screened = [metrics.get(f"groups_screened_{side}", 0) for side in ("all_right", "all_wrong")]
+    skipped_on = [metrics.get(f"prompts_skipped_{side}", 0) for side in ("all_right", "all_wrong")]
+    all_correct = metrics.get("groups_dropped_all_correct", 0) + screened[0] + skipped_on[0]
+    all_wrong = metrics.get("groups_dropped_all_wrong", 0) + screened[1] + skipped_on[1]
+    other = metrics.get("groups_dropped_no_variance", 0) + metrics.get("groups_kept", 0) + skipped - sum(skipped_on)
     return [n, round(metrics.get("train_accuracy", 0.0) * n), n - round(metrics.get("truncated_ratio", 0.0) * n),
-            all_correct, all_wrong, other, right + wrong]
+            all_correct, all_wrong, other, sum(screened), skipped]
 
 
 def _padded(counts: list[int]) -> list[int]:
     return [*counts, *[0] * (len(COUNTS) - len(counts))]
 
 
-def _screened(streak: dict, cfg: Config) -> str:
-    """What a starvation message says of the prompts a screen ruled out (none: nothing)."""
-    if not streak["screened"]:
-        return ""
-    k = cfg.dapo.screen_size
-    return f" ({streak['screened']} of them on the {k} completions of a screen that ruled them out, dapo.screen_size)"
+def _unseen(streak: dict, cfg: Config) -> str:
+    """What a starvation message says of the prompts a screen ruled out and those the history skipped (none:
+    nothing)."""
+    parts = [f"{streak['screened']} of them on the {cfg.dapo.screen_size} completions of a screen that ruled them "
+             "out, dapo.screen_size", f"{streak['skipped']} skipped on their history and counted as their last group "
+             "or screen fell, dapo.skip_history"]
+    parts = [part for part, n in zip(parts, (streak["screened"], streak["skipped"])) if n]
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def fell_by_chance(hits_before: int, n_before: int, hits_after: int, n_after: int) -> float:

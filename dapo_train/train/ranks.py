@@ -156,8 +156,8 @@ def trained_rows(plan: UpdatePlan, applied: list[UpdateSums]) -> dict[tuple[int,
     return {(index, j): values for (rank, index, j), values in merged.items() if rank == me}
 
 
-def round_outcomes(outcomes: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
-    """A round's (prompt uid, kept) outcomes from every rank, in the round's order (each rank held
+def round_outcomes(outcomes: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
+    """A round's (prompt uid, side: None when kept) outcomes from every rank, in the round's order (each rank held
     live[rank::N]): the prompt history (dapo.skip_history) learns the same on every rank."""
     return distributed.interleave(distributed.gather(outcomes))
 

@@ -271,22 +271,35 @@ def test_round_size_by_hand():
 
 
 def test_the_history_halves_an_alike_prompts_chance_down_to_the_floor():
-    from dapo_train.train.history import PromptHistory
+    from dapo_train.train.history import MIXED, RIGHT, WRONG, PromptHistory
 
     history = PromptHistory()
-    history.record([("a", False), ("b", True), ("a", False), ("c", False)])
+    history.record([("a", WRONG), ("b", None), ("a", RIGHT), ("c", MIXED)])
     assert [history.keep_probability(uid, 0.1) for uid in "abcd"] == [0.25, 1.0, 0.5, 1.0]
-    history.record([("a", False)] * 3)  # five alike in a row: 1/32, held at the floor
+    assert history.side == {"a": RIGHT, "c": MIXED}  # the side of each prompt's last all-alike outcome
+    history.record([("a", WRONG)] * 3)  # five alike in a row: 1/32, held at the floor
     assert history.keep_probability("a", 0.1) == 0.1 and history.keep_probability("a", 0.01) == 1 / 32
-    history.record([("a", True)])  # an informative group resets it
-    assert history.keep_probability("a", 0.1) == 1.0
+    history.record([("a", None)])  # an informative group resets it
+    assert history.keep_probability("a", 0.1) == 1.0 and "a" not in history.side
     again = PromptHistory()
     again.load_state_dict(history.state_dict())
-    assert again.alike == history.alike == {"c": 1}
+    assert again.alike == history.alike == {"c": 1} and again.side == {"c": MIXED}
     # The decision is a draw from (seed, draw) alone: the same in any process, another for another draw.
     decisions = [history.generates("c", draw, 0, 0.1) for draw in range(200)]
     assert decisions == [PromptHistory.generates(again, "c", draw, 0, 0.1) for draw in range(200)]
     assert 70 < sum(decisions) < 130  # about half, at probability 0.5
+
+
+def test_a_history_from_before_the_sides_keeps_its_counts_and_generates_each_prompt_once_to_learn_its_side():
+    """A checkpoint written before the sides ({"alike": {...}} alone): its prompts are generated when drawn
+    (keep probability 1, so none is skipped on an unknown side), and their counts go on from where they were."""
+    from dapo_train.train.history import WRONG, PromptHistory
+
+    history = PromptHistory()
+    history.load_state_dict({"alike": {"a": 4}})
+    assert history.keep_probability("a", 0.1) == 1.0
+    history.record([("a", WRONG)])
+    assert history.keep_probability("a", 0.01) == 1 / 32 and history.side == {"a": WRONG}  # 0.5^5: the 5th
 
 
 class _Recording(_HalfKeptEngine):
@@ -315,8 +328,12 @@ def _history_steps(floor: float, steps: int, state: dict | None = None):
         sampler.position = state["position"]
         buffer.load_state_dict(state["buffer"], {p.uid: p for p in prompts})
         history.load_state_dict(state["history"])
-    skipped = [fill_batch(engine, rewards, sampler, buffer, cfg, 0, keep_rate=keep_rate,
-                          history=history).metrics["prompts_skipped"] for _ in range(steps)]
+    metrics = [fill_batch(engine, rewards, sampler, buffer, cfg, 0, keep_rate=keep_rate, history=history).metrics
+               for _ in range(steps)]
+    # Only even-id prompts are ever alike, and all wrong: every skip is one last seen all wrong.
+    assert [m["prompts_skipped_all_wrong"] for m in metrics] == [m["prompts_skipped"] for m in metrics]
+    assert [m["prompts_skipped_all_right"] for m in metrics] == [0] * steps
+    skipped = [m["prompts_skipped"] for m in metrics]
     state = {"position": sampler.position, "buffer": buffer.state_dict(), "history": history.state_dict()}
     return engine.seen, skipped, state
 

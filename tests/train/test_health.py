@@ -2,6 +2,7 @@
 reason and the last good checkpoint it names, and the record a checkpoint carries."""
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -80,12 +81,16 @@ def test_a_first_update_that_is_non_finite_or_a_scaler_skip_leaves_the_weights_g
 
 def test_the_record_goes_through_a_checkpoint_and_old_ones_read():
     health = StepHealth(nonfinite=1, starved=2, last_trained=7, clean_step=7, suspect=True,
-                        history=[[64, 3, 60, 1, 9, 6, 2]], streak=[128, 0, 128, 0, 32, 0, 5], explained=["too hard"])
+                        history=[[64, 3, 60, 1, 9, 6, 2, 1]], streak=[128, 0, 128, 0, 32, 0, 5, 3],
+                        explained=["too hard"])
     assert StepHealth.from_state({"step": 10, "bad_steps": 1, "health": health.state_dict()}) == health
-    # Written before the screened count: six counts a row, read as none screened.
-    old_counts = {**health.state_dict(), "history": [[64, 3, 60, 1, 9, 6]], "streak": [128, 0, 128, 0, 32, 0]}
-    again = StepHealth.from_state({"step": 10, "bad_steps": 1, "health": old_counts})
-    assert (again.history, again.streak) == ([[64, 3, 60, 1, 9, 6, 0]], [128, 0, 128, 0, 32, 0, 0])
+    # Written before the screened count (six counts a row) or the skipped one (seven): read as none of those.
+    for width in (6, 7):
+        old_counts = {**health.state_dict(), "history": [[64, 3, 60, 1, 9, 6, 2][:width]],
+                      "streak": [128, 0, 128, 0, 32, 0, 5][:width]}
+        again = StepHealth.from_state({"step": 10, "bad_steps": 1, "health": old_counts})
+        assert (again.history, again.streak) == ([[64, 3, 60, 1, 9, 6, 2][:width] + [0] * (8 - width)],
+                                                 [128, 0, 128, 0, 32, 0, 5][:width] + [0] * (8 - width))
     # Written before the record: only the non-finite steps in a row, which ended the clean stretch.
     assert StepHealth.from_state({"step": 10, "bad_steps": 2}) == StepHealth(2, 0, 8, 8, suspect=True)
     # Written before `suspect`: any non-finite step since the last that trained made the weights suspect.
@@ -225,32 +230,39 @@ def test_a_solved_task_stops_with_its_own_reason(tmp_path):
 
 class _SureEngine:
     """Every completion of a prompt right when `right(first prompt id)`, else every one wrong: pass rates of
-    exactly 1 and 0, so no group is ever informative and every step starves."""
+    exactly 1 and 0, so no group is ever informative and every step starves. A prompt `mixed(first id)` too
+    (a `before` engine of _starved_run) has every other completion wrong instead: an informative group."""
 
-    def __init__(self, right) -> None:
-        self.right = right
+    def __init__(self, right, mixed=lambda first: False) -> None:
+        self.right, self.mixed = right, mixed
 
     def generate(self, prompts, settings, group_size, seeds=None):
         from dapo_train.rollout.engines import Completion
 
-        return [Completion(torch.tensor(list(ids)), torch.tensor([5, 2]), False, "right" if self.right(ids[0]) else
-                           "wrong") for ids in prompts for _ in range(group_size)]
+        return [Completion(torch.tensor(list(ids)), torch.tensor([5, 2]), False,
+                           "right" if self.right(ids[0]) and not (self.mixed(ids[0]) and j % 2) else "wrong")
+                for ids in prompts for j in range(group_size)]
 
 
-def _starved_run(cfg, engine, caplog) -> tuple[str | None, list[str]]:
-    """train.max_starved_steps steps of the real collection on 30 prompts, each step's metrics recorded as the
-    loop records them (skipped_no_groups: nothing to train). -> (the solved verdict, the warnings said)."""
+def _starved_run(cfg, engine, caplog, before=None, count=30, warm_up=60) -> tuple[str | None, list[str]]:
+    """train.max_starved_steps steps of the real collection on `count` prompts, each step's metrics recorded as
+    the loop records them (skipped_no_groups: nothing to train), after `warm_up` steps answered by the engine
+    `before` (none: no step before) that only the prompt history (dapo.skip_history) learns from: the health
+    of the steps before the streak is not under test. -> (the solved verdict, the warnings said)."""
     from dapo_train.rewards import build_rewards
     from dapo_train.task.prompts import Prompt, PromptSampler
     from dapo_train.train.collect import GroupBuffer, fill_batch
+    from dapo_train.train.history import PromptHistory
 
     rewards = build_rewards(cfg.rewards, max_new_tokens=4, is_correct=lambda text, gold: text == "right")
-    prompts = [Prompt(f"train:{i}", f"q{i}", "7", f"p{i}", (3 + i, 4, 5)) for i in range(30)]
-    sampler, buffer, health = PromptSampler(prompts, seed=0), GroupBuffer(), StepHealth()
+    prompts = [Prompt(f"train:{i}", f"q{i}", "7", f"p{i}", (3 + i, 4, 5)) for i in range(count)]
+    sampler, buffer, health, history = PromptSampler(prompts, seed=0), GroupBuffer(), StepHealth(), PromptHistory()
+    for _ in range(warm_up if before else 0):
+        fill_batch(before, rewards, sampler, GroupBuffer(), cfg, 0, history=history)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="dapo_train.train.health"):
         for step in range(1, cfg.train.max_starved_steps + 1):
-            batch = fill_batch(engine, rewards, sampler, buffer, cfg, 0)
+            batch = fill_batch(engine, rewards, sampler, buffer, cfg, 0, history=history)
             assert not batch.groups  # pass rates 0 and 1: nothing to train
             health.record(step, {**batch.metrics, "skipped_no_groups": 1})
             assert health.abort_reason(cfg, step, Path("/nonexistent")) is None
@@ -284,3 +296,39 @@ def test_solved_only_when_every_prompt_is_answered_right_screened_ones_included(
     hard, said = _starved_run(cfg, _SureEngine(lambda first: False), caplog)
     assert hard is None
     assert len(said) == 1 and "too hard" in said[0] and "every one of the 18 prompts" in said[0], said
+
+
+# Solved or not, with the prompt history (dapo.skip_history): a prompt it skips counts on the side it last fell.
+EASY, HARD, EVERY = (lambda first: first % 3 != 0), (lambda first: first % 3 == 0), (lambda first: True)
+
+
+@pytest.mark.parametrize("before, streak, verdict, said", [
+    (_SureEngine(EASY, EASY), _SureEngine(EASY), None, "of the "),
+    (_SureEngine(EVERY, EASY), _SureEngine(HARD), None, "of the "),
+    (_SureEngine(EVERY, EVERY), _SureEngine(EVERY), "solved", None),
+    (_SureEngine(EVERY), _SureEngine(EVERY), "solved", None),
+    (_SureEngine(lambda first: False), _SureEngine(lambda first: False), None, "too hard"),
+], ids=["never solved, skipped", "too hard, wrongly", "learned", "always right", "never right"])
+def test_solved_only_when_every_prompt_is_answered_right_skipped_ones_included(before, streak, verdict, said, caplog):
+    """Six prompts (6 draws a step: they come back), first ids 3-8; the history learns over 60 steps before
+    the streak, then 3 starved steps. Two prompts (ids 3, 6) never solved, the rest mixed before and all right
+    in the streak: not solved, said as a mix (before the fix, the history skipped every draw of the two in
+    the streak and the run stopped "solved" at a training accuracy of 2/3). Four prompts that were mixed
+    before go all wrong while the two always right are skipped: a mix (before: "too hard", the skipped ones
+    unseen). Every prompt right in the streak, mixed before or right all along: solved, the skipped ones
+    named. Every prompt wrong all along: too hard, the skipped ones named."""
+    cfg = load_config(None, ["rollout.group_size=4", "train.prompts_per_step=3", "train.micro_batch_size=4",
+                             "dapo.max_gen_rounds=2", "train.max_starved_steps=3", "rewards=[{name: accuracy}]",
+                             "dapo.skip_history=true"])
+    solved, warned = _starved_run(cfg, streak, caplog, before=before, count=6)
+    skipped = "the history skipped (dapo.skip_history)" if verdict else "skipped on their history"
+    assert (solved is not None) == (verdict == "solved"), solved
+    # Every step draws 2 rounds of 3 prompts, each generated or skipped: 18 prompts in the streak.
+    if verdict:
+        assert solved.startswith("the model answers every prompt correctly: ") and skipped in solved, solved
+        generated, unseen = re.search(r"each of (\d+) groups and the last group or screen of each of (\d+) ",
+                                      solved).groups()
+        assert int(generated) + int(unseen) == 18, solved
+    else:
+        assert len(warned) == 1 and said in warned[0] and skipped in warned[0], warned
+        assert "of the 18 prompts (" in warned[0], warned

@@ -181,7 +181,7 @@ def test_a_stop_after_suspect_weights_saves_none_and_keep_last_keeps_the_good_on
     assert torch.load(out / "checkpoint_1" / "trainer_state.pt", weights_only=True)["good"] is True
 
 
-def test_a_run_whose_model_answers_everything_stops_solved_with_exit_4_and_its_checkpoint(tmp_path, monkeypatch):
+def test_a_run_whose_model_answers_everything_stops_solved_with_exit_5_and_its_checkpoint(tmp_path, monkeypatch):
     """Every completion scored correct (and rewarded alike): no group is informative, every one all right,
     so after train.max_starved_steps=2 such steps the run stops solved (TaskSolved, exit code 5, never 3)
     and saves its weights as the result; the CLI maps it to exit code 5 and one line."""

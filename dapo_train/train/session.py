@@ -27,6 +27,7 @@ from dapo_train.model.loading import (
     check_lora_targets,
     check_sequence_budget,
     cpu_has_bf16_units,
+    enable_gradient_checkpointing,
     gradient_checkpointing,
     load_policy,
     load_tokenizer,
@@ -156,7 +157,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     _log_final_eval_cost(cfg, len(eval_prompts), len(final_prompts))
     model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
     unwrapped = accelerator.unwrap_model(model)
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights

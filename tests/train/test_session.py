@@ -3,12 +3,13 @@ than one generation round draws, how much of the data the run will see, and whet
 the end-of-run summary points at exists."""
 
 import json
+import warnings
 
 import pytest
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
-from dapo_train.train.session import check_data_use, missing_split, start_accelerator
+from dapo_train.train.session import check_data_use, missing_split, setup, start_accelerator
 
 
 def test_fewer_usable_prompts_than_a_step_draws_is_refused():
@@ -79,3 +80,15 @@ def test_one_process_may_train_again_with_another_mixed_precision(tmp_path):
     for precision in ("no", "bf16"):
         cfg = load_config(None, [f"train.mixed_precision='{precision}'"])
         assert start_accelerator(cfg, False, tmp_path).mixed_precision == precision
+
+
+def test_activation_checkpointing_turns_on_without_a_deprecation_warning(tmp_path):
+    """model.gradient_checkpointing=on (what preflight rehearses for a card) through transformers' current
+    call: gradient_checkpointing_enable printed its FutureWarning on every run and every preflight."""
+    cfg = load_config(None, ["model.gradient_checkpointing=on", f"output_dir={tmp_path}", "eval.final_full=false"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = setup(cfg, tmp_path, None)
+    assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
+    layers = [m for m in run.model.modules() if hasattr(m, "gradient_checkpointing")]
+    assert layers and all(m.gradient_checkpointing for m in layers)

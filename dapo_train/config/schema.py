@@ -375,7 +375,11 @@ class LoggingConfig:
         "Project the trackers file the run under (wandb/Comet/Aim/trackio project, MLflow experiment, ClearML "
         "project; TensorBoard's folder in the run directory); the run is named run_name.",
     )
-    progress_bar: bool = _opt(True, "Show a tqdm bar over steps.")
+    progress_bar: bool = _opt(
+        True, "Show tqdm bars on stderr: over steps, and over the items (with their rate) of the end-of-run eval "
+        "on the whole split and of `dapo-train eval` (the periodic evals stay quiet: one generate call each at "
+        "the default eval.batch_size).",
+    )
     rollout_groups: int = _opt(
         8,
         "Groups per step whose completions go to rollouts/step_<N>.jsonl (text, answer, each reward, advantage, "

@@ -316,6 +316,7 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
             max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size,
             samples=options.samples, temperature=options.temperature, seed=plan.cfg.seed,
             check=answer_check(plan.cfg.data.correctness), tools=plan.tools,
+            progress="eval" if plan.cfg.logging.progress_bar else None,
         )
     del model
     if device.type == "cuda":

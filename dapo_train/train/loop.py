@@ -89,7 +89,7 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
             if shard:
                 records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
                                        batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness),
-                                       tools=run.tool_turns)
+                                       tools=run.tool_turns, progress=_eval_bar(cfg, kind))
                 add_model_scores(run.reward_set, shard, records)
         records = distributed.interleave(distributed.gather(records))  # item order, on every rank
     if distributed.is_main():
@@ -106,6 +106,12 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
     }
     metrics[kind.seconds] = time.perf_counter() - start
     return metrics, records
+
+
+def _eval_bar(cfg: Config, kind: EvalKind) -> str | None:
+    """The label of the final eval's bar over its items, on the main process (logging.progress_bar); the
+    periodic evals stay quiet: one generate call each at the default eval.batch_size."""
+    return "final eval" if kind is FINAL and cfg.logging.progress_bar and distributed.is_main() else None
 
 
 def step_evals(run: Run) -> dict:

@@ -122,6 +122,7 @@ def step_evals(run: Run) -> dict:
     last = run.step == cfg.train.max_steps
     if _due(run.step, cfg.eval.every_steps) or (cfg.eval.every_steps > 0 and last):
         metrics, records = evaluate(run, run.eval_prompts)
+        run.last_eval = ckpt.CheckpointScore(run.step, metrics["accuracy"])  # ranks this step's checkpoint
     if last and cfg.eval.final_full:
         whole = records if records is not None and len(run.eval_prompts) == len(run.final_prompts) else None
         metrics.update(evaluate(run, run.final_prompts, FINAL, whole)[0])
@@ -265,7 +266,7 @@ def _report(run: Run, stop: StopRequested, aborted: str | None, solved: str | No
     ending = "aborted" if aborted is not None else "solved" if solved is not None else \
         "stopped" if stop.requested else "finished"
     print(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, ending, session_s,
-                             run.eval_split_missing), flush=True)
+                             run.eval_split_missing, run.best), flush=True)
     if stop.requested and aborted is None:
         stop.report(run.run_dir, distributed.world_size())
 

@@ -22,6 +22,7 @@ import torch
 from dapo_train.config.schema import Config, DataConfig
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluation.generate import eval_max_new_tokens
+from dapo_train.model.checkpoint import CheckpointScore, keep_best_note
 from dapo_train.model.loading import (
     check_attention_kernel,
     check_lora_targets,
@@ -89,6 +90,8 @@ class Run:
     keep_rate: KeepRate = field(default_factory=KeepRate)  # sizes the generation rounds (dapo.max_round_prompts)
     history: PromptHistory = field(default_factory=PromptHistory)  # skips prompts (dapo.skip_history)
     tool_turns: ToolTurns | None = None  # rollout.tools for the tokenizer; the in-training eval runs them too
+    last_eval: CheckpointScore | None = None  # the latest periodic eval: the score of a checkpoint saved at its step
+    best: CheckpointScore | None = None  # the best checkpoint saved so far (checkpoint.keep_best; else None)
 
     @property
     def wall_seconds(self) -> float:
@@ -266,6 +269,8 @@ def _warn_inert_settings(cfg: Config) -> None:
     if not cfg.rollout.tools and any(spec.name == "tool_format" for spec in cfg.rewards):
         logger.warning("the reward tool_format cannot act: rollout.tools names no tool, so no completion makes a "
                        "call and it scores 0")
+    if (note := keep_best_note(cfg)) is not None:
+        logger.warning("%s", note)
     inert = inert_objective_keys(cfg)
     if inert:
         logger.warning("%s cannot act: dapo.policy_loss=%s reads %s", ", ".join(inert), cfg.dapo.policy_loss,

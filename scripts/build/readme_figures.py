@@ -31,8 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 WARM_START = ROOT / "dapo_train" / "assets" / "tiny" / "model" / "build_info.json"
-START = "<!-- demo-figures: python scripts/build/readme_figures.py --write; checked by tests/test_readme_figures.py -->"
+START = "<!-- demo-figures: scripts/build/readme_figures.py -->"  # the block ends at END, on its last line
 END = "<!-- /demo-figures -->"
+WIDTH = 104  # characters per line, as the README's prose
 # The part of the block that is measured, not reproduced: kept as the README has it when checking.
 MEASURED = re.compile(r"(\d+) s\s+with\s+start-up\s+on\s+a\s+(\d+)-core\s+CPU,\s+(\d{4}-\d{2}-\d{2})")
 
@@ -119,15 +120,16 @@ def render(fig: Figures, measured: Measured) -> str:
         f"{fig.final_low:.3f}-{fig.final_high:.3f}) against {fig.warm_start:.3f} for the warm start. Per trained "
         f"token the run generated {fig.generated_per_trained:.2f} tokens and the update computed "
         f"{fig.forward_per_trained:.2f} positions, {padding}, {head}. `python scripts/build/readme_figures.py` "
-        "checks these figures (`--write` rewrites them)."
+        "checks these figures."
     )
     return _wrap(text)
 
 
-def _wrap(text: str, width: int = 104) -> str:
+def _wrap(text: str) -> str:
+    """Lines of at most WIDTH characters."""
     lines, line = [], ""
     for word in text.split(" "):
-        if line and len(line) + 1 + len(word) > width:
+        if line and len(line) + 1 + len(word) > WIDTH:
             lines.append(line)
             line = word
         else:
@@ -139,7 +141,7 @@ def block(readme: str) -> str:
     """The text between the markers."""
     if START not in readme or END not in readme:
         raise SystemExit(f"{README}: no block between {START} and {END}")
-    return readme.split(START, 1)[1].split(END, 1)[0].strip("\n")
+    return readme.split(START, 1)[1].split(END, 1)[0].strip()
 
 
 def difference(readme: str, fig: Figures) -> str | None:
@@ -157,7 +159,9 @@ def difference(readme: str, fig: Figures) -> str | None:
 
 def rewrite(readme: str, fig: Figures, measured: Measured) -> str:
     head, rest = readme.split(START, 1)
-    return f"{head}{START}\n{render(fig, measured)}\n{END}{rest.split(END, 1)[1]}"
+    text = render(fig, measured)
+    end = f" {END}" if len(text.rsplit("\n", 1)[-1]) + 1 + len(END) <= WIDTH else f"\n{END}"
+    return f"{head}{START}\n{text}{end}{rest.split(END, 1)[1]}"
 
 
 def main() -> int:

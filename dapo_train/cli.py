@@ -189,6 +189,10 @@ def eval_cmd(
         False, "--no-tools", help="Evaluate without the config's rollout.tools (the same as rollout.tools=[]): the "
         "prompts list no tools, and the result files keep the plain name.",
     ),
+    best: bool = typer.Option(
+        False, "--best", help="Each target is a run folder: evaluate its best checkpoint (the best periodic eval "
+        "accuracy, kept by checkpoint.keep_best).",
+    ),
 ) -> None:
     """Evaluate checkpoints: greedy accuracy with its standard error and 95% interval, format rate,
     lengths, truncation; writes eval_<what>.json and completions_<what>.jsonl next to each, <what>
@@ -203,7 +207,7 @@ def eval_cmd(
         overrides.append("rollout.tools=[]")
     options = EvalOptions(
         config_path=config, split=split, limit=limit, batch_size=batch_size, max_new_tokens=max_new_tokens,
-        samples=samples, temperature=temperature, overrides=tuple(overrides), run_dir=run_dir,
+        samples=samples, temperature=temperature, overrides=tuple(overrides), run_dir=run_dir, best=best,
     )
     run_eval(targets, options)
 

@@ -8,6 +8,8 @@ import shlex
 from pathlib import Path
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# A path inside the repository, named in prose or code: it starts at one of the repository's own folders.
+REPO_PATH = re.compile(r"(?<![\w./-])((?:scripts|configs|tests|docs|dapo_train|\.ci)/[\w./*<>-]*)")
 
 
 def code_and_prose(text: str) -> tuple[list[str], list[str]]:
@@ -86,3 +88,16 @@ def broken_links(path: Path) -> list[str]:
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(f"{path.name}: {target} (no such heading)")
     return broken
+
+
+def missing_paths(path: Path, root: Path) -> list[str]:
+    """Repository paths a file names (scripts/bench/bench_step.py, configs/ablation/*.yaml, in prose or
+    code) that match nothing under `root`; a placeholder (scripts/<folder>/<name>.py) is not a path."""
+    missing = []
+    for named in REPO_PATH.findall(path.read_text(encoding="utf-8")):
+        named = named.rstrip(".")
+        if "<" in named or ">" in named:
+            continue
+        if not (any(root.glob(named)) if "*" in named else (root / named).exists()):
+            missing.append(f"{path.relative_to(root)}: {named}")
+    return missing

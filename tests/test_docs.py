@@ -1,5 +1,6 @@
 """The docs must not drift from the code: the generated configuration reference, every registered
-reward documented with its arguments, and every relative link (and anchor) resolving."""
+reward documented with its arguments, every relative link (and anchor) resolving, and every
+repository path they name (scripts/..., configs/...) existing."""
 
 import importlib.util
 import inspect
@@ -9,10 +10,12 @@ from pathlib import Path
 from dapo_train.rewards import FILLED_ARGS, REWARDS
 from dapo_train.rewards.scoring import CALL_KEYWORDS
 
-from doc_markdown import broken_links, section
+from doc_markdown import REPO_PATH, broken_links, missing_paths, section
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# The scripts' own docs: scripts/README.md and each script's docstring (its usage line names its path).
+SCRIPT_DOCS = sorted(p for p in (ROOT / "scripts").rglob("*") if p.suffix in (".md", ".py", ".sh"))
 
 
 def _generator():
@@ -59,6 +62,40 @@ def test_the_link_check_finds_a_missing_page_and_a_missing_heading(tmp_path):
         "[no anchor](other.md#nowhere) and [here](#page).\n\n    [in code](not/checked.md)\n"
     )
     assert broken_links(page) == ["page.md: missing.md (no such file)", "page.md: other.md#nowhere (no such heading)"]
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A script moved to scripts/bench/ must not leave `python scripts/bench_x.py` behind in a page or a
+    script's usage line: every scripts/..., configs/..., tests/..., docs/..., dapo_train/... path named in
+    README.md, docs/*.md, scripts/README.md and the scripts themselves exists (a glob matches a file)."""
+    missing = [problem for page in [*PAGES, *SCRIPT_DOCS] for problem in missing_paths(page, ROOT)]
+    assert not missing, missing
+    named = sum(len(REPO_PATH.findall(p.read_text(encoding="utf-8"))) for p in PAGES)
+    assert named >= 50, named  # the pages were read
+
+
+def test_the_scripts_readme_names_each_folders_scripts():
+    """scripts/README.md's bullet for each folder (`- `bench/`: ...`) names exactly the scripts in it: a
+    moved, renamed or new script fails here until the bullet follows."""
+    text = (ROOT / "scripts" / "README.md").read_text(encoding="utf-8")
+    bullets = dict(re.findall(r"^- `(\w+)/`:(.*?)(?=^- `|\n\n)", text, re.M | re.S))
+    assert set(bullets) == {p.name for p in (ROOT / "scripts").iterdir() if p.is_dir()}
+    for folder, body in bullets.items():
+        named = set(re.findall(r"`([\w.-]+\.(?:py|sh|md))`", body))
+        assert named == {p.name for p in (ROOT / "scripts" / folder).iterdir() if p.is_file()}, folder
+
+
+def test_the_path_check_finds_a_moved_script(tmp_path):
+    (tmp_path / "scripts" / "bench").mkdir(parents=True)
+    (tmp_path / "scripts" / "bench" / "bench_step.py").write_text("")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Run `python scripts/bench/bench_step.py`, then:\n\n    python scripts/bench_step.py --quick\n\n"
+        "Rows of configs/ablation/*.yaml; a new one goes in scripts/<folder>/<name>.py. See scripts/qwen_offline.py.\n"
+    )
+    assert missing_paths(page, tmp_path) == [
+        "page.md: scripts/bench_step.py", "page.md: configs/ablation/*.yaml", "page.md: scripts/qwen_offline.py",
+    ]
 
 
 def test_the_trl_name_table_names_real_keys():

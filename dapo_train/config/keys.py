@@ -20,7 +20,7 @@ from dapo_train.errors import ConfigError
 COSMETIC_KEYS = (
     "output_dir", "run_name", "logging.progress_bar", "logging.trackers", "logging.project",
     "logging.rollout_groups", "logging.rollout_every", "eval.print_samples", "checkpoint.every_steps",
-    "checkpoint.keep_last",
+    "checkpoint.keep_last", "checkpoint.keep_best",
 )
 
 

@@ -362,6 +362,13 @@ class CheckpointConfig:
         0, "Keep only the newest N checkpoints (0 = keep all); N + 1 for a moment, as a new one is written whole "
         "before the oldest goes. The run compares them with the free disk space before its first step.",
     )
+    keep_best: bool = _opt(
+        False, "Keep the checkpoint with the best periodic eval accuracy (the fixed eval.num_items subset) beside "
+        "the newest: keep_last never prunes it, the end-of-run summary names it and `dapo-train eval RUN --best` "
+        "evaluates it. Ranked: the checkpoints saved at an eval step (checkpoint.every_steps a multiple of "
+        "eval.every_steps ranks them all); a tie keeps the earlier. Remembered across --resume; a resume from an "
+        "earlier checkpoint goes back to the best as of that one.",
+    )
 
 
 @dataclass
@@ -378,7 +385,11 @@ class LoggingConfig:
         "Project the trackers file the run under (wandb/Comet/Aim/trackio project, MLflow experiment, ClearML "
         "project; TensorBoard's folder in the run directory); the run is named run_name.",
     )
-    progress_bar: bool = _opt(True, "Show a tqdm bar over steps.")
+    progress_bar: bool = _opt(
+        True, "Show tqdm bars on stderr: over steps, and over the items (with their rate) of the end-of-run eval "
+        "on the whole split and of `dapo-train eval` (the periodic evals stay quiet: one generate call each at "
+        "the default eval.batch_size).",
+    )
     rollout_groups: int = _opt(
         8,
         "Groups per step whose completions go to rollouts/step_<N>.jsonl (text, answer, each reward, advantage, "

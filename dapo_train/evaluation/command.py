@@ -35,7 +35,7 @@ from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError, UserError, folder_listing
 from dapo_train.evaluation.generate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.evaluation.table import aligned_table
-from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, checkpoint_dirs
+from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, best_checkpoint, checkpoint_dirs
 from dapo_train.model.loading import (
     MODEL_FILES,
     check_model_path,
@@ -141,6 +141,15 @@ def resolve_target(target: str | None, run_dir: str | None) -> EvalTarget:
     return EvalTarget(target, target)  # a hub id; load_tokenizer reports it if unreachable
 
 
+def _best_of(run_dir: str | None) -> EvalTarget:
+    """--best: the best checkpoint the run folder records (checkpoint.keep_best), labelled as such."""
+    if run_dir is None:
+        raise UserError("--best needs the run folder whose best checkpoint to evaluate: dapo-train eval RUN --best")
+    path, best = best_checkpoint(run_dir.rstrip("/") or run_dir)
+    found = _folder_target(str(path), path)
+    return dataclasses.replace(found, label=f"{path} (best: eval accuracy {best.accuracy:.3f} at step {best.step})")
+
+
 # --------------------------------------------------------------------------------------------
 # Config: the checkpoint's saved config <- --config <- KEY=VALUE; the target's model on top.
 
@@ -232,6 +241,7 @@ class EvalOptions:
     temperature: float = 1.0
     overrides: tuple[str, ...] = ()
     run_dir: str | None = None
+    best: bool = False  # each target is a run folder: evaluate its best checkpoint (checkpoint.keep_best)
 
     def check(self) -> None:
         checks = (
@@ -251,7 +261,7 @@ class EvalOptions:
 
 def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
     """Resolve one target and load its tokenizer and prompts; no model is loaded."""
-    resolved = resolve_target(target, options.run_dir)
+    resolved = _best_of(target) if options.best else resolve_target(target, options.run_dir)
     cfg = target_config(resolved, options.config_path, list(options.overrides))
     if resolved.model is None:
         resolved = dataclasses.replace(resolved, label=f"{cfg.model.name_or_path} (--config)")
@@ -318,6 +328,7 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
             max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size,
             samples=options.samples, temperature=options.temperature, seed=plan.cfg.seed,
             check=answer_check(plan.cfg.data.correctness), tools=plan.tools,
+            progress="eval" if plan.cfg.logging.progress_bar else None,
         )
     del model
     if device.type == "cuda":

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
+from tqdm.auto import tqdm
 
 from dapo_train.config.schema import Config
 from dapo_train.evaluation.stats import summarize_records
@@ -129,6 +130,7 @@ def eval_records(
     seed: int | None = None,
     check: AnswerCheck = NUMERIC,
     tools: ToolTurns | None = None,
+    progress: str | None = None,
 ) -> list[dict]:
     """The completion records (completion_records) of an already-loaded model on `prompts`, in their
     order; the trainer's ranks each make their share's and summarise the gathered whole once. tools:
@@ -138,7 +140,9 @@ def eval_records(
     batch size. samples == K > 1: K samples per item at `temperature` (top_p = 1, top_k = 0),
     reproducible when `seed` is given (the caller's RNG state is restored afterwards).
     batch_size counts sequences per generate call (prompts x samples). The model is switched to
-    eval mode during generation and back to its previous mode afterwards.
+    eval mode during generation and back to its previous mode afterwards. progress: the label of a bar on
+    stderr that counts items with their rate (None: quiet); it stays when it is the only bar, and goes
+    when it runs under the training bar.
     """
     if not prompts:
         raise ValueError("evaluate_prompts needs at least one prompt")
@@ -151,12 +155,23 @@ def eval_records(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
+    bar = tqdm(total=len(prompts), desc=progress, unit="item", leave=None, disable=progress is None)
     try:
         with _seeded(seed if samples > 1 else None, device):
             completions = sample_completions(  # N*K rows, K per item
                 model, tokenizer, prompt_ids, settings, batch_size=batch_size, group_size=samples,
-                decode=partial(decode_loop, tools=tools),
+                decode=_counted(partial(decode_loop, tools=tools), bar),
             )
     finally:
+        bar.close()
         model.train(was_training)
     return completion_records(prompts, completions, samples, check)
+
+
+def _counted(decode, bar: tqdm):
+    """`decode`, moving `bar` on by the items of each chunk it decodes (sample_completions' chunks)."""
+    def counted(model, prompts, *args, **kwargs):
+        decoded = decode(model, prompts, *args, **kwargs)
+        bar.update(len(prompts))
+        return decoded
+    return counted

@@ -2,8 +2,9 @@
 
 A checkpoint_<step>/ folder holds the HF model (safetensors; for a LoRA run the adapter alone,
 see lora.py) and tokenizer, the resolved config.yaml, and trainer_state.pt (step, data position,
-dynamic-sampling carry-over, RNG states, optimizer and LR schedule, and `good`: whether its weights
-are clean, train/health.py; pruning never removes the newest good checkpoint). A run of N processes adds
+dynamic-sampling carry-over, RNG states, optimizer and LR schedule, `good`: whether its weights
+are clean, train/health.py, and `best_checkpoint`: with checkpoint.keep_best, the checkpoint of the best
+periodic eval so far; pruning never removes the newest good checkpoint nor that one). A run of N processes adds
 trainer_state_rank<r>.pt for each rank r > 0 (its RNG states and carry-over, and its optimizer
 shard under FSDP/ZeRO). It is written to a temporary sibling folder and renamed into place, so a
 crash or kill during a save leaves the previous checkpoint intact and never a half one; a write the
@@ -25,6 +26,7 @@ import re
 import shutil
 import tempfile
 import zipfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,7 @@ from dapo_train.errors import CheckpointNotSaved, UserError
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
+BEST_KEY = "best_checkpoint"  # trainer_state.pt's record of the best checkpoint (checkpoint.keep_best)
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 _PROBE_BYTES = 1 << 20  # a failed write is the disk's when the folder then refuses this much too
@@ -197,7 +200,7 @@ def save_checkpoint(
         if stop is not None:
             raise stop from None
         raise
-    _prune(run_dir, keep_last)
+    _prune(run_dir, keep_last, recorded_best(state))
     return final
 
 
@@ -215,7 +218,7 @@ def checkpoint_bytes(weights: int, trainable: int) -> int:
     return weights + 2 * trainable + TOKENIZER_ALLOWANCE
 
 
-def _save_steps(cfg: Config, done_step: int) -> list[int]:
+def save_steps(cfg: Config, done_step: int) -> list[int]:
     """The steps after `done_step` this run saves at: every checkpoint.every_steps and the last."""
     every, last = cfg.checkpoint.every_steps, cfg.train.max_steps
     periodic = range(every, last, every) if every > 0 else range(0)
@@ -224,10 +227,33 @@ def _save_steps(cfg: Config, done_step: int) -> list[int]:
 
 def new_checkpoints_at_once(cfg: Config, done_step: int = 0, existing: int = 0) -> int:
     """The most checkpoints a run from `done_step` (with `existing` of them already on disk) adds at once:
-    every one with checkpoint.keep_last 0, else keep_last + 1 in all (a new one is written whole before
-    the oldest is pruned), never fewer than one."""
-    remaining, keep = len(_save_steps(cfg, done_step)), cfg.checkpoint.keep_last
-    return remaining if keep <= 0 else min(remaining, max(1, keep + 1 - existing))
+    every one with checkpoint.keep_last 0, else keep_last (and the best, checkpoint.keep_best) + 1 in all
+    (a new one is written whole before the oldest is pruned), never fewer than one."""
+    remaining, keep = len(save_steps(cfg, done_step)), cfg.checkpoint.keep_last
+    held = keep + int(cfg.checkpoint.keep_best)  # the best beside the newest keep_last
+    return remaining if keep <= 0 else min(remaining, max(1, held + 1 - existing))
+
+
+def keep_best_note(cfg: Config) -> str | None:
+    """Why checkpoint.keep_best cannot act as configured, or ranks only some checkpoints (said at start);
+    None when it ranks every one. It ranks a checkpoint by the periodic eval at its step, and the last
+    step always has one."""
+    every, steps = cfg.eval.every_steps, save_steps(cfg, 0)
+    if not cfg.checkpoint.keep_best:
+        return None
+    if every <= 0:
+        return "checkpoint.keep_best cannot act: eval.every_steps=0, no periodic eval ranks the checkpoints"
+    unranked = [step for step in steps if step % every and step != cfg.train.max_steps]
+    if len(steps) - len(unranked) <= 1:
+        return (f"checkpoint.keep_best cannot act: checkpoint_{cfg.train.max_steps} is the only checkpoint saved at "
+                f"an eval step (checkpoint.every_steps={cfg.checkpoint.every_steps}); set checkpoint.every_steps to a "
+                f"multiple of eval.every_steps={every}")
+    if unranked:
+        shown = ", ".join(f"checkpoint_{step}" for step in unranked[:3]) + (", ..." if len(unranked) > 3 else "")
+        return (f"checkpoint.keep_best ranks only the checkpoints saved at an eval step (eval.every_steps={every}): "
+                f"{len(steps) - len(unranked)} of {len(steps)} ({shown} {'is' if len(unranked) == 1 else 'are'} not); "
+                "set checkpoint.every_steps to a multiple of eval.every_steps to rank them all")
+    return None
 
 
 def size_text(size: float) -> str:
@@ -263,7 +289,7 @@ def check_disk_space(cfg: Config, run_dir: Path, one: int, done_step: int = 0, e
     if free < one:
         raise UserError(
             f"output_dir {run_dir}: {size_text(free)} free, but one checkpoint needs about {size_text(one)} "
-            f"({len(_save_steps(cfg, done_step))} planned, checkpoint.every_steps={cfg.checkpoint.every_steps}); free "
+            f"({len(save_steps(cfg, done_step))} planned, checkpoint.every_steps={cfg.checkpoint.every_steps}); free "
             "space, or set output_dir=... on a larger disk"
         )
     if free < count * one:
@@ -285,12 +311,13 @@ def usual_file_modes(folder: Path) -> None:
             os.chmod(path, 0o666 & ~umask)
 
 
-def _prune(run_dir: Path, keep_last: int) -> None:
-    """Keep the newest `keep_last` checkpoints (0: all), and the newest one of good weights wherever it is."""
+def _prune(run_dir: Path, keep_last: int, best: CheckpointScore | None = None) -> None:
+    """Keep the newest `keep_last` checkpoints (0: all), the newest one of good weights wherever it is,
+    and the `best` (checkpoint.keep_best)."""
     if keep_last <= 0:
         return
     dirs = checkpoint_dirs(run_dir)
-    older, kept = dirs[:-keep_last], dirs[-keep_last:]
+    older, kept = [p for p in dirs[:-keep_last] if best is None or p.name != best.name], dirs[-keep_last:]
     if older and not any(_good(path) for path in kept):
         older = [path for path in older if path != next((p for p in reversed(older) if _good(p)), None)]
     for old in older:
@@ -309,6 +336,46 @@ def _good(checkpoint: Path) -> bool:
         return holds_good_weights(load_state(checkpoint, mmap=True))
     except UserError:  # damaged: not a result to keep
         return False
+
+
+@dataclass(frozen=True)
+class CheckpointScore:
+    """checkpoint_<step> and the accuracy of the periodic eval at its step (the fixed subset): the record
+    checkpoint.keep_best ranks checkpoints by."""
+
+    step: int
+    accuracy: float
+
+    @property
+    def name(self) -> str:
+        return f"checkpoint_{self.step}"
+
+    def state(self) -> dict:
+        return asdict(self)
+
+
+def recorded_best(state: dict) -> CheckpointScore | None:
+    """The best checkpoint a trainer state records (None: the run ran without checkpoint.keep_best)."""
+    best = state.get(BEST_KEY)
+    return CheckpointScore(int(best["step"]), float(best["accuracy"])) if best else None
+
+
+def best_checkpoint(run_dir: str | Path) -> tuple[Path, CheckpointScore]:
+    """`dapo-train eval RUN --best`: the best checkpoint the run's newest checkpoint records, checked; one
+    UserError when there is none to evaluate."""
+    run_dir = Path(run_dir)
+    newest = latest_checkpoint(run_dir)
+    if newest is None:
+        raise UserError(f"{run_dir} holds no checkpoint_<step> folder; --best takes a run folder")
+    best = recorded_best(load_state(newest, mmap=True))
+    if best is None:
+        names = ", ".join(p.name for p in checkpoint_dirs(run_dir))
+        raise UserError(f"{run_dir} records no best checkpoint: it ran without checkpoint.keep_best; its checkpoints: "
+                        f"{names}; name one")
+    if not (run_dir / best.name).is_dir():
+        raise UserError(f"{run_dir}: its best checkpoint, {best.name} (eval accuracy {best.accuracy:.3f}), is gone; "
+                        f"name another: {', '.join(p.name for p in checkpoint_dirs(run_dir))}")
+    return run_dir / best.name, best
 
 
 # What every trainer_state.pt holds (trainer.trainer_state); a file without them is not one.

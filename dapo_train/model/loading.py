@@ -363,6 +363,17 @@ def gradient_checkpointing(cfg: Config, cuda: bool) -> bool:
     return GRADIENT_CHECKPOINTING[cfg.model.gradient_checkpointing](cuda)
 
 
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute activations in the backward (model.gradient_checkpointing), non-reentrant. transformers
+    renamed gradient_checkpointing_enable to activation_checkpointing_enable, and the old name warns on
+    every call (5.25); a version from before the new name has only the old one."""
+    options = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
 def mixed_precision(cfg: Config, cuda: bool) -> str:
     """train.mixed_precision resolved: "auto" is bf16 on CUDA and none on CPU."""
     if cfg.train.mixed_precision == "auto":

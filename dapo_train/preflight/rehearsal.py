@@ -256,6 +256,7 @@ def shrink(cfg: Config, model_folder: Path, run_folder: Path, cuda: bool, eval_s
     _shrink_eval(cfg, put, eval_split)
     put("checkpoint.every_steps", 0, "one checkpoint, at the end")
     put("checkpoint.keep_last", 0, "keep it for the resume")
+    put("checkpoint.keep_best", False, "one checkpoint: none to rank")
     if cfg.logging.trackers:
         put("logging.trackers", [], "checked installed, not started")
     if not cuda and cfg.train.num_threads != 1:

@@ -91,7 +91,7 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
             if shard:
                 records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
                                        batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness),
-                                       tools=run.tool_turns)
+                                       tools=run.tool_turns, progress=_eval_bar(cfg, kind))
                 add_model_scores(run.reward_set, shard, records)
         records = distributed.interleave(distributed.gather(records))  # item order, on every rank
     if distributed.is_main():
@@ -110,6 +110,12 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
     return metrics, records
 
 
+def _eval_bar(cfg: Config, kind: EvalKind) -> str | None:
+    """The label of the final eval's bar over its items, on the main process (logging.progress_bar); the
+    periodic evals stay quiet: one generate call each at the default eval.batch_size."""
+    return "final eval" if kind is FINAL and cfg.logging.progress_bar and distributed.is_main() else None
+
+
 def step_evals(run: Run) -> dict:
     """The evals due after a step: the fixed subset every eval.every_steps and at the last step, and at
     the last step the whole split too (eval.final_full), from the subset's records when the subset
@@ -118,6 +124,7 @@ def step_evals(run: Run) -> dict:
     last = run.step == cfg.train.max_steps
     if _due(run.step, cfg.eval.every_steps) or (cfg.eval.every_steps > 0 and last):
         metrics, records = evaluate(run, run.eval_prompts)
+        run.last_eval = ckpt.CheckpointScore(run.step, metrics["accuracy"])  # ranks this step's checkpoint
     if last and cfg.eval.final_full:
         whole = records if records is not None and len(run.eval_prompts) == len(run.final_prompts) else None
         metrics.update(evaluate(run, run.final_prompts, FINAL, whole)[0])
@@ -280,7 +287,7 @@ def _report(run: Run, run_log: RunLog, stop: StopRequested, aborted: str | None,
     ending = "aborted" if aborted is not None else "solved" if solved is not None else \
         "stopped" if stop.requested else "finished"
     run_log.say(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, ending,
-                                   session_s, run.eval_split_missing))
+                                   session_s, run.eval_split_missing, run.best))
     if stop.requested and aborted is None:
         run_log.say(stop.resume_line(run.run_dir, distributed.world_size()), sys.stderr)
 

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from dapo_train.config.schema import Config
-from dapo_train.model.checkpoint import checkpoint_dirs
+from dapo_train.model.checkpoint import CheckpointScore, checkpoint_dirs
 from dapo_train.run.eval_items import FINAL
 from dapo_train.run.logs import generation_cost, read_metrics
 from dapo_train.run.rollouts import brief, saved_rollouts
@@ -262,11 +262,12 @@ def work_line(rows: list[dict]) -> str | None:
 def end_of_run_summary(
     run_dir: Path, step: int, max_steps: int, wall_s: float, ending: str = "finished", session_s: float | None = None,
     eval_split_missing: str | None = None,  # why data.path has no eval split: `next` then suggests other data
+    best_checkpoint: CheckpointScore | None = None,
 ) -> str:
     """The end-of-run report (printed): how it ended (finished, stopped by a signal, aborted or
     solved: train/health.py), accuracy first -> best -> last, the steps skipped of each kind, the update's
-    work, wall time (the
-    whole run's; session_s, a resumed session's own), checkpoints, next."""
+    work, wall time (the whole run's; session_s, a resumed session's own), checkpoints and the best of them
+    (checkpoint.keep_best), next."""
     head = f"finished {run_dir}: {step} steps" if ending == "finished" else f"{ending} {run_dir} at step {step} of " \
         f"{max_steps}"
     session = f" (this session: {duration(session_s)})" if session_s is not None else ""
@@ -295,6 +296,10 @@ def end_of_run_summary(
         names = [p.name for p in checkpoints]
         shown = ", ".join(names) if len(names) <= 4 else f"{names[0]}, ..., {names[-1]} ({len(names)})"
         lines.append(f"  checkpoints in {run_dir}: {shown}")
+    if best_checkpoint is not None:
+        lines.append(f"  best checkpoint (checkpoint.keep_best): {best_checkpoint.name}, eval accuracy "
+                     f"{best_checkpoint.accuracy:.3f} at step {best_checkpoint.step}; evaluate it: dapo-train eval "
+                     f"{shlex.quote(str(run_dir))} --best")
     # stopped: StopRequested.report says how to resume; aborted: its reason names the last good checkpoint
     if checkpoints and ending in ("finished", "solved"):
         command = f"dapo-train eval {shlex.quote(str(checkpoints[-1]))}"

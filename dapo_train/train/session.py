@@ -22,11 +22,13 @@ import torch
 from dapo_train.config.schema import Config, DataConfig
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluation.generate import eval_max_new_tokens
+from dapo_train.model.checkpoint import CheckpointScore, keep_best_note
 from dapo_train.model.loading import (
     check_attention_kernel,
     check_lora_targets,
     check_sequence_budget,
     cpu_has_bf16_units,
+    enable_gradient_checkpointing,
     gradient_checkpointing,
     load_policy,
     load_tokenizer,
@@ -88,6 +90,8 @@ class Run:
     keep_rate: KeepRate = field(default_factory=KeepRate)  # sizes the generation rounds (dapo.max_round_prompts)
     history: PromptHistory = field(default_factory=PromptHistory)  # skips prompts (dapo.skip_history)
     tool_turns: ToolTurns | None = None  # rollout.tools for the tokenizer; the in-training eval runs them too
+    last_eval: CheckpointScore | None = None  # the latest periodic eval: the score of a checkpoint saved at its step
+    best: CheckpointScore | None = None  # the best checkpoint saved so far (checkpoint.keep_best; else None)
 
     @property
     def wall_seconds(self) -> float:
@@ -156,7 +160,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     _log_final_eval_cost(cfg, len(eval_prompts), len(final_prompts))
     model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
     unwrapped = accelerator.unwrap_model(model)
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
@@ -275,6 +279,8 @@ def _warn_inert_settings(cfg: Config) -> None:
     if not cfg.rollout.tools and any(spec.name == "tool_format" for spec in cfg.rewards):
         logger.warning("the reward tool_format cannot act: rollout.tools names no tool, so no completion makes a "
                        "call and it scores 0")
+    if (note := keep_best_note(cfg)) is not None:
+        logger.warning("%s", note)
     inert = inert_objective_keys(cfg)
     if inert:
         logger.warning("%s cannot act: dapo.policy_loss=%s reads %s", ", ".join(inert), cfg.dapo.policy_loss,

@@ -2,9 +2,10 @@
 run takes it back, so that resume equals the uninterrupted run.
 
 checkpoint_<step>/trainer_state.pt holds the run's position (step, optimizer steps, the prompt
-order's state, the keep rate that sizes generation rounds, the prompt history, wall time) and rank
-0's own state; each rank r > 0 adds trainer_state_rank<r>.pt (its RNG streams, its carried-over
-groups and, under FSDP/ZeRO, its optimizer shard). The folder's format (atomic save, discovery,
+order's state, the keep rate that sizes generation rounds, the prompt history, wall time, the best
+checkpoint so far under checkpoint.keep_best) and rank 0's own state; each rank r > 0 adds
+trainer_state_rank<r>.pt (its RNG streams, its carried-over groups and, under FSDP/ZeRO, its
+optimizer shard). The folder's format (atomic save, discovery,
 pruning) is model/checkpoint.py's.
 """
 
@@ -46,6 +47,7 @@ def trainer_state(run: Run) -> dict:
         "history": run.history.state_dict(),  # the same on every rank too
         "num_processes": distributed.world_size(),
         "wall_seconds": run.wall_seconds,
+        ckpt.BEST_KEY: run.best.state() if run.best is not None else None,  # pruning keeps it
         **rank_state(run),
     }
     state.setdefault("optimizer", run.learner.optimizer.state_dict())  # replicated under DDP: one copy, here
@@ -62,6 +64,7 @@ def restore(run: Run, state: dict, checkpoint: Path) -> None:
     run.prompt_sampler.load_state_dict(state["sampler"])
     run.keep_rate.load_state_dict(state.get("keep_rate"))
     run.history.load_state_dict(state.get("history"))
+    run.best = _still_there(run, ckpt.recorded_best(state)) if run.cfg.checkpoint.keep_best else None
     saved, ranks, rank = int(state.get("num_processes", 1)), distributed.world_size(), distributed.rank()
     if saved != ranks:
         if distributed.shards_optimizer(run.accelerator, run.model):
@@ -89,6 +92,7 @@ def save(run: Run) -> Path:
     renames it. Every rank calls it at the same step; a write the disk refuses stops them all
     (CheckpointNotSaved), naming the last checkpoint saved and how to resume from it."""
     state_dict = distributed.full_state_dict(run.model)
+    run.best = ranked_best(run)
     tmp, problem = None, None
     if distributed.is_main():
         try:
@@ -114,6 +118,24 @@ def save(run: Run) -> Path:
     _stop_if(run, distributed.broadcast(problem))  # every rank waits here, as at a barrier
     run.saved_step = run.step
     return path
+
+
+def ranked_best(run: Run) -> ckpt.CheckpointScore | None:
+    """checkpoint.keep_best: the best checkpoint once this step's is saved. This step's when its periodic
+    eval beats the best so far; a tie keeps the earlier, the one already kept (HF Trainer does the same)."""
+    score = run.last_eval
+    if not run.cfg.checkpoint.keep_best or score is None or score.step != run.step:
+        return run.best
+    return score if run.best is None or score.accuracy > run.best.accuracy else run.best
+
+
+def _still_there(run: Run, best: ckpt.CheckpointScore | None) -> ckpt.CheckpointScore | None:
+    """A resumed run's recorded best, unless its folder is gone (removed by hand): ranking starts again."""
+    if best is None or (run.run_dir / best.name).is_dir():
+        return best
+    logger.warning("checkpoint.keep_best: %s, the best checkpoint so far (eval accuracy %.3f), is not in %s; the "
+                   "checkpoints from here on are ranked anew", best.name, best.accuracy, run.run_dir)
+    return None
 
 
 def _stop_if(run: Run, problem: str | None) -> None:

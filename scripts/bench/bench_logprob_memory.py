@@ -11,7 +11,7 @@ Each is measured in its own process as peak RSS minus RSS just before the call (
 high-water mark is reset first), after one warm-up call. Also checks that both give the same
 log-probs and gradients (to 1e-5). Prints both figures and their ratio; the target is <= 30%.
 
-    python scripts/bench_logprob_memory.py --budget 4096 --max-new-tokens 64 128 256 512 --repeats 3
+    python scripts/bench/bench_logprob_memory.py --budget 4096 --max-new-tokens 64 128 256 512 --repeats 3
 
 The update's peak at a token budget (train.micro_batch_tokens) as the completions grow: preflight's
 rehearsal stand-in (a random Qwen2 of width 32, 2 layers, Qwen's vocabulary, tied embeddings, sdpa)

@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -229,7 +230,13 @@ def test_two_checkpoints_compared_in_one_call(run_folder, tiny, monkeypatch, cap
     first = "outputs/run/checkpoint_1"
     results = run_eval([first, "checkpoint_2"], EVAL_OPTIONS)  # bare name: the latest run's
     assert len(results) == 2 and all(STABLE_KEYS <= set(m) for m in results)
-    table = capsys.readouterr().out
+    printed = capsys.readouterr()
+    table = printed.out
+    # Each checkpoint's progress on stderr: a bar over its 16 items (2 generate calls of 8), left at the end
+    # with the rate (tqdm shows s/item below one item a second).
+    bars = printed.err.split("eval:   0%|")[1:]
+    assert len(bars) == 2, printed.err
+    assert all(re.search(r"eval: 100%\|[^|]*\| 16/16 \[[^]]*(item/s|s/item)\]", bar) for bar in bars), printed.err
     assert first in table and "outputs/run/checkpoint_2" in table and "95% CI" in table  # bare name resolved
     completions = []
     for step, metrics in zip((1, 2), results):

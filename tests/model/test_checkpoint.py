@@ -17,10 +17,10 @@ class NoTokenizer:
         (path / "tokenizer.json").write_text("{}")
 
 
-def _save(run_dir, step, model, good=True, **kw):
+def _save(run_dir, step, model, good=True, best=None, **kw):
     # The keys every trainer state holds (load_state refuses a file without them); empty where unused here.
     state = {"step": step, "bad_steps": 0, "sampler": {}, "buffer": {}, "rng": ckpt.rng_state(), "optimizer": {},
-             "good": good}
+             "good": good, ckpt.BEST_KEY: best}
     return ckpt.save_checkpoint(
         run_dir, step, model=model, tokenizer=NoTokenizer(), cfg=load_config(None, []), state=state, **kw
     )
@@ -103,6 +103,35 @@ def test_keep_last_never_prunes_the_last_checkpoint_of_good_weights(tmp_path):
     old = ckpt.load_state(tmp_path / "checkpoint_5")
     del old["good"]
     assert ckpt.holds_good_weights(old) and not ckpt.holds_good_weights({**old, "bad_steps": 1})
+
+
+def test_keep_last_never_prunes_the_best_checkpoint_its_state_records(tmp_path):
+    """checkpoint.keep_best: checkpoint_2 is the best from step 2 on, so keep_last=1 keeps it beside the
+    newest; once a later one is the best, it goes at the next save. The run's best is what its newest
+    checkpoint records."""
+    model = make_random_model()
+    _save(tmp_path, 1, model, keep_last=1)
+    for step in (2, 3, 4):
+        _save(tmp_path, step, model, best={"step": 2, "accuracy": 0.5}, keep_last=1)
+    assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint_2", "checkpoint_4"]
+    assert ckpt.best_checkpoint(tmp_path) == (tmp_path / "checkpoint_2", ckpt.CheckpointScore(2, 0.5))
+    _save(tmp_path, 5, model, best={"step": 5, "accuracy": 0.6}, keep_last=1)
+    assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint_5"]
+
+
+def test_a_run_without_a_recorded_best_checkpoint_says_so(tmp_path):
+    with pytest.raises(UserError, match=f"{tmp_path} holds no checkpoint_<step> folder; --best takes a run folder"):
+        ckpt.best_checkpoint(tmp_path)
+    model = make_random_model()
+    _save(tmp_path, 1, model)
+    with pytest.raises(UserError, match=r"records no best checkpoint: it ran without checkpoint.keep_best; its "
+                                        "checkpoints: checkpoint_1"):
+        ckpt.best_checkpoint(tmp_path)
+    _save(tmp_path, 2, model, best={"step": 1, "accuracy": 0.5})
+    (tmp_path / "checkpoint_1" / "model.safetensors").unlink()
+    (tmp_path / "checkpoint_1").rename(tmp_path / "elsewhere")
+    with pytest.raises(UserError, match="its best checkpoint, checkpoint_1 .eval accuracy 0.500., is gone"):
+        ckpt.best_checkpoint(tmp_path)
 
 
 def test_rng_state_round_trips(tmp_path):

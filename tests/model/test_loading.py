@@ -101,3 +101,16 @@ def test_only_a_causal_lm_is_accepted_as_the_policy(architectures, model_type, r
         return
     with pytest.raises(ConfigError, match=f"model.name_or_path': ./some-model is not a causal LM: .*{refused}"):
         loading.check_causal_lm(config, model)
+
+
+def test_gradient_checkpointing_falls_back_to_the_old_call_on_an_older_transformers():
+    """A transformers from before activation_checkpointing_enable (another environment pins <5.20) has
+    only gradient_checkpointing_enable: it gets the same non-reentrant setting."""
+    calls = []
+
+    class OlderModel:
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+            calls.append(gradient_checkpointing_kwargs)
+
+    loading.enable_gradient_checkpointing(OlderModel())
+    assert calls == [{"use_reentrant": False}]

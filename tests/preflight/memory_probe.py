@@ -73,11 +73,12 @@ def rollout(spec: dict, job: dict) -> None:
 def update(spec: dict, job: dict) -> None:
     from dapo_train.algo import policy_loss
     from dapo_train.model.layout import collate
+    from dapo_train.model.loading import enable_gradient_checkpointing
     from dapo_train.model.scoring import score_tokens
 
     model = _model(spec).train()
     if job.get("checkpointing"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     prompts = _prompts(job["rows"], job["prompt"], spec["vocab_size"])
     completions = _prompts(job["rows"], job["completion"], spec["vocab_size"])
     batch = collate(prompts, completions, pad_id=0)

@@ -264,6 +264,17 @@ def test_checkpoints_at_once(every, keep, done, existing, count):
     assert ckpt.new_checkpoints_at_once(cfg, done, existing) == count
 
 
+def test_keep_best_holds_one_checkpoint_more():
+    """checkpoint.keep_best keeps the best beside keep_last's newest: 10 .. 150 with keep_last 3 hold 3, the
+    best, and a 5th while one is written; with keep_last 0 every one is kept anyway."""
+    def count(*overrides):
+        cfg = load_config(None, ["train.max_steps=150", "checkpoint.every_steps=10", "checkpoint.keep_best=true",
+                                 *overrides])
+        return ckpt.new_checkpoints_at_once(cfg)
+    assert count("checkpoint.keep_last=3") == 5
+    assert count("checkpoint.keep_last=0") == 15
+
+
 def test_qwen_1_5b_checkpoint_is_18_5_gb():
     """1,543,714,304 parameters (Qwen2.5-1.5B, tied embeddings) saved in float32 (4 bytes) plus AdamW's two
     float32 moments (8 bytes): 18.52e9 bytes, and the tokenizer's allowance."""

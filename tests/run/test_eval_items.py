@@ -5,6 +5,7 @@ files a fresh or resumed run drops."""
 import contextlib
 import io
 import logging
+import re
 
 import pytest
 from small_task import write_small_task
@@ -98,6 +99,18 @@ def test_a_periodic_eval_of_the_whole_split_is_not_generated_twice(tmp_path, mon
     assert read_items(items_path(out, FINAL, 1)) == read_items(items_path(out, PERIODIC, 1))
     last = read_metrics(out)[-1]
     assert last[FINAL.accuracy] == last["accuracy"] and last["final/num_items"] == 5
+
+
+def test_the_final_eval_shows_its_progress_and_the_periodic_ones_stay_quiet(tmp_path, capsys):
+    """A bar over the whole split's items at the end (minutes at Qwen scale), under the training bar; none
+    for the periodic evals of the subset (one generate call each at the default eval.batch_size)."""
+    cfg = load_config(None, [*SMALL, f"data.path={write_small_task(tmp_path / 'task')}", "train.max_steps=1",
+                             "eval.every_steps=1", "eval.num_items=2", "eval.batch_size=2",
+                             "logging.progress_bar=true", f"output_dir={tmp_path / 'run'}"])
+    loop.train(cfg)
+    bars = re.findall(r"([\w ]+): +0%\|[^|]*\| 0/(\d+) \[00:00<\?, \?(\w+)/s\]", capsys.readouterr().err)
+    assert ("dapo", "1", "it") in bars  # the training bar
+    assert [(label, total) for label, total, unit in bars if unit == "item"] == [("final eval", "5")], bars
 
 
 def test_final_full_off_adds_no_eval(tmp_path, monkeypatch):

@@ -3,12 +3,14 @@ than one generation round draws, how much of the data the run will see, and whet
 the end-of-run summary points at exists."""
 
 import json
+import logging
+import warnings
 
 import pytest
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
-from dapo_train.train.session import check_data_use, missing_split, start_accelerator
+from dapo_train.train.session import _warn_inert_settings, check_data_use, missing_split, setup, start_accelerator
 
 
 def test_fewer_usable_prompts_than_a_step_draws_is_refused():
@@ -93,3 +95,35 @@ def test_one_process_may_train_again_with_another_mixed_precision(tmp_path):
     for precision in ("no", "bf16"):
         cfg = load_config(None, [f"train.mixed_precision='{precision}'"])
         assert start_accelerator(cfg, False, tmp_path).mixed_precision == precision
+
+
+def test_activation_checkpointing_turns_on_without_a_deprecation_warning(tmp_path):
+    """model.gradient_checkpointing=on (what preflight rehearses for a card) through transformers' current
+    call: gradient_checkpointing_enable printed its FutureWarning on every run and every preflight."""
+    cfg = load_config(None, ["model.gradient_checkpointing=on", f"output_dir={tmp_path}", "eval.final_full=false"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = setup(cfg, tmp_path, None)
+    assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
+    layers = [m for m in run.model.modules() if hasattr(m, "gradient_checkpointing")]
+    assert layers and all(m.gradient_checkpointing for m in layers)
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["eval.every_steps=0"], "checkpoint.keep_best cannot act: eval.every_steps=0, no periodic eval ranks the "
+                             "checkpoints"),
+    (["checkpoint.every_steps=0"], "checkpoint.keep_best cannot act: checkpoint_40 is the only checkpoint saved at "
+                                   "an eval step"),
+    (["checkpoint.every_steps=15"], "checkpoint.keep_best ranks only the checkpoints saved at an eval step "
+                                    "(eval.every_steps=10): 2 of 3 (checkpoint_15 is not)"),
+    (["checkpoint.every_steps=20"], None),
+    (["checkpoint.every_steps=20", "checkpoint.keep_best=false"], None),
+])
+def test_keep_best_says_at_start_when_it_cannot_rank_the_checkpoints(overrides, said, caplog):
+    """The demo evaluates every 10 of its 40 steps: checkpoints every 20 are all ranked; every 15 (15, 30, 40),
+    one is not; only the last (every_steps 0) leaves nothing to choose; without evals nothing ranks them."""
+    cfg = load_config(None, ["checkpoint.keep_best=true", *overrides])
+    with caplog.at_level(logging.WARNING):
+        _warn_inert_settings(cfg)
+    keep_best = [r.getMessage() for r in caplog.records if "keep_best" in r.getMessage()]
+    assert keep_best == ([] if said is None else [keep_best[0]]) and (said is None or said in keep_best[0]), keep_best

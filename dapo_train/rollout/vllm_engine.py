@@ -177,8 +177,10 @@ class VllmEngine:
         kv_mib = setup.vllm_kv_cache_mib
         if self.cuda:
             settings.update(gpu_memory_utilization=setup.vllm_memory, enable_sleep_mode=True)
-        elif not kv_mib:  # vLLM's own CPU default takes most of the machine and a minute to allocate
-            kv_mib = -(-_kv_bytes(config, dtype.itemsize, setup.batch_size * length) // 2**20)
+        else:  # a seeded row whose prefill spans steps has a draw discarded and its generator rewound, which a
+            settings["enable_chunked_prefill"] = False  # CPU generator cannot do: whole prefills only
+            if not kv_mib:  # vLLM's own CPU default takes most of the machine and a minute to allocate
+                kv_mib = -(-_kv_bytes(config, dtype.itemsize, setup.batch_size * length) // 2**20)
         if kv_mib:
             settings["kv_cache_memory_bytes"] = kv_mib * 2**20
         with _process_kept():

@@ -180,6 +180,16 @@ def test_completions_end_at_their_first_eos_or_are_truncated_at_the_budget(tiny,
     assert all("<|im_end|>" not in c.text for c in completions)  # special tokens skipped, as hf's
 
 
+def test_more_prompt_tokens_than_a_step_computes_sample_with_seeds(tiny, engine):
+    """128 seeded rows of 100-200-token prompts: more than vLLM's token budget per step, so their prefills
+    span steps. With chunked prefill a row's first draw is discarded at a partial prefill and its generator
+    rewound, which a CPU generator cannot do (RuntimeError: the demo's first step failed so)."""
+    _, _, prompts = tiny
+    assert sum(len(p) for p in prompts[:16]) * 8 > 16384
+    completions = engine.generate(prompts[:16], SamplingSettings(4, temperature=1.0), 8)
+    assert len(completions) == 128 and all(c.length for c in completions)
+
+
 def test_a_rows_tokens_follow_its_seed_whatever_else_is_in_the_batch(tiny, engine):
     _, _, prompts = tiny
     settings = SamplingSettings(32, temperature=1.0)

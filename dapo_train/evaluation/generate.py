@@ -25,7 +25,7 @@ from dapo_train.config.schema import Config
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.rewards.scoring import REWARDS, RewardSet, score
 from dapo_train.rollout.decoding import SamplingSettings, decode_loop
-from dapo_train.rollout.engines import Completion, sample_completions
+from dapo_train.rollout.engines import Completion, RolloutEngine, sample_completions
 from dapo_train.task.answers import ANSWER_CHECKS, AnswerCheck
 from dapo_train.task.prompts import Prompt
 from dapo_train.tools.turns import ToolTurns
@@ -126,6 +126,7 @@ def eval_records(
     seed: int | None = None,
     check: AnswerCheck = NUMERIC,
     tools: ToolTurns | None = None,
+    engine: RolloutEngine | None = None,
 ) -> list[dict]:
     """The completion records (completion_records) of an already-loaded model on `prompts`, in their
     order; the trainer's ranks each make their share's and summarise the gathered whole once. tools:
@@ -135,7 +136,8 @@ def eval_records(
     batch size. samples == K > 1: K samples per item at `temperature` (top_p = 1, top_k = 0),
     reproducible when `seed` is given (the caller's RNG state is restored afterwards).
     batch_size counts sequences per generate call (prompts x samples). The model is switched to
-    eval mode during generation and back to its previous mode afterwards.
+    eval mode during generation and back to its previous mode afterwards. engine: a rollout engine that
+    serves evals (its `serves_eval`: vllm, whose weights are the model's) generates instead of the model.
     """
     if not prompts:
         raise ValueError("evaluate_prompts needs at least one prompt")
@@ -150,10 +152,11 @@ def eval_records(
     model.eval()
     try:
         with _seeded(seed if samples > 1 else None, device):
-            completions = sample_completions(  # N*K rows, K per item
-                model, tokenizer, prompt_ids, settings, batch_size=batch_size, group_size=samples,
-                decode=partial(decode_loop, tools=tools),
-            )
+            completions = engine.generate(prompt_ids, settings, samples) if engine is not None else \
+                sample_completions(  # N*K rows, K per item
+                    model, tokenizer, prompt_ids, settings, batch_size=batch_size, group_size=samples,
+                    decode=partial(decode_loop, tools=tools),
+                )
     finally:
         model.train(was_training)
     return completion_records(prompts, completions, samples, check)

@@ -160,7 +160,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
     unwrapped = accelerator.unwrap_model(model)
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
-        engine = build_engine(cfg.rollout, unwrapped, tokenizer, turns)
+        engine = build_engine(cfg.rollout, unwrapped, tokenizer, turns, longest_sequence(cfg))
     reward_set = reward_set.load(accelerator.device)  # the reward models' weights, frozen
     behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda), truncation(cfg, unwrapped))
     learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
@@ -175,6 +175,12 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         prompts_by_uid={p.uid: p for p in train_prompts}, tool_turns=turns,
         eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
     )
+
+
+def longest_sequence(cfg: Config) -> int:
+    """The most positions a rollout or eval sequence takes: the longest prompt kept and the largest budget."""
+    evaluating = cfg.eval.every_steps > 0 or cfg.eval.final_full
+    return cfg.data.max_prompt_length + max(cfg.rollout.max_new_tokens, eval_max_new_tokens(cfg) if evaluating else 0)
 
 
 def check_data_use(cfg: Config, usable: int) -> None:

@@ -67,6 +67,21 @@ def require() -> None:
                           "accelerate launch); train in one process, or use rollout.engine=hf on several")
 
 
+def inert_settings(rollout_cfg, cuda: bool) -> list[str]:
+    """What the start says of the vllm keys that cannot act as configured (set away from their defaults)."""
+    from dapo_train.config.schema import RolloutConfig
+
+    memory = rollout_cfg.vllm_memory != RolloutConfig.vllm_memory
+    if rollout_cfg.engine != "vllm":
+        named = [key for key, moved in (("rollout.vllm_memory", memory),
+                                        ("rollout.vllm_kv_cache_mib", rollout_cfg.vllm_kv_cache_mib != 0)) if moved]
+        return [f"{' and '.join(named)} cannot act: rollout.engine is {rollout_cfg.engine}, not vllm"] if named else []
+    if memory and not cuda:
+        return ["rollout.vllm_memory cannot act on a CPU (it is a share of a CUDA card): vLLM's memory here is its "
+                "weights and rollout.vllm_kv_cache_mib (0: sized to the run)"]
+    return []
+
+
 @dataclass
 class _Row:
     """One completion being sampled: its transcript so far (tool turns included) and what goes with it."""
@@ -115,6 +130,27 @@ def _model_folder(model: torch.nn.Module) -> str:
     if not folder:
         raise ValueError("rollout.engine=vllm starts from the model's folder, and this model was not loaded from one")
     return folder
+
+
+def llm_settings(setup: EngineSetup, cuda: bool) -> dict:
+    """vllm.LLM's arguments for an engine on CUDA or a CPU (module docstring), its logits processor aside."""
+    config = (setup.model.get_base_model() if is_peft_model(setup.model) else setup.model).config
+    dtype = rollout_dtype(setup.dtype, torch.device("cuda" if cuda else "cpu"))
+    length = setup.max_length or int(config.max_position_embeddings)
+    settings = {"model": _model_folder(setup.model), "dtype": str(dtype).removeprefix("torch."),
+                "generation_config": "vllm", "seed": 0, "logprobs_mode": "processed_logprobs", "max_model_len": length,
+                "max_num_seqs": setup.batch_size, "enable_prefix_caching": True,
+                "enforce_eager": not (setup.compile == "on" or (setup.compile == "auto" and cuda))}
+    kv_mib = setup.vllm_kv_cache_mib
+    if cuda:
+        settings.update(gpu_memory_utilization=setup.vllm_memory, enable_sleep_mode=True)
+    else:  # a seeded row whose prefill spans steps has a draw discarded and its generator rewound, which a
+        settings["enable_chunked_prefill"] = False  # CPU generator cannot do: whole prefills only
+        if not kv_mib:  # vLLM's own CPU default takes most of the machine and a minute to allocate
+            kv_mib = -(-_kv_bytes(config, dtype.itemsize, setup.batch_size * length) // 2**20)
+    if kv_mib:
+        settings["kv_cache_memory_bytes"] = kv_mib * 2**20
+    return settings
 
 
 def _kv_bytes(model_config, element_bytes: int, tokens: int) -> int:
@@ -166,28 +202,13 @@ class VllmEngine:
             from dapo_train.rollout.vllm_processor import KeptMass
         except ImportError as err:  # installed, but beside a torch it does not fit
             raise ConfigError("rollout.engine", f"vllm is installed but does not import ({err}); {INSTALL}") from err
-        config = (setup.model.get_base_model() if is_peft_model(setup.model) else setup.model).config
-        dtype = rollout_dtype(setup.dtype, torch.device("cuda" if self.cuda else "cpu"))
-        length = setup.max_length or int(config.max_position_embeddings)
-        compiled = setup.compile == "on" or (setup.compile == "auto" and self.cuda)
-        settings = {"model": _model_folder(setup.model), "dtype": str(dtype).removeprefix("torch."),
-                    "generation_config": "vllm", "seed": 0, "logprobs_mode": "processed_logprobs",
-                    "logits_processors": [KeptMass], "max_model_len": length, "max_num_seqs": setup.batch_size,
-                    "enforce_eager": not compiled, "enable_prefix_caching": True}
-        kv_mib = setup.vllm_kv_cache_mib
-        if self.cuda:
-            settings.update(gpu_memory_utilization=setup.vllm_memory, enable_sleep_mode=True)
-        else:  # a seeded row whose prefill spans steps has a draw discarded and its generator rewound, which a
-            settings["enable_chunked_prefill"] = False  # CPU generator cannot do: whole prefills only
-            if not kv_mib:  # vLLM's own CPU default takes most of the machine and a minute to allocate
-                kv_mib = -(-_kv_bytes(config, dtype.itemsize, setup.batch_size * length) // 2**20)
-        if kv_mib:
-            settings["kv_cache_memory_bytes"] = kv_mib * 2**20
+        settings = llm_settings(setup, self.cuda)
         with _process_kept():
-            llm = LLM(**settings)
+            llm = LLM(**settings, logits_processors=[KeptMass])
+        kv = settings.get("kv_cache_memory_bytes")
         logger.info("rollout: vllm engine on %s, %s, %d positions, KV cache %s, %s%s", "cuda" if self.cuda else "cpu",
-                    settings["dtype"], length, f"{kv_mib} MiB" if kv_mib else
-                    f"within {setup.vllm_memory:g} of the card", "compiled" if compiled else "eager",
+                    settings["dtype"], settings["max_model_len"], f"{kv / 2**20:.0f} MiB" if kv else
+                    f"within {setup.vllm_memory:g} of the card", "eager" if settings["enforce_eager"] else "compiled",
                     ", asleep during the update" if self.cuda else " (sleep mode needs CUDA: it stays up)")
         return llm
 

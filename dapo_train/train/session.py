@@ -36,6 +36,7 @@ from dapo_train.model.loading import (
 )
 from dapo_train.rewards.scoring import RewardSet, rewards_from_config
 from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id, rollout_tools
+from dapo_train.rollout.vllm_engine import inert_settings
 from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
 from dapo_train.task.sources import load_split
 from dapo_train.tools.turns import ToolTurns, tool_turns
@@ -271,6 +272,8 @@ def _warn_inert_settings(cfg: Config) -> None:
     if not cfg.rollout.tools and any(spec.name == "tool_format" for spec in cfg.rewards):
         logger.warning("the reward tool_format cannot act: rollout.tools names no tool, so no completion makes a "
                        "call and it scores 0")
+    for message in inert_settings(cfg.rollout, torch.cuda.is_available()):
+        logger.warning(message)
     inert = inert_objective_keys(cfg)
     if inert:
         logger.warning("%s cannot act: dapo.policy_loss=%s reads %s", ", ".join(inert), cfg.dapo.policy_loss,

@@ -62,9 +62,11 @@ def hf_greedy(model, tokenizer, prompts, budget=BUDGET):
 
 
 def test_starting_the_engine_leaves_the_trainers_threads_and_random_streams(started):
-    _, after, expected = started
+    engine, after, expected = started
     assert after["threads"] == 1 and after["setter"]  # vLLM's CPU worker replaces torch.set_num_threads
     assert after["draws"] == expected["draws"]  # and reseeds every global stream
+    # the KV cache vLLM allocated: 128 sequences x 352 positions x 2048 bytes (tests/rollout/test_vllm_settings.py)
+    assert engine.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == 88 * 2**20
 
 
 def first_mismatch_is_a_tie(model, prompt, ours, theirs) -> bool:

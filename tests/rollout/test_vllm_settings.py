@@ -90,3 +90,22 @@ def test_the_start_says_which_vllm_keys_cannot_act():
     assert said("rollout.engine=vllm", "rollout.vllm_memory=0.5")[0].startswith(
         "rollout.vllm_memory cannot act on a CPU")
     assert said("rollout.engine=vllm", "rollout.vllm_memory=0.5", cuda=True) == []
+
+
+def test_run_with_vllm_missing_is_one_line_and_exit_2_before_the_model_loads(monkeypatch, tmp_path, capsys):
+    import importlib.util
+    import sys
+
+    from dapo_train import cli
+    from dapo_train.train import session
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "vllm" else real(name, *args))
+    monkeypatch.setattr(session, "load_policy", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    monkeypatch.setattr(sys, "argv", ["dapo-train", "run", "rollout.engine=vllm", f"output_dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "vllm is not installed; pip install 'dapo-train[vllm]'" in lines[-1] and "Traceback" not in "".join(lines)
+    assert not (tmp_path / "run").exists()

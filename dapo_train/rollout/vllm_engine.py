@@ -244,18 +244,20 @@ class VllmEngine:
     def generate(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, group_size: int,
                  seeds: Sequence[int] | None = None) -> list[Completion]:
         """group_size completions per prompt, prompt-major (RolloutEngine.generate)."""
+        if not prompts:
+            return []
         tensors = [torch.as_tensor(list(prompt), dtype=torch.long) for prompt in prompts]
-        rows_prompts = group_rows(tensors, group_size)
+        row_prompts = group_rows(tensors, group_size)
         if seeds is None:
-            seeds = torch.randint(0, SEED_LIMIT - 1, (len(rows_prompts),)).tolist()
-        rows = [_Row([int(t) for t in prompt], int(seed)) for prompt, seed in zip(rows_prompts, seeds)]
+            seeds = torch.randint(0, SEED_LIMIT - 1, (len(row_prompts),)).tolist()
+        rows = [_Row([int(t) for t in prompt], int(seed)) for prompt, seed in zip(row_prompts, seeds)]
         self._wake()
         active = rows
         while active:
             for row, output in zip(active, self._sample(active, settings)):
                 self._extend(row, output, settings.max_new_tokens)
             active = [row for row in active if not row.done]
-        return decoded_completions(rows_prompts, self._decoded(rows, settings), self.eos_ids, self.tokenizer)
+        return decoded_completions(row_prompts, self._decoded(rows, settings), self.eos_ids, self.tokenizer)
 
     def _sample(self, rows: list[_Row], settings: SamplingSettings) -> list[tuple]:
         """Each row's next turn, all in one generate call -> per row (ids, log-probs, kept log-mass)."""

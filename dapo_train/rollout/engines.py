@@ -157,7 +157,7 @@ def policy_part(text: str, spans: Sequence[Sequence[int]]) -> str:
     return "".join(pieces) + text[cursor:]
 
 
-def _completions(prompts: Sequence[torch.Tensor], decoded: Decoded, eos_ids, tokenizer) -> list[Completion]:
+def decoded_completions(prompts: Sequence[torch.Tensor], decoded: Decoded, eos_ids, tokenizer) -> list[Completion]:
     """A decoder's N rows (row i continues prompts[i]) -> Completions."""
     if decoded.lengths is None:
         mask, truncated = completion_mask(decoded.ids, eos_ids)
@@ -213,7 +213,7 @@ def sample_completions(
             rows = slice(len(completions), len(completions) + len(chunk) * group_size)
             keyed = {} if seeds is None else {"seeds": seeds[rows]}
             decoded = decode(model, chunk, group_size, settings, eos_ids, pad_id, **keyed)
-            completions += _completions(group_rows(chunk, group_size), decoded, eos_ids, tokenizer)
+            completions += decoded_completions(group_rows(chunk, group_size), decoded, eos_ids, tokenizer)
         return completions
     finally:
         model.train(was_training)
@@ -252,6 +252,20 @@ class RolloutEngine(Protocol):
         """Take the training model's current weights; the trainer calls it after every step's updates."""
 
 
+def pause(engine: RolloutEngine) -> None:
+    """The update runs now: an engine with a `sleep()` method (vllm on CUDA) frees what generation holds until
+    its next generate or sync_weights; the others hold nothing of their own to free."""
+    sleep = getattr(engine, "sleep", None)
+    if callable(sleep):
+        sleep()
+
+
+def eval_engine(engine: RolloutEngine) -> RolloutEngine | None:
+    """The engine evals generate through, when it serves them (`serves_eval`: vllm, whose weights are the
+    training model's since the last sync); None: they decode with the training model itself."""
+    return engine if getattr(engine, "serves_eval", False) else None
+
+
 @dataclass
 class EngineSetup:
     """What an engine factory receives. model: the UNWRAPPED training model (float32 master weights)."""
@@ -262,6 +276,9 @@ class EngineSetup:
     dtype: str  # rollout.dtype: auto | float32 | bfloat16
     compile: str  # rollout.compile: auto | on | off
     tools: ToolTurns | None = None  # rollout.tools with the chat template's tool turns; None: no tools
+    max_length: int = 0  # the longest prompt plus the largest completion budget asked for; 0: the model's positions
+    vllm_memory: float = 0.3  # rollout.vllm_memory: vllm's share of a CUDA card
+    vllm_kv_cache_mib: int = 0  # rollout.vllm_kv_cache_mib: vllm's KV cache (0: auto)
 
 
 ROLLOUT_ENGINES: dict[str, Callable[[EngineSetup], RolloutEngine]] = {}
@@ -292,7 +309,10 @@ def engine_factory(name: str) -> Callable[[EngineSetup], RolloutEngine]:
     from dapo_train.plugins import import_plugin, require_signature
 
     if name in ROLLOUT_ENGINES:
-        return ROLLOUT_ENGINES[name]
+        factory = ROLLOUT_ENGINES[name]
+        if hasattr(factory, "require"):  # a built-in engine that needs an optional package (vllm) checks it here
+            factory.require()
+        return factory
     if ":" not in name:
         raise ConfigError("rollout.engine", f"unknown engine {name!r}; built in: {', '.join(ROLLOUT_ENGINES)}, "
                           "or 'pkg.module:Factory'")
@@ -338,14 +358,16 @@ def rollout_tools(rollout_cfg) -> list[Tool]:
     return tools
 
 
-def build_engine(rollout_cfg, model, tokenizer, tools: ToolTurns | None = None) -> RolloutEngine:
+def build_engine(rollout_cfg, model, tokenizer, tools: ToolTurns | None = None, max_length: int = 0) -> RolloutEngine:
     """The engine of a RolloutConfig for an UNWRAPPED model. A plugin factory that fails on the
     EngineSetup, or returns something without the engine's methods, is a ConfigError naming it.
-    tools: rollout.tools for the tokenizer (tools.tool_turns), for an engine that supports them (rollout_tools)."""
+    tools: rollout.tools for the tokenizer (tools.tool_turns), for an engine that supports them (rollout_tools).
+    max_length: EngineSetup.max_length."""
     from dapo_train.errors import ConfigError
 
     setup = EngineSetup(model=model, tokenizer=tokenizer, batch_size=rollout_cfg.generation_batch_size,
-                        dtype=rollout_cfg.dtype, compile=rollout_cfg.compile, tools=tools)
+                        dtype=rollout_cfg.dtype, compile=rollout_cfg.compile, tools=tools, max_length=max_length,
+                        vllm_memory=rollout_cfg.vllm_memory, vllm_kv_cache_mib=rollout_cfg.vllm_kv_cache_mib)
     name, factory = rollout_cfg.engine, engine_factory(rollout_cfg.engine)
     if name in ROLLOUT_ENGINES:
         return factory(setup)

@@ -43,6 +43,7 @@ from dapo_train.errors import TaskSolved, TrainingAborted
 from dapo_train.evaluation.generate import add_model_scores, eval_max_new_tokens, eval_records
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.model import checkpoint as ckpt
+from dapo_train.rollout.engines import eval_engine, pause
 from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, write_items
 from dapo_train.run.folder import (
     finished,
@@ -91,7 +92,8 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
             if shard:
                 records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
                                        batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness),
-                                       tools=run.tool_turns, progress=_eval_bar(cfg, kind))
+                                       tools=run.tool_turns, progress=_eval_bar(cfg, kind),
+                                       engine=eval_engine(run.engine))
                 add_model_scores(run.reward_set, shard, records)
         records = distributed.interleave(distributed.gather(records))  # item order, on every rank
     if distributed.is_main():
@@ -140,6 +142,7 @@ def train_step(run: Run) -> dict:
         metrics = {**batch.metrics, **score_old_logprobs(run, batch, model)}  # 2
     if metrics["groups_kept"]:  # over all ranks: a rank without groups of its own still joins the update
         update_start = time.perf_counter()
+        pause(run.engine)  # generation's memory (vllm's KV cache) free for the update
         metrics.update(update(run.learner, batch, run.cfg))  # 3
         sync_weights(run)  # 4
         metrics["seconds_update"] = time.perf_counter() - update_start

@@ -38,6 +38,7 @@ from dapo_train.model.loading import (
 )
 from dapo_train.rewards.scoring import RewardSet, rewards_from_config
 from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id, rollout_tools
+from dapo_train.rollout.vllm_engine import inert_settings
 from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
 from dapo_train.task.sources import load_split
 from dapo_train.tools.turns import ToolTurns, tool_turns
@@ -164,7 +165,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
     unwrapped = accelerator.unwrap_model(model)
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
-        engine = build_engine(cfg.rollout, unwrapped, tokenizer, turns)
+        engine = build_engine(cfg.rollout, unwrapped, tokenizer, turns, longest_sequence(cfg))
     reward_set = reward_set.load(accelerator.device)  # the reward models' weights, frozen
     behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda), truncation(cfg, unwrapped))
     learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
@@ -179,6 +180,12 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         prompts_by_uid={p.uid: p for p in train_prompts}, tool_turns=turns,
         eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
     )
+
+
+def longest_sequence(cfg: Config) -> int:
+    """The most positions a rollout or eval sequence takes: the longest prompt kept and the largest budget."""
+    evaluating = cfg.eval.every_steps > 0 or cfg.eval.final_full
+    return cfg.data.max_prompt_length + max(cfg.rollout.max_new_tokens, eval_max_new_tokens(cfg) if evaluating else 0)
 
 
 def check_data_use(cfg: Config, usable: int) -> None:
@@ -281,6 +288,8 @@ def _warn_inert_settings(cfg: Config) -> None:
                        "call and it scores 0")
     if (note := keep_best_note(cfg)) is not None:
         logger.warning("%s", note)
+    for message in inert_settings(cfg.rollout, torch.cuda.is_available()):
+        logger.warning(message)
     inert = inert_objective_keys(cfg)
     if inert:
         logger.warning("%s cannot act: dapo.policy_loss=%s reads %s", ", ".join(inert), cfg.dapo.policy_loss,

@@ -5,7 +5,8 @@
 # float32 rollout weights, no compile, no shared prefix) and on (the defaults); then the decode step
 # against compiled static-cache generate alone, the full-vocabulary token draws (bench_draw.py), the
 # rollout/trainer mismatch of each rollout path (bench_mismatch.py: bf16 copy, compiled cache, top-k
-# 50), and the gpu-marked tests. Paste the JSON lines into docs/benchmarks.md with the machine.
+# 50), the gpu-marked tests, and where vllm is installed the vLLM rows (bench_vllm.py, a bench_step.py
+# step through it, its tests). Paste the JSON lines into docs/benchmarks.md with the machine.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 cd "${HERE%/scripts/bench}"  # the repository root
@@ -31,3 +32,13 @@ python scripts/bench/bench_decode.py --batch 8 128 --repeats 3 | tail -2
 python scripts/bench/bench_draw.py --device cuda | tail -1
 python scripts/bench/bench_mismatch.py | tail -5   # rollout_kl etc. of each rollout path against the training forward
 python -m pytest -m gpu -q tests/test_gpu.py tests/rollout/test_draw.py  # these two hold the gpu marks; naming them spares collecting tests that import trl
+# rollout.engine=vllm where vllm is installed (docs/vllm.md): hf against vllm at equal work on the Qwen shape, one
+# step of the seed trainer's batch through it, and the vllm-marked tests on the card.
+if python -c "import vllm" 2>/dev/null; then
+  python scripts/bench/bench_vllm.py --shape qwen1.5b --prompts 16 --group-size 8 --new-tokens 128 --repeats 3 | tail -1
+  python scripts/bench/bench_step.py --steps 3 --prompts-per-step 16 --group-size 8 --micro-batch-size 32 \
+    --set rollout.engine=vllm | tail -1
+  python -m pytest -m vllm -q tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_tools.py tests/test_train_vllm.py
+else
+  echo "vllm rows skipped: vllm is not installed (pip install 'dapo-train[vllm]')"
+fi

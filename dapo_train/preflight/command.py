@@ -30,7 +30,7 @@ from dapo_train.preflight import coverage, real_run, rehearsal
 from dapo_train.preflight.export_check import check_export
 from dapo_train.preflight.memory import ModelShape
 from dapo_train.preflight.report import CollectedWarnings, Report, on_main, phase
-from dapo_train.rollout.decoding import SamplingSettings
+from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.run.folder import run_kind
 from dapo_train.train import distributed
 

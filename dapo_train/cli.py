@@ -1,23 +1,19 @@
 """Command line: parses arguments, builds the config, calls one function. No logic lives here.
 
-Bad input (config, paths, columns, reward plugins) is a `UserError`: one line on stderr and exit
-code 2, with the traceback only under `--debug`; a run that stops on its own because it is broken (it
-diverged or collapsed) is `TrainingAborted`: one line and exit code 3; a checkpoint that could not be
-written (a full disk) is `CheckpointNotSaved`: one line with the resume command and exit code 4; a run
-whose model answers every prompt correctly is `TaskSolved`: one line and exit code 5.
+How each error ends a command (one line on stderr, its exit code, the traceback only under `--debug`) is
+errors.py's; the console's log lines and a console that goes away are run/console.py's.
 """
 
 from __future__ import annotations
 
-import errno
 import sys
 
 import typer
 
 from dapo_train.config.keys import describe_keys, select_keys
 from dapo_train.config.load import dump_config, is_override, load_config, refuse_repeated_keys
-from dapo_train.errors import CheckpointNotSaved, TaskSolved, TrainingAborted, UserError
-from dapo_train.run.console import steady_console
+from dapo_train.errors import UserError, one_line_exits
+from dapo_train.run.console import console_logging, steady_console
 
 app = typer.Typer(
     add_completion=False,
@@ -26,9 +22,6 @@ app = typer.Typer(
     rich_markup_mode=None,  # plain help: flags show no value type (rich printed `--overwrite <bool>`)
     help="DAPO fine-tuning of causal LMs on math word problems with rule rewards.",
 )
-
-_state = {"debug": False}
-
 
 def _print_version(asked: bool) -> None:
     if asked:
@@ -40,12 +33,12 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors."),
+    _debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors."),
     _version: bool = typer.Option(
         False, "--version", callback=_print_version, is_eager=True, help="Print the installed version and exit."
     ),
 ) -> None:
-    _state["debug"] = debug
+    """The options before the command; main reads --debug from the line itself (debug_first puts it here)."""
 
 
 def split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -60,6 +53,14 @@ def split_eval_args(args: list[str]) -> tuple[list[str], list[str]]:
     overrides = [a for a in args if is_override(a)]
     refuse_repeated_keys(overrides)
     return [a for a in args if not is_override(a)], overrides
+
+
+def flag_override(overrides: list[str], flag: str, key: str, value: str) -> None:
+    """A flag that stands for KEY=VALUE, appended to the overrides; with a KEY=... override also given,
+    which one wins would be a guess: refused."""
+    if any(arg.split("=", 1)[0].strip() == key for arg in overrides):
+        raise UserError(f"{flag} and a {key}=... override both given: keep one")
+    overrides.append(f"{key}={value}")
 
 
 @app.command("config")
@@ -124,7 +125,7 @@ def run_cmd(
     from dapo_train.run.signals import StopRequested
     from dapo_train.train.loop import train
 
-    _setup_logging()
+    console_logging()
     config_path, overrides = split_config_args(args or [])
     if resume is None:
         cfg, checkpoint = load_config(config_path, overrides), None
@@ -156,7 +157,7 @@ def preflight_cmd(
     from dapo_train.preflight.command import preflight
     from dapo_train.train import distributed
 
-    _setup_logging(level="WARNING")
+    console_logging(level="WARNING")
     config_path, overrides = split_config_args(args or [])
     cfg = load_config(config_path, overrides)
     if shards < 1:
@@ -203,16 +204,12 @@ def eval_cmd(
     naming the split, limit and sampling (test, test_limit100, test_k8_t0.9)."""
     from dapo_train.evaluation.command import EvalOptions, run_eval
 
-    _setup_logging()
+    console_logging()
     targets, overrides = split_eval_args(args or [])
     if no_tools:
-        if any(arg.split("=", 1)[0].strip() == "rollout.tools" for arg in overrides):
-            raise UserError("--no-tools and a rollout.tools=... override both given: keep one")
-        overrides.append("rollout.tools=[]")
+        flag_override(overrides, "--no-tools", "rollout.tools", "[]")
     if engine:
-        if any(arg.split("=", 1)[0].strip() == "rollout.engine" for arg in overrides):
-            raise UserError("--engine and a rollout.engine=... override both given: keep one")
-        overrides.append(f"rollout.engine={engine}")
+        flag_override(overrides, "--engine", "rollout.engine", engine)
     options = EvalOptions(
         config_path=config, split=split, limit=limit, batch_size=batch_size, max_new_tokens=max_new_tokens,
         samples=samples, temperature=temperature, overrides=tuple(overrides), run_dir=run_dir, best=best,
@@ -237,7 +234,7 @@ def export_cmd(
     trainer state."""
     from dapo_train.model.export import export_checkpoint
 
-    _setup_logging()
+    console_logging()
     export_checkpoint(checkpoint, out, merge=merge, dtype=dtype)
 
 
@@ -264,7 +261,7 @@ def sweep_cmd(
     from dapo_train.run.signals import StopRequested
     from dapo_train.study.sweep import plan_sweep, run_sweep
 
-    _setup_logging()
+    console_logging()
     plan = plan_sweep(config, args or [], seeds, sweep_dir)
     code = run_sweep(plan, StopRequested().install())
     if code:
@@ -331,27 +328,6 @@ def plot_cmd(
     typer.echo(f"wrote {plot(paths, out)}")
 
 
-def _setup_logging(level: str = "INFO") -> None:
-    """One handler (the root's) prints every log line once: transformers and datasets add their own
-    stderr handlers to their loggers (and to huggingface_hub's), which doubled each Hub warning."""
-    import logging
-
-    import datasets
-    import transformers
-
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
-    )
-    for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers", "huggingface_hub"):
-        library = logging.getLogger(noisy)
-        library.setLevel(logging.WARNING)
-        library.handlers.clear()
-        library.propagate = True
-    # Library progress bars (dataset generation, weight loading) would bury our own bar and errors.
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-
-
 def bare_resume_to_latest(argv: list[str]) -> list[str]:
     """`--resume` without a path means the latest checkpoint in output_dir: give it the value `latest`
     (the option needs one)."""
@@ -370,40 +346,10 @@ def debug_first(argv: list[str]) -> list[str]:
     return ["--debug", *(arg for arg in argv if arg != "--debug")] if "--debug" in argv else list(argv)
 
 
-def _run_app(argv: list[str]) -> None:
-    """The app; a path past the file system's name limit, wherever it was first looked up, is bad input
-    (a UserError naming it), not a traceback."""
-    try:
-        app(args=argv)
-    except OSError as exc:
-        if exc.errno != errno.ENAMETOOLONG:
-            raise
-        path = str(exc.filename or "a path")
-        shown = path if len(path) <= 80 else f"{path[:60]}...{path[-16:]}"
-        raise UserError(f"{shown}: a file or folder name in it is longer than the file system allows (255 bytes on "
-                        "most); give a shorter path") from exc
-
-
 def main() -> None:
-    """Console-script entry point: turns UserError into one line and exit code 2."""
+    """Console-script entry point: the command line's shorthands, then the app; an error the user can act
+    on ends it with one line and its exit code (errors.one_line_exits)."""
     steady_console()  # a console piped into `| tee`, which the run's own Ctrl-C ends, must not stop the save
-    try:
-        _run_app(bare_resume_to_latest(debug_first(sys.argv[1:])))
-    except UserError as exc:
-        if _state["debug"]:
-            raise
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except (TrainingAborted, CheckpointNotSaved) as exc:
-        if _state["debug"]:
-            raise
-        typer.echo(f"{exc.verdict}: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except TaskSolved as exc:
-        typer.echo(f"{exc.verdict}: {exc}", err=True)
-        sys.exit(TaskSolved.exit_code)
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
-
-
+    argv = bare_resume_to_latest(debug_first(sys.argv[1:]))
+    with one_line_exits(debug="--debug" in argv):
+        app(args=argv)

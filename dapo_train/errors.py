@@ -1,12 +1,19 @@
-"""User-facing errors.
+"""User-facing errors, and how each ends a command.
 
 Anything the user can fix (a config key, a path, a dataset column, a reward plugin) is raised as
-`UserError`; the CLI prints its one-line message and exits with code 2, with no traceback unless
-`--debug` is given. Everything else is a bug and keeps its traceback.
+`UserError`; a run that stops on its own because it is broken (it diverged or collapsed) is
+`TrainingAborted`; a checkpoint that could not be written (a full disk) is `CheckpointNotSaved`, with
+the resume command; a run whose model answers every prompt correctly is `TaskSolved`. The console
+script prints each as one line on stderr and exits with its code, 2, 3, 4 and 5 (one_line_exits), with
+the traceback only under `--debug`. Everything else is a bug and keeps its traceback.
 """
 
+import contextlib
+import errno
 import os
 import stat
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 _LISTING_CHARS = 160  # the names shown of a folder in an error line; the count of the rest follows
@@ -14,6 +21,9 @@ _LISTING_CHARS = 160  # the names shown of a folder in an error line; the count 
 
 class UserError(Exception):
     """Bad input: printed as one line by the CLI, exit code 2."""
+
+    exit_code = 2
+    verdict = "error"  # its line: `error: <message>`
 
 
 class ConfigError(UserError):
@@ -47,6 +57,48 @@ class TaskSolved(Exception):
 
     exit_code = 5
     verdict = "solved"  # its line: `solved: <message>`
+
+
+# What ends a command with one line, `<verdict>: <message>`, and its exit code instead of a traceback.
+_ONE_LINE = (UserError, TrainingAborted, CheckpointNotSaved, TaskSolved)
+
+
+@contextlib.contextmanager
+def one_line_exits(debug: bool) -> Iterator[None]:
+    """A command's end for the console script: bad input (a UserError, and a path past the file system's
+    name limit wherever it was first looked up) 2, TrainingAborted 3, CheckpointNotSaved 4, TaskSolved 5,
+    each as one line on stderr; Ctrl-C `interrupted`, 130. With `debug` (--debug) the errors raise with
+    their traceback instead; TaskSolved is no error and never does. Anything else is a bug: it raises."""
+    try:
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG:
+                raise
+            raise _name_too_long(exc) from exc
+    except _ONE_LINE as exc:
+        if debug and not isinstance(exc, TaskSolved):
+            raise
+        _say(f"{exc.verdict}: {exc}")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        _say("interrupted")
+        sys.exit(130)  # 128 + SIGINT, as a shell reports a process Ctrl-C stopped
+
+
+def _name_too_long(exc: OSError) -> UserError:
+    """A path past the file system's name limit, wherever it was first looked up, is bad input (a UserError
+    naming it), not a traceback."""
+    path = str(exc.filename or "a path")
+    shown = path if len(path) <= 80 else f"{path[:60]}...{path[-16:]}"
+    return UserError(f"{shown}: a file or folder name in it is longer than the file system allows (255 bytes on "
+                     "most); give a shorter path")
+
+
+def _say(line: str) -> None:
+    import typer  # the console script's own echo; a library user importing the errors never loads it
+
+    typer.echo(line, err=True)
 
 
 def folder_listing(path: Path) -> str:

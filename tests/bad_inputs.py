@@ -35,7 +35,7 @@ from pathlib import Path
 
 # Small settings for any case that got past its check by mistake: it trains one short step, not 40.
 SMALL_RUN = ["train.max_steps=1", "logging.progress_bar=false", "rollout.max_new_tokens=40", "eval.num_items=4"]
-LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d (INFO|WARNING|ERROR) [\w.]+: ")  # cli._setup_logging's format
+LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d (INFO|WARNING|ERROR) [\w.]+: ")  # run/console.py's console_logging format
 
 # Key -> values that have the right type but are impossible (ranges, names that resolve to nothing).
 IMPOSSIBLE: dict[str, list[str]] = {

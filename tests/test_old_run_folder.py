@@ -24,9 +24,9 @@ ATOL = 1e-6
 LOSS_RTOL = 1e-6
 
 
-# The fixture sampled with Gumbel-max; the CPU's inverse-CDF draw that came later (rollout/decoding.py) draws
+# The fixture sampled with Gumbel-max; the CPU's inverse-CDF draw that came later (rollout/sampling.py) draws
 # from the same distribution with another random stream, so the resume samples as that version did.
-AS_BEFORE = ("import sys; from dapo_train.rollout import decoding; decoding.FULL_VOCABULARY_DRAWS.clear(); "
+AS_BEFORE = ("import sys; from dapo_train.rollout import sampling; sampling.FULL_VOCABULARY_DRAWS.clear(); "
              "from dapo_train.cli import main; sys.argv[0] = 'dapo-train'; main()")
 
 

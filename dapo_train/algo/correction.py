@@ -1,7 +1,7 @@
 """Behaviour policy vs training forward, as pure maths: how far apart they are and the importance-sampling
 corrections that bring the loss back to the training policy (tensors in, tensors out, like the rest of algo/).
 
-The rollout samples its tokens from a behaviour policy pi_behav (decoding.behaviour_distribution: its
+The rollout samples its tokens from a behaviour policy pi_behav (sampling.behaviour_distribution: its
 weights in their dtype, logits / T after top-k / top-p truncation); the ratio of Eq. 10 is taken
 against pi_old, the float32 training forward of the weights that sampled. Where the two differ (a
 bf16 copy, a compiled cache, truncation, another engine) the policy gradient is taken under the wrong

@@ -5,6 +5,6 @@ loading.py     policy, tokenizer and reference from a Hub id, local folder or ch
 lora.py        adapters through peft; the base as the reference; adapter checkpoints
 layout.py      a micro-batch in rows: one per completion, or packed rows sharing each group's prompt
 scoring.py     forward -> per-token log-probs and entropy, chunked LM head on valid tokens only
-checkpoint.py  checkpoint_<step>/ on disk: atomic save, discovery, pruning, the state files
+checkpoint.py  checkpoint_<step>/ on disk: atomic save, discovery, pruning, the state files, the best one
 export.py      `dapo-train export`: a checkpoint as a folder other tools load
 """

@@ -10,9 +10,9 @@ shard under FSDP/ZeRO). It is written to a temporary sibling folder and renamed 
 crash or kill during a save leaves the previous checkpoint intact and never a half one; a write the
 disk refuses (full, I/O error, read-only) removes the half one and raises CheckpointNotSaved (_disk_reason
 says which failures are the disk's). The
-state files hold only tensors and plain containers: they load with weights_only=True. Its size on
-disk (checkpoint_bytes) times what a run holds at once is checked against the free space before the
-first step (check_disk_space).
+state files hold only tensors and plain containers: they load with weights_only=True. The steps a run
+saves at (save_steps) and whether checkpoint.keep_best can rank them (keep_best_note) are here; whether
+they fit on the disk is run/disk_space.py's.
 """
 
 from __future__ import annotations
@@ -204,103 +204,6 @@ def save_checkpoint(
     return final
 
 
-# --------------------------------------------------------------------------------------------
-# Disk space: a checkpoint's size, and how many a run holds at once.
-
-GB = 10**9
-TOKENIZER_ALLOWANCE = 16 * 10**6  # tokenizer, config and generation_config files (Qwen2.5's: about 11.5 MB)
-
-
-def checkpoint_bytes(weights: int, trainable: int) -> int:
-    """One checkpoint_<step>/ on disk: `weights`, the bytes of the saved weights (every parameter at its
-    dtype, or a LoRA run's adapter alone); AdamW's two moments (exp_avg, exp_avg_sq) of every trainable
-    parameter at its dtype, twice `trainable` (their bytes); and the tokenizer's allowance."""
-    return weights + 2 * trainable + TOKENIZER_ALLOWANCE
-
-
-def save_steps(cfg: Config, done_step: int) -> list[int]:
-    """The steps after `done_step` this run saves at: every checkpoint.every_steps and the last."""
-    every, last = cfg.checkpoint.every_steps, cfg.train.max_steps
-    periodic = range(every, last, every) if every > 0 else range(0)
-    return [step for step in [*periodic, last] if step > done_step]
-
-
-def new_checkpoints_at_once(cfg: Config, done_step: int = 0, existing: int = 0) -> int:
-    """The most checkpoints a run from `done_step` (with `existing` of them already on disk) adds at once:
-    every one with checkpoint.keep_last 0, else keep_last (and the best, checkpoint.keep_best) + 1 in all
-    (a new one is written whole before the oldest is pruned), never fewer than one."""
-    remaining, keep = len(save_steps(cfg, done_step)), cfg.checkpoint.keep_last
-    held = keep + int(cfg.checkpoint.keep_best)  # the best beside the newest keep_last
-    return remaining if keep <= 0 else min(remaining, max(1, held + 1 - existing))
-
-
-def keep_best_note(cfg: Config) -> str | None:
-    """Why checkpoint.keep_best cannot act as configured, or ranks only some checkpoints (said at start);
-    None when it ranks every one. It ranks a checkpoint by the periodic eval at its step, and the last
-    step always has one."""
-    every, steps = cfg.eval.every_steps, save_steps(cfg, 0)
-    if not cfg.checkpoint.keep_best:
-        return None
-    if every <= 0:
-        return "checkpoint.keep_best cannot act: eval.every_steps=0, no periodic eval ranks the checkpoints"
-    unranked = [step for step in steps if step % every and step != cfg.train.max_steps]
-    if len(steps) - len(unranked) <= 1:
-        return (f"checkpoint.keep_best cannot act: checkpoint_{cfg.train.max_steps} is the only checkpoint saved at "
-                f"an eval step (checkpoint.every_steps={cfg.checkpoint.every_steps}); set checkpoint.every_steps to a "
-                f"multiple of eval.every_steps={every}")
-    if unranked:
-        shown = ", ".join(f"checkpoint_{step}" for step in unranked[:3]) + (", ..." if len(unranked) > 3 else "")
-        return (f"checkpoint.keep_best ranks only the checkpoints saved at an eval step (eval.every_steps={every}): "
-                f"{len(steps) - len(unranked)} of {len(steps)} ({shown} {'is' if len(unranked) == 1 else 'are'} not); "
-                "set checkpoint.every_steps to a multiple of eval.every_steps to rank them all")
-    return None
-
-
-def size_text(size: float) -> str:
-    return f"{size / GB:.1f} GB" if size >= GB else f"{size / 10**6:.0f} MB"
-
-
-def _free_bytes(run_dir: str | Path) -> int:
-    """The free space of the file system run_dir is (or will be) on."""
-    folder = Path(run_dir)
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return shutil.disk_usage(folder).free
-
-
-def disk_plan(cfg: Config, weights: int, trainable: int) -> str:
-    """Preflight's line: one checkpoint (checkpoint_bytes), what the run holds at once, the free space."""
-    one, count, free = checkpoint_bytes(weights, trainable), new_checkpoints_at_once(cfg), _free_bytes(cfg.output_dir)
-    fits = "fits" if free >= count * one else "does NOT fit: the run warns" if free >= one else \
-        "does NOT fit: the run refuses to start"
-    every, keep = cfg.checkpoint.every_steps, cfg.checkpoint.keep_last
-    return (f"one checkpoint about {size_text(one)} (weights {size_text(weights)}, AdamW state "
-            f"{size_text(2 * trainable)}, tokenizer); {count} at once (checkpoint.every_steps={every}, "
-            f"checkpoint.keep_last={keep}): {size_text(count * one)}; {size_text(free)} free for output_dir "
-            f"{cfg.output_dir}: {fits}")
-
-
-def check_disk_space(cfg: Config, run_dir: Path, one: int, done_step: int = 0, existing: int = 0,
-                     freed: int = 0) -> None:
-    """Before the first step: refuse (UserError) when not one checkpoint of `one` bytes fits in the free
-    space of run_dir's file system (plus `freed`, what --overwrite is about to remove), warn with the
-    numbers when not all the run holds at once do."""
-    free, count = _free_bytes(run_dir) + freed, new_checkpoints_at_once(cfg, done_step, existing)
-    if free < one:
-        raise UserError(
-            f"output_dir {run_dir}: {size_text(free)} free, but one checkpoint needs about {size_text(one)} "
-            f"({len(save_steps(cfg, done_step))} planned, checkpoint.every_steps={cfg.checkpoint.every_steps}); free "
-            "space, or set output_dir=... on a larger disk"
-        )
-    if free < count * one:
-        logger.warning(
-            "output_dir %s: %s free, but %d checkpoints of about %s each (checkpoint.every_steps=%d, "
-            "checkpoint.keep_last=%d) need %s at once; the run will stop at the first checkpoint that does not fit "
-            "(exit code 4)", run_dir, size_text(free), count, size_text(one), cfg.checkpoint.every_steps,
-            cfg.checkpoint.keep_last, size_text(count * one),
-        )
-
-
 def usual_file_modes(folder: Path) -> None:
     """safetensors writes its file with mode 0600; give every file the mode the user's umask gives
     any new file (0644 under the usual 022), so a checkpoint can be shared like the rest of the run."""
@@ -376,6 +279,35 @@ def best_checkpoint(run_dir: str | Path) -> tuple[Path, CheckpointScore]:
         raise UserError(f"{run_dir}: its best checkpoint, {best.name} (eval accuracy {best.accuracy:.3f}), is gone; "
                         f"name another: {', '.join(p.name for p in checkpoint_dirs(run_dir))}")
     return run_dir / best.name, best
+
+
+def save_steps(cfg: Config, done_step: int) -> list[int]:
+    """The steps after `done_step` this run saves at: every checkpoint.every_steps and the last."""
+    every, last = cfg.checkpoint.every_steps, cfg.train.max_steps
+    periodic = range(every, last, every) if every > 0 else range(0)
+    return [step for step in [*periodic, last] if step > done_step]
+
+
+def keep_best_note(cfg: Config) -> str | None:
+    """Why checkpoint.keep_best cannot act as configured, or ranks only some checkpoints (said at start);
+    None when it ranks every one. It ranks a checkpoint by the periodic eval at its step, and the last
+    step always has one."""
+    every, steps = cfg.eval.every_steps, save_steps(cfg, 0)
+    if not cfg.checkpoint.keep_best:
+        return None
+    if every <= 0:
+        return "checkpoint.keep_best cannot act: eval.every_steps=0, no periodic eval ranks the checkpoints"
+    unranked = [step for step in steps if step % every and step != cfg.train.max_steps]
+    if len(steps) - len(unranked) <= 1:
+        return (f"checkpoint.keep_best cannot act: checkpoint_{cfg.train.max_steps} is the only checkpoint saved at "
+                f"an eval step (checkpoint.every_steps={cfg.checkpoint.every_steps}); set checkpoint.every_steps to a "
+                f"multiple of eval.every_steps={every}")
+    if unranked:
+        shown = ", ".join(f"checkpoint_{step}" for step in unranked[:3]) + (", ..." if len(unranked) > 3 else "")
+        return (f"checkpoint.keep_best ranks only the checkpoints saved at an eval step (eval.every_steps={every}): "
+                f"{len(steps) - len(unranked)} of {len(steps)} ({shown} {'is' if len(unranked) == 1 else 'are'} not); "
+                "set checkpoint.every_steps to a multiple of eval.every_steps to rank them all")
+    return None
 
 
 # What every trainer_state.pt holds (trainer.trainer_state); a file without them is not one.

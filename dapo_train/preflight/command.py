@@ -2,27 +2,23 @@
 a minute on the machine at hand, before GPU hours are spent on it.
 
 It reads the config's model config and tokenizer (never the weights), its data (every row, under the
-chat template), rehearses a call of rollout.tools at that template (tool_check.py), then runs the
+chat template) and rehearses a call of rollout.tools at that template (real_run.py), then runs the
 training loop on a rehearsal model (rehearsal.py): rollout with the
 config's engine and sampling, every configured reward, the old-policy pass, the objective and its
 correction, updates with a non-zero gradient, an eval, a checkpoint, a resume from it and an export.
-It prints what it saw (the data, one prompt as the model sees it, the rewards on rehearsal completions,
-each phase's time, the real model's estimated peak memory on a CUDA card) and ends with "ready", or
-with the first problem in one line (exit 2). Everything is written to a temporary folder, removed
+It prints what it saw (report.py: the data, one prompt as the model sees it, the rewards on rehearsal
+completions, each phase's time, the real model's estimated peak memory on a CUDA card) and ends with
+"ready", or with the first problem in one line (exit 2). Everything is written to a temporary folder, removed
 afterwards unless --keep names one. What it proves and what it does not: docs/training.md (Preflight).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import shutil
 import statistics
 import tempfile
-import textwrap
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,83 +26,19 @@ import torch
 from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark, remove_own
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.preflight import coverage, rehearsal
+from dapo_train.preflight import coverage, real_run, rehearsal
 from dapo_train.preflight.export_check import check_export
-from dapo_train.preflight.memory import (
-    CARD_BYTES,
-    GIB,
-    ModelShape,
-    Setting,
-    estimate,
-    reward_model_loads,
-    suggested_budget,
-)
-from dapo_train.rollout.decoding import SamplingSettings
+from dapo_train.preflight.memory import ModelShape
+from dapo_train.preflight.report import CollectedWarnings, Report, on_main, phase
+from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.run.folder import run_kind
 from dapo_train.train import distributed
 
-logger = logging.getLogger(__name__)
-
 ROLLOUT_PROMPTS = 4  # prompts x G completions of the rollout check, scored by every reward
 EOS_ROUNDS = 8  # the rollout check's rounds at most, until every EOS id has ended a completion
-PROMPT_LINES = 12  # lines of the templated prompt shown
 # The rehearsal model and a reward model's stand-in: written whole, their marker lists what they hold.
 REHEARSAL_MODEL = OutputKind("rehearsal model folder", ".dapo-train-rehearsal-model", listed=True)
 EXPORT_DIR = "export"
-
-
-@dataclass
-class Report:
-    """What preflight prints: labelled lines in order, the phases' seconds, the warnings the run gave."""
-
-    rows: list[tuple[str, str]] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
-    def add(self, label: str, text: str) -> None:
-        self.rows.append((label, text))
-
-    def render(self, columns: int = 118) -> str:
-        """Labels in a column, each text wrapped beside its label (the prompt's lines kept as they are)."""
-        width = max(len(label) for label, _ in self.rows)
-        lines = []
-        for label, text in self.rows:
-            wrapped = [part for line in text.splitlines() or [""] for part in
-                       (textwrap.wrap(line, columns - width - 2, subsequent_indent="  ") if label != "prompt"
-                        else [line])]
-            lines += [f"{label if i == 0 else '':<{width}}  {line}" for i, line in enumerate(wrapped)]
-        return "\n".join(lines)
-
-
-class _Warnings(logging.Handler):
-    """Collects the package's warnings while preflight runs, once each, for the report (the rehearsal's
-    own resume, and a warning about a key the rehearsal set, are no news)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-        self.ignored: tuple[str, ...] = ("resuming ",)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage().splitlines()[0]
-        if message not in self.messages and not message.startswith(self.ignored):
-            self.messages.append(message)
-
-
-@contextlib.contextmanager
-def phase(report: Report, name: str, log: io.StringIO):
-    """Time a phase; its stdout goes to the rehearsal's log, and any failure becomes one UserError that
-    names the phase (a UserError keeps its own words)."""
-    start = time.perf_counter()
-    try:
-        with contextlib.redirect_stdout(log):
-            yield
-    except UserError as exc:
-        raise UserError(f"preflight {name}: {exc}") from exc
-    except Exception as exc:  # the rehearsal's job is to find what breaks: say where, in one line
-        raise UserError(f"preflight {name}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from exc
-    finally:
-        report.seconds[name] = time.perf_counter() - start
 
 
 def kept_kind(cfg: Config) -> OutputKind:
@@ -131,7 +63,7 @@ def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: in
     if keep and holds_own(Path(keep).expanduser(), kind, option="--keep", inputs=local_inputs(cfg), replace=True) \
             and distributed.is_main():  # an earlier rehearsal kept there: what it wrote is replaced, nothing else
         remove_own(Path(keep).expanduser(), kind, "--keep: removed what an earlier rehearsal wrote")
-    report, log, collected = Report(), io.StringIO(), _Warnings()
+    report, log, collected = Report(), io.StringIO(), CollectedWarnings()
     report.warnings = collected.messages  # the same list: filled while the phases run
     package = logging.getLogger("dapo_train")
     package.addHandler(collected)
@@ -169,36 +101,21 @@ def _join_ranks(cuda: bool) -> None:
         dist.init_process_group("nccl" if cuda else "gloo")
 
 
-@contextlib.contextmanager
-def on_main(report: Report, name: str, log: io.StringIO):
-    """A phase that rank 0 runs alone (yields whether this rank runs it); the others wait, and a
-    problem found there stops every rank with the same line."""
-    problem = None
-    try:
-        with phase(report, name, log):
-            yield distributed.is_main()
-    except UserError as exc:
-        problem = str(exc)
-    problem = distributed.broadcast(problem)
-    if problem is not None:
-        raise UserError(problem)
-
-
 def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.StringIO, shards: int,
-              collected: _Warnings) -> None:
+              collected: CollectedWarnings) -> None:
     from dapo_train.model.loading import load_model_config, load_tokenizer
 
     with phase(report, "read", log):
-        _check_cheap(cfg)
+        real_run.check_cheap(cfg)
         model_config, generation = load_model_config(cfg.model)
         tokenizer = load_tokenizer(cfg.model)
     shape = ModelShape.from_config(model_config, cfg.model.lora)
-    report.add("model", _describe_model(cfg, shape, model_config, generation, tokenizer))
+    report.add("model", real_run.describe_model(cfg, shape, model_config, generation, tokenizer))
     with phase(report, "data", log):
-        prompts, eval_split = _report_data(cfg, tokenizer, report)
+        prompts, eval_split = real_run.report_data(cfg, tokenizer, report)
     if cfg.rollout.tools:
         with phase(report, "tool call", log):
-            report.add("tool call", _rehearse_tool_call(cfg, tokenizer))
+            report.add("tool call", real_run.rehearse_tool_call(cfg, tokenizer))
     small, changes = rehearsal.shrink(cfg, folder / "model", folder / "run", cuda, eval_split)
     static = rehearsal.static_cache_check(cfg, cuda)
     collected.ignored += tuple(f"{change.key}=" for change in changes) + (("rollout.compile=",) if static else ())
@@ -226,8 +143,8 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
             report.add("export", f"dapo-train export{' --merge' if small.model.lora.r > 0 else ''} of "
                        f"checkpoint_{small.train.max_steps + 1}: {compared} tensors equal to the trained ones; plain "
                        "transformers loads it")
-    report.add("memory", _memory(cfg, shape, prompts, shards))
-    report.add("disk", checkpoint_space(cfg, shape))
+    report.add("memory", real_run.memory_estimate(cfg, shape, prompts, shards))
+    report.add("disk", real_run.checkpoint_space(cfg, shape))
     report.add("phases", ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report.seconds.items()))
     if report.warnings:
         report.add("warnings", "\n".join(report.warnings))
@@ -254,78 +171,6 @@ def _real_reward_models(small: Config, cfg: Config) -> Config:
                                                "tokenizer_path": mine.args.get("tokenizer_path")})
                if spec.name == rehearsal.REWARD_MODEL else spec for spec, mine in zip(small.rewards, cfg.rewards)]
     return dataclasses.replace(small, rewards=rewards + small.rewards[len(cfg.rewards):])
-
-
-def _check_cheap(cfg: Config) -> None:
-    """What `run` checks before anything loads: rewards, objective, engine, trackers."""
-    from dapo_train.rewards.scoring import rewards_from_config
-    from dapo_train.rollout.engines import engine_factory, rollout_tools
-    from dapo_train.run.trackers import check_trackers
-    from dapo_train.train.objective import loss_settings
-
-    rewards_from_config(cfg)
-    loss_settings(cfg)
-    engine_factory(cfg.rollout.engine)
-    rollout_tools(cfg.rollout)
-    check_trackers(cfg.logging.trackers)
-
-
-def _describe_model(cfg: Config, shape: ModelShape, model_config, generation, tokenizer) -> str:
-    ids = rehearsal.eos_ids(generation, tokenizer)
-    eos = ", ".join(f"{i} {tokenizer.convert_ids_to_tokens(i)}" for i in ids)
-    tied = "tied" if getattr(model_config, "tie_word_embeddings", False) else "untied"
-    return (f"{cfg.model.name_or_path}: {type(model_config).__name__.removesuffix('Config')}, "
-            f"{shape.parameters / 1e9:.2f}B parameters ({shape.trainable / 1e6:.1f}M trained), vocabulary "
-            f"{shape.vocab:,} (tokenizer {len(tokenizer):,}), {tied} embeddings\n"
-            f"EOS {eos}; pad {tokenizer.pad_token_id} {tokenizer.pad_token}; config and tokenizer read, no weights")
-
-
-def _report_data(cfg: Config, tokenizer, report: Report) -> tuple[list, str]:
-    """Every row of the train and eval splits through the real prompt builder: counts, lengths, a prompt.
-    -> (the train prompts, the split the rehearsal's eval reads)."""
-    built = _load_splits(cfg, tokenizer)
-    lines = []
-    for split, (_, stats) in built.items():
-        lengths = sorted(stats.lengths)
-        p95 = lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))]
-        lines.append(f"{split}: {stats.summary()}; prompt tokens (template and system prompt included) min "
-                     f"{lengths[0]}, median {statistics.median(lengths):g}, p95 {p95}, max {lengths[-1]} (budget "
-                     f"data.max_prompt_length={cfg.data.max_prompt_length})")
-    report.add("data", f"{cfg.data.path}\n" + "\n".join(lines))
-    train = built[cfg.data.train_split][0]
-    shown = train[0].text.splitlines()
-    more = f"\n... ({len(shown) - PROMPT_LINES} more lines)" if len(shown) > PROMPT_LINES else ""
-    report.add("prompt", f"{train[0].uid}, {len(train[0].input_ids)} tokens, as the model sees it:\n" +
-               "\n".join(shown[:PROMPT_LINES]) + more)
-    return train, cfg.data.eval_split if cfg.data.eval_split in built else cfg.data.train_split
-
-
-def _rehearse_tool_call(cfg: Config, tokenizer) -> str:
-    """A tool call through the rollout's code at the run's chat template (tool_check.py)."""
-    from dapo_train.preflight.tool_check import rehearse_tool_call
-    from dapo_train.rollout.engines import rollout_tools
-    from dapo_train.tools.turns import ToolTurns
-
-    return rehearse_tool_call(tokenizer, ToolTurns(tokenizer, rollout_tools(cfg.rollout), cfg.rollout.max_tool_calls))
-
-
-def _load_splits(cfg: Config, tokenizer) -> dict:
-    """The train and eval splits' prompts, listing rollout.tools as `run`'s do (its template check too). A
-    config that runs no eval needs no eval split, and a data set without one (or with one `run` would not
-    read) leaves the train split alone."""
-    from dapo_train.rollout.engines import rollout_tools
-    from dapo_train.task.prompts import load_prompt_splits
-    from dapo_train.tools.turns import tool_turns
-
-    turns = tool_turns(tokenizer, rollout_tools(cfg.rollout), cfg.rollout.max_tool_calls)
-    tools = turns and turns.schemas
-    splits = [cfg.data.train_split, cfg.data.eval_split]
-    if cfg.eval.every_steps or cfg.eval.final_full:
-        return load_prompt_splits(cfg.data, tokenizer, splits, tools)
-    try:
-        return load_prompt_splits(cfg.data, tokenizer, splits, tools)
-    except UserError:
-        return load_prompt_splits(cfg.data, tokenizer, splits[:1], tools)
 
 
 def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report) -> None:
@@ -419,28 +264,3 @@ def _export_and_check(run_dir: Path, out: Path, merge: bool) -> int:
     return check_export(checkpoint, exported)
 
 
-def checkpoint_space(cfg: Config, shape: ModelShape) -> str:
-    """The real model's checkpoints on disk (model/checkpoint.py): its weights at model.dtype (float32 for
-    auto), or a LoRA run's float32 adapter alone, and AdamW's two moments of the trained ones."""
-    from dapo_train.model.checkpoint import disk_plan
-
-    lora = cfg.model.lora.r > 0
-    size = 4 if lora or cfg.model.dtype in ("auto", "float32") else 2
-    return disk_plan(cfg, (shape.trainable if lora else shape.parameters) * size, shape.trainable * size)
-
-
-def _memory(cfg: Config, shape: ModelShape, prompts: list, shards: int) -> str:
-    """The real model's peak per CUDA card under this config (preflight/memory.py)."""
-    longest = max(len(p.input_ids) for p in prompts)
-    reward_models = reward_model_loads(cfg, cuda=True, sequence=longest + cfg.rollout.max_new_tokens)
-    result = estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=longest, shards=shards,
-                                                 reward_models=reward_models))
-    terms = ", ".join(f"{name} {value / GIB:.1f}" for name, value in result.terms.items() if value)
-    where = "one CUDA card" if shards == 1 else f"each of {shards} CUDA cards with FSDP/ZeRO sharding"
-    budget = suggested_budget(shape, cfg, longest, shards=shards, reward_models=reward_models)
-    card = f"{CARD_BYTES // 10**9} GB card"
-    suggestion = (f"train.micro_batch_tokens={budget} is the largest budget whose estimate fits a {card}"
-                  if budget else f"no train.micro_batch_tokens fits a {card}: the peak is not the update's")
-    return (f"estimated peak on {where} for the real model as configured: {result.peak / GIB:.1f} GiB (at the "
-            f"{result.peak_moment}); GiB: {terms}; CUDA context not included (docs/benchmarks.md#memory); "
-            f"{suggestion}")

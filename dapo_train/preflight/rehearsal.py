@@ -33,7 +33,7 @@ from dapo_train.config.load import config_from_dict, config_to_dict
 from dapo_train.config.schema import Config, RewardSpec
 from dapo_train.errors import UserError
 from dapo_train.model.loading import cpu_has_bf16_units
-from dapo_train.rollout.decoding import SamplingSettings, behaviour_distribution
+from dapo_train.rollout.sampling import SamplingSettings, behaviour_distribution
 
 EOS_RATE = 0.02  # each EOS id's probability per generated token, before any training
 DIGIT_RATE = 0.3  # the ten digits' probability together per generated token, before any training

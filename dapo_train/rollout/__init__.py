@@ -5,14 +5,14 @@ engines.py     the RolloutEngine interface, the engine registry, completions fro
 hf_engines.py  the built-in transformers engines (hf, hf-generate), registered on import
 vllm_engine.py the vllm engine, registered on import (vllm itself is imported when it is built)
 vllm_processor.py  its logits processor (the kept mass), imported with vllm
-decoding.py    token-level decoding: the decode loop, sampling, the behaviour distribution
+decoding.py    token-level decoding: the decode loop, and model.generate with the behaviour recorded
+sampling.py    the sampling distribution every engine records (the behaviour distribution), the token draw
 tool_rows.py   the decode loop's rows with tools: the tool turns fed in as forced tokens, the policy mask
 
 Another engine (vLLM, SGLang, a server) is one module that imports from here:
 `from dapo_train.rollout import Completion, EngineSetup, SamplingSettings, register_engine`.
 """
 
-from dapo_train.rollout.decoding import SamplingSettings
 from dapo_train.rollout.engines import (
     ROLLOUT_ENGINES,
     Completion,
@@ -27,6 +27,7 @@ from dapo_train.rollout.engines import (
     sample_completions,
 )
 from dapo_train.rollout.hf_engines import DecodeLoopEngine, GenerateEngine, StaticCacheEngine, TransformersEngine
+from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.rollout.vllm_engine import VllmEngine
 
 __all__ = [

@@ -27,7 +27,7 @@ With rollout.tools (docs/tools.md), an EOS that ends a turn with calls continues
 tool turn, context the policy did not sample (Completion.policy_mask), up to the same budget
 (RolloutEngine.generate).
 Each completion carries the behaviour log-probs of its tokens, those of the distribution it was
-sampled from (decoding.behaviour_distribution), and under top-k / top-p truncation the log of the
+sampled from (sampling.behaviour_distribution), and under top-k / top-p truncation the log of the
 probability mass the truncation kept at each token (kept_log_mass): the trainer corrects the rollout
 against the training forward before truncation, and reports the truncation apart (docs/training.md,
 Sampling from what is scored).
@@ -42,7 +42,8 @@ from typing import Protocol
 import torch
 
 from dapo_train.plugins import decorator_for
-from dapo_train.rollout.decoding import Decoded, SamplingSettings, decode_loop
+from dapo_train.rollout.decoding import Decoded, decode_loop
+from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.tools.registry import Tool, resolve_tools
 from dapo_train.tools.turns import ToolTurns
 

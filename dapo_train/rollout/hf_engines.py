@@ -18,8 +18,9 @@ from collections.abc import Sequence
 
 import torch
 
-from dapo_train.rollout.decoding import Decoded, SamplingSettings, decode_loop, generate_rows
+from dapo_train.rollout.decoding import Decoded, decode_loop, generate_rows
 from dapo_train.rollout.engines import Completion, EngineSetup, group_rows, register_engine, sample_completions
+from dapo_train.rollout.sampling import SamplingSettings
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ import torch
 
 from dapo_train.errors import ConfigError
 from dapo_train.model.lora import is_peft_model, merged_weights
-from dapo_train.rollout.decoding import Decoded, SamplingSettings
+from dapo_train.rollout.decoding import Decoded
 from dapo_train.rollout.engines import (
     Completion,
     EngineSetup,
@@ -48,6 +48,7 @@ from dapo_train.rollout.engines import (
     register_engine,
 )
 from dapo_train.rollout.hf_engines import rollout_dtype
+from dapo_train.rollout.sampling import SamplingSettings
 
 logger = logging.getLogger(__name__)
 

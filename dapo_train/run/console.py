@@ -1,4 +1,7 @@
-"""A console that goes away never stops a run.
+"""The console: each log line printed once, and a console that goes away never stops a run.
+
+console_logging() prints each log record once, through the root's handler, with the libraries' own
+progress bars off.
 
 `dapo-train run ... 2>&1 | tee log` is how a long job is logged, and Ctrl-C there reaches tee too: it
 dies with the same SIGINT that asks the run to finish its step and save, and every later write to the
@@ -11,6 +14,7 @@ folder's run.log (run/logs.py).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -69,3 +73,22 @@ def steady_console() -> None:
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, SteadyStream):
             setattr(sys, name, SteadyStream(stream))
+
+
+def console_logging(level: str = "INFO") -> None:
+    """One handler (the root's) prints every log line once: transformers and datasets add their own
+    stderr handlers to their loggers (and to huggingface_hub's), which doubled each Hub warning."""
+    import datasets
+    import transformers
+
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
+    for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers", "huggingface_hub"):
+        library = logging.getLogger(noisy)
+        library.setLevel(logging.WARNING)
+        library.handlers.clear()
+        library.propagate = True
+    # Library progress bars (dataset generation, weight loading) would bury our own bar and errors.
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()

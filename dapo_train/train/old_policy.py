@@ -87,7 +87,7 @@ def rollout_differences(cfg: Config, engine, model: torch.nn.Module, cuda: bool)
 def truncation(cfg: Config, model: torch.nn.Module) -> str | None:
     """What top-k / top-p cut from the sampling distribution, as a phrase; None when nothing is cut (top_k
     0 or at least the vocabulary, top_p 1)."""
-    from dapo_train.rollout.decoding import SamplingSettings
+    from dapo_train.rollout.sampling import SamplingSettings
 
     r = cfg.rollout
     vocab = int(getattr(model.config, "vocab_size", 0) or 0) or r.top_k + 1

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from dapo_train.config.schema import Config
 from dapo_train.rewards.scoring import score
-from dapo_train.rollout.decoding import SamplingSettings
 from dapo_train.rollout.engines import Completion, RolloutEngine
+from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.task.prompts import Prompt
 
 # dapo.screen_drop side -> the fate of a prompt its screen rules out (run/rollouts.FATES).

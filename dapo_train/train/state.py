@@ -17,6 +17,7 @@ from pathlib import Path
 from dapo_train.config.outputs import owned_bytes
 from dapo_train.errors import CheckpointNotSaved, UserError
 from dapo_train.model import checkpoint as ckpt
+from dapo_train.run import disk_space
 from dapo_train.run.folder import checkpoint_step, resume_command, run_kind
 from dapo_train.train import distributed
 from dapo_train.train.health import StepHealth
@@ -149,15 +150,15 @@ def _stop_if(run: Run, problem: str | None) -> None:
 
 def check_disk(run: Run, resume_from: Path | None, replacing: bool) -> None:
     """Before the first step: one checkpoint of this model (its saved weights, AdamW's moments of its
-    trainable ones) times what the run holds at once, against the free space (model/checkpoint.py);
+    trainable ones) times what the run holds at once, against the free space (run/disk_space.py);
     `replacing`: --overwrite is about to free what the old run wrote."""
     model = run.accelerator.unwrap_model(run.model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     saved = trainable if run.cfg.model.lora.r > 0 else list(model.parameters())  # a LoRA run saves its adapter
     done = (checkpoint_step(resume_from) or 0) if resume_from is not None else 0
     existing = [c for c in ckpt.checkpoint_dirs(run.run_dir) if checkpoint_step(c) <= done] if done else []
-    ckpt.check_disk_space(run.cfg, run.run_dir, ckpt.checkpoint_bytes(_bytes(saved), _bytes(trainable)), done,
-                          len(existing), owned_bytes(run.run_dir, run_kind(run.cfg)) if replacing else 0)
+    disk_space.check_disk_space(run.cfg, run.run_dir, disk_space.checkpoint_bytes(_bytes(saved), _bytes(trainable)),
+                                done, len(existing), owned_bytes(run.run_dir, run_kind(run.cfg)) if replacing else 0)
 
 
 def _bytes(tensors) -> int:

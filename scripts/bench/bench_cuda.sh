@@ -28,7 +28,7 @@ for batch in "--prompts-per-step 2 --group-size 4 --micro-batch-size 4" \
 done
 python scripts/bench/bench_decode.py --batch 8 128 --repeats 3 | tail -2
 # The full-vocabulary draws (ms per decode step's draw, 64 rows x 151,936): the inverse-CDF draw is taken on
-# the CPU only (rollout/decoding.py FULL_VOCABULARY_DRAWS); add "cuda" there if it wins here too.
+# the CPU only (rollout/sampling.py FULL_VOCABULARY_DRAWS); add "cuda" there if it wins here too.
 python scripts/bench/bench_draw.py --device cuda | tail -1
 python scripts/bench/bench_mismatch.py | tail -5   # rollout_kl etc. of each rollout path against the training forward
 python -m pytest -m gpu -q tests/test_gpu.py tests/rollout/test_draw.py  # these two hold the gpu marks; naming them spares collecting tests that import trl

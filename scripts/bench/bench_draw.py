@@ -9,7 +9,7 @@ of them alike; the medians and the spread (min-max) are printed in ms, with each
 Gumbel-max per repeat. Draws: Gumbel-max (an exponential per entry), torch.multinomial on the
 probabilities, a one-level float32 inverse-CDF draw (cumsum over the vocabulary: cheap, but it
 rounds away the tail below 3e-8, so not used), and the two-level inverse-CDF draw that
-rollout/decoding.py uses where FULL_VOCABULARY_DRAWS names it. The last JSON line holds the numbers.
+rollout/sampling.py uses where FULL_VOCABULARY_DRAWS names it. The last JSON line holds the numbers.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _float32_cumsum_draw(distribution: torch.Tensor) -> torch.Tensor:
 
 
 def draws() -> dict:
-    from dapo_train.rollout.decoding import gumbel_max_draw, inverse_cdf_draw
+    from dapo_train.rollout.sampling import gumbel_max_draw, inverse_cdf_draw
 
     return {
         "gumbel-max": gumbel_max_draw,

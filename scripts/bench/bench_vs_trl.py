@@ -247,7 +247,7 @@ def rehearsal_shape(args, folder: Path) -> tuple[str, list[str]]:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from dapo_train.preflight.rehearsal import build_model
-    from dapo_train.rollout.decoding import SamplingSettings
+    from dapo_train.rollout.sampling import SamplingSettings
 
     sys.path.insert(0, str(ROOT / "scripts" / "build"))
     import qwen_offline

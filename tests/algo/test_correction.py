@@ -9,7 +9,7 @@ import torch
 
 from dapo_train.algo import policy_loss
 from dapo_train.algo.correction import ROLLOUT_CORRECTIONS, RolloutCorrection, rollout_mismatch
-from dapo_train.rollout.decoding import SamplingSettings, behaviour_distribution
+from dapo_train.rollout.sampling import SamplingSettings, behaviour_distribution
 
 # Two rows. Row 0: four tokens whose weights pi_old / pi_behav are 3, 1/4, 1.5, 1. Row 1: two tokens with
 # weights 2.5 and 2, then a padded slot holding garbage (NaN) that must not reach anything.

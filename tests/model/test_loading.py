@@ -67,8 +67,8 @@ def test_library_warnings_are_printed_once(tmp_path):
     retry warning would be printed twice."""
     script = (
         "import logging\n"
-        "from dapo_train.cli import _setup_logging\n"
-        "_setup_logging()\n"
+        "from dapo_train.run.console import console_logging\n"
+        "console_logging()\n"
         "for name in ('huggingface_hub.utils._http', 'transformers.modeling_utils', 'datasets.load'):\n"
         "    logging.getLogger(name).warning('retrying from %s', name)\n"
     )

@@ -58,8 +58,8 @@ def _prompts(count: int, length: int, vocab: int) -> list[torch.Tensor]:
 
 def rollout(spec: dict, job: dict) -> None:
     from dapo_train.config.load import load_config
-    from dapo_train.rollout.decoding import SamplingSettings
     from dapo_train.rollout.engines import build_engine
+    from dapo_train.rollout.sampling import SamplingSettings
 
     cfg = load_config(None, job["overrides"])
     r = cfg.rollout

@@ -13,6 +13,7 @@ import pytest
 from dapo_train.config.load import load_config
 from dapo_train.model.loading import load_model_config, load_tokenizer
 from dapo_train.preflight import command, rehearsal
+from dapo_train.preflight.report import Report
 from dapo_train.task.prompts import build_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def qwen(tmp_path_factory, qwen_folder):
 @pytest.mark.parametrize("seed", range(20))
 def test_every_eos_id_ends_a_completion_whatever_the_seed(qwen, seed):
     small, tokenizer, model, prompts = qwen
-    report = command.Report()
+    report = Report()
     command._report_rollout(dataclasses.replace(small, seed=seed), model, tokenizer, prompts, report)
     text = " ".join(report.rows[-1][1].split())
     assert "ended by <|im_end|>" in text and "<|endoftext|>" in text, text

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
-from dapo_train.preflight import command
+from dapo_train.preflight import real_run
 from dapo_train.task.locations import resolve_model_path
 from dapo_train.tools.turns import ToolTurns, TurnAnswer
 
@@ -18,7 +18,7 @@ from dapo_train.tools.turns import ToolTurns, TurnAnswer
 def test_preflight_rehearses_the_configs_tools_and_refuses_a_tool_turn_that_differs(monkeypatch):
     cfg = load_config(None, ["model.name_or_path=builtin:tiny-tools", "rollout.tools=[calculator]"])
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny-tools"))
-    assert "-> '391'" in command._rehearse_tool_call(cfg, tokenizer)
+    assert "-> '391'" in real_run.rehearse_tool_call(cfg, tokenizer)
     answer = ToolTurns.answer
 
     def one_token_off(self, turn_ids, calls_made):
@@ -28,7 +28,7 @@ def test_preflight_rehearses_the_configs_tools_and_refuses_a_tool_turn_that_diff
     monkeypatch.setattr(ToolTurns, "answer", one_token_off)
     with pytest.raises(ConfigError, match=r"rollout.tools.*tool-call rehearsal: .* differ from the whole "
                                           r"conversation tokenized at once at token \d+"):
-        command._rehearse_tool_call(cfg, tokenizer)
+        real_run.rehearse_tool_call(cfg, tokenizer)
 
 
 def test_with_tools_the_rollout_check_keeps_the_decode_loop_the_run_uses():

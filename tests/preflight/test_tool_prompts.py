@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
-from dapo_train.preflight.command import _load_splits
+from dapo_train.preflight.real_run import load_splits
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = ROOT / "dapo_train" / "assets" / "tiny" / "model"
@@ -21,11 +21,11 @@ def test_the_data_phase_lists_the_tools_in_every_prompt_and_checks_the_template(
     task = write_small_task(tmp_path / "task", train=3, test=2)
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     settings = [f"data.path={task}", "data.max_prompt_length=1500"]
-    plain = _load_splits(load_config(None, settings), tokenizer)
+    plain = load_splits(load_config(None, settings), tokenizer)
     with pytest.raises(ConfigError, match="ignores tools="):
-        _load_splits(load_config(None, [*settings, "rollout.tools=[calculator]"]), tokenizer)
+        load_splits(load_config(None, [*settings, "rollout.tools=[calculator]"]), tokenizer)
     tokenizer.chat_template = (ROOT / "tests" / "fixtures" / "chatml_tools.jinja").read_text(encoding="utf-8")
-    listed = _load_splits(load_config(None, [*settings, "rollout.tools=[calculator]"]), tokenizer)
+    listed = load_splits(load_config(None, [*settings, "rollout.tools=[calculator]"]), tokenizer)
     for split in ("train", "test"):
         assert all('"name": "calculator"' in prompt.text for prompt in listed[split][0])
         assert min(listed[split][1].lengths) > max(plain[split][1].lengths)  # the tool list counts in the lengths

@@ -14,7 +14,8 @@ from dapo_train.config.load import load_config
 from dapo_train.config.outputs import holds_own
 from dapo_train.errors import UserError
 from dapo_train.preflight import command, rehearsal
-from dapo_train.preflight.command import Report, preflight
+from dapo_train.preflight.command import preflight
+from dapo_train.preflight.report import Report
 from dapo_train.task.locations import TINY_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The token draw of the decode loop (rollout/decoding.py): the inverse-CDF draw and Gumbel-max give
+"""The token draw of the decode loop (rollout/sampling.py): the inverse-CDF draw and Gumbel-max give
 the behaviour distribution's frequencies (chi-square goodness of fit, a test shown to reject a wrong
 distribution), never a truncated token, and follow the temperature."""
 
@@ -8,10 +8,10 @@ import statistics
 import pytest
 import torch
 
-from dapo_train.rollout import decoding
-from dapo_train.rollout.decoding import SamplingSettings, behaviour_distribution, draw_tokens
+from dapo_train.rollout import sampling
+from dapo_train.rollout.sampling import SamplingSettings, behaviour_distribution, draw_tokens
 
-DRAWS = {"inverse-cdf": decoding.inverse_cdf_draw, "gumbel-max": decoding.gumbel_max_draw}
+DRAWS = {"inverse-cdf": sampling.inverse_cdf_draw, "gumbel-max": sampling.gumbel_max_draw}
 VOCAB = 300  # not a square: the inverse-CDF draw's last block is short
 
 
@@ -104,15 +104,15 @@ def test_the_inverse_cdf_ends_at_the_first_and_last_tokens_of_positive_probabili
             return torch.full(shape[0] if len(shape) == 1 else shape, fraction, **kwargs)
 
         monkeypatch.setattr(torch, "rand", constant)
-        assert decoding.inverse_cdf_draw(distribution).tolist() == [token] * 4
+        assert sampling.inverse_cdf_draw(distribution).tolist() == [token] * 4
 
 
 def test_draw_tokens_takes_the_devices_full_vocabulary_draw(monkeypatch):
     """Without top-k the draw is FULL_VOCABULARY_DRAWS' entry for the tensor's device (the inverse-CDF
     draw on the CPU); with top-k it runs over the k candidates alone."""
-    assert decoding.FULL_VOCABULARY_DRAWS["cpu"] is decoding.inverse_cdf_draw
+    assert sampling.FULL_VOCABULARY_DRAWS["cpu"] is sampling.inverse_cdf_draw
     calls = []
-    monkeypatch.setitem(decoding.FULL_VOCABULARY_DRAWS, "cpu", lambda d: calls.append(d.shape) or d.argmax(-1))
+    monkeypatch.setitem(sampling.FULL_VOCABULARY_DRAWS, "cpu", lambda d: calls.append(d.shape) or d.argmax(-1))
     draw_tokens(torch.log_softmax(_scores()[None].expand(3, VOCAB), -1))
     draw_tokens(behaviour_distribution(_scores()[None].expand(3, VOCAB), SamplingSettings(1, top_k=5)), top_k=5)
     assert calls == [(3, VOCAB)]
@@ -141,5 +141,5 @@ def test_a_row_of_diverged_weights_draws_an_index_inside_the_vocabulary():
     rows = torch.stack([torch.full((vocab,), float("nan")), torch.full((vocab,), float("-inf")),
                         torch.log_softmax(torch.randn(vocab), dim=-1)])
     for _ in range(20):
-        ids = decoding.inverse_cdf_draw(rows)
+        ids = sampling.inverse_cdf_draw(rows)
         assert ids.shape == (3,) and bool(((ids >= 0) & (ids < vocab)).all()), ids

@@ -13,7 +13,8 @@ from dapo_train.model.layout import collate
 from dapo_train.model.loading import load_policy
 from dapo_train.model.scoring import score_tokens
 from dapo_train.rollout import Completion
-from dapo_train.rollout.decoding import BehaviourRecorder, SamplingSettings
+from dapo_train.rollout.decoding import BehaviourRecorder
+from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import Prompt
 from dapo_train.train import loop

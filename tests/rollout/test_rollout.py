@@ -18,8 +18,8 @@ from dapo_train.rollout import (
     eos_token_ids,
     sample_completions,
 )
-from dapo_train.rollout.decoding import behaviour_distribution, draw_tokens
 from dapo_train.rollout.hf_engines import bucket_size
+from dapo_train.rollout.sampling import behaviour_distribution, draw_tokens
 
 from conftest import (
     ENGINES,

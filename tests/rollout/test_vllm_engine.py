@@ -14,8 +14,8 @@ import torch
 from dapo_train.config.load import load_config
 from dapo_train.model.loading import load_model, load_tokenizer
 from dapo_train.rollout import EngineSetup, SamplingSettings, engine_factory
-from dapo_train.rollout.decoding import behaviour_distribution
 from dapo_train.rollout.hf_engines import DecodeLoopEngine
+from dapo_train.rollout.sampling import behaviour_distribution
 from dapo_train.task.prompts import fixed_eval_subset, load_prompts
 
 from conftest import full_distributions, top_k_logprobs

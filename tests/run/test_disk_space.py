@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from dapo_train.config.load import load_config
 from dapo_train.errors import CheckpointNotSaved, UserError
 from dapo_train.model import checkpoint as ckpt
+from dapo_train.run import disk_space
 from dapo_train.run.logs import read_metrics
 from dapo_train.train import loop
 
@@ -261,7 +262,7 @@ def test_a_run_that_fills_a_real_disk_exits_4_with_the_resume_command_and_resume
 ])
 def test_checkpoints_at_once(every, keep, done, existing, count):
     cfg = load_config(None, ["train.max_steps=150", f"checkpoint.every_steps={every}", f"checkpoint.keep_last={keep}"])
-    assert ckpt.new_checkpoints_at_once(cfg, done, existing) == count
+    assert disk_space.new_checkpoints_at_once(cfg, done, existing) == count
 
 
 def test_keep_best_holds_one_checkpoint_more():
@@ -270,7 +271,7 @@ def test_keep_best_holds_one_checkpoint_more():
     def count(*overrides):
         cfg = load_config(None, ["train.max_steps=150", "checkpoint.every_steps=10", "checkpoint.keep_best=true",
                                  *overrides])
-        return ckpt.new_checkpoints_at_once(cfg)
+        return disk_space.new_checkpoints_at_once(cfg)
     assert count("checkpoint.keep_last=3") == 5
     assert count("checkpoint.keep_last=0") == 15
 
@@ -278,8 +279,8 @@ def test_keep_best_holds_one_checkpoint_more():
 def test_qwen_1_5b_checkpoint_is_18_5_gb():
     """1,543,714,304 parameters (Qwen2.5-1.5B, tied embeddings) saved in float32 (4 bytes) plus AdamW's two
     float32 moments (8 bytes): 18.52e9 bytes, and the tokenizer's allowance."""
-    size = ckpt.checkpoint_bytes(weights=1_543_714_304 * 4, trainable=1_543_714_304 * 4)
-    assert size == 1_543_714_304 * 12 + ckpt.TOKENIZER_ALLOWANCE
+    size = disk_space.checkpoint_bytes(weights=1_543_714_304 * 4, trainable=1_543_714_304 * 4)
+    assert size == 1_543_714_304 * 12 + disk_space.TOKENIZER_ALLOWANCE
     assert round(size / GB, 1) == 18.5
 
 
@@ -289,15 +290,15 @@ def test_free_space_is_compared_before_training(tmp_path, monkeypatch, caplog, f
     25 GB (a warning with the numbers), all in 70 GB."""
     cfg = load_config(None, ["train.max_steps=150", "checkpoint.every_steps=50", f"output_dir={tmp_path / 'run'}"])
     usage = type("Usage", (), {"free": free})
-    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: usage)
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda path: usage)
     one = 18_524_000_000
     caplog.set_level(logging.WARNING)
     if outcome == "refused":
         with pytest.raises(UserError, match=r"output_dir .*run: 5.0 GB free, but one checkpoint needs about 18.5 GB "
                                             r"\(3 planned"):
-            ckpt.check_disk_space(cfg, tmp_path / "run", one)
+            disk_space.check_disk_space(cfg, tmp_path / "run", one)
         return
-    ckpt.check_disk_space(cfg, tmp_path / "run", one)
+    disk_space.check_disk_space(cfg, tmp_path / "run", one)
     warned = [r.getMessage() for r in caplog.records if "free" in r.getMessage()]
     if outcome == "warned":
         assert warned == [f"output_dir {tmp_path / 'run'}: 25.0 GB free, but 3 checkpoints of about 18.5 GB each "
@@ -310,21 +311,21 @@ def test_free_space_is_compared_before_training(tmp_path, monkeypatch, caplog, f
 def test_a_run_says_the_space_it_needs_from_its_own_model(tmp_path, monkeypatch):
     """The estimate a run makes from its loaded model is the size of the checkpoint it then writes, to 2%."""
     seen = []
-    monkeypatch.setattr(ckpt, "check_disk_space", lambda cfg, run_dir, one, *a, **k: seen.append(one))
+    monkeypatch.setattr(disk_space, "check_disk_space", lambda cfg, run_dir, one, *a, **k: seen.append(one))
     run = loop.train(load_config(None, [*SMALL, "train.max_steps=1", f"output_dir={tmp_path / 'run'}"]))
     written = sum((run / "checkpoint_1" / name).stat().st_size for name in ("model.safetensors", ckpt.STATE_FILE))
-    assert seen and abs(seen[0] - ckpt.TOKENIZER_ALLOWANCE - written) <= 0.02 * written, (seen, written)
+    assert seen and abs(seen[0] - disk_space.TOKENIZER_ALLOWANCE - written) <= 0.02 * written, (seen, written)
 
 
 def test_preflight_reports_the_real_models_checkpoints(tmp_path, monkeypatch):
     """qwen1.5b.yaml: float32 weights and AdamW state of 1,543,714,304 parameters, three checkpoints kept."""
-    from dapo_train.preflight.command import checkpoint_space
     from dapo_train.preflight.memory import ModelShape
+    from dapo_train.preflight.real_run import checkpoint_space
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(str(root / "configs" / "qwen1.5b.yaml"), [f"output_dir={tmp_path / 'run'}"])
     shape = ModelShape(1_543_714_304, 1_543_714_304, 151_936, 1536, 8960, 28, 2, 128)
-    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 40 * GB}))
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 40 * GB}))
     assert checkpoint_space(cfg, shape) == (
         f"one checkpoint about 18.5 GB (weights 6.2 GB, AdamW state 12.3 GB, tokenizer); 3 at once "
         f"(checkpoint.every_steps=50, checkpoint.keep_last=0): 55.6 GB; 40.0 GB free for output_dir "

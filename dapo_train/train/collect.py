@@ -32,7 +32,7 @@ from dapo_train.rollout.engines import RolloutEngine
 from dapo_train.task.prompts import Prompt, PromptSampler
 from dapo_train.train import ranks
 from dapo_train.train.generation_stats import CollectStats
-from dapo_train.train.history import MIXED, RIGHT, WRONG, PromptHistory
+from dapo_train.train.history import MIXED, RIGHT, WRONG, PromptHistory, alike_side
 from dapo_train.train.records import Group, StepBatch
 from dapo_train.train.rollout_sample import RolloutSample
 from dapo_train.train.screen import Scored, generate_round
@@ -135,7 +135,8 @@ def drop_reason(group: Group, cfg: Config) -> str | None:
     the name of its CollectStats counter and its fate in the rollout records (run/rollouts.FATES)."""
     if not cfg.dapo.dynamic_sampling or is_informative_group(filter_values(group, cfg.dapo.filter_metric)):
         return None
-    return {RIGHT: "dropped_all_correct", WRONG: "dropped_all_wrong", MIXED: "dropped_no_variance"}[alike_side(group)]
+    fates = {RIGHT: "dropped_all_correct", WRONG: "dropped_all_wrong", MIXED: "dropped_no_variance"}
+    return fates[alike_side(group.correct)]
 
 
 def filter_values(group: Group, metric: str) -> torch.Tensor:
@@ -177,14 +178,7 @@ def max_rounds(cfg: Config) -> int:
 def outcomes(fated: list[Fated]) -> list[tuple[str, str | None]]:
     """(uid, side) of a round's groups on this rank, in order, for the prompt history: side None for a kept
     group, else the side its completions (a group's, or a ruled-out screen's) fell on."""
-    return [(one.group.prompt.uid, None if one.fate is None else alike_side(one.group)) for one in fated]
-
-
-def alike_side(group: Group) -> str:
-    """history.RIGHT, WRONG or MIXED: every completion of a group right, every one wrong, or some of each."""
-    if bool(group.correct.all()):
-        return RIGHT
-    return MIXED if bool(group.correct.any()) else WRONG
+    return [(one.group.prompt.uid, None if one.fate is None else alike_side(one.group.correct)) for one in fated]
 
 
 def prompts_drawn(sampler: PromptSampler) -> int:

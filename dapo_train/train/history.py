@@ -23,6 +23,13 @@ BASE = 0.5  # each all-alike outcome in a row halves a prompt's chance to be gen
 RIGHT, WRONG, MIXED = "all_right", "all_wrong", "mixed"
 
 
+def alike_side(correct) -> str:
+    """RIGHT, WRONG or MIXED: every one of `correct` (bools, or a bool tensor) true, every one false, or some of
+    each (a group alike only by another dapo.filter_metric; a screen that did not rule its prompt out)."""
+    values = [bool(c) for c in correct]
+    return RIGHT if all(values) else WRONG if not any(values) else MIXED
+
+
 class PromptHistory:
     """Per prompt uid, its all-alike outcomes in a row and the side the last one fell on (absent: none, or
     an informative group last)."""

@@ -34,9 +34,10 @@ from dapo_train.rewards.scoring import score
 from dapo_train.rollout.engines import Completion, RolloutEngine
 from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.task.prompts import Prompt
+from dapo_train.train.history import RIGHT, WRONG, alike_side
 
 # dapo.screen_drop side -> the fate of a prompt its screen rules out (run/rollouts.FATES).
-SCREEN_FATES = {"all_right": "screened_all_right", "all_wrong": "screened_all_wrong"}
+SCREEN_FATES = {RIGHT: "screened_all_right", WRONG: "screened_all_wrong"}
 
 
 @dataclass
@@ -131,5 +132,5 @@ def score_completions(reward_set, prompts: list[Prompt], completions: list[Compl
 def screen_verdict(screen: Scored, drop: Sequence[str]) -> str | None:
     """The fate of a prompt whose screen is `screen` (SCREEN_FATES), or None when it continues: its
     correct bits all alike, on a side dapo.screen_drop names."""
-    side = "all_right" if all(screen.correct) else "all_wrong" if not any(screen.correct) else None
+    side = alike_side(screen.correct)
     return SCREEN_FATES[side] if side in drop else None

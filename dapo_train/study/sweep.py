@@ -32,18 +32,25 @@ from dapo_train.run.signals import StopRequested
 from dapo_train.study.runs import SWEEP_FILE, key_labels
 
 
+def _sweep_record(path: Path) -> tuple[dict[str, str], str | None]:
+    """A sweep.json read: point name -> status, and why it is not one a sweep wrote (None: it is one, an
+    object with its varied_keys and "points" that each have a name and a status)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        statuses = {point["name"]: point["status"] for point in record["points"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return {}, f"{type(exc).__name__}: {exc}"
+    return statuses, None if "varied_keys" in record else "no varied_keys"
+
+
 def _older_sweep(folder: Path) -> str | None:
     """Why `folder`, without the sweep marker, is not a sweep an older dapo-train wrote (None: it is one): such
-    a sweep wrote sweep.json, an object whose "points" each have a name and a status."""
+    a sweep wrote its sweep.json."""
     path = folder / SWEEP_FILE
     if not path.is_file():
         return f"no {SWEEP_FILE}"
-    try:
-        points = json.loads(path.read_text(encoding="utf-8"))["points"]
-        whole = isinstance(points, list) and all(isinstance(p, dict) and {"name", "status"} <= p.keys() for p in points)
-    except (OSError, ValueError, KeyError, TypeError):
-        whole = False
-    return None if whole else f"{SWEEP_FILE} is not one a sweep wrote (an object whose points have a name and status)"
+    problem = _sweep_record(path)[1]
+    return None if problem is None else f"{SWEEP_FILE} is not one a sweep wrote ({problem})"
 
 
 # What a sweep writes at the top of its folder (config/outputs.py): sweep.json, and a run folder per point
@@ -256,24 +263,16 @@ def _merge_earlier(sweep: Sweep) -> None:
 
 
 def _earlier_statuses(sweep_dir: Path) -> dict[str, str]:
-    """Point name -> status from the sweep.json an earlier run of the sweep left ({} if none). A file that
-    does not read as one is damaged where the folder's marker says a sweep wrote it, and another
-    program's otherwise; either way it is left as it is."""
+    """Point name -> status from the sweep.json an earlier run of the sweep left ({} if none). plan_sweep
+    checked the folder first (holds_own): a sweep.json there without the sweep's marker is one a sweep
+    wrote, so one that does not read as one sits beside the marker and is damaged; it is left as it is."""
     path = sweep_dir / SWEEP_FILE
     if not path.is_file():
         return {}
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        statuses = {point["name"]: point["status"] for point in record["points"]}
-        problem = None if "varied_keys" in record else "no varied_keys"
-    except (ValueError, KeyError, TypeError) as exc:
-        statuses, problem = {}, f"{type(exc).__name__}: {exc}"
-    if problem is None:
-        return statuses
-    if (sweep_dir / SWEEP_KIND.marker).is_file():
+    statuses, problem = _sweep_record(path)
+    if problem is not None:
         raise UserError(f"{path} is damaged ({problem}); delete it (the runs stay) and run the sweep again")
-    raise UserError(f"--dir {sweep_dir}: its {SWEEP_FILE} is not a dapo-train sweep's record ({problem}), so the "
-                    "folder is another program's; choose another --dir (nothing was changed)")
+    return statuses
 
 
 def run_sweep(sweep: Sweep, stop: StopRequested) -> int:

@@ -54,6 +54,13 @@ def eval_max_new_tokens(cfg: Config) -> int:
     return cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
 
 
+def longest_sequence(cfg: Config) -> int:
+    """The most positions a rollout or eval sequence of the run takes: the longest prompt kept and the
+    largest completion budget (what an engine that sizes its cache, vllm, is started with)."""
+    evaluating = cfg.eval.every_steps > 0 or cfg.eval.final_full
+    return cfg.data.max_prompt_length + max(cfg.rollout.max_new_tokens, eval_max_new_tokens(cfg) if evaluating else 0)
+
+
 def completion_records(
     prompts: Sequence[Prompt], completions: Sequence[Completion], samples: int, check: AnswerCheck = NUMERIC
 ) -> list[dict]:

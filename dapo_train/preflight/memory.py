@@ -69,6 +69,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from dapo_train.config.schema import Config
+from dapo_train.evaluation.generate import longest_sequence
 from dapo_train.model.layout import SHARED_ROW_LIMIT, row_limit
 
 GIB = 1024**3
@@ -223,8 +224,8 @@ class Setting:
             row_width = max(row_limit(t.micro_batch_tokens), prompt + r.max_new_tokens) if shared else 0
         weight_bytes = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
         autocast = cuda and t.mixed_precision in ("auto", "bf16", "fp16")
-        vllm = (r.vllm_memory, r.vllm_kv_cache_mib * 2**20, r.generation_batch_size * (  # as the engine sizes it
-            cfg.data.max_prompt_length + max(r.max_new_tokens, e.max_new_tokens))) if r.engine == "vllm" else None
+        vllm = (r.vllm_memory, r.vllm_kv_cache_mib * 2**20, r.generation_batch_size * longest_sequence(cfg)) \
+            if r.engine == "vllm" else None  # as the engine sizes its KV cache
         copy = weight_bytes == 4 and (r.dtype == "bfloat16" or (r.dtype == "auto" and cuda)) and not vllm
         compiled = r.compile == "on" or (r.compile == "auto" and cuda)
         engine = "generate" if r.engine == "hf-generate" else "static" if compiled else "loop"

@@ -21,7 +21,7 @@ import torch
 
 from dapo_train.config.schema import Config, DataConfig
 from dapo_train.errors import ConfigError, UserError
-from dapo_train.evaluation.generate import eval_max_new_tokens
+from dapo_train.evaluation.generate import eval_max_new_tokens, longest_sequence
 from dapo_train.model.checkpoint import CheckpointScore, keep_best_note
 from dapo_train.model.loading import (
     check_attention_kernel,
@@ -180,12 +180,6 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         prompts_by_uid={p.uid: p for p in train_prompts}, tool_turns=turns,
         eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
     )
-
-
-def longest_sequence(cfg: Config) -> int:
-    """The most positions a rollout or eval sequence takes: the longest prompt kept and the largest budget."""
-    evaluating = cfg.eval.every_steps > 0 or cfg.eval.final_full
-    return cfg.data.max_prompt_length + max(cfg.rollout.max_new_tokens, eval_max_new_tokens(cfg) if evaluating else 0)
 
 
 def check_data_use(cfg: Config, usable: int) -> None:

@@ -111,6 +111,12 @@ def test_the_final_eval_shows_its_progress_and_the_periodic_ones_stay_quiet(tmp_
     bars = re.findall(r"([\w ]+): +0%\|[^|]*\| 0/(\d+) \[00:00<\?, \?(\w+)/s\]", capsys.readouterr().err)
     assert ("dapo", "1", "it") in bars  # the training bar
     assert [(label, total) for label, total, unit in bars if unit == "item"] == [("final eval", "5")], bars
+    # logging.progress_bar=false: neither bar, the final eval's included
+    loop.train(load_config(None, [*SMALL, f"data.path={tmp_path / 'task'}", "train.max_steps=1",
+                                  "eval.every_steps=1", "eval.num_items=2", "eval.batch_size=2",
+                                  "logging.progress_bar=false", f"output_dir={tmp_path / 'quiet'}"]))
+    quiet = capsys.readouterr().err  # (transformers' own weight-loading bar aside: the CLI turns it off)
+    assert "final eval:" not in quiet and "dapo:" not in quiet, quiet
 
 
 def test_final_full_off_adds_no_eval(tmp_path, monkeypatch):

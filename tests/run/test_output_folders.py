@@ -294,7 +294,7 @@ def test_sweep_dir_is_refused_where_run_would_be(tmp_path, monkeypatch):
         plan_sweep(config, ["dapo.eps_high=0.2,0.3"], None, ".")
     sweep = tmp_path / "sweep"  # a point's folder holding the user's files: refused before any point trains
     user_folder(sweep / "eps_high=0.2_seed0")
-    (sweep / "sweep.json").write_text('{"points": []}\n')
+    (sweep / "sweep.json").write_text('{"varied_keys": ["dapo.eps_high"], "points": []}\n')  # an older sweep's
     with pytest.raises(UserError, match="eps_high=0.2_seed0 is not empty and is not a dapo-train run folder"):
         plan_sweep(config, ["dapo.eps_high=0.2,0.3"], None, str(sweep))
     assert tree(mywork) == before and "eps_high=0.2_seed0/notes.txt" in tree(sweep)

@@ -148,10 +148,10 @@ def _not_marked(folder: Path, kind: OutputKind) -> str | None:
     """Why `folder` is not an output of `kind` (no marker, and not one from before the marker), or None."""
     if (folder / kind.marker).is_file():
         return None
-    why = None if kind.older is None else kind.older(folder)
-    if kind.older is not None and why is None:
-        return None
-    return f"no {kind.marker}" + (f", and {why}" if why else "")
+    if kind.older is None:
+        return f"no {kind.marker}"
+    why = kind.older(folder)
+    return None if why is None else f"no {kind.marker}, and {why}"
 
 
 def _foreign(folder: Path, kind: OutputKind, prefix: str = "") -> list[str]:

@@ -54,6 +54,16 @@ def test_the_best_survives_keep_last_and_a_tie_keeps_the_earlier(tmp_path, accur
            f"dapo-train eval {out} --best" in said
 
 
+def test_without_keep_best_keep_last_prunes_the_best_and_the_summary_names_none(tmp_path, accuracies, capsys):
+    """The knob off, the same evals: keep_last 1 keeps checkpoint_4 alone, and nothing records a best."""
+    accuracies.update({1: 0.5, 2: 0.3, 3: 0.5, 4: 0.2})
+    out = _run(tmp_path / "run", "train.max_steps=4", "checkpoint.keep_last=1", "checkpoint.keep_best=false")
+    assert _kept(out) == ["checkpoint_4"]
+    assert "best checkpoint" not in capsys.readouterr().out
+    with pytest.raises(UserError, match="records no best checkpoint"):
+        ckpt.best_checkpoint(out)
+
+
 def test_a_resume_keeps_knowing_the_best(tmp_path, accuracies):
     """The same run in two sessions: after the resume, step 3's tie must not displace checkpoint_1 (a
     resume that forgot it would keep checkpoint_3 and prune checkpoint_1)."""

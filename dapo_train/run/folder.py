@@ -44,7 +44,7 @@ from dapo_train.model.checkpoint import (
 )
 from dapo_train.model.lora import check_lora_start, check_resume
 from dapo_train.run.eval_items import ITEMS_DIR, items_after
-from dapo_train.run.layout import ABANDONED_PREFIX, run_kind
+from dapo_train.run.layout import ABANDONED_PREFIX, refuse_links, run_kind
 from dapo_train.run.logs import METRICS_FILE, split_logs
 from dapo_train.run.rollouts import ROLLOUTS_DIR, rollouts_after
 from dapo_train.run.trackers import check_trackers
@@ -114,6 +114,7 @@ def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bo
         holds_own(run_dir, run_kind(cfg), option="output_dir",
                   inputs={**local_inputs(cfg), f"the resume checkpoint {source}": source})
     held = check_start(cfg, overwrite) if source is None else True
+    refuse_links(run_dir, cfg)
     check_writable(run_dir)
     check_trackers(cfg.logging.trackers)
     check_lora_start(cfg)

@@ -1,5 +1,6 @@
 """What a run writes in its folder, by the exact names it writes: the kinds config/outputs.py's rule reads
-(a run folder is the run's when it holds the marker; --overwrite and preflight --keep remove only these).
+(a run folder is the run's when it holds the marker; --overwrite and preflight --keep remove only these), and
+the run's files that must not be links.
 
 An entry is the run's only in the exact form the run writes it: checkpoint_<N>/, .tmp_checkpoint_<N>_<pid>/,
 abandoned_after_step<N>_<YYYYmmdd-HHMMSS>[_<n>]/, eval_items/ and rollouts/ (their record files), and fixed
@@ -7,6 +8,9 @@ names. Inside a checkpoint: the files transformers, peft and the trainer save th
 `dapo-train eval` adds. A user's checkpoint_1.tar.gz or checkpoint_1_notes.md is not the run's, nor are the
 notes inside checkpoint_3/: --overwrite is refused while any such entry is there, and names it.
 
+A run appends to its logs and rewrites config.yaml in place: through a symbolic link that would change the
+file the link points to, through a hard link every other name of the file. So a run refuses to start (or
+resume) while one of its files is a link, before anything is written or loaded.
 """
 
 from __future__ import annotations
@@ -97,3 +101,20 @@ def _older_run(folder: Path) -> str | None:
         return f"{stateless[0]}/ holds no {STATE_FILE}, so no dapo-train run saved it"
     return None
 
+
+def refuse_links(run_dir: Path, cfg: Config) -> None:
+    """Refuse (UserError, one line) a run folder where the run would write through a link: its config.yaml,
+    logs or run.log a symbolic link or a file with other hard links, or the folders it writes into
+    (eval_items/, rollouts/, TensorBoard's) a symbolic link."""
+    files = (CONFIG_FILE, *LOG_FILES.values(), RUN_LOG)
+    for name in (*files, ITEMS_DIR, ROLLOUTS_DIR, cfg.logging.project):
+        path = run_dir / name
+        if path.is_symlink():
+            what = "a symbolic link"
+        elif name in files and path.is_file() and path.stat().st_nlink > 1:
+            what = f"a hard link (one of {path.stat().st_nlink} names of one file)"
+        else:
+            continue
+        raise UserError(f"{path} is {what}: a run never writes its files through a link, which would change the "
+                        "file it points to; remove the link (that file stays as it is) or choose another output_dir "
+                        "(nothing was changed)")

@@ -1,17 +1,21 @@
-"""Issue 52 item 1: what is a run's in its folder goes by the exact names the run writes. The user's files
-are hashed before and after: byte-identical with and without
+"""Issue 52 items 1-2: what is a run's in its folder goes by the exact names the run writes, and the run never
+writes its files through a link. The user's files are hashed before and after: byte-identical with and without
 --overwrite, and every refusal is one line, before the data or the model loads (preflight --keep, which nests
 the same rule: tests/preflight/test_keep.py)."""
 
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import UserError
+from dapo_train.run.folder import resume_config
+from dapo_train.run.layout import RUN_MARKER
 from dapo_train.run.logs import read_metrics
 from dapo_train.train import loop
 
@@ -118,3 +122,56 @@ def test_overwrite_removes_every_exact_form_the_run_writes(real_run, tmp_path, c
     assert sorted(p.name for p in run.iterdir() if p.name.startswith((".tmp", "abandoned", "checkpoint"))) == [
         "checkpoint_1"]
     assert [row["step"] for row in read_metrics(run)] == [1]
+
+
+# --------------------------------------------------------------------------------------------
+# Item 2: a run's file that is a link is refused, and what it points to is left as it was.
+
+
+def linked_run(tmp_path: Path, name: str, hard: bool) -> tuple[Path, Path]:
+    """A marked run folder that never saved a checkpoint (a restart is allowed), `name` a link to a file of the
+    user's beside it. -> (run folder, the user's file)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RUN_MARKER).write_text('{"written_by": "dapo-train"}\n')
+    mine = tmp_path / f"my_{name}"
+    mine.write_text("the user's own experiment notes\n" * 3)
+    if hard:
+        os.link(mine, run / name)
+    else:
+        (run / name).symlink_to(Path(os.pardir) / mine.name)
+    return run, mine
+
+
+@pytest.mark.parametrize("hard", [False, True], ids=["symlink", "hard link"])
+@pytest.mark.parametrize("name", ["config.yaml", "metrics.jsonl"])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_run_file_that_is_a_link_is_refused(tmp_path, no_setup, name, hard, overwrite):
+    """Reproduced: a restart without --overwrite overwrote config.yaml's target and truncated metrics.jsonl's."""
+    run, mine = linked_run(tmp_path, name, hard)
+    before, kept = sha(mine), tree(run)
+    train_refused(load_config(None, [*SMALL, f"output_dir={run}"]), f"{run / name} is a ",
+                  "hard link" if hard else "symbolic link", overwrite=overwrite)
+    assert sha(mine) == before and tree(run) == kept
+
+
+def test_resume_refuses_a_linked_config(real_run, tmp_path, no_setup):
+    """--resume rewrote config.yaml through the link as well."""
+    run = copy_run(real_run, tmp_path)
+    mine = tmp_path / "my_experiment.yaml"
+    (run / "config.yaml").rename(mine)
+    (run / "config.yaml").symlink_to(Path(os.pardir) / mine.name)
+    before, kept = sha(mine), tree(run)
+    cfg, checkpoint = resume_config(str(run), None, ["train.max_steps=2"])
+    train_refused(cfg, f"{run / 'config.yaml'} is a symbolic link", resume=checkpoint)
+    assert sha(mine) == before and tree(run) == kept
+
+
+def test_a_linked_run_file_on_the_command_line_is_one_line_and_exit_2(tmp_path):
+    run, mine = linked_run(tmp_path, "metrics.jsonl", hard=False)
+    before = sha(mine)
+    result = subprocess.run([sys.executable, "-m", "dapo_train", "run", f"output_dir={run}", "train.max_steps=1"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "is a symbolic link" in lines[0], result.stderr
+    assert sha(mine) == before

@@ -8,10 +8,11 @@ its results written next to it, and one comparison table is printed at the end.
 Where results go: eval_<what>.json (metrics, settings with the engine that generated, resolved config,
 checkpoint, time) and completions_<what>.jsonl (one line per completion) inside the checkpoint or local
 model folder; for a hub id, a builtin model, a --config-only run or a read-only folder, under
-<output_dir>/eval/<model name>/. <what> names what was evaluated (see result_name): the split, then
-_limit<N> for a --limit that left items out, _k<K>_t<T> for sampling, _len<N> for a completion budget
-other than the config's, _tools, and _<engine> for an engine other than the model's own decode loop
-(vllm), so evals of different kinds never overwrite each other.
+<output_dir>.eval/<model name>/: beside the run folder, never in it, so a run of the config still starts
+there. <what> names what was evaluated (see result_name): the split, then _limit<N> for a --limit that
+left items out, _k<K>_t<T> for sampling, _len<N> for a completion budget other than the config's, _tools,
+and _<engine> for an engine other than the model's own decode loop (vllm), so evals of different kinds
+never overwrite each other.
 
 A bare checkpoint_N belongs to the latest run: the run under outputs/ whose training wrote last
 (rundir.latest_run), which evaluating never changes.
@@ -184,10 +185,12 @@ def _safe_name(name: str) -> str:
 
 
 def output_folder(target: EvalTarget, cfg: Config) -> Path:
-    """The target's own folder when writable; else <output_dir>/eval/<model name>/."""
+    """The target's own folder when writable; else <output_dir>.eval/<model name>/, beside the run folder: a
+    run never writes there, and its folder stays one it may start in (an eval/ inside it was none)."""
     if target.folder is not None and os.access(target.folder, os.W_OK):
         return target.folder
-    return Path(cfg.output_dir) / "eval" / _safe_name(target.model or cfg.model.name_or_path)
+    run_dir = Path(cfg.output_dir)
+    return run_dir.with_name(f"{run_dir.name}.eval") / _safe_name(target.model or cfg.model.name_or_path)
 
 
 def eval_engine_name(cfg: Config) -> str:

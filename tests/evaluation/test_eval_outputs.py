@@ -1,7 +1,8 @@
-"""Issue 52 item 11: what `dapo-train eval` records. The engine that generated an eval
+"""Issue 52 items 11-12: what `dapo-train eval` records and where it writes. The engine that generated an eval
 is in its settings and, where it is not the model's own decode loop (hf), in its file name, so evals of two
 engines coexist (vllm is not in the main environment: the name is unit-tested for it, and a plugin engine that
-serves evals, as vllm does, stands in for it end to end)."""
+serves evals, as vllm does, stands in for it end to end). An eval of the config's own model (`eval --config`)
+writes beside the run folder, never in it, so the quick start's `run` starts after it."""
 
 import dataclasses
 import json
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from dapo_train.config.load import load_config
 from dapo_train.evaluation import command as eval_command
 from dapo_train.evaluation.command import EvalOptions, run_eval
+from dapo_train.train import loop
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = EvalOptions(config_path="tiny.yaml", limit=4, max_new_tokens=4, split="train")
@@ -49,3 +52,26 @@ def test_evals_of_two_engines_coexist_and_say_which(tmp_path, monkeypatch):
     assert sorted(p.name for p in folder.glob("eval_*")) == [f"eval_{NAME}.json",
                                                              f"eval_{NAME}_engine_plugin-EvalServingEngine.json"]
 
+
+class Started(Exception):
+    """The run got past every check of its folder: setup (the data and the model) was reached."""
+
+
+def test_eval_of_the_configs_model_leaves_the_quick_starts_run_its_folder(tmp_path, monkeypatch, capsys):
+    """Reproduced: `eval --config configs/tiny-cpu.yaml` wrote outputs/tiny-cpu/eval/, and the quick start's
+    `run configs/tiny-cpu.yaml` then refused outputs/tiny-cpu as not a dapo-train run folder."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(ROOT / "configs" / "tiny-cpu.yaml", tmp_path / "tiny-cpu.yaml")
+    run_eval([], dataclasses.replace(OPTIONS, config_path="tiny-cpu.yaml"))
+
+    def started(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(loop, "setup", started)
+    cfg = load_config("tiny-cpu.yaml", [])
+    assert Path(cfg.output_dir) == Path("outputs") / "tiny-cpu"
+    with pytest.raises(Started):
+        loop.train(cfg)
+    written = Path("outputs") / "tiny-cpu.eval" / "builtin-tiny" / f"eval_{NAME}.json"  # where the docs say
+    assert written.is_file() and f"wrote {written}" in capsys.readouterr().out
+    assert not Path("outputs", "tiny-cpu").exists()  # the run's folder: the run had not made it yet

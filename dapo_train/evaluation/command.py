@@ -25,7 +25,6 @@ import dataclasses
 import os
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,7 +35,7 @@ from dapo_train.config.load import config_to_dict, load_config, read_saved_confi
 from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError, UserError, folder_listing
 from dapo_train.evaluation.generate import eval_max_new_tokens, evaluate_prompts
-from dapo_train.evaluation.table import aligned_table
+from dapo_train.evaluation.table import format_table
 from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, best_checkpoint, checkpoint_dirs
 from dapo_train.model.loading import (
     MODEL_FILES,
@@ -197,42 +196,6 @@ def eval_engine_name(cfg: Config) -> str:
     """The engine an eval of `cfg` generates with: rollout.engine where it serves evals (vllm), else hf: the
     model decodes itself in the hf engine's loop (hf-generate and plugins that do not serve evals alike)."""
     return cfg.rollout.engine if getattr(engine_factory(cfg.rollout.engine), "serves_eval", False) else "hf"
-
-
-# --------------------------------------------------------------------------------------------
-# The comparison table.
-
-
-def _percent(value: float) -> str:
-    return f"{100 * value:.1f}%"
-
-
-# Column header -> how one row's metrics render in it (K = samples per item).
-_BASE_COLUMNS = (
-    ("items", lambda m, k: str(m["num_items"])),
-    ("accuracy", lambda m, k: _percent(m["accuracy"])),
-    ("stderr", lambda m, k: f"{100 * m['accuracy_stderr']:.1f}"),
-    ("95% CI", lambda m, k: f"[{100 * m['accuracy_ci95_low']:.1f}, {100 * m['accuracy_ci95_high']:.1f}]"),
-    ("format", lambda m, k: _percent(m["format_rate"])),
-    ("len mean", lambda m, k: f"{m['completion_length_mean']:.1f}"),
-    ("len max", lambda m, k: str(m["completion_length_max"])),
-    ("truncated", lambda m, k: _percent(m["truncated_rate"])),
-)
-_SAMPLED_COLUMNS = (
-    ("pass@1", lambda m, k: _percent(m["pass@1"])),
-    ("pass@K", lambda m, k: _percent(m[f"pass@{k}"])),
-    ("maj@K", lambda m, k: _percent(m[f"maj@{k}"])),
-)
-
-
-def format_table(rows: Sequence[tuple[str, dict, Sequence[str]]], samples: int = 1) -> str:
-    """One line per evaluated target (label, metrics, the rollout.tools it ran with), columns aligned; the
-    tools ('off' without), then stderr and the CI in accuracy points."""
-    columns = _BASE_COLUMNS + (_SAMPLED_COLUMNS if samples > 1 else ())
-    headers = ["model", "tools"] + [name.replace("K", str(samples)) for name, _ in columns]
-    body = [[label, ", ".join(tools) or "off"] + [render(metrics, samples) for _, render in columns]
-            for label, metrics, tools in rows]
-    return "\n".join(aligned_table(headers, body, left=2))
 
 
 # --------------------------------------------------------------------------------------------

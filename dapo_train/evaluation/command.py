@@ -189,7 +189,8 @@ def output_folder(target: EvalTarget, cfg: Config) -> Path:
     if target.folder is not None and os.access(target.folder, os.W_OK):
         return target.folder
     run_dir = Path(cfg.output_dir)
-    return run_dir.with_name(f"{run_dir.name}.eval") / _safe_name(target.model or cfg.model.name_or_path)
+    beside = Path(f"{run_dir if run_dir.name else run_dir.resolve()}.eval")  # output_dir=. names a folder too
+    return beside / _safe_name(target.model or cfg.model.name_or_path)
 
 
 def eval_engine_name(cfg: Config) -> str:

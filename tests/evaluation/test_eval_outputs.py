@@ -75,3 +75,13 @@ def test_eval_of_the_configs_model_leaves_the_quick_starts_run_its_folder(tmp_pa
     written = Path("outputs") / "tiny-cpu.eval" / "builtin-tiny" / f"eval_{NAME}.json"  # where the docs say
     assert written.is_file() and f"wrote {written}" in capsys.readouterr().out
     assert not Path("outputs", "tiny-cpu").exists()  # the run's folder: the run had not made it yet
+
+
+@pytest.mark.parametrize("output_dir", ["run", "run/", "."])
+def test_the_folder_beside_the_run_has_a_name_whatever_output_dir_is(tmp_path, monkeypatch, output_dir):
+    """output_dir=. has no name of its own: its results go beside the current folder, named after it."""
+    monkeypatch.chdir(tmp_path / output_dir if output_dir == "." else tmp_path)
+    cfg = load_config(None, [f"output_dir={output_dir}"])
+    folder = eval_command.output_folder(eval_command.EvalTarget("--config", None), cfg)
+    expected = "run.eval" if output_dir != "." else f"{tmp_path.name}.eval"
+    assert folder.resolve() == (tmp_path if output_dir != "." else tmp_path.parent) / expected / "builtin-tiny"

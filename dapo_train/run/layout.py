@@ -104,10 +104,10 @@ def _older_run(folder: Path) -> str | None:
 
 def refuse_links(run_dir: Path, cfg: Config) -> None:
     """Refuse (UserError, one line) a run folder where the run would write through a link: its config.yaml,
-    logs or run.log a symbolic link or a file with other hard links, or the folders it writes into
+    logs or run.log a symbolic link or a file with other hard links, or its marker or the folders it writes into
     (eval_items/, rollouts/, TensorBoard's) a symbolic link."""
     files = (CONFIG_FILE, *LOG_FILES.values(), RUN_LOG)
-    for name in (*files, ITEMS_DIR, ROLLOUTS_DIR, cfg.logging.project):
+    for name in (*files, RUN_MARKER, ITEMS_DIR, ROLLOUTS_DIR, cfg.logging.project):
         path = run_dir / name
         if path.is_symlink():
             what = "a symbolic link"

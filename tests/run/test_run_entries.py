@@ -175,3 +175,21 @@ def test_a_linked_run_file_on_the_command_line_is_one_line_and_exit_2(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and "is a symbolic link" in lines[0], result.stderr
     assert sha(mine) == before
+
+
+def test_a_linked_marker_or_records_folder_is_refused(tmp_path, no_setup):
+    """The marker and the folders a run writes its records into follow the same rule."""
+    run = tmp_path / "run"
+    run.mkdir()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    (tmp_path / "marker_of_mine").write_text("mine\n")
+    (run / RUN_MARKER).symlink_to(tmp_path / "marker_of_mine")
+    cfg = load_config(None, [*SMALL, f"output_dir={run}"])
+    train_refused(cfg, f"{run / RUN_MARKER} is a symbolic link")
+    (run / RUN_MARKER).unlink()
+    (run / RUN_MARKER).write_text('{"written_by": "dapo-train"}\n')
+    (run / "rollouts").symlink_to(mine)
+    train_refused(cfg, f"{run / 'rollouts'} is a symbolic link")
+    assert (tmp_path / "marker_of_mine").read_text() == "mine\n" and sorted(os.listdir(mine)) == ["notes.txt"]

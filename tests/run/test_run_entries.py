@@ -19,6 +19,7 @@ from dapo_train.run.layout import RUN_MARKER
 from dapo_train.run.logs import read_metrics
 from dapo_train.train import loop
 
+TINY_MODEL = Path(__file__).resolve().parents[2] / "dapo_train" / "assets" / "tiny" / "model"
 SMALL = [
     "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2", "train.micro_batch_size=8",
     "train.updates_per_step=1", "train.num_threads=1", "eval.every_steps=0", "eval.final_full=false",
@@ -108,9 +109,16 @@ def test_notes_inside_a_checkpoint_refuse_the_overwrite(real_run, tmp_path, no_s
 
 def test_overwrite_removes_every_exact_form_the_run_writes(real_run, tmp_path, caplog):
     """What the run does write, in each of its forms, still goes: a kill's temporary checkpoint, what a resume set
-    aside (two in one second: _2), the eval files `dapo-train eval` put in a checkpoint."""
+    aside (two in one second: _2), the eval files `dapo-train eval` put in a checkpoint, and a LoRA checkpoint's
+    files as the installed peft and transformers save them."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     run = copy_run(real_run, tmp_path)
     shutil.copytree(run / "checkpoint_1", run / "checkpoint_5")  # every file a checkpoint holds, in one the new run
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(TINY_MODEL), LoraConfig(r=2, target_modules=["q_proj"]))
+    model.save_pretrained(run / "checkpoint_6")
+    AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(run / "checkpoint_6")
     for name in (".tmp_checkpoint_2_4242/model.safetensors", "checkpoint_5/eval_test_limit8.json",  # will not write
                  "checkpoint_5/completions_test_limit8.jsonl", "checkpoint_5/.eval_test.json.4242.tmp",
                  "abandoned_after_step0_20261206-051500/metrics.jsonl",

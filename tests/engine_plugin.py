@@ -18,3 +18,9 @@ class CountingEngine(DecodeLoopEngine):
     def sync_weights(self) -> None:
         CALLS.append("sync")
         super().sync_weights()
+
+
+class EvalServingEngine(DecodeLoopEngine):
+    """An engine evals generate through (as vllm's do): `dapo-train eval` names its results by it."""
+
+    serves_eval = True

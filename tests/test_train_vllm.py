@@ -74,7 +74,8 @@ def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_resumes_it(tmp_path):
 
 def test_eval_with_engine_vllm_gives_the_hf_engines_greedy_numbers(tmp_path, monkeypatch, capsys):
     """A checkpoint evaluated with --engine vllm and with the model itself (rollout.engine=hf): the same
-    completions, item for item; the result file names the engine's settings."""
+    completions, item for item; each eval names its engine in its settings and the vllm one in its file names,
+    so neither replaces the other (issue 52, item 11)."""
     run_dir = train(load_config(None, [*SMALL, f"output_dir={tmp_path / 'run'}", "train.max_steps=1"]))
     checkpoint = run_dir / "checkpoint_1"
     records = {}
@@ -83,8 +84,10 @@ def test_eval_with_engine_vllm_gives_the_hf_engines_greedy_numbers(tmp_path, mon
         with pytest.raises(SystemExit) as exited:
             cli.main()
         assert exited.value.code == 0, capsys.readouterr().err[-2000:]
-        result = checkpoint / "completions_test_limit30.jsonl"
+        what = "test_limit30_vllm" if name == "vllm" else "test_limit30"
+        result = checkpoint / f"completions_{what}.jsonl"
         records[name] = [json.loads(line)["completion"] for line in result.read_text().splitlines()]
-        saved = json.loads((checkpoint / "eval_test_limit30.json").read_text())
-        assert saved["config"]["rollout"]["engine"] == name
+        saved = json.loads((checkpoint / f"eval_{what}.json").read_text())
+        assert saved["config"]["rollout"]["engine"] == saved["settings"]["engine"] == name
     assert len(records["vllm"]) == 30 and records["vllm"] == records["hf"]
+    assert json.loads((checkpoint / "eval_test_limit30_vllm.json").read_text())["settings"]["engine"] == "vllm"

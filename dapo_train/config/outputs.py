@@ -15,10 +15,10 @@ written or loaded, and a refusal is one line that says nothing was changed.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,10 +34,11 @@ _SHOWN = 6  # entries named in a message; the count of the rest follows
 @dataclass(frozen=True)
 class OutputKind:
     """What one command writes in its folder. names: exact names (a user's setting such as logging.project is
-    a name, never a pattern); patterns: fnmatch patterns of generated names (checkpoint_[0-9]*); nested:
-    (pattern, kind) of the folders it writes into, each holding only what that kind writes; listed: written
-    whole, its marker lists its entries; older: for a folder without the marker, why it is not an output of
-    this kind from before the marker (None: it is one), or None when no such output ever existed."""
+    a name, never a pattern); patterns: regular expressions that a generated name matches whole, in the exact
+    form the command writes it (checkpoint_\\d+: checkpoint_1.tar.gz is the user's); nested: (pattern, kind) of the
+    folders it writes into, each holding only what that kind writes; listed: written whole, its marker lists
+    its entries; older: for a folder without the marker, why it is not an output of this kind from before the
+    marker (None: it is one), or None when no such output ever existed."""
 
     name: str  # "dapo-train run folder": how messages call it
     marker: str | None  # the file written when the output starts; None: a folder inside one, known by its place
@@ -49,13 +50,13 @@ class OutputKind:
 
     def inner(self, name: str) -> OutputKind | None:
         """The kind of the nested folder `name`, or None."""
-        return next((kind for pattern, kind in self.nested if fnmatch.fnmatchcase(name, pattern)), None)
+        return next((kind for pattern, kind in self.nested if re.fullmatch(pattern, name)), None)
 
     def owns(self, folder: Path, name: str) -> bool:
         """Whether `name`, an entry of `folder`, is one this kind writes."""
         if name == self.marker or name in self.names or self.inner(name) is not None:
             return True
-        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.patterns) or (
+        return any(re.fullmatch(pattern, name) for pattern in self.patterns) or (
             self.listed and name in _listed(folder / self.marker))
 
 

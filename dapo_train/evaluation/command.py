@@ -5,12 +5,14 @@ before any model loads, so a typo in the third checkpoint fails in a second, not
 two evaluations. Then one model at a time is loaded, evaluated with evaluate.evaluate_prompts and
 its results written next to it, and one comparison table is printed at the end.
 
-Where results go: eval_<what>.json (metrics, resolved config, checkpoint, time) and
-completions_<what>.jsonl (one line per completion) inside the checkpoint or local model folder;
-for a hub id, a builtin model, a --config-only run or a read-only folder, under
-<output_dir>/eval/<model name>/. <what> names what was evaluated (see result_name): the split,
-then _limit<N> for a --limit that left items out, _k<K>_t<T> for sampling, _len<N> for a
-completion budget other than the config's, so evals of different kinds never overwrite each other.
+Where results go: eval_<what>.json (metrics, settings with the engine that generated, resolved config,
+checkpoint, time) and completions_<what>.jsonl (one line per completion) inside the checkpoint or local
+model folder; for a hub id, a builtin model, a --config-only run or a read-only folder, under
+<output_dir>.eval/<model name>/: beside the run folder, never in it, so a run of the config still starts
+there. <what> names what was evaluated (see result_name): the split, then _limit<N> for a --limit that
+left items out, _k<K>_t<T> for sampling, _len<N> for a completion budget other than the config's, _tools,
+and _<engine> for an engine other than the model's own decode loop (vllm), so evals of different kinds
+never overwrite each other.
 
 A bare checkpoint_N belongs to the latest run: the run under outputs/ whose training wrote last
 (rundir.latest_run), which evaluating never changes.
@@ -23,7 +25,6 @@ import dataclasses
 import os
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,7 +35,7 @@ from dapo_train.config.load import config_to_dict, load_config, read_saved_confi
 from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError, UserError, folder_listing
 from dapo_train.evaluation.generate import eval_max_new_tokens, evaluate_prompts
-from dapo_train.evaluation.table import aligned_table
+from dapo_train.evaluation.table import format_table
 from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, best_checkpoint, checkpoint_dirs
 from dapo_train.model.loading import (
     MODEL_FILES,
@@ -81,6 +82,7 @@ class EvalPlan:
     max_new_tokens: int
     out_dir: Path
     result_name: str  # eval_<result_name>.json, completions_<result_name>.jsonl
+    engine: str  # what generates: rollout.engine where it serves evals (vllm), else hf (the model's own loop)
     tools: ToolTurns | None = None  # the config's rollout.tools, listed in the prompts and run as in rollouts
 
 
@@ -182,46 +184,19 @@ def _safe_name(name: str) -> str:
 
 
 def output_folder(target: EvalTarget, cfg: Config) -> Path:
-    """The target's own folder when writable; else <output_dir>/eval/<model name>/."""
+    """The target's own folder when writable; else <output_dir>.eval/<model name>/, beside the run folder: a
+    run never writes there, and its folder stays one it may start in (an eval/ inside it was none)."""
     if target.folder is not None and os.access(target.folder, os.W_OK):
         return target.folder
-    return Path(cfg.output_dir) / "eval" / _safe_name(target.model or cfg.model.name_or_path)
+    run_dir = Path(cfg.output_dir)
+    beside = Path(f"{run_dir if run_dir.name else run_dir.resolve()}.eval")  # output_dir=. names a folder too
+    return beside / _safe_name(target.model or cfg.model.name_or_path)
 
 
-# --------------------------------------------------------------------------------------------
-# The comparison table.
-
-
-def _percent(value: float) -> str:
-    return f"{100 * value:.1f}%"
-
-
-# Column header -> how one row's metrics render in it (K = samples per item).
-_BASE_COLUMNS = (
-    ("items", lambda m, k: str(m["num_items"])),
-    ("accuracy", lambda m, k: _percent(m["accuracy"])),
-    ("stderr", lambda m, k: f"{100 * m['accuracy_stderr']:.1f}"),
-    ("95% CI", lambda m, k: f"[{100 * m['accuracy_ci95_low']:.1f}, {100 * m['accuracy_ci95_high']:.1f}]"),
-    ("format", lambda m, k: _percent(m["format_rate"])),
-    ("len mean", lambda m, k: f"{m['completion_length_mean']:.1f}"),
-    ("len max", lambda m, k: str(m["completion_length_max"])),
-    ("truncated", lambda m, k: _percent(m["truncated_rate"])),
-)
-_SAMPLED_COLUMNS = (
-    ("pass@1", lambda m, k: _percent(m["pass@1"])),
-    ("pass@K", lambda m, k: _percent(m[f"pass@{k}"])),
-    ("maj@K", lambda m, k: _percent(m[f"maj@{k}"])),
-)
-
-
-def format_table(rows: Sequence[tuple[str, dict, Sequence[str]]], samples: int = 1) -> str:
-    """One line per evaluated target (label, metrics, the rollout.tools it ran with), columns aligned; the
-    tools ('off' without), then stderr and the CI in accuracy points."""
-    columns = _BASE_COLUMNS + (_SAMPLED_COLUMNS if samples > 1 else ())
-    headers = ["model", "tools"] + [name.replace("K", str(samples)) for name, _ in columns]
-    body = [[label, ", ".join(tools) or "off"] + [render(metrics, samples) for _, render in columns]
-            for label, metrics, tools in rows]
-    return "\n".join(aligned_table(headers, body, left=2))
+def eval_engine_name(cfg: Config) -> str:
+    """The engine an eval of `cfg` generates with: rollout.engine where it serves evals (vllm), else hf: the
+    model decodes itself in the hf engine's loop (hf-generate and plugins that do not serve evals alike)."""
+    return cfg.rollout.engine if getattr(engine_factory(cfg.rollout.engine), "serves_eval", False) else "hf"
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,7 +248,7 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
         "rollout.max_new_tokens"
     check_sequence_budget(cfg, max_new_tokens, budget)  # as `run` does
     tools = rollout_tools(cfg.rollout)
-    engine_factory(cfg.rollout.engine)  # an engine that evals through (vllm) and is not installed fails here
+    engine = eval_engine_name(cfg)  # an engine that evals through (vllm) and is not installed fails here
     tokenizer = load_tokenizer(cfg.model)
     turns = tool_turns(tokenizer, tools, cfg.rollout.max_tool_calls)
     prompts, _ = load_prompts(cfg.data, tokenizer, split, turns and turns.schemas)
@@ -289,17 +264,18 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
         out_dir=output_folder(resolved, cfg),
         result_name=result_name(
             split, len(chosen) if len(chosen) < len(prompts) else None, options.samples, options.temperature,
-            max_new_tokens if max_new_tokens != eval_max_new_tokens(cfg) else None, tools=bool(tools),
+            max_new_tokens if max_new_tokens != eval_max_new_tokens(cfg) else None, tools=bool(tools), engine=engine,
         ),
+        engine=engine,
         tools=turns,
     )
 
 
 def result_name(split: str, limit: int | None, samples: int, temperature: float, max_new_tokens: int | None,
-                tools: bool = False) -> str:
+                tools: bool = False, engine: str = "hf") -> str:
     """What an eval covered, as a file-name part, so different evals of one checkpoint coexist:
     'test' (every item, greedy), 'test_limit100', 'test_k8_t0.9', 'test_limit100_len64', 'test_tools'
-    (with the config's rollout.tools)."""
+    (with the config's rollout.tools), 'test_vllm' (generated by an engine other than hf: eval_engine_name)."""
     parts = [_safe_name(split)]
     if limit is not None:
         parts.append(f"limit{limit}")
@@ -309,6 +285,8 @@ def result_name(split: str, limit: int | None, samples: int, temperature: float,
         parts.append(f"len{max_new_tokens}")
     if tools:
         parts.append("tools")
+    if engine != "hf":
+        parts.append(_safe_name(engine))
     return "_".join(parts)
 
 
@@ -320,7 +298,7 @@ def _autocast(cfg: Config, device: torch.device):
 def _engine(plan: EvalPlan, model):
     """rollout.engine's engine when evals generate through it (vllm: it loads the model's folder, then takes the
     loaded weights, a LoRA adapter merged), as the run's own evals did; None: the model decodes itself."""
-    if not getattr(engine_factory(plan.cfg.rollout.engine), "serves_eval", False):
+    if plan.engine == "hf":
         return None
     return build_engine(plan.cfg.rollout, model, plan.tokenizer, plan.tools,
                         plan.cfg.data.max_prompt_length + plan.max_new_tokens)
@@ -355,7 +333,7 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
             "limit": options.limit or 0, "batch_size": plan.batch_size, "max_new_tokens": plan.max_new_tokens,
             "samples": options.samples, "temperature": options.temperature if options.samples > 1 else 0.0,
             "decoding": "sampling" if options.samples > 1 else "greedy", "device": device.type,
-            "tools": list(plan.cfg.rollout.tools),
+            "tools": list(plan.cfg.rollout.tools), "engine": plan.engine,
         },
         "completions_file": completions_path.name,
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),

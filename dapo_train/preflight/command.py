@@ -31,7 +31,7 @@ from dapo_train.preflight.export_check import check_export
 from dapo_train.preflight.memory import ModelShape
 from dapo_train.preflight.report import CollectedWarnings, Report, on_main, phase
 from dapo_train.rollout.sampling import SamplingSettings
-from dapo_train.run.folder import run_kind
+from dapo_train.run.layout import run_kind
 from dapo_train.train import distributed
 
 ROLLOUT_PROMPTS = 4  # prompts x G completions of the rollout check, scored by every reward
@@ -48,8 +48,8 @@ def kept_kind(cfg: Config) -> OutputKind:
     from dapo_train.model.export import EXPORTED
 
     return OutputKind("dapo-train preflight folder", ".dapo-train-preflight", names=("preflight.log",),
-                      patterns=(f".{EXPORT_DIR}.tmp[0-9]*",),
-                      nested=(("model", REHEARSAL_MODEL), (f"{rehearsal.STAND_IN_PREFIX}[0-9]*", REHEARSAL_MODEL),
+                      patterns=(rf"\.{EXPORT_DIR}\.tmp\d+",),
+                      nested=(("model", REHEARSAL_MODEL), (rf"{rehearsal.STAND_IN_PREFIX}\d+", REHEARSAL_MODEL),
                               ("run", run_kind(cfg)), (EXPORT_DIR, EXPORTED)))
 
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from dapo_train.config.load import config_from_dict, config_to_dict, flatten_config, load_config, read_saved_config
-from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark, remove_own
+from dapo_train.config.outputs import holds_own, local_inputs, mark, remove_own
 from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.model.checkpoint import (
@@ -44,21 +44,14 @@ from dapo_train.model.checkpoint import (
 )
 from dapo_train.model.lora import check_lora_start, check_resume
 from dapo_train.run.eval_items import ITEMS_DIR, items_after
-from dapo_train.run.logs import LOG_FILES, METRICS_FILE, RUN_LOG, split_logs
+from dapo_train.run.layout import ABANDONED_PREFIX, refuse_links, run_kind
+from dapo_train.run.logs import METRICS_FILE, split_logs
 from dapo_train.run.rollouts import ROLLOUTS_DIR, rollouts_after
 from dapo_train.run.trackers import check_trackers
 
 logger = logging.getLogger(__name__)
 
 RUNS_ROOT = Path("outputs")
-# Sub-folder of a run holding what a resume from an earlier checkpoint left behind (set_aside_abandoned).
-ABANDONED_PREFIX = "abandoned_after_step"
-# Written in output_dir when a run starts: the folder is a run's, which --overwrite may replace.
-RUN_MARKER = ".dapo-train-run"
-# A run's eval_items/ and rollouts/: step_<N>.jsonl and final_<N>.jsonl, each written beside and renamed (run/files.py).
-RECORDS_KIND = OutputKind("run's record folder", None, patterns=("step_[0-9]*.jsonl", "final_[0-9]*.jsonl", ".*.tmp"))
-# What every run saved in config.yaml, from the first version on: the resolved config, never a hand-written one.
-RESOLVED_KEYS = ("output_dir", "model", "data", "rollout", "train")
 # Files training writes and eval never does: their times say when a run last trained.
 TRAINING_FILES = (METRICS_FILE,)
 CHECKPOINT_TRAINING_FILES = ("config.json", STATE_FILE)
@@ -100,46 +93,6 @@ def check_writable(run_dir: Path) -> None:
         raise UserError(f"output_dir {run_dir}: {problem}; set output_dir=... to a writable folder")
 
 
-def run_kind(cfg: Config) -> OutputKind:
-    """What a run writes at the top of output_dir (config/outputs.py's rule): the marker, config.yaml, the
-    three logs and run.log, eval_items/ and rollouts/ (their record files), checkpoint_<step>/ and their temporary
-    folders, what a resume set aside, and TensorBoard's folder, named logging.project. A folder without the
-    marker is a run when an older dapo-train wrote it (_older_run)."""
-    project = cfg.logging.project  # a name, never a pattern; none where it is a path
-    return OutputKind(
-        "dapo-train run folder", RUN_MARKER,
-        names=(CONFIG_FILE, *LOG_FILES.values(), RUN_LOG, *((project,) if Path(project).name == project else ())),
-        patterns=("checkpoint_[0-9]*", ".tmp_checkpoint_*", f"{ABANDONED_PREFIX}*"),
-        nested=((ITEMS_DIR, RECORDS_KIND), (ROLLOUTS_DIR, RECORDS_KIND)), older=_older_run,
-    )
-
-
-def _older_run(folder: Path) -> str | None:
-    """Why `folder`, which has no run marker, is not a run an older dapo-train wrote, or None when it is one:
-    such a run saved its resolved config with metrics.jsonl or a checkpoint_<step>/ beside it, and every
-    checkpoint_<step>/ with its trainer state. A config of the user's or another trainer's is no run."""
-    checkpoints = sorted(folder.glob("checkpoint_[0-9]*"))
-    if not (folder / CONFIG_FILE).is_file():
-        return f"no {CONFIG_FILE}"
-    if not checkpoints and not (folder / METRICS_FILE).is_file():
-        return f"no {METRICS_FILE} or checkpoint_<step>/ beside its {CONFIG_FILE}"
-    try:
-        saved = read_saved_config(folder / CONFIG_FILE, notify=False)
-        config_from_dict(saved)
-    except UserError as exc:
-        said = str(exc).splitlines()[0].split(" (valid: ")[0]  # the key and the problem, not every valid key
-        return f"{CONFIG_FILE} is not a dapo-train config ({said[:200]})"
-    except OSError as exc:
-        return f"{CONFIG_FILE} cannot be read ({exc.strerror or exc})"
-    missing = [key for key in RESOLVED_KEYS if key not in saved]
-    if missing:
-        return f"{CONFIG_FILE} is not a config a run saved (it names no {', '.join(missing)})"
-    stateless = [path.name for path in checkpoints if not (path / STATE_FILE).is_file()]
-    if stateless:
-        return f"{stateless[0]}/ holds no {STATE_FILE}, so no dapo-train run saved it"
-    return None
-
-
 def check_start(cfg: Config, overwrite: bool) -> bool:
     """A fresh start in output_dir, checked before anything is written or loaded: refused where the
     folder is not empty and not a run, is the current folder, a parent of it, home or the root, or
@@ -161,6 +114,7 @@ def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bo
         holds_own(run_dir, run_kind(cfg), option="output_dir",
                   inputs={**local_inputs(cfg), f"the resume checkpoint {source}": source})
     held = check_start(cfg, overwrite) if source is None else True
+    refuse_links(run_dir, cfg)
     check_writable(run_dir)
     check_trackers(cfg.logging.trackers)
     check_lora_start(cfg)

@@ -18,7 +18,8 @@ from dapo_train.config.outputs import owned_bytes
 from dapo_train.errors import CheckpointNotSaved, UserError
 from dapo_train.model import checkpoint as ckpt
 from dapo_train.run import disk_space
-from dapo_train.run.folder import checkpoint_step, resume_command, run_kind
+from dapo_train.run.folder import checkpoint_step, resume_command
+from dapo_train.run.layout import run_kind
 from dapo_train.train import distributed
 from dapo_train.train.health import StepHealth
 from dapo_train.train.session import Run

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from dapo_train.evaluation import command as eval_command
-from dapo_train.evaluation.command import format_table
+from dapo_train.evaluation.table import format_table
 
 ROOT = Path(__file__).resolve().parents[2]
 

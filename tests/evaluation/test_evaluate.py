@@ -256,16 +256,16 @@ def test_two_checkpoints_compared_in_one_call(run_folder, tiny, monkeypatch, cap
     assert results[0] == direct.metrics
 
 
-def test_config_only_evaluates_the_configs_model_and_writes_under_output_dir(tmp_path, monkeypatch, capsys):
+def test_config_only_evaluates_the_configs_model_and_writes_beside_output_dir(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text("output_dir: out\n")  # model and data: the shipped defaults
     options = dataclasses.replace(EVAL_OPTIONS, config_path="tiny.yaml", limit=4, max_new_tokens=4, split="train")
     (metrics,) = run_eval([], options)
-    saved = json.loads((tmp_path / "out" / "eval" / "builtin-tiny" / "eval_train_limit4_len4.json").read_text())
+    saved = json.loads((tmp_path / "out.eval" / "builtin-tiny" / "eval_train_limit4_len4.json").read_text())
     assert saved["metrics"] == metrics and metrics["num_items"] == 4
     assert saved["split"] == "train" and saved["settings"]["max_new_tokens"] == 4
     printed = capsys.readouterr().out
-    assert "builtin:tiny (--config)" in printed and "out/eval/builtin-tiny/eval_train_limit4_len4.json" in printed
+    assert "builtin:tiny (--config)" in printed and "out.eval/builtin-tiny/eval_train_limit4_len4.json" in printed
 
 
 def _no_model(monkeypatch):

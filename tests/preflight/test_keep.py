@@ -92,6 +92,13 @@ def test_keep_never_touches_a_folder_it_did_not_mark(tmp_path, no_rehearsal):
     ("model/notes.txt", "(model/notes.txt)"),
     ("reward_model_0/tokenizer_config.json", "(reward_model_0/tokenizer_config.json)"),
     ("export/README.md", "(export/README.md)"),
+    # Issue 52, item 1: names that only look like the run's, and notes inside a checkpoint it wrote
+    ("run/checkpoint_1.tar.gz", "(run/checkpoint_1.tar.gz)"),
+    ("run/checkpoint_1_notes.md", "(run/checkpoint_1_notes.md)"),
+    ("run/abandoned_after_step_review.txt", "(run/abandoned_after_step_review.txt)"),
+    ("run/checkpoint_3/notes.md", "(run/checkpoint_3/notes.md)"),
+    ("run/eval_items/step_1_mine.jsonl", "(run/eval_items/step_1_mine.jsonl)"),
+    ("reward_model_0x/notes.md", "(reward_model_0x/)"),
 ])
 def test_keep_refuses_what_it_did_not_write_in_its_own_folder(tmp_path, no_rehearsal, added, named):
     """A file the user put anywhere in a kept rehearsal, its nested folders included: nothing is removed."""

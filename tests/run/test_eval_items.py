@@ -13,7 +13,7 @@ from small_task import write_small_task
 from dapo_train.config.load import load_config
 from dapo_train.model.loading import load_tokenizer
 from dapo_train.run.eval_items import FINAL, PERIODIC, RECORD_KEYS, drop_items, items_path, read_items, saved_evals
-from dapo_train.run.folder import RUN_MARKER
+from dapo_train.run.layout import RUN_MARKER
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import load_prompts
 from dapo_train.train import loop

@@ -44,6 +44,7 @@ from dapo_train.model.checkpoint import (
 )
 from dapo_train.model.lora import check_lora_start, check_resume
 from dapo_train.run.eval_items import ITEMS_DIR, items_after
+from dapo_train.run.lock import check_free
 from dapo_train.run.logs import LOG_FILES, METRICS_FILE, RUN_LOG, split_logs
 from dapo_train.run.rollouts import ROLLOUTS_DIR, rollouts_after
 from dapo_train.run.trackers import check_trackers
@@ -156,6 +157,7 @@ def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bo
     run_dir = Path(cfg.output_dir)
     if resume and overwrite:
         raise UserError("--resume continues the run in output_dir and --overwrite replaces it: give one of them")
+    check_free(run_dir, "output_dir")  # a run writing there now: say so, not what its folder looks like meanwhile
     source = _resume_source(run_dir, resume) if resume else None
     if source is not None and source.resolve().parent != run_dir.resolve():  # continued elsewhere: a start there
         holds_own(run_dir, run_kind(cfg), option="output_dir",

@@ -53,6 +53,7 @@ from dapo_train.run.folder import (
     set_aside_abandoned,
     warn_config_changes,
 )
+from dapo_train.run.lock import hold_folder
 from dapo_train.run.logs import MetricsLogger, RunLog
 from dapo_train.run.rollouts import drop_rollouts, excerpt, write_rollouts
 from dapo_train.run.signals import StopRequested
@@ -209,10 +210,18 @@ def train(
     output_dir, or a checkpoint folder. Resuming a finished run says so and changes nothing."""
     stop, started = stop or StopRequested(), time.monotonic()
     run_dir, resume_from = prepare_run_dir(cfg, resume, overwrite)
-    if resume_from is not None:
-        if finished(cfg, resume_from):
+    with hold_folder(run_dir, "output_dir"):  # another run into this folder refuses until this one ends
+        if resume_from is not None and finished(cfg, resume_from):
             print(finished_message(cfg, run_dir, resume_from), flush=True)
             return run_dir
+        _train_session(cfg, run_dir, resume_from, overwrite, stop, started)
+    return run_dir
+
+
+def _train_session(cfg: Config, run_dir: Path, resume_from: Path | None, overwrite: bool, stop: StopRequested,
+                   started: float) -> None:
+    """train() in its folder, held: set up, the folder opened, the steps, the summary and how the run ended."""
+    if resume_from is not None:
         warn_config_changes(cfg, resume_from)
     run = setup(cfg, run_dir, resume_from)
     check_disk(run, resume_from, replacing=overwrite)
@@ -234,7 +243,6 @@ def train(
             raise TrainingAborted(f"step {run.step}: {aborted}")
         if solved is not None:
             raise TaskSolved(f"step {run.step}: {solved}; the result is {ckpt.latest_checkpoint(run_dir)}")
-    return run_dir
 
 
 def _open_session(run: Run, resume_from: Path | None) -> None:

@@ -246,11 +246,12 @@ def _train_session(cfg: Config, run_dir: Path, resume_from: Path | None, overwri
 
 
 def _open_session(run: Run, resume_from: Path | None) -> None:
-    """The run folder as the session starts: what came after a resumed run's checkpoint set aside, a
-    fresh run's old records dropped; the config it runs with saved."""
+    """The run folder as the session starts: the partial checkpoints of killed saves removed, what came after
+    a resumed run's checkpoint set aside, a fresh run's old records dropped; the config it runs with saved."""
     if resume_from is not None:
         logger.info("resumed from %s at step %d", resume_from, run.step)
     if distributed.is_main():
+        ckpt.remove_dead_saves(run.run_dir)  # a kill -9 during a save left its partial folder
         if resume_from is None:
             drop_items(run.run_dir)  # a fresh start, as MetricsLogger empties the logs
             drop_rollouts(run.run_dir)

@@ -96,6 +96,36 @@ def test_a_config_given_with_resume_only_locates_the_run(finished_run, tmp_path,
     assert "train.max_steps (run: 2, base.yaml: 40)" in caplog.text
 
 
+def test_a_resume_removes_the_partial_checkpoint_of_a_killed_save(finished_run, tmp_path, caplog):
+    """Issue 52 item 9, reproduced: a kill -9 during the save of checkpoint_2 left .tmp_checkpoint_2_<pid>/ for good
+    (hidden from ls, 18.5 GB at Qwen's size). The resume removes a dead process's, says so, and leaves alone the
+    one of a process that runs."""
+    run = _copy(finished_run, tmp_path)
+    shutil.rmtree(run / "checkpoint_2")
+    dead = run / f".tmp_checkpoint_2_{_dead_pid()}"
+    shutil.copytree(finished_run / "checkpoint_2", dead)  # as far as the killed save got
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    running = run / f".tmp_checkpoint_2_{alive.pid}"
+    running.mkdir()
+    try:
+        cfg, source = resume_config(str(run), None, [])
+        loop.train(cfg, resume=source)
+    finally:
+        alive.kill()
+        alive.wait()
+    assert not dead.exists() and running.is_dir()
+    assert re.search(rf"removed {dead.name}/ \(\d+ MB\) from {re.escape(str(run))}: the partial checkpoint of a "
+                     "save whose process no longer runs", caplog.text), caplog.text
+    assert (run / "checkpoint_2").is_dir()
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
 # --------------------------------------------------------------------------------------------
 # Item 6: resuming a finished run says so and changes nothing.
 

@@ -4,7 +4,8 @@ A checkpoint_<step>/ folder holds the HF model (safetensors; for a LoRA run the 
 see lora.py) and tokenizer, the resolved config.yaml, and trainer_state.pt (step, data position,
 dynamic-sampling carry-over, RNG states, optimizer and LR schedule, `good`: whether its weights
 are clean, train/health.py, and `best_checkpoint`: with checkpoint.keep_best, the checkpoint of the best
-periodic eval so far; pruning never removes the newest good checkpoint nor that one). A run of N processes adds
+periodic eval so far; pruning never removes the newest good checkpoint nor that one; `config`: the config saved
+beside it, so that a resume can tell an edit of its config.yaml, run/config_changes.py). A run of N processes adds
 trainer_state_rank<r>.pt for each rank r > 0 (its RNG states and carry-over, and its optimizer
 shard under FSDP/ZeRO). It is written to a temporary sibling folder and renamed into place, so a
 crash or kill during a save leaves the previous checkpoint intact and never a half one (the partial folder of
@@ -41,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
 BEST_KEY = "best_checkpoint"  # trainer_state.pt's record of the best checkpoint (checkpoint.keep_best)
+SAVED_CONFIG_KEY = "config"  # trainer_state.pt's copy of the config the checkpoint was saved with (its config.yaml's)
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 TEMPORARY_RE = re.compile(r"^\.tmp_checkpoint_(\d+)_(\d+)$")  # temporary_dir's: the step, the saving process's pid

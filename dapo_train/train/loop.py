@@ -44,6 +44,7 @@ from dapo_train.evaluation.generate import add_model_scores, eval_max_new_tokens
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.model import checkpoint as ckpt
 from dapo_train.rollout.engines import eval_engine, pause
+from dapo_train.run.config_changes import warn_config_changes
 from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, write_items
 from dapo_train.run.folder import (
     finished,
@@ -51,7 +52,6 @@ from dapo_train.run.folder import (
     open_run_dir,
     prepare_run_dir,
     set_aside_abandoned,
-    warn_config_changes,
 )
 from dapo_train.run.lock import hold_folder
 from dapo_train.run.logs import MetricsLogger, RunLog

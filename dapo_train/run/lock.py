@@ -8,7 +8,7 @@ the line that refuses a second command. A lock file whose holder is gone (a kill
 whose it was. Under several ranks (torchrun, accelerate launch) only the main process (RANK 0) takes it:
 the other ranks write into the folder only what the main one asks them to. config/outputs.py counts the
 file as every output folder's own, which --overwrite never removes; released, it is removed, and so is the
-folder when the command made it and left it empty (a start refused after the lock, in setup).
+folder when the command made it and left it empty (a start that failed in its setup).
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ from dapo_train.config.outputs import LOCK_FILE
 from dapo_train.errors import UserError
 
 logger = logging.getLogger(__name__)
+
+# A command's check_free holds the lock shared for an instant: a start that meets it tries again a few times
+# before it takes the folder for held, which a run holds for the whole of its work.
+_TRIES, _PAUSE_S = 5, 0.05
 
 
 def _is_main_rank() -> bool:
@@ -85,17 +89,26 @@ def check_free(folder: Path, option: str) -> None:
         os.close(fd)
 
 
+def _locked(fd: int) -> bool:
+    """Take the lock on `fd`; False when another command holds it (after a few tries: see _TRIES)."""
+    for _ in range(_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(_PAUSE_S)
+    return False
+
+
 def _lock(path: Path, folder: Path, option: str) -> tuple[int, dict]:
     """-> (the locked file's descriptor, what it said before). A holder that releases by removing the file
     between our open and our lock leaves us a removed file: lock the one at the path then."""
     while True:
         fd = _open(path)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _locked(fd):
             holder = _holder(fd)
             os.close(fd)
-            raise _in_use(folder, option, holder) from None
+            raise _in_use(folder, option, holder)
         try:
             current = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:

@@ -287,6 +287,7 @@ def run_sweep(sweep: Sweep, stop: StopRequested) -> int:
 
 
 def _run_points(sweep: Sweep, stop: StopRequested) -> int:
+    """run_sweep's points, in order, in the folder it holds. -> its exit code."""
     from dapo_train.train.loop import train  # here: compare and plot import this module, not the trainer's stack
 
     total, labels = len(sweep.points), key_labels(sweep.varied_keys)

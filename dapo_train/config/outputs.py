@@ -29,6 +29,9 @@ from dapo_train.errors import UserError
 logger = logging.getLogger(__name__)
 
 _SHOWN = 6  # entries named in a message; the count of the rest follows
+# The lock a command holds on the folder it writes (run/lock.py): every kind's own, never the user's, and never
+# removed in place of an earlier output (the command replacing it holds it); a folder holding only it is empty.
+LOCK_FILE = ".dapo-train.lock"
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class OutputKind:
 
     def owns(self, folder: Path, name: str) -> bool:
         """Whether `name`, an entry of `folder`, is one this kind writes."""
-        if name == self.marker or name in self.names or self.inner(name) is not None:
+        if name in (self.marker, LOCK_FILE) or name in self.names or self.inner(name) is not None:
             return True
         return any(re.fullmatch(pattern, name) for pattern in self.patterns) or (
             self.listed and name in _listed(folder / self.marker))
@@ -130,7 +133,7 @@ def holds_own(folder: Path, kind: OutputKind, *, option: str, inputs: dict[str, 
         return False
     if not folder.is_dir():
         raise UserError(f"{where} exists and is not a folder; choose another path (nothing was changed)")
-    names = sorted(os.listdir(folder))
+    names = sorted(name for name in os.listdir(folder) if name != LOCK_FILE)
     if not names:
         return False
     why = _not_marked(folder, kind)
@@ -184,7 +187,8 @@ def _listing(items: list[str]) -> str:
 
 
 def _owned(folder: Path, kind: OutputKind) -> list[str]:
-    return [name for name in sorted(os.listdir(folder)) if kind.owns(folder, name)] if folder.is_dir() else []
+    return [name for name in sorted(os.listdir(folder)) if name != LOCK_FILE and kind.owns(folder, name)] \
+        if folder.is_dir() else []
 
 
 def _own_paths(folder: Path, kind: OutputKind) -> list[Path]:

@@ -4,10 +4,12 @@ A checkpoint_<step>/ folder holds the HF model (safetensors; for a LoRA run the 
 see lora.py) and tokenizer, the resolved config.yaml, and trainer_state.pt (step, data position,
 dynamic-sampling carry-over, RNG states, optimizer and LR schedule, `good`: whether its weights
 are clean, train/health.py, and `best_checkpoint`: with checkpoint.keep_best, the checkpoint of the best
-periodic eval so far; pruning never removes the newest good checkpoint nor that one). A run of N processes adds
+periodic eval so far; pruning never removes the newest good checkpoint nor that one; `config`: the config saved
+beside it, so that a resume can tell an edit of its config.yaml, run/config_changes.py). A run of N processes adds
 trainer_state_rank<r>.pt for each rank r > 0 (its RNG states and carry-over, and its optimizer
 shard under FSDP/ZeRO). It is written to a temporary sibling folder and renamed into place, so a
-crash or kill during a save leaves the previous checkpoint intact and never a half one; a write the
+crash or kill during a save leaves the previous checkpoint intact and never a half one (the partial folder of
+a kill -9 is removed when the run next starts, remove_dead_saves); a write the
 disk refuses (full, I/O error, read-only) removes the half one and raises CheckpointNotSaved (_disk_reason
 says which failures are the disk's). The
 state files hold only tensors and plain containers: they load with weights_only=True. The steps a run
@@ -40,8 +42,10 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
 BEST_KEY = "best_checkpoint"  # trainer_state.pt's record of the best checkpoint (checkpoint.keep_best)
+SAVED_CONFIG_KEY = "config"  # trainer_state.pt's copy of the config the checkpoint was saved with (its config.yaml's)
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
+TEMPORARY_RE = re.compile(r"^\.tmp_checkpoint_(\d+)_(\d+)$")  # temporary_dir's: the step, the saving process's pid
 _PROBE_BYTES = 1 << 20  # a failed write is the disk's when the folder then refuses this much too
 
 
@@ -150,6 +154,37 @@ def temporary_dir(run_dir: str | Path, step: int) -> Path:
     return tmp
 
 
+def _running(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (another user's counts: it cannot be signalled, but it is)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OverflowError:  # no pid is that large
+        return False
+    return True
+
+
+def remove_dead_saves(run_dir: str | Path) -> None:
+    """Remove the temporary folders (temporary_dir) of saves whose process no longer runs: a kill -9 during a
+    save leaves one that nothing else would ever rename or remove (as large as a checkpoint, and hidden from
+    `ls`). Only names of that exact form, and never one whose process runs (it may be saving now). Says what it
+    removed in one line."""
+    run_dir = Path(run_dir)
+    dead = [path for path in sorted(run_dir.iterdir()) if (match := TEMPORARY_RE.match(path.name)) and path.is_dir()
+            and not path.is_symlink() and not _running(int(match.group(2)))]
+    if not dead:
+        return
+    size = sum(file.lstat().st_size for path in dead for file in path.rglob("*") if file.is_file())
+    for path in dead:
+        shutil.rmtree(path)
+    names = [f"{path.name}/" for path in dead]
+    logger.warning("removed %s (%.0f MB) from %s: the partial checkpoint%s of a save whose process no longer runs",
+                   ", ".join(names), size / 10**6, run_dir, "s" if len(dead) > 1 else "")
+
+
 def rank_state_file(rank: int) -> str:
     return f"trainer_state_rank{rank}.pt"
 
@@ -196,7 +231,7 @@ def save_checkpoint(
         os.replace(tmp, final)
     except BaseException as exc:
         stop = _not_saved(run_dir, step, exc)  # before the partial folder goes: it may be what filled the disk
-        shutil.rmtree(tmp, ignore_errors=True)  # a kill -9 can still leave it: checkpoint_dirs ignores it
+        shutil.rmtree(tmp, ignore_errors=True)  # a kill -9 can still leave it: remove_dead_saves
         if stop is not None:
             raise stop from None
         raise

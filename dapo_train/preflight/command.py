@@ -14,6 +14,7 @@ afterwards unless --keep names one. What it proves and what it does not: docs/tr
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import shutil
@@ -32,6 +33,7 @@ from dapo_train.preflight.memory import ModelShape
 from dapo_train.preflight.report import CollectedWarnings, Report, on_main, phase
 from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.run.layout import run_kind
+from dapo_train.run.lock import hold_folder
 from dapo_train.train import distributed
 
 ROLLOUT_PROMPTS = 4  # prompts x G completions of the rollout check, scored by every reward
@@ -59,17 +61,22 @@ def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: in
     rollout, exports and reports."""
     cuda = torch.cuda.is_available()
     _join_ranks(cuda)
-    kind = kept_kind(cfg)
-    if keep and holds_own(Path(keep).expanduser(), kind, option="--keep", inputs=local_inputs(cfg), replace=True) \
-            and distributed.is_main():  # an earlier rehearsal kept there: what it wrote is replaced, nothing else
-        remove_own(Path(keep).expanduser(), kind, "--keep: removed what an earlier rehearsal wrote")
+    kind, kept = kept_kind(cfg), Path(keep).expanduser() if keep else None
+    earlier = kept is not None and holds_own(kept, kind, option="--keep", inputs=local_inputs(cfg), replace=True)
+    with hold_folder(kept, "--keep") if kept is not None else contextlib.nullcontext():  # one rehearsal at a time
+        if earlier and distributed.is_main():  # an earlier rehearsal kept there: what it wrote goes, nothing else
+            remove_own(kept, kind, "--keep: removed what an earlier rehearsal wrote")
+        return _run(cfg, config_name, kept, shards, cuda, kind)
+
+
+def _run(cfg: Config, config_name: str, keep: Path | None, shards: int, cuda: bool, kind: OutputKind) -> Report:
+    """The rehearsal in `keep` (kept) or a temporary folder (removed), its warnings collected for the report."""
     report, log, collected = Report(), io.StringIO(), CollectedWarnings()
     report.warnings = collected.messages  # the same list: filled while the phases run
     package = logging.getLogger("dapo_train")
     package.addHandler(collected)
     package.propagate = False  # the report lists them once instead of each phase printing its own
-    chosen = Path(keep).expanduser() if keep else Path(tempfile.mkdtemp(prefix="dapo-preflight-")) \
-        if distributed.is_main() else None
+    chosen = (keep or Path(tempfile.mkdtemp(prefix="dapo-preflight-"))) if distributed.is_main() else None
     folder = distributed.broadcast(chosen)
     if distributed.is_main():
         mark(folder, kind)

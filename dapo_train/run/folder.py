@@ -8,7 +8,8 @@
   refuses while the folder holds anything else), and starts again over one that never saved any
   (nothing there can be resumed).
 - `--resume` continues a run with its own saved config (the checkpoint's config.yaml); KEY=VALUE
-  overrides change it and every changed key is listed, old -> new, before the model loads. A
+  overrides change it and every changed key is listed, old -> new, before the model loads, as is an edit
+  of either config.yaml (run/config_changes.py). A
   CONFIG file given with `--resume` only says where the run is (its output_dir).
 - A run whose checkpoint already reached train.max_steps is finished: resuming it says so and
   changes nothing (no re-save, no rewritten logs, its checkpoints' eval files stay).
@@ -45,6 +46,7 @@ from dapo_train.model.checkpoint import (
 from dapo_train.model.lora import check_lora_start, check_resume
 from dapo_train.run.eval_items import ITEMS_DIR, items_after
 from dapo_train.run.layout import ABANDONED_PREFIX, refuse_links, run_kind
+from dapo_train.run.lock import check_free
 from dapo_train.run.logs import METRICS_FILE, split_logs
 from dapo_train.run.rollouts import ROLLOUTS_DIR, rollouts_after
 from dapo_train.run.trackers import check_trackers
@@ -109,6 +111,7 @@ def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bo
     run_dir = Path(cfg.output_dir)
     if resume and overwrite:
         raise UserError("--resume continues the run in output_dir and --overwrite replaces it: give one of them")
+    check_free(run_dir, "output_dir")  # a run writing there now: say so, not what its folder looks like meanwhile
     source = _resume_source(run_dir, resume) if resume else None
     if source is not None and source.resolve().parent != run_dir.resolve():  # continued elsewhere: a start there
         holds_own(run_dir, run_kind(cfg), option="output_dir",
@@ -259,7 +262,7 @@ def resume_config(resume: str, config_path: str | None, overrides: list[str]) ->
     overrides. CONFIG only locates the run; where it differs from the saved config it says so."""
     located = load_config(config_path, overrides) if resume == "latest" or config_path is not None else None
     run_dir, checkpoint = _find_resumable(resume, located)
-    saved = read_saved_config(checkpoint / CONFIG_FILE, notify=False)  # train's warn_config_changes says it
+    saved = read_saved_config(checkpoint / CONFIG_FILE, notify=False)  # config_changes.warn_config_changes says it
     if Path(saved.get("output_dir") or run_dir).resolve() != run_dir.resolve():
         saved["output_dir"] = str(run_dir)  # the run was moved, or the checkpoint copied: write beside it
     try:
@@ -294,20 +297,6 @@ def saved_run_config(run_dir: Path) -> Config:
         return config_from_dict(read_saved_config(path))
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None
-
-
-def warn_config_changes(cfg: Config, checkpoint: Path) -> None:
-    """Name, key by key, what a resumed run changes from the settings its checkpoint trained with."""
-    # Keys added since the checkpoint was saved take their defaults.
-    saved = load_config(None, [], base=read_saved_config(checkpoint / CONFIG_FILE))
-    changed = config_differences(saved, cfg)
-    if Path(saved.output_dir).resolve() == Path(cfg.output_dir).resolve():
-        changed = [change for change in changed if change[0] != "output_dir"]
-    if changed:
-        logger.warning(
-            "resuming %s with settings changed from %s's: %s", cfg.output_dir, checkpoint.name,
-            ", ".join(f"{key} {old!r} -> {new!r}" for key, old, new in changed),
-        )
 
 
 # --------------------------------------------------------------------------------------------

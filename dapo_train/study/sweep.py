@@ -28,6 +28,7 @@ from dapo_train.model.checkpoint import CONFIG_FILE, latest_checkpoint
 from dapo_train.rewards.scoring import rewards_from_config
 from dapo_train.run.files import write_json_atomic
 from dapo_train.run.folder import check_start, config_differences, saved_run_config
+from dapo_train.run.lock import hold_folder
 from dapo_train.run.signals import StopRequested
 from dapo_train.study.runs import SWEEP_FILE, key_labels
 
@@ -279,10 +280,16 @@ def run_sweep(sweep: Sweep, stop: StopRequested) -> int:
     """Train every unfinished point in order. -> exit code: 0, TrainingAborted.exit_code (3) when a point
     stopped on its own (the others still ran; sweep.json says why), or stop.exit_code when a signal
     stopped the sweep (the run in progress saved)."""
+    with hold_folder(sweep.sweep_dir, "--dir"):  # a second sweep into this folder refuses until this one ends
+        mark(sweep.sweep_dir, SWEEP_KIND)
+        sweep.save()
+        return _run_points(sweep, stop)
+
+
+def _run_points(sweep: Sweep, stop: StopRequested) -> int:
+    """run_sweep's points, in order, in the folder it holds. -> its exit code."""
     from dapo_train.train.loop import train  # here: compare and plot import this module, not the trainer's stack
 
-    mark(sweep.sweep_dir, SWEEP_KIND)
-    sweep.save()
     total, labels = len(sweep.points), key_labels(sweep.varied_keys)
     for index, point in enumerate(sweep.points, 1):
         if stop.requested:

@@ -44,6 +44,7 @@ from dapo_train.evaluation.generate import add_model_scores, eval_max_new_tokens
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.model import checkpoint as ckpt
 from dapo_train.rollout.engines import eval_engine, pause
+from dapo_train.run.config_changes import warn_config_changes
 from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, write_items
 from dapo_train.run.folder import (
     finished,
@@ -51,8 +52,8 @@ from dapo_train.run.folder import (
     open_run_dir,
     prepare_run_dir,
     set_aside_abandoned,
-    warn_config_changes,
 )
+from dapo_train.run.lock import hold_folder
 from dapo_train.run.logs import MetricsLogger, RunLog
 from dapo_train.run.rollouts import drop_rollouts, excerpt, write_rollouts
 from dapo_train.run.signals import StopRequested
@@ -209,10 +210,18 @@ def train(
     output_dir, or a checkpoint folder. Resuming a finished run says so and changes nothing."""
     stop, started = stop or StopRequested(), time.monotonic()
     run_dir, resume_from = prepare_run_dir(cfg, resume, overwrite)
-    if resume_from is not None:
-        if finished(cfg, resume_from):
+    with hold_folder(run_dir, "output_dir"):  # another run into this folder refuses until this one ends
+        if resume_from is not None and finished(cfg, resume_from):
             print(finished_message(cfg, run_dir, resume_from), flush=True)
             return run_dir
+        _train_session(cfg, run_dir, resume_from, overwrite, stop, started)
+    return run_dir
+
+
+def _train_session(cfg: Config, run_dir: Path, resume_from: Path | None, overwrite: bool, stop: StopRequested,
+                   started: float) -> None:
+    """train() in its folder, held: set up, the folder opened, the steps, the summary and how the run ended."""
+    if resume_from is not None:
         warn_config_changes(cfg, resume_from)
     run = setup(cfg, run_dir, resume_from)
     check_disk(run, resume_from, replacing=overwrite)
@@ -234,15 +243,15 @@ def train(
             raise TrainingAborted(f"step {run.step}: {aborted}")
         if solved is not None:
             raise TaskSolved(f"step {run.step}: {solved}; the result is {ckpt.latest_checkpoint(run_dir)}")
-    return run_dir
 
 
 def _open_session(run: Run, resume_from: Path | None) -> None:
-    """The run folder as the session starts: what came after a resumed run's checkpoint set aside, a
-    fresh run's old records dropped; the config it runs with saved."""
+    """The run folder as the session starts: the partial checkpoints of killed saves removed, what came after
+    a resumed run's checkpoint set aside, a fresh run's old records dropped; the config it runs with saved."""
     if resume_from is not None:
         logger.info("resumed from %s at step %d", resume_from, run.step)
     if distributed.is_main():
+        ckpt.remove_dead_saves(run.run_dir)  # a kill -9 during a save left its partial folder
         if resume_from is None:
             drop_items(run.run_dir)  # a fresh start, as MetricsLogger empties the logs
             drop_rollouts(run.run_dir)

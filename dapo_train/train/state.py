@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from dapo_train.config.load import config_to_dict
 from dapo_train.config.outputs import owned_bytes
 from dapo_train.errors import CheckpointNotSaved, UserError
 from dapo_train.model import checkpoint as ckpt
@@ -50,6 +51,7 @@ def trainer_state(run: Run) -> dict:
         "num_processes": distributed.world_size(),
         "wall_seconds": run.wall_seconds,
         ckpt.BEST_KEY: run.best.state() if run.best is not None else None,  # pruning keeps it
+        ckpt.SAVED_CONFIG_KEY: config_to_dict(run.cfg),  # what config.yaml said at the save: a resume names edits
         **rank_state(run),
     }
     state.setdefault("optimizer", run.learner.optimizer.state_dict())  # replicated under DDP: one copy, here

@@ -327,7 +327,7 @@ def test_nothing_to_evaluate():
 
 def test_an_old_checkpoint_with_a_retired_key_still_evaluates_and_resumes(run_folder, tmp_path, caplog):
     """checkpoint.save_optimizer is retired; old checkpoints still hold it."""
-    from dapo_train.run.folder import warn_config_changes
+    from dapo_train.run.config_changes import warn_config_changes
 
     old = tmp_path / "old_run" / "checkpoint_5"
     shutil.copytree(run_folder / "outputs" / "run" / "checkpoint_1", old)

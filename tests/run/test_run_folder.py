@@ -11,7 +11,8 @@ import pytest
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import UserError
-from dapo_train.run.folder import prepare_run_dir, resume_config, warn_config_changes
+from dapo_train.run.config_changes import warn_config_changes
+from dapo_train.run.folder import prepare_run_dir, resume_config
 from dapo_train.run.logs import read_metrics
 from dapo_train.run.signals import StopRequested
 from dapo_train.train import loop
@@ -94,6 +95,68 @@ def test_a_config_given_with_resume_only_locates_the_run(finished_run, tmp_path,
     cfg, source = resume_config("latest", str(base), [f"output_dir={finished_run}"])
     assert source == finished_run / "checkpoint_2" and cfg.train.max_steps == 2
     assert "train.max_steps (run: 2, base.yaml: 40)" in caplog.text
+
+
+def test_an_edit_of_the_run_config_is_named_with_the_key_value_that_applies_it(finished_run, tmp_path, caplog):
+    """Issue 52 item 8, reproduced: an edit of RUN/config.yaml was dropped without a word (the resume continues with
+    the checkpoint's config and rewrites the file). Now each difference is named, and how to apply it."""
+    run = _copy(finished_run, tmp_path)
+    shutil.rmtree(run / "checkpoint_2")
+    edited = (run / "config.yaml").read_text().replace("eps_high: 0.28", "eps_high: 0.4")
+    (run / "config.yaml").write_text(edited.replace("group_size: 4", "group_size: 8"))
+    cfg, source = resume_config(str(run), None, ["rollout.group_size=8"])  # one of the two edits passed as KEY=VALUE
+    assert (cfg.dapo.eps_high, cfg.rollout.group_size) == (0.28, 8)
+    warn_config_changes(cfg, source)
+    assert (f"{run / 'config.yaml'} differs from checkpoint_1/config.yaml, which the resume continues with: "
+            "dapo.eps_high 0.4 (checkpoint_1: 0.28) is discarded (config.yaml is replaced by the settings the run "
+            f"continues with); to change a setting on resume, pass KEY=VALUE: dapo-train run --resume {source} "
+            "dapo.eps_high=0.4") in caplog.text
+    assert "rollout.group_size 4 -> 8" in caplog.text  # the KEY=VALUE, applied and listed as before
+
+
+def test_an_edit_of_the_checkpoints_config_is_named_and_applied(finished_run, tmp_path, caplog):
+    """Issue 52 item 8, reproduced: an edit of the checkpoint's own config.yaml changed the run without a word."""
+    run = _copy(finished_run, tmp_path)
+    shutil.rmtree(run / "checkpoint_2")
+    config = run / "checkpoint_1" / "config.yaml"
+    config.write_text(config.read_text().replace("eps_high: 0.28", "eps_high: 0.4"))
+    cfg, source = resume_config(str(run), None, [])
+    assert cfg.dapo.eps_high == 0.4
+    warn_config_changes(cfg, source)
+    assert ("checkpoint_1/config.yaml was edited after the checkpoint was saved, and the resume applies it: "
+            "dapo.eps_high 0.28 -> 0.4") in caplog.text
+    assert "settings changed from" not in caplog.text  # no KEY=VALUE was given
+    assert "discarded" not in caplog.text  # the run folder's config.yaml holds what the checkpoint was saved with
+
+
+def test_a_resume_removes_the_partial_checkpoint_of_a_killed_save(finished_run, tmp_path, caplog):
+    """Issue 52 item 9, reproduced: a kill -9 during the save of checkpoint_2 left .tmp_checkpoint_2_<pid>/ for good
+    (hidden from ls, 18.5 GB at Qwen's size). The resume removes a dead process's, says so, and leaves alone the
+    one of a process that runs."""
+    run = _copy(finished_run, tmp_path)
+    shutil.rmtree(run / "checkpoint_2")
+    dead = run / f".tmp_checkpoint_2_{_dead_pid()}"
+    shutil.copytree(finished_run / "checkpoint_2", dead)  # as far as the killed save got
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    running = run / f".tmp_checkpoint_2_{alive.pid}"
+    running.mkdir()
+    try:
+        cfg, source = resume_config(str(run), None, [])
+        loop.train(cfg, resume=source)
+    finally:
+        alive.kill()
+        alive.wait()
+    assert not dead.exists() and running.is_dir()
+    assert re.search(rf"removed {dead.name}/ \(\d+ MB\) from {re.escape(str(run))}: the partial checkpoint of a "
+                     "save whose process no longer runs", caplog.text), caplog.text
+    assert (run / "checkpoint_2").is_dir()
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
 
 
 # --------------------------------------------------------------------------------------------

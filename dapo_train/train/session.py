@@ -93,6 +93,7 @@ class Run:
     tool_turns: ToolTurns | None = None  # rollout.tools for the tokenizer; the in-training eval runs them too
     last_eval: CheckpointScore | None = None  # the latest periodic eval: the score of a checkpoint saved at its step
     best: CheckpointScore | None = None  # the best checkpoint saved so far (checkpoint.keep_best; else None)
+    final_eval_stopped: bool = False  # a stop ended the end-of-run eval (nothing of it recorded)
 
     @property
     def wall_seconds(self) -> float:

@@ -7,6 +7,7 @@ the checkpoint instead of a resume."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -27,6 +28,15 @@ class StopRequested:
 
     def request(self, signum: int) -> None:
         self.signum = signum
+
+    @contextlib.contextmanager
+    def during(self, notice: str):
+        """Inside, the first signal's line says `notice` happens instead (a sweep's next point says its own)."""
+        before, self.notice = self.notice, notice
+        try:
+            yield self
+        finally:
+            self.notice = before
 
     def install(self) -> StopRequested:
         for signum in (signal.SIGINT, signal.SIGTERM):

@@ -152,9 +152,9 @@ def final_eval(run: Run, stop: StopRequested, records: list[dict] | None) -> dic
     (eval.num_items 0 or larger). The training is over: a stop ends this eval at its next chunk of items,
     keeps nothing of it and sets run.final_eval_stopped (the summary then names the eval command)."""
     whole = records if records is not None and len(run.eval_prompts) == len(run.final_prompts) else None
-    stop.notice = "ending the final eval (the training finished; its last checkpoint is saved)"
     try:
-        return evaluate(run, run.final_prompts, FINAL, whole, stop)[0]
+        with stop.during("ending the final eval (the training finished; its last checkpoint is saved)"):
+            return evaluate(run, run.final_prompts, FINAL, whole, stop)[0]
     except EvalStopped:
         _stop_agreed(stop)  # every rank takes the signal of the one that had it, for its exit status
         run.final_eval_stopped = True

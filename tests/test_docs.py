@@ -108,3 +108,23 @@ def test_the_trl_name_table_names_real_keys():
     here = [line.split(" | ")[1] for line in table.splitlines() if line.startswith("| `")]
     named = {key for cell in here for key in re.findall(r"`([a-z_]+\.[a-z0-9_.]+)", cell)}
     assert len(named) > 20 and not named - {info.key for info in schema_keys()}  # > 20: the table was read
+
+
+def test_the_run_name_rules_list_what_the_code_leaves_unnamed():
+    """docs/training.md's run-name rules: every key or section the list says names nothing is one the code
+    leaves unnamed (config/naming.py), and the other way round; the keys the page says do name a run (the vLLM
+    engine's memory settings) are not in it, and change the automatic name."""
+    from dapo_train.config.load import load_config
+    from dapo_train.config.naming import UNNAMED_KEYS
+
+    rules = section((ROOT / "docs" / "training.md").read_text(encoding="utf-8"), "### Run names")
+    unnamed_list, named_part = rules.split("\n\n")[1], rules.split("\n\n")[2]
+    listed = set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)*)`", unnamed_list))  # keys and whole sections
+    assert listed <= set(UNNAMED_KEYS)
+    assert all(any(key == k or key.startswith(k + ".") for k in listed) for key in UNNAMED_KEYS), listed
+    named = re.findall(r"`(rollout\.vllm_[a-z_]+)`", named_part)
+    assert named == ["rollout.vllm_memory", "rollout.vllm_kv_cache_mib"]
+    for key, value in zip(named, ("0.5", "512")):
+        assert not any(key == k or key.startswith(k + ".") for k in UNNAMED_KEYS)
+        assert load_config(str(ROOT / "configs" / "qwen1.5b-vllm.yaml"), [f"{key}={value}"]).output_dir.endswith(
+            f"_{key.split('.')[1]}={value}")

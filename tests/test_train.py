@@ -268,3 +268,55 @@ def test_a_run_with_the_tiny_verifier_trains_logs_its_reward_and_moves_other_wei
     a = load_file(both / "checkpoint_2" / "model.safetensors")
     b = load_file(rule_only / "checkpoint_2" / "model.safetensors")
     assert any(not torch.equal(a[name], b[name]) for name in a)
+
+
+# The run, with a real SIGTERM sent to itself as the end-of-run eval decodes its first chunk of items (the only
+# eval of a run with eval.every_steps=0; the rollout decodes through its engine's own import); it prints whether
+# the final checkpoint was on disk at that moment.
+SIGTERM_IN_THE_FINAL_EVAL = """
+import os, signal, sys
+from pathlib import Path
+from dapo_train import cli
+from dapo_train.evaluation import generate
+
+real_decode = generate.decode_loop
+out = Path(sys.argv[-1].split("=", 1)[1])
+
+def decode(*args, **kwargs):
+    if not (out.parent / "sent").exists():
+        (out.parent / "sent").write_text(str((out / "checkpoint_1").is_dir()))
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_decode(*args, **kwargs)
+
+generate.decode_loop = decode
+sys.argv = ["dapo-train", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_a_sigterm_during_the_final_eval_ends_it_after_the_checkpoint_and_points_at_the_eval_command(tmp_path):
+    """The steps are all done and checkpoint_1 is saved before the whole-split eval starts (a scheduler's
+    SIGKILL after its grace period keeps the weights); a SIGTERM during that eval ends it at the next chunk of
+    items, records none of it, says the training finished, and names `dapo-train eval` of the checkpoint, not a
+    resume; the exit status is still 143, the signal's (the eval it asked for was cut short). Before the fix the
+    eval ran to its 500th item, the checkpoint came after it, and the run said `stopped ... at step 1 of 1` and
+    `resume with`."""
+    out = tmp_path / "run"
+    args = ["run", *(a for a in SMALL if not a.startswith("eval.final_full")), "train.max_steps=1",
+            "eval.batch_size=4", "logging.rollout_groups=0", f"output_dir={out}"]
+    done = subprocess.run([sys.executable, "-c", SIGTERM_IN_THE_FINAL_EVAL, *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
+    assert (tmp_path / "sent").read_text() == "True"  # saved before the eval began
+    assert (out / "checkpoint_1" / "model.safetensors").is_file()
+    assert f"finished {out}: 1 steps" in done.stdout and "stopped" not in done.stdout
+    assert "resume" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (f"SIGTERM: the training finished and its last checkpoint is {out / 'checkpoint_1'}; the final "
+                    f"eval was stopped, nothing of it recorded; evaluate the checkpoint with: dapo-train eval "
+                    f"{out / 'checkpoint_1'}"), last
+    assert "SIGTERM received: ending the final eval" in done.stderr
+    assert (out / "run.log").read_text().strip().splitlines()[-1] == last
+    row = read_metrics(out)[-1]
+    assert row["step"] == 1 and "final_accuracy" not in row  # no accuracy of a cut-short eval
+    assert not (out / "eval_items" / "final_1.jsonl").exists()

@@ -143,13 +143,20 @@ def _build_list(item_type: type, value: Any, key: str) -> list:
 # YAML files and KEY=VALUE overrides.
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _StrictLoader(yaml.SafeLoader):
     """YAML's safe loader, except that a key given twice in one mapping is an error: plain YAML keeps
-    the last one without a word, so the first setting would be silently ignored."""
+    the last one without a word, so the first setting would be silently ignored. A merge key
+    (`<<: *anchor`) is no key of its own: the safe loader copies the anchored keys in, and the mapping's
+    own keys override them."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, collections.abc.Hashable) and key in seen:
                 raise yaml.constructor.ConstructorError(

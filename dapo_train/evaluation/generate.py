@@ -28,11 +28,16 @@ from dapo_train.rewards.scoring import REWARDS, RewardSet, score
 from dapo_train.rollout.decoding import decode_loop
 from dapo_train.rollout.engines import Completion, RolloutEngine, policy_part, sample_completions
 from dapo_train.rollout.sampling import SamplingSettings
+from dapo_train.run.signals import StopRequested
 from dapo_train.task.answers import ANSWER_CHECKS, AnswerCheck
 from dapo_train.task.prompts import Prompt
 from dapo_train.tools.turns import ToolTurns
 
 NUMERIC = ANSWER_CHECKS["numeric"]
+
+
+class EvalStopped(Exception):
+    """A stop (run/signals.py) ended an eval before its last chunk of items: its records are incomplete."""
 
 
 @dataclass
@@ -140,6 +145,7 @@ def eval_records(
     tools: ToolTurns | None = None,
     progress: str | None = None,
     engine: RolloutEngine | None = None,
+    stop: StopRequested | None = None,
 ) -> list[dict]:
     """The completion records (completion_records) of an already-loaded model on `prompts`, in their
     order; the trainer's ranks each make their share's and summarise the gathered whole once. tools:
@@ -152,7 +158,8 @@ def eval_records(
     eval mode during generation and back to its previous mode afterwards. progress: the label of a bar on
     stderr that counts items with their rate (None: quiet); it stays when it is the only bar, and goes
     when it runs under the training bar. engine: a rollout engine that serves evals (its `serves_eval`: vllm,
-    whose weights are the model's) generates instead of the model, all items in one call.
+    whose weights are the model's) generates instead of the model, all items in one call. stop: a stop
+    requested before a chunk of items (before the engine's one call) raises EvalStopped.
     """
     if not prompts:
         raise ValueError("evaluate_prompts needs at least one prompt")
@@ -169,12 +176,13 @@ def eval_records(
     try:
         with _seeded(seed if samples > 1 else None, device):
             if engine is not None:
+                _check(stop)
                 completions = engine.generate(prompt_ids, settings, samples)
                 bar.update(len(prompts))
             else:
                 completions = sample_completions(  # N*K rows, K per item
                     model, tokenizer, prompt_ids, settings, batch_size=batch_size, group_size=samples,
-                    decode=_counted(partial(decode_loop, tools=tools), bar),
+                    decode=_counted(partial(decode_loop, tools=tools), bar, stop),
                 )
     finally:
         bar.close()
@@ -182,10 +190,17 @@ def eval_records(
     return completion_records(prompts, completions, samples, check)
 
 
-def _counted(decode, bar: tqdm):
-    """`decode`, moving `bar` on by the items of each chunk it decodes (sample_completions' chunks)."""
+def _counted(decode, bar: tqdm, stop: StopRequested | None):
+    """`decode`, moving `bar` on by the items of each chunk it decodes (sample_completions' chunks), and
+    raising EvalStopped instead of decoding a chunk once `stop` is requested."""
     def counted(model, prompts, *args, **kwargs):
+        _check(stop)
         decoded = decode(model, prompts, *args, **kwargs)
         bar.update(len(prompts))
         return decoded
     return counted
+
+
+def _check(stop: StopRequested | None) -> None:
+    if stop is not None and stop.requested:
+        raise EvalStopped

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dapo_train.config.load import save_config
+from dapo_train.config.load import load_config, read_saved_config, save_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import CheckpointNotSaved, UserError
 
@@ -308,12 +308,25 @@ def best_checkpoint(run_dir: str | Path) -> tuple[Path, CheckpointScore]:
     best = recorded_best(load_state(newest, mmap=True))
     if best is None:
         names = ", ".join(p.name for p in checkpoint_dirs(run_dir))
-        raise UserError(f"{run_dir} records no best checkpoint: it ran without checkpoint.keep_best; its checkpoints: "
-                        f"{names}; name one")
+        raise UserError(f"{run_dir} records no best checkpoint: {_why_no_best(newest)}; its checkpoints: {names}; "
+                        "name one")
     if not (run_dir / best.name).is_dir():
         raise UserError(f"{run_dir}: its best checkpoint, {best.name} (eval accuracy {best.accuracy:.3f}), is gone; "
                         f"name another: {', '.join(p.name for p in checkpoint_dirs(run_dir))}")
     return run_dir / best.name, best
+
+
+def _why_no_best(checkpoint: Path) -> str:
+    """Why a run's newest `checkpoint` records no best, read in the config saved with it."""
+    try:
+        cfg = load_config(None, [], base=read_saved_config(checkpoint / CONFIG_FILE, notify=False))
+    except UserError:  # no config beside it, or one this version cannot read
+        return "it ran without checkpoint.keep_best, or no periodic eval ranked a checkpoint it saved"
+    if not cfg.checkpoint.keep_best:
+        return "it ran without checkpoint.keep_best"
+    return keep_best_note(cfg) if cfg.eval.every_steps <= 0 else (
+        f"checkpoint.keep_best ranks a checkpoint saved at a periodic eval's step (eval.every_steps="
+        f"{cfg.eval.every_steps}), and none of its checkpoints was saved at one")
 
 
 def save_steps(cfg: Config, done_step: int) -> list[int]:

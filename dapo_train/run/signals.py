@@ -1,10 +1,15 @@
 """Graceful stop on SIGINT/SIGTERM: the first signal lets the current step finish, then the
 trainer writes a checkpoint and exits non-zero with the command that resumes; a second SIGINT
-stops at once (KeyboardInterrupt)."""
+stops at once (KeyboardInterrupt). After the last step the checkpoint is already written: a signal
+during the end-of-run eval ends that eval, and the process still exits with the signal's status
+(128 + its number: what was asked of it, the eval, was cut short), naming the command that evaluates
+the checkpoint instead of a resume."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +20,7 @@ class StopRequested:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.notice = "finishing this step and saving a checkpoint"  # what the first signal's line says happens
 
     @property
     def requested(self) -> bool:
@@ -22,6 +28,15 @@ class StopRequested:
 
     def request(self, signum: int) -> None:
         self.signum = signum
+
+    @contextlib.contextmanager
+    def during(self, notice: str):
+        """Inside, the first signal's line says `notice` happens instead (a sweep's next point says its own)."""
+        before, self.notice = self.notice, notice
+        try:
+            yield self
+        finally:
+            self.notice = before
 
     def install(self) -> StopRequested:
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -38,7 +53,7 @@ class StopRequested:
             return  # a Ctrl-C reaches every rank of a launcher (torchrun, accelerate launch): rank 0 says it once
         name = signal.Signals(signum).name
         print(
-            f"\n{name} received: finishing this step and saving a checkpoint (Ctrl-C again to stop now)",
+            f"\n{name} received: {self.notice} (Ctrl-C again to stop now)",
             file=sys.stderr, flush=True,
         )
 
@@ -56,3 +71,11 @@ class StopRequested:
             command = command.replace("dapo-train", f"torchrun --nproc_per_node {processes} -m dapo_train", 1)
             command += f" (or accelerate launch with --num_processes {processes})"
         return f"stopped early; resume with: {command}"
+
+    def final_eval_line(self, checkpoint: Path | None) -> str:
+        """What a stop after the last step cut short, and the command that evaluates the run's last checkpoint."""
+        name = signal.Signals(self.signum).name if self.signum else "a stop"
+        if checkpoint is None:
+            return f"{name}: the training finished without a checkpoint; the final eval was stopped, nothing recorded"
+        return (f"{name}: the training finished and its last checkpoint is {checkpoint}; the final eval was stopped, "
+                f"nothing of it recorded; evaluate the checkpoint with: dapo-train eval {shlex.quote(str(checkpoint))}")

@@ -17,6 +17,7 @@ import contextlib
 import csv
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -83,7 +84,7 @@ def _load_files(files: dict[str, list[Path]], split: str, where: str) -> dataset
         if problem:
             raise UserError(f"could not read split '{split}' of {where}: {problem}")
     try:
-        with _quiet_builders():
+        with _quiet_builders(), _datasets_cache():
             dataset = datasets.load_dataset(builder, data_files=[str(f) for f in paths], split="train")
     except READ_ERRORS as exc:
         raise UserError(f"could not read split '{split}' of {where}: {_diagnose(paths, builder, exc)}") from exc
@@ -156,7 +157,8 @@ def _load_hub(repo_id: str, split: str) -> datasets.Dataset:
     if unreachable is not None:
         raise _unreachable(repo_id, locations.reason(unreachable)) from unreachable
     try:
-        splits = datasets.load_dataset(repo_id)
+        with _datasets_cache():
+            splits = datasets.load_dataset(repo_id)
     except ConnectionError as exc:
         raise _unreachable(repo_id, "HF_HUB_OFFLINE=1 and no cached copy" if _hub_offline() else exc) from exc
     except datasets.exceptions.DatasetNotFoundError as exc:
@@ -207,6 +209,38 @@ def _quiet_builders():
         yield
     finally:
         builders.setLevel(level)
+
+
+@contextlib.contextmanager
+def _datasets_cache():
+    """An OSError on the folder `datasets` caches in (HF_HOME's datasets/, or HF_DATASETS_CACHE) is the
+    cache's: one UserError naming the setting and the folder, not the data it was reading."""
+    try:
+        yield
+    except OSError as exc:
+        problem = _cache_problem(exc)
+        if problem is None:
+            raise
+        raise UserError(problem) from exc
+
+
+def _cache_problem(exc: BaseException) -> str | None:
+    """What is wrong with the datasets cache when `exc` (or an error it was raised from) failed on the cache
+    folder, a folder above it or a path inside it; None when the failure is not the cache's."""
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
+    while exc is not None:
+        failed = Path(exc.filename) if isinstance(exc, OSError) and exc.filename else None
+        if failed is not None and (failed == cache or failed in cache.parents or cache in failed.parents):
+            problem = f"{type(exc).__name__}: {exc.strerror}: {failed}"
+            fix = "the data was not read"
+            if os.environ.get("HF_DATASETS_CACHE"):
+                return (f"HF_DATASETS_CACHE={os.environ['HF_DATASETS_CACHE']}, the datasets cache, cannot be used "
+                        f"({problem}); point it at a writable folder; {fix}")
+            home = f"HF_HOME={os.environ['HF_HOME']}" if os.environ.get("HF_HOME") else "the Hugging Face cache home"
+            return (f"{home} cannot hold the datasets cache {cache} ({problem}); point HF_HOME at a writable folder "
+                    f"(or HF_DATASETS_CACHE at one, for datasets alone); {fix}")
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

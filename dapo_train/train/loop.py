@@ -17,8 +17,8 @@ Each step (one rollout batch; train.max_steps counts these), in train_step:
 Around the steps: greedy eval on a fixed subset every eval.every_steps, step 0 first, and at the end
 on the whole eval split (eval.final_full), each eval's per-item records in eval_items/
 (evaluation/generate.py, run/eval_items.py); checkpoint_<step>/ atomically every
-checkpoint.every_steps and at the end (state.py, model/checkpoint.py). The Run the loop works on is
-built by session.setup.
+checkpoint.every_steps and at the end, before the whole-split eval (state.py, model/checkpoint.py). The
+Run the loop works on is built by session.setup.
 
 Where this departs from the paper's recipe, on purpose: dynamic sampling runs a bounded number of
 rounds and then trains on what it kept (or skips the update) instead of sampling until full;
@@ -40,7 +40,7 @@ from tqdm.auto import tqdm  # eval's sample completions, written around the bar
 from dapo_train.config.load import save_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import TaskSolved, TrainingAborted
-from dapo_train.evaluation.generate import add_model_scores, eval_max_new_tokens, eval_records
+from dapo_train.evaluation.generate import EvalStopped, add_model_scores, eval_max_new_tokens, eval_records
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.model import checkpoint as ckpt
 from dapo_train.rollout.engines import eval_engine, pause
@@ -79,24 +79,17 @@ from dapo_train.train.update import rollout_metrics, update
 logger = logging.getLogger(__name__)
 
 
-def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records: list[dict] | None = None
-             ) -> tuple[dict, list[dict]]:
+def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records: list[dict] | None = None,
+             stop: StopRequested | None = None) -> tuple[dict, list[dict]]:
     """Greedy accuracy on `prompts`, each rank generating its slice (or the given `records` of these
     prompts, already generated) and scoring it with the reward models; the main process writes the per-item records
-    (eval_items/<kind>_<step>.jsonl) and prints a few sample completions of a periodic eval.
+    (eval_items/<kind>_<step>.jsonl) and prints a few sample completions of a periodic eval. A `stop`
+    requested on any rank before its last chunk raises EvalStopped on every rank, nothing written.
     -> (metrics under the kind's keys, records in item order)."""
     cfg = run.cfg
     start = time.perf_counter()
     if records is None:
-        shard, records = prompts[distributed.rank() :: distributed.world_size()], []
-        with distributed.full_weights(run.accelerator, run.model) as model:
-            if shard:
-                records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
-                                       batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness),
-                                       tools=run.tool_turns, progress=_eval_bar(cfg, kind),
-                                       engine=eval_engine(run.engine))
-                add_model_scores(run.reward_set, shard, records)
-        records = distributed.interleave(distributed.gather(records))  # item order, on every rank
+        records = _generate(run, prompts, kind, stop)
     if distributed.is_main():
         write_items(run.run_dir, kind, run.step, records)
         shown = cfg.eval.print_samples if kind is PERIODIC else 0  # the final eval's items are the subset's and more
@@ -113,25 +106,60 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
     return metrics, records
 
 
+def _generate(run: Run, prompts: list[Prompt], kind: EvalKind, stop: StopRequested | None) -> list[dict]:
+    """Every rank's slice of the eval's records, gathered in item order on every rank; EvalStopped on every
+    rank once they have gathered, when a stop ended any rank's slice."""
+    cfg = run.cfg
+    shard, records = prompts[distributed.rank() :: distributed.world_size()], []
+    with distributed.full_weights(run.accelerator, run.model) as model:
+        if shard:
+            try:
+                records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
+                                       batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness),
+                                       tools=run.tool_turns, progress=_eval_bar(cfg, kind),
+                                       engine=eval_engine(run.engine), stop=stop)
+                add_model_scores(run.reward_set, shard, records)
+            except EvalStopped:
+                records = None
+    parts = distributed.gather(records)
+    if any(part is None for part in parts):
+        raise EvalStopped
+    return distributed.interleave(parts)
+
+
 def _eval_bar(cfg: Config, kind: EvalKind) -> str | None:
     """The label of the final eval's bar over its items, on the main process (logging.progress_bar); the
     periodic evals stay quiet: one generate call each at the default eval.batch_size."""
     return "final eval" if kind is FINAL and cfg.logging.progress_bar and distributed.is_main() else None
 
 
-def step_evals(run: Run) -> dict:
-    """The evals due after a step: the fixed subset every eval.every_steps and at the last step, and at
-    the last step the whole split too (eval.final_full), from the subset's records when the subset
-    is the whole split (eval.num_items 0 or larger)."""
+def step_evals(run: Run, stop: StopRequested) -> dict:
+    """The evals due after a step: the fixed subset every eval.every_steps and at the last step; at the last
+    step the checkpoint, then (eval.final_full) the whole split: final_eval."""
     cfg, metrics, records = run.cfg, {}, None
     last = run.step == cfg.train.max_steps
     if _due(run.step, cfg.eval.every_steps) or (cfg.eval.every_steps > 0 and last):
         metrics, records = evaluate(run, run.eval_prompts)
         run.last_eval = ckpt.CheckpointScore(run.step, metrics["accuracy"])  # ranks this step's checkpoint
-    if last and cfg.eval.final_full:
-        whole = records if records is not None and len(run.eval_prompts) == len(run.final_prompts) else None
-        metrics.update(evaluate(run, run.final_prompts, FINAL, whole)[0])
+    if last:
+        save_clean(run)  # before the whole-split eval: a stop or a kill during it must not cost the weights
+        if cfg.eval.final_full:
+            metrics.update(final_eval(run, stop, records))
     return metrics
+
+
+def final_eval(run: Run, stop: StopRequested, records: list[dict] | None) -> dict:
+    """The end-of-run eval on the whole split, from the subset's `records` when the subset is the whole split
+    (eval.num_items 0 or larger). The training is over: a stop ends this eval at its next chunk of items,
+    keeps nothing of it and sets run.final_eval_stopped (the summary then names the eval command)."""
+    whole = records if records is not None and len(run.eval_prompts) == len(run.final_prompts) else None
+    try:
+        with stop.during("ending the final eval (the training finished; its last checkpoint is saved)"):
+            return evaluate(run, run.final_prompts, FINAL, whole, stop)[0]
+    except EvalStopped:
+        _stop_agreed(stop)  # every rank takes the signal of the one that had it, for its exit status
+        run.final_eval_stopped = True
+        return {}
 
 
 def train_step(run: Run) -> dict:
@@ -278,14 +306,14 @@ def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> tuple[str | No
             aborted = run.health.abort_reason(cfg, run.step, run.run_dir)
             solved = run.health.solved(cfg) if aborted is None else None
             if aborted is None:  # no eval of weights that stop the run
-                metrics.update(step_evals(run))
+                metrics.update(step_evals(run, stop))
             _log(run, metrics_log, progress, metrics)
             if aborted is not None or solved is not None:
                 break
             if _due(run.step, cfg.checkpoint.every_steps) and run.step < cfg.train.max_steps:
                 save_clean(run)
-        if aborted is None and run.saved_step != run.step:
-            save_clean(run)  # the end, solved, or a stop (with the counts of bad steps that left the weights clean)
+        if aborted is None and run.step < cfg.train.max_steps and run.saved_step != run.step:
+            save_clean(run)  # solved, or a stop (with the counts of bad steps that left the weights clean)
     finally:
         progress.close()
         metrics_log.close()
@@ -295,13 +323,17 @@ def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> tuple[str | No
 def _report(run: Run, run_log: RunLog, stop: StopRequested, aborted: str | None, solved: str | None,
             session_s: float | None) -> None:
     """The end-of-run summary (finished, solved, stopped or aborted), and for a stop the command that
-    resumes: on the console and in run.log."""
+    resumes or, once every step is done, what the stop cut short and the command that evaluates the
+    checkpoint: on the console and in run.log."""
+    trained = run.step >= run.cfg.train.max_steps  # a stop after the last step stops nothing of the training
     ending = "aborted" if aborted is not None else "solved" if solved is not None else \
-        "stopped" if stop.requested else "finished"
+        "stopped" if stop.requested and not trained else "finished"
     run_log.say(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, ending,
                                    session_s, run.eval_split_missing, run.best))
-    if stop.requested and aborted is None:
+    if ending == "stopped":
         run_log.say(stop.resume_line(run.run_dir, distributed.world_size()), sys.stderr)
+    elif run.final_eval_stopped:
+        run_log.say(stop.final_eval_line(ckpt.latest_checkpoint(run.run_dir)), sys.stderr)
 
 
 def save_clean(run: Run) -> None:

@@ -93,6 +93,7 @@ class Run:
     tool_turns: ToolTurns | None = None  # rollout.tools for the tokenizer; the in-training eval runs them too
     last_eval: CheckpointScore | None = None  # the latest periodic eval: the score of a checkpoint saved at its step
     best: CheckpointScore | None = None  # the best checkpoint saved so far (checkpoint.keep_best; else None)
+    final_eval_stopped: bool = False  # a stop ended the end-of-run eval (nothing of it recorded)
 
     @property
     def wall_seconds(self) -> float:
@@ -183,7 +184,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
 
 
 def check_data_use(cfg: Config, usable: int) -> None:
-    """Refuse fewer usable training prompts than one generation round draws (a round would repeat
+    """Refuse fewer usable training prompts than the largest generation round draws (a round would repeat
     prompts within itself), and say at start how much of the data the run will see: each round draws
     train.prompts_per_step prompts, or under dapo.max_round_prompts as many as the keep rate asks, up to
     that many; with dynamic sampling a step runs 1 to dapo.max_gen_rounds rounds (how many depends on the
@@ -196,6 +197,12 @@ def check_data_use(cfg: Config, usable: int) -> None:
             "train.prompts_per_step", f"a step needs {wanted} different prompts, but {cfg.data.path} "
             f"[{cfg.data.train_split}] has {usable} usable; set train.prompts_per_step to at most {usable}, or give "
             "more data",
+        )
+    if usable < sized:
+        raise ConfigError(
+            "dapo.max_round_prompts", f"a generation round draws up to {sized} prompts, but {cfg.data.path} "
+            f"[{cfg.data.train_split}] has {usable} usable, so a round would draw {sized - usable} of them twice; set "
+            f"dapo.max_round_prompts to at most {usable}, or give more data",
         )
     least, most = wanted * steps, max(wanted, sized) * steps * max_rounds(cfg)
     if cfg.dapo.skip_history and most <= usable:

@@ -86,6 +86,22 @@ def test_invalid_yaml_reports_line_and_column(tmp_path):
         read_yaml(path)
 
 
+def test_a_yaml_merge_key_is_read_and_still_refuses_a_key_given_twice(tmp_path):
+    """Issue 52, item 13: `<<: *anchor` (YAML's merge key) copies the anchored mapping's keys, and the
+    mapping's own keys override them; it was refused with PyYAML's internal `could not determine a
+    constructor for the tag 'tag:yaml.org,2002:merge'`. A key the mapping itself gives twice is still an error."""
+    path = tmp_path / "merge.yaml"
+    path.write_text("rewards:\n  - &rule {name: accuracy, weight: 2.0}\n  - <<: *rule\n    name: hard_format\n"
+                    "  - <<: [*rule]\n    weight: 0.5\n")
+    assert read_yaml(path)["rewards"] == [{"name": "accuracy", "weight": 2.0}, {"name": "hard_format", "weight": 2.0},
+                                          {"name": "accuracy", "weight": 0.5}]
+    cfg = load_config(str(path), [])
+    assert [(r.name, r.weight) for r in cfg.rewards] == [("accuracy", 2.0), ("hard_format", 2.0), ("accuracy", 0.5)]
+    path.write_text("rewards:\n  - &rule {name: accuracy}\n  - <<: *rule\n    weight: 1.0\n    weight: 2.0\n")
+    with pytest.raises(UserError, match=r"merge.yaml:5:5: key 'weight' is given twice \(first on line 4\)"):
+        read_yaml(path)
+
+
 def test_override_without_equals_is_rejected():
     with pytest.raises(UserError, match="KEY=VALUE"):
         load_config(None, ["dapo.eps_high"])

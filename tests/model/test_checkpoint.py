@@ -17,12 +17,12 @@ class NoTokenizer:
         (path / "tokenizer.json").write_text("{}")
 
 
-def _save(run_dir, step, model, good=True, best=None, **kw):
+def _save(run_dir, step, model, good=True, best=None, overrides=(), **kw):
     # The keys every trainer state holds (load_state refuses a file without them); empty where unused here.
     state = {"step": step, "bad_steps": 0, "sampler": {}, "buffer": {}, "rng": ckpt.rng_state(), "optimizer": {},
              "good": good, ckpt.BEST_KEY: best}
     return ckpt.save_checkpoint(
-        run_dir, step, model=model, tokenizer=NoTokenizer(), cfg=load_config(None, []), state=state, **kw
+        run_dir, step, model=model, tokenizer=NoTokenizer(), cfg=load_config(None, list(overrides)), state=state, **kw
     )
 
 
@@ -132,6 +132,23 @@ def test_a_run_without_a_recorded_best_checkpoint_says_so(tmp_path):
     (tmp_path / "checkpoint_1").rename(tmp_path / "elsewhere")
     with pytest.raises(UserError, match="its best checkpoint, checkpoint_1 .eval accuracy 0.500., is gone"):
         ckpt.best_checkpoint(tmp_path)
+
+
+def test_a_keep_best_run_without_a_ranked_checkpoint_says_why(tmp_path):
+    """Issue 52, item 14: a run with checkpoint.keep_best records no best when no periodic eval ranked a
+    checkpoint it saved; `eval RUN --best` said it "ran without checkpoint.keep_best". It names the cause, read
+    in the checkpoint's config: eval.every_steps=0, or no checkpoint saved at an eval step (a run stopped early)."""
+    model = make_random_model()
+    _save(tmp_path / "off", 40, model, overrides=["checkpoint.keep_best=true", "eval.every_steps=0"])
+    with pytest.raises(UserError, match=r"records no best checkpoint: checkpoint.keep_best cannot act: "
+                                        r"eval.every_steps=0, no periodic eval ranks the checkpoints; its "
+                                        r"checkpoints: checkpoint_40; name one$"):
+        ckpt.best_checkpoint(tmp_path / "off")
+    _save(tmp_path / "early", 3, model, overrides=["checkpoint.keep_best=true", "eval.every_steps=5"])
+    with pytest.raises(UserError, match=r"records no best checkpoint: checkpoint.keep_best ranks a checkpoint saved "
+                                        r"at a periodic eval's step \(eval.every_steps=5\), and none of its "
+                                        r"checkpoints was saved at one; its checkpoints: checkpoint_3; name one$"):
+        ckpt.best_checkpoint(tmp_path / "early")
 
 
 def test_rng_state_round_trips(tmp_path):

@@ -37,3 +37,13 @@ def test_sigterm_after_a_stop_request_does_not_interrupt(restore_handlers, capsy
     os.kill(os.getpid(), signal.SIGTERM)  # still graceful: only a second Ctrl-C is urgent
     assert stop.requested and stop.exit_code == 128 + signal.SIGINT
     assert capsys.readouterr().err.count("finishing this step") == 1
+
+
+def test_a_notice_holds_only_while_its_phase_lasts(restore_handlers, capsys):
+    """The end-of-run eval says what a signal then does; after it (a sweep's next point shares the handler) a
+    signal finishes a step again."""
+    stop = StopRequested().install()
+    with stop.during("ending the final eval"):
+        assert stop.notice == "ending the final eval"
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert "SIGTERM received: finishing this step and saving a checkpoint" in capsys.readouterr().err

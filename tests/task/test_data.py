@@ -146,6 +146,28 @@ def test_split_of_name(name, split):
     assert split_of_name(name) == split
 
 
+@pytest.mark.parametrize("variable", ["HF_HOME", "HF_DATASETS_CACHE"])
+def test_an_unusable_datasets_cache_is_named_not_the_data(tmp_path, monkeypatch, variable):
+    """Issue 52, item 14: HF_HOME (or HF_DATASETS_CACHE) below a file: `datasets` cannot make its cache, and
+    the error blamed the shipped demo data ("could not read split 'train' of .../assets/tiny/data"). It names
+    the setting, its value and the cache folder instead."""
+    (tmp_path / "afile").write_text("")
+    value = tmp_path / "afile" / "hf"
+    cache = value / "datasets" if variable == "HF_HOME" else value
+    for name in ("HF_HOME", "HF_DATASETS_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, str(value))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))  # as datasets reads it when imported
+    with pytest.raises(UserError) as raised:
+        load_split(DataConfig(path="builtin:tiny-zh-math"), "train")
+    problem = f"NotADirectoryError: Not a directory: {value}"
+    assert str(raised.value) == (
+        f"HF_HOME={value} cannot hold the datasets cache {cache} ({problem}); point HF_HOME at a writable folder "
+        f"(or HF_DATASETS_CACHE at one, for datasets alone); the data was not read" if variable == "HF_HOME" else
+        f"HF_DATASETS_CACHE={value}, the datasets cache, cannot be used ({problem}); point it at a writable folder; "
+        f"the data was not read")
+
+
 def test_a_missing_local_path_is_reported_as_such(tmp_path):
     with pytest.raises(UserError, match="no such file or folder"):
         load_split(DataConfig(path=str(tmp_path / "gsm8k_chinese")), "train")

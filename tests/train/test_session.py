@@ -21,6 +21,20 @@ def test_fewer_usable_prompts_than_a_step_draws_is_refused():
     check_data_use(cfg, 8)  # exactly one round's worth is enough
 
 
+def test_fewer_usable_prompts_than_a_sized_round_draws_is_refused():
+    """Issue 52, item 6: under dapo.max_round_prompts=64 a round draws up to 64 prompts, so 40 usable ones
+    would have a round draw 24 of them twice (both groups of a prompt could train in one step); it was
+    compared with train.prompts_per_step (8) alone and accepted. Without dynamic sampling the key sizes
+    nothing (every round draws train.prompts_per_step) and 40 is enough; 64 usable are enough either way."""
+    sized = ["train.prompts_per_step=8", "dapo.max_round_prompts=64", "data.path=forty.jsonl"]
+    with pytest.raises(ConfigError, match=r"'dapo.max_round_prompts': a generation round draws up to 64 prompts, "
+                                          r"but forty.jsonl \[train\] has 40 usable, so a round would draw 24 of "
+                                          r"them twice; set dapo.max_round_prompts to at most 40"):
+        check_data_use(load_config(None, sized), 40)
+    check_data_use(load_config(None, sized), 64)
+    check_data_use(load_config(None, [*sized, "dapo.dynamic_sampling=false"]), 40)
+
+
 def test_the_run_says_how_many_epochs_it_will_cover(caplog):
     caplog.set_level("INFO")
     check_data_use(load_config(None, ["train.prompts_per_step=2", "train.max_steps=3",

@@ -17,7 +17,7 @@ import pytest
 from dapo_train.config.load import load_config
 from dapo_train.config.outputs import holds_own, remove_own
 from dapo_train.errors import UserError
-from dapo_train.run.folder import RUN_MARKER, run_kind
+from dapo_train.run.layout import RUN_MARKER, run_kind
 from dapo_train.run.lock import hold_folder
 from dapo_train.run.logs import read_metrics
 from dapo_train.train import loop

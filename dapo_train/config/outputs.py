@@ -216,6 +216,16 @@ def remove_own(folder: Path, kind: OutputKind, say: str) -> list[str]:
     return [name.rstrip("/") for name in shown]
 
 
+def remove_folder(folder: Path, kind: OutputKind) -> list[str]:
+    """Remove `folder`, which `kind` wrote, whole, unless it holds what `kind` never writes: then only what `kind`
+    wrote goes and the folder stays. -> what was kept ('notes.md', 'plots/'), as _foreign names it."""
+    kept = _foreign(folder, kind)
+    _remove(folder, kind)
+    if not kept:
+        folder.rmdir()
+    return kept
+
+
 def _remove(folder: Path, kind: OutputKind) -> None:
     for name in _owned(folder, kind):  # listed before removing: a folder written whole lists them in its marker
         path, inner = folder / name, kind.inner(name)

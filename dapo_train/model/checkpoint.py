@@ -35,26 +35,45 @@ import numpy as np
 import torch
 
 from dapo_train.config.load import load_config, read_saved_config, save_config
+from dapo_train.config.outputs import OutputKind, remove_folder
 from dapo_train.config.schema import Config
 from dapo_train.errors import CheckpointNotSaved, UserError
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
+
 BEST_KEY = "best_checkpoint"  # trainer_state.pt's record of the best checkpoint (checkpoint.keep_best)
 SAVED_CONFIG_KEY = "config"  # trainer_state.pt's copy of the config the checkpoint was saved with (its config.yaml's)
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 TEMPORARY_RE = re.compile(r"^\.tmp_checkpoint_(\d+)_(\d+)$")  # temporary_dir's: the step, the saving process's pid
 _PROBE_BYTES = 1 << 20  # a failed write is the disk's when the folder then refuses this much too
+# checkpoint_<N>/: the model's files as transformers and peft name them (a full model,
+# sharded or not, or a LoRA adapter with peft's README.md), the tokenizer's (the names of the tokenizer
+# classes transformers ships: one or more of them), our config and trainer state (one per rank); then the
+# eval_<what>.json and completions_<what>.jsonl that `dapo-train eval` writes beside them, atomically.
+CHECKPOINT_KIND = OutputKind(
+    "checkpoint folder", None,
+    names=("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+           "adapter_config.json", "adapter_model.safetensors", "README.md",
+           "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+           "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "vocab.txt",
+           "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", CONFIG_FILE, STATE_FILE),
+    patterns=(r"model-\d{5}-of-\d{5}\.safetensors", r"trainer_state_rank\d+\.pt",
+              r"eval_[A-Za-z0-9._-]+\.json", r"completions_[A-Za-z0-9._-]+\.jsonl",
+              r"\.(eval_[A-Za-z0-9._-]+\.json|completions_[A-Za-z0-9._-]+\.jsonl)\.\d+\.tmp"),
+)
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first (temporary folders are ignored)."""
+    """Complete checkpoints of a run, oldest first: checkpoint_<N>/ holding its trainer state (temporary folders,
+    and one pruned of the run's files around a user's, are none)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := CHECKPOINT_RE.match(p.name)) and p.is_dir()]
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir()
+             if (m := CHECKPOINT_RE.match(p.name)) and (p / STATE_FILE).is_file()]
     return [p for _, p in sorted(found)]
 
 
@@ -259,7 +278,10 @@ def _prune(run_dir: Path, keep_last: int, best: CheckpointScore | None = None) -
     if older and not any(_good(path) for path in kept):
         older = [path for path in older if path != next((p for p in reversed(older) if _good(p)), None)]
     for old in older:
-        shutil.rmtree(old, ignore_errors=True)
+        kept = remove_folder(old, CHECKPOINT_KIND)
+        if kept:
+            logger.warning("pruned %s (checkpoint.keep_last=%d) of the files the run wrote and kept the folder for "
+                           "what the run never writes there: %s", old, keep_last, ", ".join(kept))
 
 
 def holds_good_weights(state: dict) -> bool:

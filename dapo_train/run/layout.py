@@ -22,7 +22,7 @@ from dapo_train.config.load import config_from_dict, read_saved_config
 from dapo_train.config.outputs import OutputKind
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, STATE_FILE
+from dapo_train.model.checkpoint import CHECKPOINT_KIND, CHECKPOINT_RE, CONFIG_FILE, STATE_FILE
 from dapo_train.run.eval_items import ITEMS_DIR
 from dapo_train.run.logs import LOG_FILES, METRICS_FILE, RUN_LOG
 from dapo_train.run.rollouts import ROLLOUTS_DIR
@@ -38,21 +38,6 @@ RESOLVED_KEYS = ("output_dir", "model", "data", "rollout", "train")
 # (run/files.py: .<name>.<pid>.tmp).
 RECORDS_KIND = OutputKind("run's record folder", None,
                           patterns=(r"(step|final)_\d+\.jsonl", r"\.(step|final)_\d+\.jsonl\.\d+\.tmp"))
-# checkpoint_<N>/ (model/checkpoint.py): the model's files as transformers and peft name them (a full model,
-# sharded or not, or a LoRA adapter with peft's README.md), the tokenizer's (the names of the tokenizer
-# classes transformers ships: one or more of them), our config and trainer state (one per rank); then the
-# eval_<what>.json and completions_<what>.jsonl that `dapo-train eval` writes beside them, atomically.
-CHECKPOINT_KIND = OutputKind(
-    "checkpoint folder", None,
-    names=("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
-           "adapter_config.json", "adapter_model.safetensors", "README.md",
-           "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-           "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "vocab.txt",
-           "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", CONFIG_FILE, STATE_FILE),
-    patterns=(r"model-\d{5}-of-\d{5}\.safetensors", r"trainer_state_rank\d+\.pt",
-              r"eval_[A-Za-z0-9._-]+\.json", r"completions_[A-Za-z0-9._-]+\.jsonl",
-              r"\.(eval_[A-Za-z0-9._-]+\.json|completions_[A-Za-z0-9._-]+\.jsonl)\.\d+\.tmp"),
-)
 _RECORD_FOLDERS = ((re.escape(ITEMS_DIR), RECORDS_KIND), (re.escape(ROLLOUTS_DIR), RECORDS_KIND))
 # What folder.set_aside_abandoned moves there: later checkpoints, records and log rows, and the config.
 ABANDONED_KIND = OutputKind(

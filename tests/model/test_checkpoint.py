@@ -182,3 +182,23 @@ def test_checkpoint_files_get_the_mode_the_umask_gives_new_files(tmp_path):
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.iterdir()}
     assert modes["model.safetensors"] == 0o644, modes
     assert set(modes.values()) == {0o644}
+
+
+def test_keep_last_keeps_what_the_user_put_in_an_old_checkpoint(tmp_path, caplog):
+    """A user's notes (and a folder of theirs) inside checkpoint_1/ survive keep_last byte for byte: the pruning
+    removes the files the run wrote there and keeps the folder with the notes, saying so; a checkpoint holding
+    only the run's files goes whole."""
+    model = make_random_model()
+    first = _save(tmp_path, 1, model, keep_last=1)
+    (first / "notes.md").write_bytes(b"step 1 looked good\n")
+    (first / "plots").mkdir()
+    (first / "plots" / "loss.png").write_bytes(b"\x89PNG fake")
+    _save(tmp_path, 2, model, keep_last=1)
+    _save(tmp_path, 3, model, keep_last=1)
+    assert (first / "notes.md").read_bytes() == b"step 1 looked good\n"
+    assert (first / "plots" / "loss.png").read_bytes() == b"\x89PNG fake"
+    assert sorted(p.name for p in first.iterdir()) == ["notes.md", "plots"]  # the weights and state went
+    assert not (tmp_path / "checkpoint_2").exists()
+    assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint_3"]  # checkpoint_1 is none any more
+    kept = [r.getMessage() for r in caplog.records if "checkpoint_1" in r.getMessage()]
+    assert len(kept) == 1 and "notes.md" in kept[0] and "plots/" in kept[0]

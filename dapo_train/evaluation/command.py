@@ -202,6 +202,8 @@ _BASE_COLUMNS = (
     ("accuracy", lambda m, k: _percent(m["accuracy"])),
     ("stderr", lambda m, k: f"{100 * m['accuracy_stderr']:.1f}"),
     ("95% CI", lambda m, k: f"[{100 * m['accuracy_ci95_low']:.1f}, {100 * m['accuracy_ci95_high']:.1f}]"),
+    ("answer", lambda m, k: _percent(m["answer_accuracy"])),
+    ("format gap", lambda m, k: f"{100 * m['format_gap']:+.1f}"),
     ("format", lambda m, k: _percent(m["format_rate"])),
     ("len mean", lambda m, k: f"{m['completion_length_mean']:.1f}"),
     ("len max", lambda m, k: str(m["completion_length_max"])),
@@ -216,7 +218,9 @@ _SAMPLED_COLUMNS = (
 
 def format_table(rows: Sequence[tuple[str, dict, Sequence[str]]], samples: int = 1) -> str:
     """One line per evaluated target (label, metrics, the rollout.tools it ran with), columns aligned; the
-    tools ('off' without), then stderr and the CI in accuracy points."""
+    tools ('off' without), then stderr and the CI in accuracy points. accuracy is strict (the answer block,
+    as the reward grades), answer the gold number wherever a reader takes the final answer to be; the format
+    gap (answer - strict, in points) is what the answer's format costs."""
     columns = _BASE_COLUMNS + (_SAMPLED_COLUMNS if samples > 1 else ())
     headers = ["model", "tools"] + [name.replace("K", str(samples)) for name, _ in columns]
     body = [[label, ", ".join(tools) or "off"] + [render(metrics, samples) for _, render in columns]

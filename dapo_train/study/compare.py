@@ -105,10 +105,17 @@ def _cell(stat: dict | None, fmt: str) -> str:
 TOOL_COLUMNS = ("tool_calls_per_completion", "tool_error_rate", "tool_use_first", "tool_use_last")
 
 
+# Columns left out of the text table where no run logged an answer accuracy (runs from before it).
+ANSWER_COLUMNS = ("final_answer_accuracy", "last_answer_accuracy")
+
+
 def shown_columns(rows: list[dict]) -> dict[str, tuple[str, str]]:
-    """COLUMNS less the tool columns, unless some point's runs called a tool."""
+    """COLUMNS less the tool columns, unless some point's runs called a tool, and less the answer accuracy's,
+    unless some run logged it."""
     tools = any((row["tool_calls_per_completion"] or {}).get("mean") for row in rows)
-    return {key: column for key, column in COLUMNS.items() if tools or key not in TOOL_COLUMNS}
+    answers = any(row[key] for row in rows for key in ANSWER_COLUMNS)
+    return {key: column for key, column in COLUMNS.items()
+            if (tools or key not in TOOL_COLUMNS) and (answers or key not in ANSWER_COLUMNS)}
 
 
 def format_compare(varied: list[str], rows: list[dict]) -> str:
@@ -123,9 +130,11 @@ def format_compare(varied: list[str], rows: list[dict]) -> str:
     ]
     table = aligned_table(headers, body, left=len(left))
     table.append("final acc: the whole eval split at the end (eval.final_full); last / best acc: the periodic evals "
-                 "of eval.num_items items, best leaving out step 0 (before training); acc is strict (the answer "
-                 "block, as the reward grades), answer the gold number wherever the final answer is read (answer "
-                 "block, else the last \\boxed{}, else the last number): their gap is format")
+                 "of eval.num_items items, best leaving out step 0 (before training)")
+    if "last_answer_accuracy" in columns:
+        table.append("acc is strict (the answer block, as the reward grades); answer: the gold number wherever the "
+                     "final answer is read (the answer block, else the last \\boxed{}, else the last number); their "
+                     "gap is format")
     if any(len(row["seeds"]) > 1 for row in rows):
         table.append("mean ± sample std over a point's seeds")
     if "tool_use_last" in columns:

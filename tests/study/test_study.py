@@ -474,7 +474,8 @@ def test_a_real_sweep_trains_each_point_once(tmp_path):
     table = dapo("compare", "D", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.strip().splitlines()
-    assert len(lines) == 5 and [line.split()[0] for line in lines[2:4]] == ["0.1", "0.5"]  # + the note
+    assert len(lines) == 6 and [line.split()[0] for line in lines[2:4]] == ["0.1", "0.5"]  # + the two notes
+    assert "last answer" in lines[0] and lines[5].startswith("acc is strict")  # real runs log both accuracies
 
 
 def test_cosmetic_keys_are_no_setting_but_eps_high_is(tmp_path):

@@ -3,9 +3,10 @@
 Anything the user can fix (a config key, a path, a dataset column, a reward plugin) is raised as
 `UserError`; a run that stops on its own because it is broken (it diverged or collapsed) is
 `TrainingAborted`; a checkpoint that could not be written (a full disk) is `CheckpointNotSaved`, with
-the resume command; a run whose model answers every prompt correctly is `TaskSolved`. The console
-script prints each as one line on stderr and exits with its code, 2, 3, 4 and 5 (one_line_exits), with
-the traceback only under `--debug`. Everything else is a bug and keeps its traceback.
+the resume command; a run whose model answers every prompt correctly is `TaskSolved`; a run stopped
+because its model got worse than at step 0 (eval.stop_on_regression) is `RunRegressed`. The console
+script prints each as one line on stderr and exits with its code, 2, 3, 4, 5 and 6 (one_line_exits),
+with the traceback only under `--debug`. Everything else is a bug and keeps its traceback.
 """
 
 import contextlib
@@ -59,16 +60,26 @@ class TaskSolved(Exception):
     verdict = "solved"  # its line: `solved: <message>`
 
 
+class RunRegressed(Exception):
+    """The run stopped because its eval accuracy fell below step 0's at two evals in a row, the paired
+    interval below 0 (eval.stop_on_regression; train/regression.py): its checkpoint is saved and the
+    summary names the best. One line, exit code 6."""
+
+    exit_code = 6
+    verdict = "regressed"  # its line: `regressed: <message>`
+
+
 # What ends a command with one line, `<verdict>: <message>`, and its exit code instead of a traceback.
-_ONE_LINE = (UserError, TrainingAborted, CheckpointNotSaved, TaskSolved)
+_ONE_LINE = (UserError, TrainingAborted, CheckpointNotSaved, TaskSolved, RunRegressed)
 
 
 @contextlib.contextmanager
 def one_line_exits(debug: bool) -> Iterator[None]:
     """A command's end for the console script: bad input (a UserError, and a path past the file system's
     name limit wherever it was first looked up) 2, TrainingAborted 3, CheckpointNotSaved 4, TaskSolved 5,
-    each as one line on stderr; Ctrl-C `interrupted`, 130. With `debug` (--debug) the errors raise with
-    their traceback instead; TaskSolved is no error and never does. Anything else is a bug: it raises."""
+    RunRegressed 6, each as one line on stderr; Ctrl-C `interrupted`, 130. With `debug` (--debug) the errors
+    raise with their traceback instead; TaskSolved and RunRegressed are verdicts, not errors, and never do.
+    Anything else is a bug: it raises."""
     try:
         try:
             yield
@@ -77,7 +88,7 @@ def one_line_exits(debug: bool) -> Iterator[None]:
                 raise
             raise _name_too_long(exc) from exc
     except _ONE_LINE as exc:
-        if debug and not isinstance(exc, TaskSolved):
+        if debug and not isinstance(exc, (TaskSolved, RunRegressed)):
             raise
         _say(f"{exc.verdict}: {exc}")
         sys.exit(exc.exit_code)

@@ -365,6 +365,12 @@ class EvalConfig:
         "metrics row, per-item records in eval_items/final_<step>.jsonl); the periodic evals stay on "
         "eval.num_items items. false: no end-of-run eval beyond those.",
     )
+    stop_on_regression: bool = _opt(
+        False, "Stop the run when the strict or the answer eval accuracy lies below step 0's, its 95% paired "
+        "interval under 0, at two periodic evals in a row (the run says so in one line either way, with the "
+        "best checkpoint, checkpoint.keep_best): the checkpoint of that step is saved, the summary names the best "
+        "and the exit code is 6. false: the run says so and goes on.",
+    )
 
 
 @dataclass

@@ -5,6 +5,9 @@ before any model loads, so a typo in the third checkpoint fails in a second, not
 two evaluations. Then one model at a time is loaded, evaluated with evaluate.evaluate_prompts and
 its results written next to it, and one comparison table is printed at the end.
 
+A checkpoint of a run that kept its step-0 eval records is also compared with them: the change from step 0
+on the items both evals hold, with its paired interval (when this eval decodes as the run's did).
+
 Where results go: eval_<what>.json (metrics, settings with the engine that generated, resolved config,
 checkpoint, time) and completions_<what>.jsonl (one line per completion) inside the checkpoint or local
 model folder; for a hub id, a builtin model, a --config-only run or a read-only folder, under
@@ -35,6 +38,7 @@ from dapo_train.config.load import config_to_dict, load_config, read_saved_confi
 from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError, UserError, folder_listing
 from dapo_train.evaluation.generate import eval_max_new_tokens, evaluate_prompts
+from dapo_train.evaluation.stats import change_from_start, change_metrics
 from dapo_train.evaluation.table import format_table
 from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, best_checkpoint, checkpoint_dirs
 from dapo_train.model.loading import (
@@ -47,6 +51,7 @@ from dapo_train.model.loading import (
 )
 from dapo_train.model.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
 from dapo_train.rollout.engines import build_engine, engine_factory, rollout_tools
+from dapo_train.run.eval_items import PERIODIC, items_path, read_items
 from dapo_train.run.files import write_json_atomic, write_jsonl_atomic
 from dapo_train.run.folder import RUNS_ROOT, describe_runs, latest_run
 from dapo_train.task.answers import answer_check
@@ -322,6 +327,9 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
     del model, engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    start = run_start(plan, options)
+    if start is not None:
+        result.metrics.update(change_metrics(change_from_start(start, result.records)))
     json_path = plan.out_dir / f"eval_{plan.result_name}.json"
     completions_path = plan.out_dir / f"completions_{plan.result_name}.jsonl"
     summary = {
@@ -344,6 +352,18 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
     write_jsonl_atomic(completions_path, result.records)
     write_json_atomic(json_path, summary)
     return result.metrics, [json_path, completions_path]
+
+
+def run_start(plan: EvalPlan, options: EvalOptions) -> list[dict] | None:
+    """The step-0 eval records of the run a checkpoint belongs to (its run folder's eval_items/step_0.jsonl), when
+    this eval decodes as that run's evals did (greedy, the checkpoint's own config and budget: no --config,
+    KEY=VALUE, --no-tools or --max-new-tokens); else None."""
+    folder = plan.target.folder
+    if folder is None or not CHECKPOINT_RE.match(folder.name) or options.samples > 1 or options.config_path \
+            or options.overrides or options.max_new_tokens:
+        return None
+    path = items_path(folder.parent, PERIODIC, 0)
+    return read_items(path) if path.is_file() else None
 
 
 def run_eval(targets: list[str], options: EvalOptions) -> list[dict]:

@@ -44,7 +44,7 @@ class EvalStopped(Exception):
 class EvalResult:
     """metrics: stable keys (see summarize_records); records: one dict per completion, in
     item order and, within an item, sample order (keys: uid, question, gold, completion,
-    extracted, correct, format_ok, length, truncated, and sample when K > 1)."""
+    extracted, correct, answer_correct, format_ok, length, truncated, and sample when K > 1)."""
 
     metrics: dict[str, float] = field(default_factory=dict)
     records: list[dict] = field(default_factory=list)
@@ -69,8 +69,9 @@ def longest_sequence(cfg: Config) -> int:
 def completion_records(
     prompts: Sequence[Prompt], completions: Sequence[Completion], samples: int, check: AnswerCheck = NUMERIC
 ) -> list[dict]:
-    """One record per completion: the task's answer and correct bit (check, data.correctness) and
-    the hard format check of the `hard_format` reward (format_ok), read in the policy's own text (with
+    """One record per completion: the task's answer and correct bit (check, data.correctness: strict, as the
+    reward grades), its answer_correct bit (the gold number wherever a reader takes the final answer to be)
+    and the hard format check of the `hard_format` reward (format_ok), read in the policy's own text (with
     tools, the transcript `completion` less its `tool_turn_spans`)."""
     texts = [c.policy_text for c in completions]
     golds = [prompts[i // samples].gold for i in range(len(completions))]
@@ -85,6 +86,7 @@ def completion_records(
             "completion": completion.text,
             "extracted": check.extract(text),
             "correct": bool(check.is_correct(text, gold)),
+            "answer_correct": bool(check.is_answer_correct(text, gold)),
             "format_ok": format_score > 0,
             "length": completion.length,
             "truncated": completion.truncated,

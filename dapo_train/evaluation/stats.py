@@ -21,6 +21,8 @@ suggest.
   p-value when they are few, the continuity-corrected chi-square otherwise.
 - `t_interval`: a per-run outcome (entropy) paired seed by seed: mean difference and Student's t
   95% interval over the seed pairs.
+- `change_from_start`: a run's eval against its own step-0 eval on the items both cover, strict and
+  answer accuracy, by the same paired bootstrap (one seed a side): what a run has done to its model.
 """
 
 from __future__ import annotations
@@ -94,7 +96,9 @@ def summarize_records(records: Sequence[dict], samples: int) -> dict[str, float]
     """Metrics of N items x K samples from their records (K consecutive records per item).
 
     accuracy = mean over items of the fraction of correct samples (= pass@1; greedy accuracy
-    when K = 1), with accuracy_stderr and the Wilson 95% interval; format_rate, lengths (tokens,
+    when K = 1), with accuracy_stderr and the Wilson 95% interval; answer_accuracy the same of
+    answer_correct (the gold number wherever a reader takes the answer to be) and format_gap =
+    answer_accuracy - accuracy (what the answer's format costs); format_rate, lengths (tokens,
     EOS included) and truncated_rate are over all completions. K > 1 adds pass@1, pass@K, maj@K.
     Records a reward model scored (generate.add_model_scores) add rewards/<key>/mean.
     """
@@ -105,12 +109,15 @@ def summarize_records(records: Sequence[dict], samples: int) -> dict[str, float]
     scores = [c / samples for c in correct_counts]
     accuracy, stderr = mean_stderr(scores)
     low, high = wilson_interval(accuracy, len(items))
+    answer_accuracy = sum(r["answer_correct"] for r in records) / len(records)  # K per item: the mean of item means
     lengths = [r["length"] for r in records]
     metrics = {
         "accuracy": accuracy,
         "accuracy_stderr": stderr,
         "accuracy_ci95_low": low,
         "accuracy_ci95_high": high,
+        "answer_accuracy": answer_accuracy,
+        "format_gap": answer_accuracy - accuracy,
         "format_rate": sum(r["format_ok"] for r in records) / len(records),
         "completion_length_mean": sum(lengths) / len(lengths),
         "completion_length_max": max(lengths),
@@ -131,6 +138,9 @@ def _majority_correct(item: Sequence[dict]) -> bool:
     """The majority vote is graded as the samples that gave that answer were."""
     vote = majority_answer([r["extracted"] for r in item])
     return vote is not None and next(r["correct"] for r in item if r["extracted"] == vote)
+
+# --------------------------------------------------------------------------------------------
+# Paired statistics: two settings, or two evals, on the same items.
 
 REPLICATES = 10_000
 BOOTSTRAP_SEED = 0  # a fixed stream: the same runs always give the same interval
@@ -265,3 +275,41 @@ def _t_central(t: float, df: int) -> float:
         term *= cos2 * (2 * k - 1) / (2 * k)
         total += term
     return math.sin(theta) * total
+
+
+@dataclass(frozen=True)
+class StartChange:
+    """An eval against its run's step-0 eval, paired on the items both cover: strict accuracy (`correct`) and
+    answer accuracy (`answer_correct`; None when a side's records predate it), each a PairedDifference."""
+
+    strict: PairedDifference
+    answer: PairedDifference | None
+
+
+def change_from_start(start: Sequence[dict], records: Sequence[dict]) -> StartChange | None:
+    """The paired difference records - start (greedy, one record per item) on the items both hold (the same uid
+    and gold answer), with the 95% paired bootstrap interval `compare` gives two runs (bootstrap_difference, one
+    seed on each side); None when they share no item."""
+    before = {(r["uid"], r["gold"]): r for r in start}
+    shared = [(before[r["uid"], r["gold"]], r) for r in records if (r["uid"], r["gold"]) in before]
+    if not shared:
+        return None
+
+    def paired(key: str) -> PairedDifference:
+        table = np.array([[[float(pair[side][key]) for pair in shared]] for side in (0, 1)])  # (2, 1, N)
+        return bootstrap_difference(table[0], table[1], seeds_paired=True)
+
+    lenient = all("answer_correct" in r for pair in shared for r in pair)
+    return StartChange(paired("correct"), paired("answer_correct") if lenient else None)
+
+
+def change_metrics(change: StartChange | None) -> dict[str, float]:
+    """The metrics of a change from step 0: change, change_low, change_high (strict), the same as answer_change*,
+    and change_items (the items paired); {} for None."""
+    if change is None:
+        return {}
+    metrics = {"change_items": change.strict.items}
+    for name, diff in (("change", change.strict), ("answer_change", change.answer)):
+        if diff is not None:
+            metrics.update({name: diff.difference, f"{name}_low": diff.low, f"{name}_high": diff.high})
+    return metrics

@@ -4,10 +4,11 @@
     eval_items/final_<N>.jsonl   the end-of-run eval on the whole eval split (eval.final_full), N = last step
 
 One JSON object per item, in item order: uid ("<split>:<row>"), gold, extracted (None: no answer),
-correct, format_ok, length (tokens, EOS included), truncated, completion, and with reward models
-configured their scores ({key: value}). Written by the main
-process, atomically. A resumed run drops the files of steps after its checkpoint, as metrics.jsonl
-drops those rows, so the folder never holds records of weights the run no longer has.
+correct (strict: the answer block, as the reward grades), answer_correct (the answer block, else the
+last \\boxed{}, else the last number; absent in records written before it), format_ok, length (tokens,
+EOS included), truncated, completion, and with reward models configured their scores ({key: value}).
+Written by the main process, atomically. A resumed run drops the files of steps after its checkpoint,
+as metrics.jsonl drops those rows, so the folder never holds records of weights the run no longer has.
 
 EvalKind says how each kind is logged in metrics.jsonl: the periodic eval as `accuracy` and
 `eval/<metric>`, the final one as `final_accuracy` and `final/<metric>`.
@@ -22,7 +23,8 @@ from pathlib import Path
 from dapo_train.run.files import read_jsonl, write_jsonl_atomic
 
 ITEMS_DIR = "eval_items"
-RECORD_KEYS = ("uid", "gold", "extracted", "correct", "format_ok", "length", "truncated", "completion")
+RECORD_KEYS = ("uid", "gold", "extracted", "correct", "answer_correct", "format_ok", "length", "truncated",
+               "completion")
 _FILE_RE = re.compile(r"^(step|final)_(\d+)\.jsonl$")
 
 

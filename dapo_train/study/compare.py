@@ -46,7 +46,9 @@ from dapo_train.study.runs import (
 # Summary key -> (column header, number format).
 COLUMNS = {
     "final_accuracy": ("final acc", ".3f"),
+    "final_answer_accuracy": ("final answer", ".3f"),
     "last_accuracy": ("last acc", ".3f"),
+    "last_answer_accuracy": ("last answer", ".3f"),
     "best_accuracy": ("best acc", ".3f"),
     "clip_frac_high": ("clip high", ".4f"),
     "clip_frac_low": ("clip low", ".4f"),
@@ -103,10 +105,17 @@ def _cell(stat: dict | None, fmt: str) -> str:
 TOOL_COLUMNS = ("tool_calls_per_completion", "tool_error_rate", "tool_use_first", "tool_use_last")
 
 
+# Columns left out of the text table where no run logged an answer accuracy (runs from before it).
+ANSWER_COLUMNS = ("final_answer_accuracy", "last_answer_accuracy")
+
+
 def shown_columns(rows: list[dict]) -> dict[str, tuple[str, str]]:
-    """COLUMNS less the tool columns, unless some point's runs called a tool."""
+    """COLUMNS less the tool columns, unless some point's runs called a tool, and less the answer accuracy's,
+    unless some run logged it."""
     tools = any((row["tool_calls_per_completion"] or {}).get("mean") for row in rows)
-    return {key: column for key, column in COLUMNS.items() if tools or key not in TOOL_COLUMNS}
+    answers = any(row[key] for row in rows for key in ANSWER_COLUMNS)
+    return {key: column for key, column in COLUMNS.items()
+            if (tools or key not in TOOL_COLUMNS) and (answers or key not in ANSWER_COLUMNS)}
 
 
 def format_compare(varied: list[str], rows: list[dict]) -> str:
@@ -122,6 +131,10 @@ def format_compare(varied: list[str], rows: list[dict]) -> str:
     table = aligned_table(headers, body, left=len(left))
     table.append("final acc: the whole eval split at the end (eval.final_full); last / best acc: the periodic evals "
                  "of eval.num_items items, best leaving out step 0 (before training)")
+    if "last_answer_accuracy" in columns:
+        table.append("acc is strict (the answer block, as the reward grades); answer: the gold number wherever the "
+                     "final answer is read (the answer block, else the last \\boxed{}, else the last number); their "
+                     "gap is format")
     if any(len(row["seeds"]) > 1 for row in rows):
         table.append("mean ± sample std over a point's seeds")
     if "tool_use_last" in columns:
@@ -205,8 +218,10 @@ def common_eval(runs: list[RunRecord]) -> str | None:
     return f"step {max(steps)}" if steps else None
 
 
-def item_table(point: Point, eval_name: str) -> tuple[list, list[str], dict[str, str], np.ndarray]:
-    """-> (seeds, uids in file order, uid -> gold, (seeds, items) correctness), runs sorted by seed."""
+def item_table(point: Point, eval_name: str, key: str = "correct") -> tuple[list, list[str], dict[str, str],
+                                                                         np.ndarray | None]:
+    """-> (seeds, uids in file order, uid -> gold, (seeds, items) of the records' `key`: correct, or
+    answer_correct; None when a run's records predate it), runs sorted by seed."""
     runs = sorted(point.runs, key=lambda run: str(run.seed))
     seeds, uids, golds, rows = [], None, None, []
     for run in runs:
@@ -215,10 +230,11 @@ def item_table(point: Point, eval_name: str) -> tuple[list, list[str], dict[str,
         if golds is not None and these != golds:
             raise UserError(f"{run.path}: its {eval_name} eval covers other items than {runs[0].path}'s")
         uids, golds = uids or [r["uid"] for r in records], these
-        correct = {r["uid"]: float(r["correct"]) for r in records}
+        correct = {r["uid"]: float(r[key]) for r in records if key in r}
         seeds.append(run.seed)
-        rows.append([correct[uid] for uid in uids])
-    return seeds, uids, golds, np.array(rows)
+        rows.append([correct.get(uid) for uid in uids])
+    missing = any(value is None for row in rows for value in row)
+    return seeds, uids, golds, None if missing else np.array(rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,10 +259,13 @@ def paired_comparison(baseline: Point, other: Point, labels: dict[str, str]) -> 
             "differences need the same items (the same data, split and eval.num_items)"
         )
     column = {uid: index for index, uid in enumerate(other_uids)}
-    table = table[:, [column[uid] for uid in uids]]  # the baseline's item order
+    order = [column[uid] for uid in uids]  # the baseline's item order
     seeds_paired = sorted(map(str, seeds)) == sorted(map(str, base_seeds)) and len(set(map(str, seeds))) == len(seeds)
-    result = bootstrap_difference(base_table, table, seeds_paired=seeds_paired)
+    result = bootstrap_difference(base_table, table[:, order], seeds_paired=seeds_paired)
     row = {"eval": eval_name, **dataclasses.asdict(result), "seeds": seeds, "baseline_seeds": base_seeds}
+    base_answers, answers = (item_table(point, eval_name, "answer_correct")[3] for point in (baseline, other))
+    row["answer"] = None if base_answers is None or answers is None else dataclasses.asdict(
+        bootstrap_difference(base_answers, answers[:, order], seeds_paired=seeds_paired))
     row["mcnemar"] = None
     if len(seeds) == 1 and len(base_seeds) == 1:
         b = int(((base_table[0] == 1) & (table[0] == 0)).sum())
@@ -302,7 +321,9 @@ def format_paired(varied: list[str], points: list[Point], rows: list[dict], base
     left = varied or ["run"]
     tests = any(row.get("mcnemar") for row in rows)
     outcomes = [key for key in RUN_OUTCOMES if any((row.get("run_outcomes") or {}).get(key) for row in rows)]
+    answers = any(row.get("answer") for row in rows)
     headers = [*left, "eval", "items", "seeds", "accuracy", "Δ accuracy", "95% CI"]
+    headers += ["answer", "Δ answer", "95% CI"] if answers else []
     headers += ["b/c", "McNemar p"] if tests else []
     headers += [cell for key in outcomes for cell in (f"Δ {RUN_OUTCOMES[key]}", "95% CI")]
     pairs = [row for row in rows if not row.get("is_baseline")]
@@ -319,6 +340,9 @@ def format_paired(varied: list[str], points: list[Point], rows: list[dict], base
         seeds = f"{count} paired" if row["seeds_paired"] else f"{count} vs {len(row['baseline_seeds'])}"
         cells = [*names, row["eval"], str(row["items"]), seeds, f"{row['accuracy']:.3f}", _signed(row["difference"]),
                  _interval(row["low"], row["high"])]
+        answer = row.get("answer")
+        cells += ([f"{answer['accuracy']:.3f}", _signed(answer["difference"]), _interval(answer["low"], answer["high"])]
+                  if answer else [MISSING] * 3) if answers else []
         test = row["mcnemar"]
         cells += ([f"{test['baseline_only']}/{test['other_only']}", f"{test['p']:.3g} {test['method']}"] if test
                   else [MISSING, MISSING]) if tests else []
@@ -331,6 +355,9 @@ def format_paired(varied: list[str], points: list[Point], rows: list[dict], base
         "paired bootstrap, 10,000 draws of the items and, independently, the seeds (one draw for both where "
         "the seeds are the same)",
     ]
+    if answers:
+        notes.append("answer: the answer accuracy (the gold number wherever the final answer is read), paired the "
+                     "same way; accuracy is strict (the answer block, as the reward grades)")
     if tests:
         notes.append("b/c: items only the baseline / only the point got right; McNemar's test on them "
                      "(exact binomial below 25 discordant items)")

@@ -174,11 +174,14 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
     """One run's metrics rows -> its numbers in the compare table (COLUMNS). The final accuracy is
     the end-of-run eval on the whole split (`final_accuracy`, eval.final_full); periodic eval rows
     carry `accuracy` on the fixed subset (step 0 = before training; best counts only steps after
-    it); training rows are steps >= 1; wall time is training plus every eval's seconds. The tool numbers
-    (rollout.tools) are ratios of sums over the steps: calls per completion generated and the share of calls
-    answered with an error, and the share of completions that called a tool at the first and last step."""
+    it); each has its answer accuracy beside it (None for runs from before it); training rows are
+    steps >= 1; wall time is training plus every eval's seconds. The tool numbers (rollout.tools) are
+    ratios of sums over the steps: calls per completion generated and the share of calls answered with
+    an error, and the share of completions that called a tool at the first and last step."""
     evals = [(row["step"], _number(row["accuracy"])) for row in rows if _number(row.get("accuracy")) is not None]
     finals = _values(rows, FINAL.accuracy)
+    last_eval = next((row for row in reversed(rows) if _number(row.get("accuracy")) is not None), {})
+    last_final = next((row for row in reversed(rows) if _number(row.get(FINAL.accuracy)) is not None), {})
     train = [row for row in rows if row["step"] > 0]
     entropy = _values(train, "entropy")
     cost = generation_cost(train)
@@ -186,7 +189,9 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
     tool_use = _values(train, "tool_use_ratio")
     return {
         "final_accuracy": finals[-1] if finals else None,
+        "final_answer_accuracy": _number(last_final.get(f"{FINAL.prefix}answer_accuracy")),
         "last_accuracy": evals[-1][1] if evals else None,
+        "last_answer_accuracy": _number(last_eval.get(f"{PERIODIC.prefix}answer_accuracy")),
         "best_accuracy": max((acc for step, acc in evals if step > 0), default=None),
         "clip_frac_high": _mean(_values(train, "clip_frac_high")),
         "clip_frac_low": _mean(_values(train, "clip_frac_low")),

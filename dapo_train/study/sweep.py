@@ -23,7 +23,7 @@ from pathlib import Path
 from dapo_train.config.load import is_override, load_config
 from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark
 from dapo_train.config.schema import Config
-from dapo_train.errors import TaskSolved, TrainingAborted, UserError
+from dapo_train.errors import RunRegressed, TaskSolved, TrainingAborted, UserError
 from dapo_train.model.checkpoint import CONFIG_FILE, latest_checkpoint
 from dapo_train.rewards.scoring import rewards_from_config
 from dapo_train.run.files import write_json_atomic
@@ -137,7 +137,9 @@ class SweepPoint:
     overrides: dict[str, str]
     seed: int
     cfg: Config
-    status: str = "pending"  # pending / running / done / solved (exit 5 of the run: a result) / interrupted / failed
+    # pending / running / done / solved (exit 5 of the run: a result) / regressed (exit 6, eval.stop_on_regression: a
+    # result) / interrupted / failed
+    status: str = "pending"
     reason: str = ""  # why a failed point stopped (its TrainingAborted line)
 
     @property
@@ -146,7 +148,7 @@ class SweepPoint:
 
     def finished(self) -> bool:
         final = self.run_dir / f"checkpoint_{self.cfg.train.max_steps}"
-        return self.status == "solved" or (self.status == "done" and final.is_dir())
+        return self.status in ("solved", "regressed") or (self.status == "done" and final.is_dir())
 
 
 @dataclass
@@ -307,9 +309,9 @@ def _run_points(sweep: Sweep, stop: StopRequested) -> int:
             sweep.set_status(point, "failed", str(exc))
             print(f"{head}: aborted: {exc}", file=sys.stderr, flush=True)
             continue
-        except TaskSolved as exc:  # a result, kept: its last checkpoint
-            sweep.set_status(point, "solved", str(exc))
-            print(f"{head}: solved: {exc}", flush=True)
+        except (TaskSolved, RunRegressed) as exc:  # a result, kept: its last checkpoint
+            sweep.set_status(point, exc.verdict, str(exc))
+            print(f"{head}: {exc.verdict}: {exc}", flush=True)
             continue
         except KeyboardInterrupt:
             sweep.set_status(point, "interrupted")

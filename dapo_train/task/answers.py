@@ -218,6 +218,12 @@ def is_correct(completion: str, gold: object, strict: bool = True) -> bool:
     return pred is not None and answers_match(pred, gold)
 
 
+def is_answer_correct(completion: str, gold: object) -> bool:
+    """is_correct read leniently (strict=False): the answer block, else the last \\boxed{}, else the last
+    number, where a reader would take the final answer to be."""
+    return is_correct(completion, gold, strict=False)
+
+
 # --------------------------------------------------------------------------------------------
 # The task's check (data.correctness): numeric by default, or a plugin by import path.
 
@@ -228,13 +234,16 @@ class AnswerCheck:
 
     normalize_gold: an answer cell -> the gold string, or None if unreadable (the row is dropped);
     extract: a completion -> its answer as a string (shown in eval records; maj@k votes on it);
-    is_correct: (completion, gold string) -> bool: the correct bit of rewards, filter and eval.
+    is_correct: (completion, gold string) -> bool: the correct bit of rewards, filter and eval (strict);
+    is_answer_correct: the same, reading the answer wherever a reader would take it to be (eval's answer
+    accuracy: the gap to is_correct is the answer's format, not its number).
     """
 
     name: str
     normalize_gold: Callable[[Any], str | None]
     extract: Callable[[str], str | None]
     is_correct: Callable[[str, str], bool]
+    is_answer_correct: Callable[[str, str], bool]
 
 
 def _text_gold(value: Any) -> str | None:
@@ -249,7 +258,7 @@ def _answer_text(completion: str) -> str | None:
 
 # Name -> AnswerCheck; data.correctness also takes an import path (see answer_check).
 ANSWER_CHECKS = {
-    "numeric": AnswerCheck("numeric", normalize_gold, extract_answer, is_correct),
+    "numeric": AnswerCheck("numeric", normalize_gold, extract_answer, is_correct, is_answer_correct),
 }
 
 
@@ -279,11 +288,12 @@ def _plugin_check(name: str) -> Callable[[str, str], bool]:
 def answer_check(name: str) -> AnswerCheck:
     """data.correctness -> its AnswerCheck: a registered name, or a plugin 'pkg.module:function'
     (completion, gold) -> bool, whose gold is the answer cell as text and whose answer is the
-    text of the completion's <answer> block."""
+    text of the completion's <answer> block; its verdict is both the strict and the answer one."""
     if name in ANSWER_CHECKS:
         return ANSWER_CHECKS[name]
     if ":" in name:
-        return AnswerCheck(name, _text_gold, _answer_text, _plugin_check(name))
+        check = _plugin_check(name)  # a plugin reads the answer where it will: one verdict for both
+        return AnswerCheck(name, _text_gold, _answer_text, check, check)
     raise ConfigError(
         "data.correctness",
         f"unknown check '{name}'; registered: {', '.join(ANSWER_CHECKS)}, or use 'pkg.module:function'",

@@ -12,5 +12,6 @@
 records.py holds the typed records the stages pass each other, batching.py how completions become
 micro- and mini-batches, ranks.py everything a step agrees on across processes (the one module of
 a step that calls a collective; distributed.py holds the primitives), session.py builds the
-objects once, state.py saves and restores the run across checkpoints.
+objects once, state.py saves and restores the run across checkpoints. health.py and regression.py are
+the run's own verdicts: a run broken, solved, or making its model worse than at step 0.
 """

@@ -16,9 +16,11 @@ Each step (one rollout batch; train.max_steps counts these), in train_step:
                     too, in rollouts/step_<N>.jsonl (rollout_sample.py, run/rollouts.py)
 Around the steps: greedy eval on a fixed subset every eval.every_steps, step 0 first, and at the end
 on the whole eval split (eval.final_full), each eval's per-item records in eval_items/
-(evaluation/generate.py, run/eval_items.py); checkpoint_<step>/ atomically every
-checkpoint.every_steps and at the end, before the whole-split eval (state.py, model/checkpoint.py). The
-Run the loop works on is built by session.setup.
+(evaluation/generate.py, run/eval_items.py) and every eval after step 0 paired with step 0's (its change,
+strict and answer accuracy, with intervals), a run below step 0 twice in a row said, or stopped with
+eval.stop_on_regression (regression.py); checkpoint_<step>/ atomically every checkpoint.every_steps and at
+the end, before the whole-split eval (state.py, model/checkpoint.py). The Run the loop works on is built by
+session.setup.
 
 Where this departs from the paper's recipe, on purpose: dynamic sampling runs a bounded number of
 rounds and then trains on what it kept (or skips the update) instead of sampling until full;
@@ -32,6 +34,7 @@ import contextlib
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,13 +42,13 @@ from tqdm.auto import tqdm  # eval's sample completions, written around the bar
 
 from dapo_train.config.load import save_config
 from dapo_train.config.schema import Config
-from dapo_train.errors import TaskSolved, TrainingAborted
+from dapo_train.errors import RunRegressed, TaskSolved, TrainingAborted
 from dapo_train.evaluation.generate import EvalStopped, add_model_scores, eval_max_new_tokens, eval_records
-from dapo_train.evaluation.stats import summarize_records
+from dapo_train.evaluation.stats import change_from_start, change_metrics, summarize_records
 from dapo_train.model import checkpoint as ckpt
 from dapo_train.rollout.engines import eval_engine, pause
 from dapo_train.run.config_changes import warn_config_changes
-from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, write_items
+from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, items_path, read_items, write_items
 from dapo_train.run.folder import (
     finished,
     finished_message,
@@ -54,7 +57,7 @@ from dapo_train.run.folder import (
     set_aside_abandoned,
 )
 from dapo_train.run.lock import hold_folder
-from dapo_train.run.logs import MetricsLogger, RunLog
+from dapo_train.run.logs import MetricsLogger, RunLog, read_metrics
 from dapo_train.run.rollouts import drop_rollouts, excerpt, write_rollouts
 from dapo_train.run.signals import StopRequested
 from dapo_train.run.trackers import NullTracker, start_trackers
@@ -71,6 +74,7 @@ from dapo_train.train.old_policy import (
 from dapo_train.train.progress import Progress, end_of_run_summary
 from dapo_train.train.ranks import total
 from dapo_train.train.records import StepBatch
+from dapo_train.train.regression import RegressionWatch
 from dapo_train.train.rollout_sample import RolloutSample, merge
 from dapo_train.train.session import Run, setup
 from dapo_train.train.state import check_disk, restore, save
@@ -83,9 +87,10 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
              stop: StopRequested | None = None) -> tuple[dict, list[dict]]:
     """Greedy accuracy on `prompts`, each rank generating its slice (or the given `records` of these
     prompts, already generated) and scoring it with the reward models; the main process writes the per-item records
-    (eval_items/<kind>_<step>.jsonl) and prints a few sample completions of a periodic eval. A `stop`
-    requested on any rank before its last chunk raises EvalStopped on every rank, nothing written.
-    -> (metrics under the kind's keys, records in item order)."""
+    (eval_items/<kind>_<step>.jsonl) and prints a few sample completions of a periodic eval. Step 0's periodic
+    records are kept (run.start_records); every later eval adds its change from them, paired on the items both
+    hold (stats.change_from_start). A `stop` requested on any rank before its last chunk raises EvalStopped on
+    every rank, nothing written. -> (metrics under the kind's keys, records in item order)."""
     cfg = run.cfg
     start = time.perf_counter()
     if records is None:
@@ -98,10 +103,13 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
                 f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}"
                 f"\n    {excerpt(record['completion'])}"
             )
-    metrics = {
-        kind.accuracy if key == "accuracy" else f"{kind.prefix}{key}": value
-        for key, value in summarize_records(records, samples=1).items() if key != "samples"
-    }
+    summary = summarize_records(records, samples=1)
+    if kind is PERIODIC and run.step == 0:
+        run.start_records = records  # every later eval is paired with these
+    elif run.start_records is not None:
+        summary.update(change_metrics(change_from_start(run.start_records, records)))
+    metrics = {kind.accuracy if key == "accuracy" else f"{kind.prefix}{key}": value
+               for key, value in summary.items() if key != "samples"}
     metrics[kind.seconds] = time.perf_counter() - start
     return metrics, records
 
@@ -263,14 +271,31 @@ def _train_session(cfg: Config, run_dir: Path, resume_from: Path | None, overwri
         restore(run, ckpt.load_state(resume_from), resume_from)
     with RunLog(run_dir, resumed=resume_from is not None) if main else contextlib.nullcontext() as run_log:
         _open_session(run, resume_from)
-        aborted, solved = _train_steps(run, stop, resumed=resume_from is not None)
+        ending = _train_steps(run, stop, resumed=resume_from is not None)
         if main:
-            _report(run, run_log, stop, aborted, solved,
-                    time.monotonic() - started if resume_from is not None else None)
-        if aborted is not None:
-            raise TrainingAborted(f"step {run.step}: {aborted}")
-        if solved is not None:
-            raise TaskSolved(f"step {run.step}: {solved}; the result is {ckpt.latest_checkpoint(run_dir)}")
+            _report(run, run_log, stop, ending, time.monotonic() - started if resume_from is not None else None)
+        if ending.aborted is not None:
+            raise TrainingAborted(f"step {run.step}: {ending.aborted}")
+        if ending.solved is not None:
+            raise TaskSolved(f"step {run.step}: {ending.solved}; the result is {ckpt.latest_checkpoint(run_dir)}")
+        if ending.regressed is not None:
+            raise RunRegressed(f"{ending.regressed}; stopped there (eval.stop_on_regression), its checkpoint "
+                               f"{ckpt.latest_checkpoint(run_dir)} saved")
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Why the steps ended before train.max_steps or a stop, each None when it did not: the run aborted
+    (train/health.py), is solved (the same) or regressed (train/regression.py, eval.stop_on_regression)."""
+
+    aborted: str | None = None
+    solved: str | None = None
+    regressed: str | None = None
+
+    @property
+    def name(self) -> str | None:
+        """How the summary says it ended: 'aborted', 'solved', 'regressed', or None (finished or stopped)."""
+        return next((name for name in ("aborted", "solved", "regressed") if getattr(self, name) is not None), None)
 
 
 def _open_session(run: Run, resume_from: Path | None) -> None:
@@ -288,18 +313,19 @@ def _open_session(run: Run, resume_from: Path | None) -> None:
         save_config(run.cfg, run.run_dir / ckpt.CONFIG_FILE)
 
 
-def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> tuple[str | None, str | None]:
-    """The steps until train.max_steps, a stop, or the run's own verdict, and the last checkpoint.
-    -> (why the run aborted, why it is solved), each None when it did not."""
+def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> Ending:
+    """The steps until train.max_steps, a stop, or the run's own verdict, and the last checkpoint."""
     cfg, main = run.cfg, distributed.is_main()
     resume_step = run.step if resumed else None
     # Only the main process writes the run's logs and shows progress.
     metrics_log = MetricsLogger(run.run_dir, start_trackers(run.accelerator, cfg, resume_step),
                                 resume_step=resume_step) if main else NullTracker()
     progress = Progress(cfg, run.step) if main else NullTracker()
-    aborted = solved = None
+    aborted = solved = regressed = None
     try:
-        if not resumed and cfg.eval.every_steps > 0:
+        if resumed:
+            _resume_start(run)
+        elif cfg.eval.every_steps > 0:
             _log(run, metrics_log, progress, evaluate(run, run.eval_prompts)[0])
         while run.step < cfg.train.max_steps and not _stop_agreed(stop):
             metrics = train_step(run)
@@ -308,29 +334,48 @@ def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> tuple[str | No
             if aborted is None:  # no eval of weights that stop the run
                 metrics.update(step_evals(run, stop))
             _log(run, metrics_log, progress, metrics)
-            if aborted is not None or solved is not None:
+            regressed = _regression(run, metrics) if aborted is None else None
+            if aborted is not None or solved is not None or regressed is not None:
                 break
             if _due(run.step, cfg.checkpoint.every_steps) and run.step < cfg.train.max_steps:
                 save_clean(run)
         if aborted is None and run.step < cfg.train.max_steps and run.saved_step != run.step:
-            save_clean(run)  # solved, or a stop (with the counts of bad steps that left the weights clean)
+            save_clean(run)  # solved, regressed or a stop (bad steps that left the weights clean); the end saved
     finally:
         progress.close()
         metrics_log.close()
-    return aborted, solved
+    return Ending(aborted, solved, regressed)
 
 
-def _report(run: Run, run_log: RunLog, stop: StopRequested, aborted: str | None, solved: str | None,
-            session_s: float | None) -> None:
-    """The end-of-run summary (finished, solved, stopped or aborted), and for a stop the command that
+def _resume_start(run: Run) -> None:
+    """A resumed run's step-0 records (every eval's change is paired on them) and its evals against them so far
+    (metrics.jsonl up to the checkpoint), where the run kept them."""
+    start = items_path(run.run_dir, PERIODIC, 0)
+    run.start_records = read_items(start) if start.is_file() else None
+    run.regression = RegressionWatch.from_rows(read_metrics(run.run_dir))
+
+
+def _regression(run: Run, metrics: dict) -> str | None:
+    """Step `run.step`'s eval against step 0 (train/regression.py): the line, said once, the first time the run
+    has regressed. -> that line when eval.stop_on_regression stops the run here, else None."""
+    line = run.regression.record(run.step, metrics, run.best, run.cfg.checkpoint.keep_best)
+    if line is None:
+        return None
+    if distributed.is_main():
+        logger.warning("%s%s", line, "; stopping (eval.stop_on_regression)" if run.cfg.eval.stop_on_regression
+                       else "; going on (eval.stop_on_regression=false)")
+    return line if run.cfg.eval.stop_on_regression else None
+
+
+def _report(run: Run, run_log: RunLog, stop: StopRequested, ending: Ending, session_s: float | None) -> None:
+    """The end-of-run summary (finished, solved, regressed, stopped or aborted), and for a stop the command that
     resumes or, once every step is done, what the stop cut short and the command that evaluates the
     checkpoint: on the console and in run.log."""
     trained = run.step >= run.cfg.train.max_steps  # a stop after the last step stops nothing of the training
-    ending = "aborted" if aborted is not None else "solved" if solved is not None else \
-        "stopped" if stop.requested and not trained else "finished"
-    run_log.say(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, ending,
-                                   session_s, run.eval_split_missing, run.best))
-    if ending == "stopped":
+    name = ending.name or ("stopped" if stop.requested and not trained else "finished")
+    run_log.say(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, name,
+                                   session_s, run.eval_split_missing, run.best, run.cfg.checkpoint.keep_best))
+    if name == "stopped":
         run_log.say(stop.resume_line(run.run_dir, distributed.world_size()), sys.stderr)
     elif run.final_eval_stopped:
         run_log.say(stop.final_eval_line(ckpt.latest_checkpoint(run.run_dir)), sys.stderr)

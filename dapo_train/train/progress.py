@@ -3,15 +3,18 @@
 - The tqdm bar (logging.progress_bar) labels its fields, so eval and train accuracy are never
   confused: `reward`, `train_acc` (this step's rollouts), `eval_acc` (the last eval), `ent`.
 - Without the bar (server logs, CI) every step logs one plain line instead.
-- Every eval logs one line: step, accuracy with its 95% interval, and the means since the last eval
-  of reward, train accuracy, entropy, clip fractions, the rollout's KL to the training forward
-  (rollout_kl) and seconds per step.
+- Every eval logs one line: step, accuracy with its 95% interval, the answer accuracy and the format
+  gap, the change from step 0 with its 95% paired interval ("+0.070 [+0.040, +0.100] over step 0"),
+  and the means since the last eval of reward, train accuracy, entropy, clip fractions, the rollout's
+  KL to the training forward (rollout_kl) and seconds per step. Step 0's says what share of its greedy
+  answers the token budget cut, and their mean length; more than CUT_WARN cut is a warning line.
 - Every eval also shows one trained completion (the latest in the rollout records) in two lines:
   its answer, its reward breakdown and the start of what it wrote.
 - A step that dropped every group, and a reward that has not moved in FLAT_STEPS steps, each get a
   line saying so and the `dapo-train show` command that shows what the model wrote; the end-of-run
   summary says the same.
-- The end of a run prints a summary: how it ended, eval accuracy first -> best -> last, the final
+- The end of a run prints a summary: how it ended, eval accuracy first -> best -> last, the answer
+  accuracy and the last eval's change from step 0 with its interval, the final
   accuracy on the whole eval split (eval.final_full), the steps skipped of each kind (non-finite,
   without an informative group), what generation cost per trained token and group, the update's
   work over the run (positions its forwards computed, of which padding, and those the LM head scored,
@@ -32,10 +35,12 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from dapo_train.config.schema import Config
+from dapo_train.evaluation.generate import eval_max_new_tokens
 from dapo_train.model.checkpoint import CheckpointScore, checkpoint_dirs
 from dapo_train.run.eval_items import FINAL
 from dapo_train.run.logs import generation_cost, read_metrics
 from dapo_train.run.rollouts import brief, saved_rollouts
+from dapo_train.train.regression import best_text, eval_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -82,24 +87,63 @@ def step_fields(rows: list[dict]) -> str:
     return ", ".join(parts).replace(", low ", " low ")
 
 
+def accuracy_text(metrics: dict, prefix: str) -> str:
+    """'answer accuracy 0.310 (format gap +0.080)', then the change from step 0 where the eval has one:
+    '; +0.070 [+0.040, +0.100] over step 0 (answer +0.020 [-0.010, +0.050])'; '' for rows before them."""
+    text = ""
+    if f"{prefix}answer_accuracy" in metrics:
+        text = f", answer accuracy {metrics[f'{prefix}answer_accuracy']:.3f} (format gap " \
+            f"{metrics[f'{prefix}format_gap']:+.3f})"
+    outcome = eval_outcome(0, metrics, prefix)
+    if outcome is not None and "strict" in outcome.changes:
+        answer = outcome.changes.get("answer")
+        text += f"; {outcome.changes['strict'].text()} over step 0" + (f" (answer {answer.text()})" if answer else "")
+    return text
+
+
 def eval_line(step: int, max_steps: int, metrics: dict, since: list[dict]) -> str:
-    """One line per eval: accuracy with its interval, then what training did since the last eval."""
+    """One line per eval: both accuracies, the strict one with its interval, the change from step 0, then what
+    training did since the last eval (step 0: how many greedy answers the budget cut, and their mean length)."""
     low, high = metrics.get("eval/accuracy_ci95_low"), metrics.get("eval/accuracy_ci95_high")
     interval = f" (95% CI {low:.3f}-{high:.3f})" if low is not None and high is not None else ""
     items = metrics.get("eval/num_items")
     head = f"eval step {step}/{max_steps}: accuracy {metrics['accuracy']:.3f}{interval}"
-    head += f" on {int(items)} items" if items is not None else ""
-    if step == 0 or not since:
-        return head + (" (before training)" if step == 0 else "")
+    head += (f" on {int(items)} items" if items is not None else "") + accuracy_text(metrics, "eval/")
+    if step == 0:
+        cut = f"; {cut_text(metrics)}" if "eval/truncated_rate" in metrics else ""
+        return f"{head} (before training){cut}"
+    if not since:
+        return head
     return f"{head}; since the last eval: {step_fields(since)}"
 
 
+CUT_WARN = 0.10  # a step-0 eval whose greedy answers the budget cut more often than this gets a warning line
+
+
+def cut_text(metrics: dict) -> str:
+    """'2.0% of the greedy answers cut at the token budget, mean length 85.3 tokens' (eval/truncated_rate)."""
+    return f"{100 * metrics['eval/truncated_rate']:.1f}% of the greedy answers cut at the token budget, mean " \
+        f"length {metrics['eval/completion_length_mean']:.1f} tokens"
+
+
+def cut_warning(metrics: dict, budget: int) -> str | None:
+    """The step-0 eval's line when the budget cut more than CUT_WARN of its greedy answers, else None."""
+    if metrics.get("eval/truncated_rate", 0.0) <= CUT_WARN:
+        return None
+    return (f"step 0: {100 * metrics['eval/truncated_rate']:.1f}% of the greedy eval answers were cut at the "
+            f"{budget}-token budget (more than {100 * CUT_WARN:.0f}%): a cut answer has no final answer to grade or "
+            "reward; raise rollout.max_new_tokens and eval.max_new_tokens")
+
+
 def final_line(step: int, metrics: dict) -> str:
-    """The end-of-run eval on the whole split (eval.final_full), apart from the periodic evals."""
+    """The end-of-run eval on the whole split (eval.final_full), apart from the periodic evals; its change from
+    step 0 is paired on the items step 0's eval (the eval.num_items subset) shares with it."""
     low, high = metrics[f"{FINAL.prefix}accuracy_ci95_low"], metrics[f"{FINAL.prefix}accuracy_ci95_high"]
+    paired = metrics.get(f"{FINAL.prefix}change_items")
+    on = f" (paired on the {int(paired)} items of step 0's eval)" if paired is not None else ""
     return (
         f"final eval step {step}: accuracy {metrics[FINAL.accuracy]:.3f} (95% CI {low:.3f}-{high:.3f}) on all "
-        f"{int(metrics[f'{FINAL.prefix}num_items'])} items of the eval split"
+        f"{int(metrics[f'{FINAL.prefix}num_items'])} items of the eval split{accuracy_text(metrics, FINAL.prefix)}{on}"
     )
 
 
@@ -144,6 +188,7 @@ class Progress:
 
     def __init__(self, cfg: Config, start_step: int) -> None:
         self.max_steps = cfg.train.max_steps
+        self.eval_budget = eval_max_new_tokens(cfg)
         self.use_bar = cfg.logging.progress_bar
         self.run_dir, self.records = cfg.output_dir, cfg.logging.rollout_groups != 0
         self.started, self.start_step = time.monotonic(), start_step
@@ -171,6 +216,8 @@ class Progress:
             self._warn_if_stuck(step, metrics)
         if "accuracy" in metrics:
             logger.info("%s", eval_line(step, self.max_steps, metrics, self.since_eval))
+            if step == 0 and (warning := cut_warning(metrics, self.eval_budget)) is not None:
+                logger.warning("%s", warning)
             if step > 0 and self.trained_example is not None:
                 logger.info("  a trained completion: %s", "\n  ".join(brief(self.trained_example)))
             self.since_eval, self.eval_accuracy, self.trained_example = [], metrics["accuracy"], None
@@ -208,6 +255,24 @@ class Progress:
 
 def _at(row: dict) -> str:
     return f"{row['accuracy']:.3f} (step {row['step']})"
+
+
+def answer_lines(evals: list[dict]) -> list[str]:
+    """The summary's answer accuracy and format gap, first -> last, and the last eval's change from step 0 with
+    its interval (both accuracies); nothing for rows from before them."""
+    first, last = evals[0], evals[-1]
+    lines = []
+    if "eval/answer_accuracy" in first and "eval/answer_accuracy" in last:
+        lines.append(f"  answer accuracy (the gold number wherever the final answer is read): first "
+                     f"{first['eval/answer_accuracy']:.3f} -> last {last['eval/answer_accuracy']:.3f}; format gap "
+                     f"(answer - strict) {first['eval/format_gap']:+.3f} -> {last['eval/format_gap']:+.3f}")
+    outcome = eval_outcome(last["step"], last)
+    if outcome is not None and "strict" in outcome.changes:
+        answer = outcome.changes.get("answer")
+        lines.append(f"  change from step 0 at step {last['step']}: {outcome.changes['strict'].text()}"
+                     + (f" (answer {answer.text()})" if answer else "")
+                     + f", 95% interval, paired on the {int(last['eval/change_items'])} eval items")
+    return lines
 
 
 def skipped_line(rows: list[dict]) -> str:
@@ -262,10 +327,11 @@ def work_line(rows: list[dict]) -> str | None:
 def end_of_run_summary(
     run_dir: Path, step: int, max_steps: int, wall_s: float, ending: str = "finished", session_s: float | None = None,
     eval_split_missing: str | None = None,  # why data.path has no eval split: `next` then suggests other data
-    best_checkpoint: CheckpointScore | None = None,
+    best_checkpoint: CheckpointScore | None = None, keep_best: bool = False,
 ) -> str:
     """The end-of-run report (printed): how it ended (finished, stopped by a signal, aborted or
-    solved: train/health.py), accuracy first -> best -> last, the steps skipped of each kind, the update's
+    solved: train/health.py, regressed: train/regression.py), accuracy first -> best -> last, the answer
+    accuracy and the change from step 0 with its interval (answer_lines), the steps skipped of each kind, the update's
     work, wall time (the whole run's; session_s, a resumed session's own), checkpoints and the best of them
     (checkpoint.keep_best), next."""
     head = f"finished {run_dir}: {step} steps" if ending == "finished" else f"{ending} {run_dir} at step {step} of " \
@@ -279,6 +345,10 @@ def end_of_run_summary(
         items = evals[-1].get("eval/num_items")
         on = f" ({int(items)} eval items)" if items is not None else ""
         lines.append(f"  eval accuracy{on}: first {_at(evals[0])} -> best {_at(best)} -> last {_at(evals[-1])}")
+        lines += answer_lines(evals)
+        if ending == "regressed" and best["step"] == 0:
+            lines.append("  no checkpoint beats the start: the best eval accuracy is step 0's, the model the run "
+                         "started from (model.name_or_path)")
     else:
         lines.append("  eval accuracy: not evaluated (eval.every_steps=0)")
     finals = [row for row in rows if FINAL.accuracy in row]
@@ -300,6 +370,8 @@ def end_of_run_summary(
         lines.append(f"  best checkpoint (checkpoint.keep_best): {best_checkpoint.name}, eval accuracy "
                      f"{best_checkpoint.accuracy:.3f} at step {best_checkpoint.step}; evaluate it: dapo-train eval "
                      f"{shlex.quote(str(run_dir))} --best")
+    elif ending == "regressed":
+        lines.append(f"  {best_text(None, keep_best)}")
     # stopped: StopRequested.report says how to resume; aborted: its reason names the last good checkpoint
     if checkpoints and ending in ("finished", "solved"):
         command = f"dapo-train eval {shlex.quote(str(checkpoints[-1]))}"

@@ -50,6 +50,7 @@ from dapo_train.train.history import PromptHistory
 from dapo_train.train.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
 from dapo_train.train.optim import adamw
+from dapo_train.train.regression import RegressionWatch, stop_note
 from dapo_train.train.update import Learner, Reference
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ class Run:
     last_eval: CheckpointScore | None = None  # the latest periodic eval: the score of a checkpoint saved at its step
     best: CheckpointScore | None = None  # the best checkpoint saved so far (checkpoint.keep_best; else None)
     final_eval_stopped: bool = False  # a stop ended the end-of-run eval (nothing of it recorded)
+    start_records: list[dict] | None = None  # step 0's eval records: every later eval's change is paired on them
+    regression: RegressionWatch = field(default_factory=RegressionWatch)  # the evals against step 0 (regression.py)
 
     @property
     def wall_seconds(self) -> float:
@@ -287,8 +290,9 @@ def _warn_inert_settings(cfg: Config) -> None:
     if not cfg.rollout.tools and any(spec.name == "tool_format" for spec in cfg.rewards):
         logger.warning("the reward tool_format cannot act: rollout.tools names no tool, so no completion makes a "
                        "call and it scores 0")
-    if (note := keep_best_note(cfg)) is not None:
-        logger.warning("%s", note)
+    for note in (keep_best_note(cfg), stop_note(cfg)):
+        if note is not None:
+            logger.warning("%s", note)
     for message in inert_settings(cfg.rollout, torch.cuda.is_available()):
         logger.warning(message)
     inert = inert_objective_keys(cfg)

@@ -66,7 +66,8 @@ def test_no_tools_evaluates_the_tool_config_without_them_and_is_in_the_help(monk
 
 
 METRICS = {"num_items": 2, "accuracy": 0.5, "accuracy_stderr": 0.35, "accuracy_ci95_low": 0.09,
-           "accuracy_ci95_high": 0.91, "format_rate": 1.0, "completion_length_mean": 40.0, "completion_length_max": 50,
+           "accuracy_ci95_high": 0.91, "answer_accuracy": 0.5, "format_gap": 0.0,
+           "format_rate": 1.0, "completion_length_mean": 40.0, "completion_length_max": 50,
            "truncated_rate": 0.0}
 
 
@@ -82,7 +83,7 @@ def test_the_eval_table_says_whether_tools_were_on(tmp_path, monkeypatch, capsys
     for overrides, shown in (((), "calculator"), (("rollout.tools=[]",), "off")):
         eval_command.run_eval([], eval_command.EvalOptions(config_path=str(config), limit=2, overrides=overrides))
         table = capsys.readouterr().out.splitlines()
-        assert table[-2].split()[-10] == shown, table  # the row: model, tools, then the 9 numbers
+        assert table[-3].split()[-12] == shown, table  # the row: model, tools, then the 11 numbers; the note
 
 
 def test_the_evals_reward_models_score_the_policys_own_text():
@@ -103,3 +104,28 @@ def test_the_evals_reward_models_score_the_policys_own_text():
               "length": 12, "tool_turn_spans": [[34, 54]]}  # "\nuser\n391\nassistant\n"
     add_model_scores(RewardSet((reward,)), [Prompt("test:0", "q", "391", "p", (1,))], [record])
     assert seen == ["<answer>\n<tool_call>{}</tool_call></answer>"] and record["scores"] == {"judge": 1.0}
+
+
+
+def test_a_checkpoint_is_compared_with_its_runs_step_0_only_when_it_decodes_as_the_run_did(tmp_path):
+    """run_start: the run folder's step-0 records for a checkpoint evaluated with its own config, greedy; nothing
+    for another budget, config, override (--no-tools is one), sampling, or a folder that is no run's checkpoint."""
+    from types import SimpleNamespace
+
+    from dapo_train.run.eval_items import PERIODIC, write_items
+
+    start = [{"uid": "test:0", "gold": "1", "correct": True, "answer_correct": True}]
+    write_items(tmp_path / "run", PERIODIC, 0, start)
+    (tmp_path / "run" / "checkpoint_3").mkdir()
+    (tmp_path / "model").mkdir()
+
+    def plan(folder):
+        return SimpleNamespace(target=SimpleNamespace(folder=folder))
+
+    checkpoint = plan(tmp_path / "run" / "checkpoint_3")
+    assert eval_command.run_start(checkpoint, eval_command.EvalOptions()) == start
+    for options in (eval_command.EvalOptions(max_new_tokens=64), eval_command.EvalOptions(config_path="c.yaml"),
+                    eval_command.EvalOptions(overrides=("rollout.tools=[]",)), eval_command.EvalOptions(samples=4)):
+        assert eval_command.run_start(checkpoint, options) is None, options
+    assert eval_command.run_start(plan(tmp_path / "model"), eval_command.EvalOptions()) is None
+    assert eval_command.run_start(plan(None), eval_command.EvalOptions()) is None

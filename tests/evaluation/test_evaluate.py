@@ -18,16 +18,18 @@ from dapo_train.config.schema import ModelConfig
 from dapo_train.errors import UserError
 from dapo_train.evaluation import command as eval_command
 from dapo_train.evaluation.command import EvalOptions, run_eval
-from dapo_train.evaluation.generate import evaluate_prompts
+from dapo_train.evaluation.generate import completion_records, evaluate_prompts
 from dapo_train.evaluation.stats import majority_answer, mean_stderr, pass_at_k, summarize_records, wilson_interval
 from dapo_train.model.loading import load_model, load_tokenizer
-from dapo_train.task.prompts import fixed_eval_subset, load_prompts
+from dapo_train.rollout import Completion
+from dapo_train.task.prompts import Prompt, fixed_eval_subset, load_prompts
 
 STABLE_KEYS = {
-    "accuracy", "accuracy_stderr", "accuracy_ci95_low", "accuracy_ci95_high", "format_rate",
+    "accuracy", "accuracy_stderr", "accuracy_ci95_low", "accuracy_ci95_high", "answer_accuracy", "format_gap",
+    "format_rate",
     "completion_length_mean", "completion_length_max", "truncated_rate", "num_items",
 }
-RECORD_KEYS = {"question", "gold", "completion", "extracted", "correct"}
+RECORD_KEYS = {"question", "gold", "completion", "extracted", "correct", "answer_correct"}
 ITEMS, NEW_TOKENS = 16, 12
 
 
@@ -101,9 +103,32 @@ def test_mean_stderr_is_the_binomial_one_for_bits():
 
 def _record(gold, extracted, length=10, truncated=False, format_ok=True):
     return {
-        "gold": gold, "extracted": extracted, "correct": extracted == gold,
+        "gold": gold, "extracted": extracted, "correct": extracted == gold, "answer_correct": extracted == gold,
         "length": length, "truncated": truncated, "format_ok": format_ok,
     }
+
+
+# Five completions whose strict grading (the last <answer> block, as the reward reads it) and answer grading
+# (the block, else the last \boxed{}, else the last number) differ: (gold, text, strict, answer).
+GRADED_TWICE = [
+    ("12", "<think>3 × 4 = 12</think>\n<answer>\n12\n</answer>", True, True),
+    ("7", "3 + 4 = 7", False, True),  # no block: the last number
+    ("30", "The total is \\boxed{30}, checked on 2 cases.", False, True),  # \boxed{} before the last number
+    ("5", "<answer>\n4\n</answer> or maybe 5", False, False),  # a block is the answer, whatever follows
+    ("5", "6 apples", False, False),  # wrong either way
+]
+
+
+def test_strict_and_answer_accuracy_of_completions_graded_differently():
+    prompts = [Prompt(f"test:{i}", "q", gold, "p", (3,)) for i, (gold, *_) in enumerate(GRADED_TWICE)]
+    completions = [Completion(torch.tensor([3]), torch.tensor([4, 2]), False, text) for _, text, *_ in GRADED_TWICE]
+    records = completion_records(prompts, completions, 1)
+    assert [r["correct"] for r in records] == [strict for *_, strict, _ in GRADED_TWICE]
+    assert [r["answer_correct"] for r in records] == [answer for *_, answer in GRADED_TWICE]
+    metrics = summarize_records(records, samples=1)
+    # strict: item 1 of 5; answer: items 1-3 of 5; the gap, 0.6 - 0.2, is the answers' format.
+    assert (metrics["accuracy"], metrics["answer_accuracy"]) == pytest.approx((0.2, 0.6))
+    assert metrics["format_gap"] == pytest.approx(0.4)
 
 
 def test_summary_of_greedy_records():

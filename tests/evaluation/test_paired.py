@@ -11,7 +11,14 @@ import pytest
 
 from dapo_train.config.load import load_config, save_config
 from dapo_train.errors import UserError
-from dapo_train.evaluation.stats import bootstrap_difference, mcnemar, student_t_quantile, t_interval
+from dapo_train.evaluation.stats import (
+    bootstrap_difference,
+    change_from_start,
+    change_metrics,
+    mcnemar,
+    student_t_quantile,
+    t_interval,
+)
 from dapo_train.run.eval_items import FINAL, PERIODIC, write_items
 from dapo_train.study.compare import compare_with_baseline
 
@@ -279,3 +286,48 @@ def test_compare_a_b_baseline_a_on_the_command_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "dapo_train", "compare", "A", "B", "--baseline", "eps_high=9"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "names none" in bad.stderr
+
+
+def test_compare_pairs_the_answer_accuracy_too(tmp_path):
+    """The same strict grades on both points, the other's answers read on 3 more of 4 items (its format): per item
+    the answer difference is +1 on 3 items and 0 on 1, so a replicate is k / 4 with k ~ Binomial(4, 3/4).
+    P(k = 0) = 0.4% < 2.5% <= P(k <= 1) = 5.1%: the lower end is 1/4; the upper end is 4/4."""
+    base = make_run(tmp_path / "a", ["dapo.eps_high=0.28"], 0.5, final=[1, 0, 0, 0])
+    other = make_run(tmp_path / "b", ["dapo.eps_high=0.5"], 0.5, final=[1, 0, 0, 0])
+    for run, answers in ((base, [1, 0, 0, 0]), (other, [1, 1, 1, 1])):
+        write_items(run, FINAL, 2, [{**record, "answer_correct": bool(answer)}
+                                    for record, answer in zip(_records([1, 0, 0, 0]), answers)])
+    paired = json.loads(compare_with_baseline([str(base), str(other)], str(base), as_json=True))[1]["paired"]
+    assert paired["difference"] == 0.0
+    answer = paired["answer"]
+    assert (answer["baseline_accuracy"], answer["accuracy"], answer["difference"]) == (0.25, 1.0, 0.75)
+    assert (answer["low"], answer["high"]) == (0.25, 1.0)
+    text = compare_with_baseline([str(base), str(other)], str(base))
+    assert "Δ answer" in text and "+0.750  [+0.250, +1.000]" in text
+    unpaired = make_run(tmp_path / "c", ["dapo.eps_high=0.6"], 0.5, final=[1, 0, 0, 0])  # records before answer_correct
+    assert json.loads(compare_with_baseline([str(base), str(unpaired)], str(base), as_json=True))[1]["paired"][
+        "answer"] is None
+
+
+def test_the_change_from_step_0_pairs_the_items_both_evals_hold():
+    """Step 0 on items 0-2; the later eval on items 2, 1, 0 (another order), item 3 (not at step 0) and item 1 with
+    another gold (another item under the same uid): three pairs. Strict: 0, 0, 0 -> 1, 0, 0 on items 0-2, the
+    exactly known distribution above: +1/3 in [0, 1]. Answer: 1, 1, 1 -> 1, 1, 0: -1/3 in [-1, 0]."""
+    def record(uid, gold, correct, answer):
+        return {"uid": uid, "gold": gold, "correct": correct, "answer_correct": answer}
+
+    start = [record("test:0", "1", False, True), record("test:1", "2", False, True), record("test:2", "3", False, True)]
+    later = [record("test:2", "3", False, False), record("test:1", "2", False, True), record("test:0", "1", True, True),
+             record("test:3", "4", True, True), record("test:1", "9", True, True)]
+    change = change_from_start(start, later)
+    assert (change.strict.items, change.strict.difference, change.strict.low, change.strict.high) == \
+        (3, pytest.approx(1 / 3), 0.0, 1.0)
+    assert (change.answer.difference, change.answer.low, change.answer.high) == (pytest.approx(-1 / 3), -1.0, 0.0)
+    assert change_metrics(change) == {
+        "change_items": 3, "change": change.strict.difference, "change_low": 0.0, "change_high": 1.0,
+        "answer_change": change.answer.difference, "answer_change_low": -1.0, "answer_change_high": 0.0}
+    assert change_from_start(start, [record("test:7", "1", True, True)]) is None  # no item in common
+    assert change_metrics(None) == {}
+    old = [{key: value for key, value in r.items() if key != "answer_correct"} for r in start]  # before answer_correct
+    assert change_from_start(old, later).answer is None and "answer_change" not in change_metrics(
+        change_from_start(old, later))

@@ -3,6 +3,7 @@ numbers on hand-written runs, the figure's lines, and one real sweep on the ship
 
 import json
 import math
+import re
 import shutil
 import signal
 import subprocess
@@ -344,6 +345,27 @@ def test_compare_aggregates_seeds_by_hand(runs):
     assert "final acc: the whole eval split" in table[4]  # the table says which accuracy is which
 
 
+def test_compare_shows_the_answer_accuracy_beside_the_strict_one(tmp_path):
+    """Runs that logged both accuracies: the last and final answer accuracy of the last eval rows (not an earlier
+    row's), averaged over seeds; the table shows them and says which is which. Without them (the runs above, from
+    before) the columns are left out."""
+    root = tmp_path / "runs"
+    for seed, (last, final) in enumerate([(0.5, 0.45), (0.7, 0.55)], start=1):
+        make_run(root / f"a{seed}", ["dapo.eps_high=0.1", f"seed={seed}"], [
+            {"step": 0, "accuracy": 0.1, "eval/answer_accuracy": 0.4},
+            train_row(1, 0.9, 0.1, 0.0, 30, 2.0, accuracy=0.2, **{"eval/answer_accuracy": 0.9}),
+            train_row(2, 0.7, 0.3, 0.0, 34, 2.0, accuracy=0.3, final_accuracy=0.25,
+                      **{"eval/answer_accuracy": last, "final/answer_accuracy": final}),
+        ])
+    varied, rows = compare_rows(load_runs([str(root)]))
+    assert rows[0]["last_answer_accuracy"]["mean"] == pytest.approx(0.6)  # (0.5 + 0.7) / 2
+    assert rows[0]["final_answer_accuracy"]["mean"] == pytest.approx(0.5)  # (0.45 + 0.55) / 2
+    table = format_compare(varied, rows).splitlines()
+    assert re.split(r"\s{2,}", table[0])[:6] == ["run", "seeds", "final acc", "final answer", "last acc", "last answer"]
+    assert re.split(r"\s{2,}", table[2])[2:6] == ["0.250", "0.500 ± 0.071", "0.300", "0.600 ± 0.141"]
+    assert any(line.startswith("acc is strict (the answer block, as the reward grades)") for line in table)
+
+
 def test_compare_json_and_run_paths(runs):
     by_folder = json.loads(compare([str(runs)], as_json=True))
     by_runs = json.loads(compare([str(runs / "b1"), str(runs / "a1"), str(runs / "a2"), str(runs)], as_json=True))
@@ -452,7 +474,8 @@ def test_a_real_sweep_trains_each_point_once(tmp_path):
     table = dapo("compare", "D", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.strip().splitlines()
-    assert len(lines) == 5 and [line.split()[0] for line in lines[2:4]] == ["0.1", "0.5"]  # + the note
+    assert len(lines) == 6 and [line.split()[0] for line in lines[2:4]] == ["0.1", "0.5"]  # + the two notes
+    assert "last answer" in lines[0] and lines[5].startswith("acc is strict")  # real runs log both accuracies
 
 
 def test_cosmetic_keys_are_no_setting_but_eps_high_is(tmp_path):

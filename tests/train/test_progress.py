@@ -50,6 +50,52 @@ def test_eval_line_names_step_accuracy_interval_and_what_training_did():
     )
 
 
+# An eval after step 0 with both accuracies and its change from step 0 (evaluation/stats.change_metrics' keys).
+CHANGED = {**EVAL, "eval/answer_accuracy": 0.41, "eval/format_gap": 0.13, "eval/change": 0.07,
+           "eval/change_low": 0.04, "eval/change_high": 0.1, "eval/answer_change": -0.02,
+           "eval/answer_change_low": -0.05, "eval/answer_change_high": 0.01, "eval/change_items": 100}
+
+
+def test_eval_line_shows_both_accuracies_and_the_change_from_step_0():
+    assert eval_line(10, 40, CHANGED, []) == (
+        "eval step 10/40: accuracy 0.280 (95% CI 0.200-0.370) on 100 items, answer accuracy 0.410 (format gap "
+        "+0.130); +0.070 [+0.040, +0.100] over step 0 (answer -0.020 [-0.050, +0.010])"
+    )
+
+
+STEP_0 = {**EVAL, "eval/answer_accuracy": 0.3, "eval/format_gap": 0.02, "eval/completion_length_mean": 85.3}
+
+
+@pytest.mark.parametrize("cut, warned", [(0.0, False), (0.1, False), (0.11, True), (0.5, True)])
+def test_step_0_says_how_many_answers_the_budget_cut_and_warns_above_10_percent(caplog, cut, warned):
+    """10% cut exactly is not more than 10%: no warning; 11% is."""
+    cfg = load_config(None, ["logging.progress_bar=false", "rollout.max_new_tokens=64", "eval.max_new_tokens=80"])
+    progress = Progress(cfg, start_step=0)
+    with caplog.at_level(logging.INFO):
+        progress.log(0, {**STEP_0, "eval/truncated_rate": cut})
+    progress.close()
+    said = [record.getMessage() for record in caplog.records]
+    assert said[0] == (f"eval step 0/{cfg.train.max_steps}: accuracy 0.280 (95% CI 0.200-0.370) on 100 items, answer "
+                       f"accuracy 0.300 (format gap +0.020) (before training); {100 * cut:.1f}% of the greedy answers "
+                       "cut at the token budget, mean length 85.3 tokens")
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert warnings == ([f"step 0: {100 * cut:.1f}% of the greedy eval answers were cut at the 80-token budget (more "
+                         "than 10%): a cut answer has no final answer to grade or reward; raise rollout.max_new_tokens "
+                         "and eval.max_new_tokens"] if warned else [])
+
+
+def test_the_summary_shows_the_answer_accuracy_and_the_change_from_step_0(tmp_path):
+    rows = [{"step": 0, **STEP_0, "accuracy": 0.16}, {"step": 40, **CHANGED}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    lines = end_of_run_summary(tmp_path, 40, 40, 200.0).splitlines()
+    assert lines[2:4] == [
+        "  answer accuracy (the gold number wherever the final answer is read): first 0.300 -> last 0.410; format gap "
+        "(answer - strict) +0.020 -> +0.130",
+        "  change from step 0 at step 40: +0.070 [+0.040, +0.100] (answer -0.020 [-0.050, +0.010]), 95% interval, "
+        "paired on the 100 eval items",
+    ]
+
+
 def test_durations():
     assert [duration(s) for s in (7.4, 200, 3725)] == ["7s", "3m20s", "1h02m"]
 
@@ -143,12 +189,13 @@ def quiet_run(tmp_path_factory):
 def test_a_run_without_the_bar_logs_every_step_and_every_eval(quiet_run):
     log, _, _ = quiet_run
     lines = log.splitlines()
-    steps = [line for line in lines if line.startswith("step ")]
+    steps = [line for line in lines if line.startswith("step ") and not line.startswith("step 0: ")]  # cut answers
     evals = [line for line in lines if line.startswith("eval step ")]
     assert [line.split(":")[0] for line in steps] == ["step 1/2", "step 2/2"]
     assert all("reward " in line and "train acc " in line and "s/step" in line for line in steps), steps
     assert [line.split(":")[0] for line in evals] == ["eval step 0/2", "eval step 1/2", "eval step 2/2"]
-    assert evals[0].endswith("on 8 items (before training)")
+    assert " on 8 items, answer accuracy " in evals[0] and "(before training); " in evals[0]
+    assert all(" over step 0 (answer " in line for line in evals[1:])
     assert all("95% CI" in line for line in evals)
     assert all("since the last eval: reward " in line and "s/step" in line for line in evals[1:]), evals
 
@@ -214,6 +261,11 @@ def test_a_run_ends_with_a_summary(quiet_run):
     lines = stdout.splitlines()
     assert lines[0].startswith(f"finished {out}: 2 steps in ")
     assert lines[1].startswith("  eval accuracy (8 eval items): first ") and " -> best " in lines[1]
+    assert lines[2].startswith("  answer accuracy (the gold number wherever the final answer is read): first ")
+    change = r"[-+]\d\.\d{3} \[[-+]\d\.\d{3}, [-+]\d\.\d{3}\]"
+    assert re.fullmatch(rf"  change from step 0 at step 2: {change} \(answer {change}\), 95% interval, paired on the 8 "
+                        r"eval items", lines[3]), lines[3]
+    lines = lines[:2] + lines[4:]
     assert re.fullmatch(r"  generation: [\d,]+ tokens for [\d,]+ trained \(\d+\.\d\d per trained token; [\d,]+ on "
                         r"dropped groups\), \d+\.\d\d s per trained group", lines[3]), lines[3]
     # The head scores exactly the trained tokens (no overlong filtering): 1.00 head position per trained token.

@@ -67,13 +67,11 @@ CHECKPOINT_KIND = OutputKind(
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first: checkpoint_<N>/ holding its trainer state (temporary folders,
-    and one pruned of the run's files around a user's, are none)."""
+    """Complete checkpoints of a run, oldest first (temporary folders are ignored)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir()
-             if (m := CHECKPOINT_RE.match(p.name)) and (p / STATE_FILE).is_file()]
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := CHECKPOINT_RE.match(p.name)) and p.is_dir()]
     return [p for _, p in sorted(found)]
 
 
@@ -273,7 +271,7 @@ def _prune(run_dir: Path, keep_last: int, best: CheckpointScore | None = None) -
     and the `best` (checkpoint.keep_best)."""
     if keep_last <= 0:
         return
-    dirs = checkpoint_dirs(run_dir)
+    dirs = [path for path in checkpoint_dirs(run_dir) if (path / STATE_FILE).is_file()]  # not one pruned already
     older, kept = [p for p in dirs[:-keep_last] if best is None or p.name != best.name], dirs[-keep_last:]
     if older and not any(_good(path) for path in kept):
         older = [path for path in older if path != next((p for p in reversed(older) if _good(p)), None)]

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from dapo_train.errors import ConfigError
-from dapo_train.model.lora import is_peft_model, merged_weights
+from dapo_train.model.lora import is_peft_model, merged_weights, unties_embeddings
 from dapo_train.rollout.decoding import Decoded
 from dapo_train.rollout.engines import (
     Completion,
@@ -152,6 +152,8 @@ def llm_settings(setup: EngineSetup, cuda: bool) -> dict:
             kv_mib = -(-_kv_bytes(config, dtype.itemsize, setup.batch_size * length) // 2**20)
     if kv_mib:
         settings["kv_cache_memory_bytes"] = kv_mib * 2**20
+    if unties_embeddings(setup.model):  # its own LM head, which the folder does not hold: random until the first
+        settings.update(hf_overrides={"tie_word_embeddings": False}, load_format="dummy")  # sync, at start
     return settings
 
 

@@ -24,6 +24,7 @@ loads) says in one line how to install it, and refuses a run of several processe
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import itertools
 import logging
@@ -237,6 +238,16 @@ class VllmEngine:
         if self.cuda and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
+
+    def close(self) -> None:
+        """The run is over: vLLM's engine core shut down, its KV cache and weights given back, so that the next
+        run in this process (a sweep's point, preflight's rehearsal, an eval's next target) starts on free memory.
+        Dropping the engine is not enough: its start freezes every object then alive out of the garbage
+        collector's reach (gc.freeze), and only its shutdown thaws them. A second call does nothing."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            gc.collect()
 
     def _wake(self) -> None:
         if self.asleep:

@@ -43,7 +43,7 @@ from dapo_train.errors import TaskSolved, TrainingAborted
 from dapo_train.evaluation.generate import add_model_scores, eval_max_new_tokens, eval_records
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.model import checkpoint as ckpt
-from dapo_train.rollout.engines import eval_engine, pause
+from dapo_train.rollout.engines import eval_engine, pause, release
 from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, write_items
 from dapo_train.run.folder import (
     finished,
@@ -215,6 +215,16 @@ def train(
             return run_dir
         warn_config_changes(cfg, resume_from)
     run = setup(cfg, run_dir, resume_from)
+    try:
+        _run_session(run, resume_from, overwrite, stop, started)
+    finally:
+        release(run.engine)  # its memory (vllm's KV cache) given back: a sweep's next point starts in this process
+    return run_dir
+
+
+def _run_session(run: Run, resume_from: Path | None, overwrite: bool, stop: StopRequested, started: float) -> None:
+    """train()'s run once set up: the folder opened, the steps, the report; TrainingAborted / TaskSolved."""
+    cfg, run_dir = run.cfg, run.run_dir
     check_disk(run, resume_from, replacing=overwrite)
     run.started = started
     main = distributed.is_main()  # the one process that writes the run's logs and checkpoints
@@ -234,7 +244,6 @@ def train(
             raise TrainingAborted(f"step {run.step}: {aborted}")
         if solved is not None:
             raise TaskSolved(f"step {run.step}: {solved}; the result is {ckpt.latest_checkpoint(run_dir)}")
-    return run_dir
 
 
 def _open_session(run: Run, resume_from: Path | None) -> None:

@@ -106,3 +106,31 @@ def test_eval_with_engine_vllm_gives_the_hf_engines_greedy_numbers(tmp_path, mon
         saved = json.loads((checkpoint / "eval_test_limit30.json").read_text())
         assert saved["config"]["rollout"]["engine"] == name
     assert len(records["vllm"]) == 30 and records["vllm"] == records["hf"]
+
+
+def _run_exit(monkeypatch, capsys, *args: str) -> tuple[int, list[str]]:
+    monkeypatch.setattr(sys, "argv", ["dapo-train", "run", *args])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    return exited.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_an_impossible_kv_cache_is_one_line_naming_the_key(tmp_path, monkeypatch, capsys):
+    """More KV cache than the machine has available: refused before the model loads, as vLLM would refuse it
+    after (a 114-line traceback, exit 1). Past that check, vLLM's own refusal at start is one line naming the
+    key too, not vLLM's option."""
+    from dapo_train.rollout import vllm_engine
+    from dapo_train.train import session
+
+    huge = ["rollout.engine=vllm", "rollout.vllm_kv_cache_mib=100000000", "train.max_steps=1"]
+    with monkeypatch.context() as patch:
+        patch.setattr(session, "load_policy", lambda *args, **kwargs: pytest.fail("the model loaded"))
+        code, lines = _run_exit(patch, capsys, *huge, f"output_dir={tmp_path / 'run'}")
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: config key 'rollout.vllm_kv_cache_mib': a KV cache of 100,000,000 MiB is "
+                               "more than the ") and not (tmp_path / "run").exists()
+    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 2**60)  # our check passes: vLLM's refuses
+    code, lines = _run_exit(monkeypatch, capsys, *huge, f"output_dir={tmp_path / 'again'}")
+    assert code == 2 and "Traceback" not in "\n".join(lines), lines[-5:]
+    assert lines[-1].startswith("error: config key 'rollout.vllm_kv_cache_mib': vLLM could not start: ")
+    assert "kv-cache-memory-bytes" not in lines[-1] and "lower rollout.vllm_kv_cache_mib" in lines[-1], lines[-1]

@@ -46,6 +46,7 @@ from dapo_train.model.loading import (
 )
 from dapo_train.model.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
 from dapo_train.rollout.engines import build_engine, engine_factory, release, rollout_tools
+from dapo_train.rollout.vllm_engine import check_memory
 from dapo_train.run.files import write_json_atomic, write_jsonl_atomic
 from dapo_train.run.folder import RUNS_ROOT, describe_runs, latest_run
 from dapo_train.task.answers import answer_check
@@ -274,6 +275,7 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
     check_sequence_budget(cfg, max_new_tokens, budget)  # as `run` does
     tools = rollout_tools(cfg.rollout)
     engine_factory(cfg.rollout.engine)  # an engine that evals through (vllm) and is not installed fails here
+    check_memory(cfg.rollout, torch.cuda.is_available())  # or asks for a KV cache the device cannot hold
     tokenizer = load_tokenizer(cfg.model)
     turns = tool_turns(tokenizer, tools, cfg.rollout.max_tool_calls)
     prompts, _ = load_prompts(cfg.data, tokenizer, split, turns and turns.schemas)

@@ -69,6 +69,38 @@ def require() -> None:
                           "accelerate launch); train in one process, or use rollout.engine=hf on several")
 
 
+def check_memory(rollout_cfg, cuda: bool, free_bytes: int | None = None) -> None:
+    """ConfigError when rollout.vllm_kv_cache_mib asks for more than the device has free: a CPU's available
+    memory, a card's free memory (free_bytes: that figure, else measured now). Before the model loads."""
+    mib = rollout_cfg.vllm_kv_cache_mib
+    if rollout_cfg.engine != "vllm" or not mib:
+        return
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info()[0] if cuda else _available_memory()
+    if mib * 2**20 > free_bytes:
+        where = "the card has free" if cuda else "this machine has available"
+        raise ConfigError("rollout.vllm_kv_cache_mib", f"a KV cache of {mib:,} MiB is more than the "
+                          f"{free_bytes // 2**20:,} MiB {where}; lower it, or set 0 to size it to the run")
+
+
+def _available_memory() -> int:
+    import psutil  # accelerate's dependency
+
+    return psutil.virtual_memory().available
+
+
+def _start_refused(err: Exception, setup: EngineSetup, cuda: bool) -> ConfigError:
+    """vLLM's own refusal at start, as one line naming the config key behind it (its message names its options)."""
+    said = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0].rstrip(".")
+    if "memory" in said.lower() or "kv cache" in said.lower():
+        key = "rollout.vllm_memory" if cuda and not setup.vllm_kv_cache_mib else "rollout.vllm_kv_cache_mib"
+        return ConfigError(key, f"vLLM could not start: {said}; lower {key}" +
+                           ("" if key == "rollout.vllm_memory" else ", or set 0 to size it to the run"))
+    return ConfigError("rollout.engine", f"vLLM could not start with this run's settings: {said} (its settings "
+                       "come from rollout.dtype, rollout.compile, rollout.generation_batch_size and the model: "
+                       "docs/vllm.md)")
+
+
 def inert_settings(rollout_cfg, cuda: bool) -> list[str]:
     """What the start says of the vllm keys that cannot act as configured (set away from their defaults)."""
     from dapo_train.config.schema import RolloutConfig
@@ -208,8 +240,11 @@ class VllmEngine:
         except ImportError as err:  # installed, but beside a torch it does not fit
             raise ConfigError("rollout.engine", f"vllm is installed but does not import ({err}); {INSTALL}") from err
         settings = llm_settings(setup, self.cuda)
-        with _process_kept():
-            llm = LLM(**settings, logits_processors=[KeptMass])
+        try:
+            with _process_kept():
+                llm = LLM(**settings, logits_processors=[KeptMass])
+        except (ValueError, RuntimeError, MemoryError) as err:  # what its start refuses, or runs out of
+            raise _start_refused(err, setup, self.cuda) from err
         kv = settings.get("kv_cache_memory_bytes")
         logger.info("rollout: vllm engine on %s, %s, %d positions, KV cache %s, %s%s", "cuda" if self.cuda else "cpu",
                     settings["dtype"], settings["max_model_len"], f"{kv / 2**20:.0f} MiB" if kv else

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from dapo_train.config.load import load_config
+from dapo_train.errors import ConfigError
 from dapo_train.model.loading import load_model, load_tokenizer
 from dapo_train.rollout import EngineSetup
 from dapo_train.rollout.engines import pause
-from dapo_train.rollout.vllm_engine import VllmEngine, inert_settings, llm_settings
+from dapo_train.rollout.vllm_engine import VllmEngine, check_memory, inert_settings, llm_settings
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +110,17 @@ def test_run_with_vllm_missing_is_one_line_and_exit_2_before_the_model_loads(mon
     lines = capsys.readouterr().err.strip().splitlines()
     assert "vllm is not installed; pip install 'dapo-train[vllm]'" in lines[-1] and "Traceback" not in "".join(lines)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_kv_cache_the_device_cannot_hold_is_refused_naming_the_key():
+    def check(*overrides: str, cuda: bool = False, free_mib: int = 1000) -> None:
+        check_memory(load_config(None, ["rollout.engine=vllm", *overrides]).rollout, cuda, free_mib * 2**20)
+
+    check("rollout.vllm_kv_cache_mib=1000")  # all there is: vLLM's own start decides
+    check("rollout.vllm_kv_cache_mib=0", free_mib=1)  # auto: sized to the run
+    check_memory(load_config(None, ["rollout.vllm_kv_cache_mib=5000"]).rollout, False, 2**20)  # hf: not vllm's
+    with pytest.raises(ConfigError, match=r"^config key 'rollout.vllm_kv_cache_mib': a KV cache of 1,001 MiB is "
+                                          r"more than the 1,000 MiB this machine has available; lower it"):
+        check("rollout.vllm_kv_cache_mib=1001")
+    with pytest.raises(ConfigError, match="more than the 1,000 MiB the card has free"):
+        check("rollout.vllm_kv_cache_mib=1001", cuda=True)

@@ -119,7 +119,7 @@ def test_an_impossible_kv_cache_is_one_line_naming_the_key(tmp_path, monkeypatch
     """More KV cache than the machine has available: refused before the model loads, as vLLM would refuse it
     after (a 114-line traceback, exit 1). Past that check, vLLM's own refusal at start is one line naming the
     key too, not vLLM's option."""
-    from dapo_train.rollout import vllm_engine
+    from dapo_train.rollout import vllm_settings
     from dapo_train.train import session
 
     huge = ["rollout.engine=vllm", "rollout.vllm_kv_cache_mib=100000000", "train.max_steps=1"]
@@ -129,7 +129,7 @@ def test_an_impossible_kv_cache_is_one_line_naming_the_key(tmp_path, monkeypatch
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("error: config key 'rollout.vllm_kv_cache_mib': a KV cache of 100,000,000 MiB is "
                                "more than the ") and not (tmp_path / "run").exists()
-    monkeypatch.setattr(vllm_engine, "_available_memory", lambda: 2**60)  # our check passes: vLLM's refuses
+    monkeypatch.setattr(vllm_settings, "_available_memory", lambda: 2**60)  # our check passes: vLLM's refuses
     code, lines = _run_exit(monkeypatch, capsys, *huge, f"output_dir={tmp_path / 'again'}")
     assert code == 2 and "Traceback" not in "\n".join(lines), lines[-5:]
     assert lines[-1].startswith("error: config key 'rollout.vllm_kv_cache_mib': vLLM could not start: ")

@@ -46,7 +46,7 @@ from dapo_train.model.loading import (
 )
 from dapo_train.model.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
 from dapo_train.rollout.engines import build_engine, engine_factory, release, rollout_tools
-from dapo_train.rollout.vllm_engine import check_memory
+from dapo_train.rollout.vllm_settings import check_memory
 from dapo_train.run.files import write_json_atomic, write_jsonl_atomic
 from dapo_train.run.folder import RUNS_ROOT, describe_runs, latest_run
 from dapo_train.task.answers import answer_check

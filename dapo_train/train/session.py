@@ -38,7 +38,7 @@ from dapo_train.model.loading import (
 )
 from dapo_train.rewards.scoring import RewardSet, rewards_from_config
 from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id, rollout_tools
-from dapo_train.rollout.vllm_engine import check_memory, inert_settings
+from dapo_train.rollout.vllm_settings import check_memory, inert_settings
 from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
 from dapo_train.task.sources import load_split
 from dapo_train.tools.turns import ToolTurns, tool_turns

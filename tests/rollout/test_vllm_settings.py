@@ -12,7 +12,8 @@ from dapo_train.errors import ConfigError
 from dapo_train.model.loading import load_model, load_tokenizer
 from dapo_train.rollout import EngineSetup
 from dapo_train.rollout.engines import pause
-from dapo_train.rollout.vllm_engine import VllmEngine, check_memory, inert_settings, llm_settings
+from dapo_train.rollout.vllm_engine import VllmEngine
+from dapo_train.rollout.vllm_settings import check_memory, inert_settings, llm_settings
 
 
 @pytest.fixture(scope="module")

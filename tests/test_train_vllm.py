@@ -133,4 +133,4 @@ def test_an_impossible_kv_cache_is_one_line_naming_the_key(tmp_path, monkeypatch
     code, lines = _run_exit(monkeypatch, capsys, *huge, f"output_dir={tmp_path / 'again'}")
     assert code == 2 and "Traceback" not in "\n".join(lines), lines[-5:]
     assert lines[-1].startswith("error: config key 'rollout.vllm_kv_cache_mib': vLLM could not start: ")
-    assert "kv-cache-memory-bytes" not in lines[-1] and "lower rollout.vllm_kv_cache_mib" in lines[-1], lines[-1]
+    assert "kv-cache-memory-bytes" not in lines[-1] and "set rollout.vllm_kv_cache_mib to" in lines[-1], lines[-1]

@@ -26,6 +26,7 @@ INSTALL = ("pip install 'dapo-train[vllm]'; on a CPU: pip install torch==2.13.0,
 
 VERBOSE_ENV = "VLLM_LOGGING_LEVEL"  # vLLM's own: unset, dapo-train sets ERROR (started_line)
 
+
 def require() -> None:
     """ConfigError unless vllm is installed, or when several processes train (each would start an engine
     that joins the trainer's process group): checked before the model loads."""
@@ -62,8 +63,9 @@ def start_refused(err: Exception, setup: EngineSetup, cuda: bool) -> ConfigError
     said = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0].rstrip(".")
     if "memory" in said.lower() or "kv cache" in said.lower():
         key = "rollout.vllm_memory" if cuda and not setup.vllm_kv_cache_mib else "rollout.vllm_kv_cache_mib"
-        return ConfigError(key, f"vLLM could not start: {said}; lower {key}" +
-                           ("" if key == "rollout.vllm_memory" else ", or set 0 to size it to the run"))
+        fix = ("a share of the card that is free and holds its weights and KV cache" if key == "rollout.vllm_memory"
+               else "what the machine holds and one sequence needs (0 sizes it to the run)")
+        return ConfigError(key, f"vLLM could not start: {said}; set {key} to {fix}")
     return ConfigError("rollout.engine", f"vLLM could not start with this run's settings: {said} (its settings "
                        "come from rollout.dtype, rollout.compile, rollout.generation_batch_size and the model: "
                        "docs/vllm.md)")
@@ -82,7 +84,6 @@ def inert_settings(rollout_cfg, cuda: bool) -> list[str]:
         return ["rollout.vllm_memory cannot act on a CPU (it is a share of a CUDA card): vLLM's memory here is its "
                 "weights and rollout.vllm_kv_cache_mib (0: sized to the run)"]
     return []
-
 
 
 def _model_folder(model: torch.nn.Module) -> str:

@@ -50,7 +50,8 @@ from dapo_train.model.loading import (
     mixed_precision,
 )
 from dapo_train.model.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
-from dapo_train.rollout.engines import build_engine, engine_factory, rollout_tools
+from dapo_train.rollout.engines import build_engine, engine_factory, release, rollout_tools
+from dapo_train.rollout.vllm_settings import check_memory
 from dapo_train.run.eval_items import PERIODIC, items_path, read_items
 from dapo_train.run.files import write_json_atomic, write_jsonl_atomic
 from dapo_train.run.folder import RUNS_ROOT, describe_runs, latest_run
@@ -254,6 +255,7 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
     check_sequence_budget(cfg, max_new_tokens, budget)  # as `run` does
     tools = rollout_tools(cfg.rollout)
     engine = eval_engine_name(cfg)  # an engine that evals through (vllm) and is not installed fails here
+    check_memory(cfg.rollout, torch.cuda.is_available())  # or asks for a KV cache the device cannot hold
     tokenizer = load_tokenizer(cfg.model)
     turns = tool_turns(tokenizer, tools, cfg.rollout.max_tool_calls)
     prompts, _ = load_prompts(cfg.data, tokenizer, split, turns and turns.schemas)
@@ -316,14 +318,17 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
         torch.set_num_threads(plan.cfg.train.num_threads)  # as the trainer does; tiny models run fastest on 1
     model = load_model(plan.cfg.model, device)
     engine = _engine(plan, model)
-    with _autocast(plan.cfg, device):
-        result = evaluate_prompts(
-            model, plan.tokenizer, plan.prompts,
-            max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size,
-            samples=options.samples, temperature=options.temperature, seed=plan.cfg.seed,
-            check=answer_check(plan.cfg.data.correctness), tools=plan.tools, engine=engine,
-            progress="eval" if plan.cfg.logging.progress_bar else None,
-        )
+    try:
+        with _autocast(plan.cfg, device):
+            result = evaluate_prompts(
+                model, plan.tokenizer, plan.prompts,
+                max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size,
+                samples=options.samples, temperature=options.temperature, seed=plan.cfg.seed,
+                check=answer_check(plan.cfg.data.correctness), tools=plan.tools, engine=engine,
+                progress="eval" if plan.cfg.logging.progress_bar else None,
+            )
+    finally:
+        release(engine)  # the next target's engine starts on free memory
     del model, engine
     if device.type == "cuda":
         torch.cuda.empty_cache()

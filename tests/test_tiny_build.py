@@ -1,5 +1,5 @@
-"""The tiny build's training maths (scripts/build/make_tiny_model.py): the shortcuts it takes for speed
-give the loss and gradient of the plain computation."""
+"""The tiny build's training maths (scripts/build/tiny_sft.py, used by make_tiny_model.py): the shortcuts it
+takes for speed give the loss and gradient of the plain computation."""
 
 import json
 
@@ -9,6 +9,8 @@ from transformers import AutoTokenizer
 
 from dapo_train.task.locations import TINY_DATA_DIR, TINY_MODEL_DIR
 
+import tiny_sft
+
 
 @pytest.fixture(scope="module")
 def setup(build):
@@ -17,7 +19,7 @@ def setup(build):
     examples = build.encode_examples(tokenizer, [json.loads(line) for line in lines])
     torch.manual_seed(0)
     model = build.build_model(tokenizer)
-    shared = build.shared_prefix_length(examples)
+    shared = tiny_sft.shared_prefix_length(examples)
     prefix = torch.tensor(examples[0][0][:shared])[None]
     rows = [(prompt[shared:], completion) for prompt, completion in examples]
     return model, tokenizer.pad_token_id, examples, prefix, rows
@@ -29,13 +31,13 @@ def grads(model):
     return out
 
 
-def test_the_shared_prefix_gives_the_full_forward_loss_and_gradient(build, setup):
+def test_the_shared_prefix_gives_the_full_forward_loss_and_gradient(setup):
     model, pad_id, examples, prefix, rows = setup
-    input_ids, labels = build._batch(examples, pad_id)
+    input_ids, labels = tiny_sft._batch(examples, pad_id)
     plain = model(input_ids=input_ids, labels=labels).loss
     plain.backward()
     expected = grads(model)
-    shortcut = build.sft_loss(model, prefix, *build._batch(rows, pad_id))
+    shortcut = tiny_sft.sft_loss(model, prefix, *tiny_sft._batch(rows, pad_id))
     shortcut.backward()
     assert torch.allclose(shortcut, plain, atol=1e-5)
     for got, want in zip(grads(model), expected):
@@ -43,23 +45,23 @@ def test_the_shared_prefix_gives_the_full_forward_loss_and_gradient(build, setup
 
 
 @pytest.mark.parametrize("pieces", [2, 3, 7, 20])
-def test_micro_batches_give_the_whole_batch_loss_and_gradient(build, setup, pieces):
+def test_micro_batches_give_the_whole_batch_loss_and_gradient(setup, pieces):
     model, pad_id, _, prefix, rows = setup
-    whole = build.accumulate_batch(model, prefix, rows, pad_id, micro_batches=1)
+    whole = tiny_sft.accumulate_batch(model, prefix, rows, pad_id, micro_batches=1)
     expected = grads(model)
-    split = build.accumulate_batch(model, prefix, rows, pad_id, micro_batches=pieces)
+    split = tiny_sft.accumulate_batch(model, prefix, rows, pad_id, micro_batches=pieces)
     assert torch.allclose(split, whole, atol=1e-5)
     for got, want in zip(grads(model), expected):
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
 
 
-def test_masked_labels_train_only_the_unmasked_tokens(build, setup):
+def test_masked_labels_train_only_the_unmasked_tokens(setup):
     """(prompt, completion, labels) rows, as make_tiny_tools_model.py masks its tool turns: the micro-batched
     loss is the mean over the labelled tokens, as one forward with those labels gives it."""
     model, pad_id, examples, prefix, rows = setup
     masked = [(prompt, completion, [-100 if i % 3 == 1 else t for i, t in enumerate(completion)])
               for prompt, completion in rows]
-    input_ids, _ = build._batch(rows, pad_id)
+    input_ids, _ = tiny_sft._batch(rows, pad_id)
     labels = torch.full_like(input_ids, -100)
     for row, (prompt, completion, targets) in enumerate(masked):
         labels[row, len(prompt) : len(prompt) + len(completion)] = torch.tensor(targets)
@@ -68,11 +70,11 @@ def test_masked_labels_train_only_the_unmasked_tokens(build, setup):
     plain = model(input_ids=input_ids, labels=labels, cache=cache).loss
     plain.backward()
     expected = grads(model)
-    split = build.accumulate_batch(model, prefix, masked, pad_id, micro_batches=3)
+    split = tiny_sft.accumulate_batch(model, prefix, masked, pad_id, micro_batches=3)
     assert torch.allclose(split, plain, atol=1e-5)
     for got, want in zip(grads(model), expected):
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
-    unmasked = build.accumulate_batch(model, prefix, rows, pad_id, micro_batches=3)
+    unmasked = tiny_sft.accumulate_batch(model, prefix, rows, pad_id, micro_batches=3)
     model.zero_grad(set_to_none=True)
     assert not torch.allclose(unmasked, split, atol=1e-3)
 

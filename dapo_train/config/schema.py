@@ -55,7 +55,9 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     name_or_path: str = _opt(
-        BUILTIN_MODEL, "HF model id, local folder, or builtin:tiny / builtin:tiny-long / builtin:tiny-tools (shipped)."
+        BUILTIN_MODEL,
+        "HF model id, local folder, or builtin:tiny / builtin:tiny-long / builtin:tiny-tools / builtin:tiny-strong "
+        "(shipped).",
     )
     dtype: str = _opt(
         "auto",

@@ -3,8 +3,9 @@
 `builtin:tiny`, `builtin:tiny-zh-math` (dapo_train/assets/tiny/) and `builtin:tiny-long`,
 `builtin:tiny-zh-math-long` (dapo_train/assets/tiny-long/; rebuilt by scripts/build/make_tiny_model.py), and
 the reward model `builtin:tiny-verifier` (dapo_train/assets/tiny-verifier/; scripts/build/make_tiny_verifier.py)
-and the tool-calling warm start `builtin:tiny-tools` (dapo_train/assets/tiny-tools/;
-scripts/build/make_tiny_tools_model.py) resolve to shipped folders; a name that looks like a path is one;
+the tool-calling warm start `builtin:tiny-tools` (dapo_train/assets/tiny-tools/;
+scripts/build/make_tiny_tools_model.py) and the strong start `builtin:tiny-strong` (dapo_train/assets/tiny-strong/;
+make_tiny_model.py --recipe tiny-strong) resolve to shipped folders; a name that looks like a path is one;
 anything else is a Hub id.
 
 Before a Hub id is downloaded, one short question goes to the Hub: without a network,
@@ -38,11 +39,14 @@ TINY_LONG_MODEL_DIR = ASSETS_DIR / "tiny-long" / "model"
 TINY_LONG_DATA_DIR = ASSETS_DIR / "tiny-long" / "data"
 TINY_VERIFIER_DIR = ASSETS_DIR / "tiny-verifier"
 TINY_TOOLS_MODEL_DIR = ASSETS_DIR / "tiny-tools"
+TINY_STRONG_MODEL_DIR = ASSETS_DIR / "tiny-strong"
 # The shipped names: the short task and its model, the long-solution task and its warm start, and a
 # verifier of the short task's completions (a sequence classifier: a reward model, not a policy), and
-# the tiny model continued on solutions that call the calculator (issue 42).
+# the tiny model continued on solutions that call the calculator (issue 42), and a strong start on the short
+# task (issue 53: most answers already right, so RL can lose accuracy as well as gain it).
 BUILTIN_MODELS = {BUILTIN_MODEL: TINY_MODEL_DIR, "builtin:tiny-long": TINY_LONG_MODEL_DIR,
-                  "builtin:tiny-verifier": TINY_VERIFIER_DIR, "builtin:tiny-tools": TINY_TOOLS_MODEL_DIR}
+                  "builtin:tiny-verifier": TINY_VERIFIER_DIR, "builtin:tiny-tools": TINY_TOOLS_MODEL_DIR,
+                  "builtin:tiny-strong": TINY_STRONG_MODEL_DIR}
 BUILTIN_DATA_SETS = {BUILTIN_DATA: TINY_DATA_DIR, "builtin:tiny-zh-math-long": TINY_LONG_DATA_DIR}
 
 
@@ -53,8 +57,8 @@ def _resolve_builtin(name: str, shipped: dict[str, Path], key: str) -> str:
 
 
 def resolve_model_path(name_or_path: str, key: str = "model.name_or_path") -> str:
-    """builtin:tiny, builtin:tiny-long, builtin:tiny-verifier, builtin:tiny-tools -> the shipped model
-    folder; anything else unchanged. key: the setting that named it, for the message."""
+    """builtin:tiny, builtin:tiny-long, builtin:tiny-verifier, builtin:tiny-tools, builtin:tiny-strong -> the
+    shipped model folder; anything else unchanged. key: the setting that named it, for the message."""
     return _resolve_builtin(name_or_path, BUILTIN_MODELS, key)
 
 

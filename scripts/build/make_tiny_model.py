@@ -1,7 +1,8 @@
 """Build the embedded tiny world: the word-problem splits, a character tokenizer, a warm-started
 tiny Qwen2 model. Everything lands in dapo_train/assets/tiny/ and ships inside the package;
 `--recipe tiny-long` builds the long-solution task and its warm start in dapo_train/assets/tiny-long/
-(see build_long and make_tiny_model.md).
+(see build_long and make_tiny_model.md); `--recipe tiny-strong` the strong start in
+dapo_train/assets/tiny-strong/ (build_strong).
 
 Rebuild (deterministic: the defaults give the shipped weights bit for bit, on 1 or 2 threads;
 the 600 SFT steps took 235 s on 2 threads, 350 s on 1, the measurement another 30-50 s):
@@ -11,6 +12,7 @@ the 600 SFT steps took 235 s on 2 threads, 350 s on 1, the measurement another 3
     python scripts/build/make_tiny_model.py --steps 800 --no-eval # another SFT length, no measurement
     python scripts/build/make_tiny_model.py --measure-only        # re-measure the shipped model (~35 s)
     python scripts/build/make_tiny_model.py --recipe tiny-long --threads 1   # the long task's world (~13 min)
+    python scripts/build/make_tiny_model.py --recipe tiny-strong --threads 1 # the strong start (~7 min CPU)
 
 Stages, saved as they finish so other work can start early:
 1. data/{train,test}.jsonl from tiny_task.make_splits (scripts/build/tiny_task.py; fixed seed, no shared question);
@@ -46,7 +48,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import random
 import shutil
 import sys
@@ -59,10 +60,17 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from dapo_train.config.schema import DEFAULT_SYSTEM_PROMPT
-from dapo_train.task.locations import TINY_DATA_DIR, TINY_LONG_DATA_DIR, TINY_LONG_MODEL_DIR, TINY_MODEL_DIR
+from dapo_train.task.locations import (
+    TINY_DATA_DIR,
+    TINY_LONG_DATA_DIR,
+    TINY_LONG_MODEL_DIR,
+    TINY_MODEL_DIR,
+    TINY_STRONG_MODEL_DIR,
+)
 from dapo_train.task.prompts import chat_prompt
 
 from tiny_measure import measure, remeasure, write_info
+from tiny_sft import train_sft
 
 # Build-time code next to this script, not part of the package.
 from tiny_task import concise, make_splits
@@ -71,6 +79,7 @@ from tiny_tokenizer import build_tokenizer, save_tokenizer
 
 SEED = 0
 LONG_MAX_NEW_TOKENS = 128  # the long task's: rollout.max_new_tokens of configs/tiny-long-cpu.yaml
+EVAL_ITEMS = 100  # the strong start's eval.num_items (configs/tiny-strong-cpu.yaml): its step-0 accuracy is measured
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 MODEL_SHAPE = {
     "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -158,126 +167,6 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
     return model
 
 
-def _batch(examples: list[tuple[list[int], ...]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded input ids (B, T) and labels (B, T): -100 on the prompt and on padding.
-
-    An example is (prompt, completion) or (prompt, completion, labels): labels, as long as the
-    completion, -100 where a token is context rather than target (the tool turns of
-    make_tiny_tools_model.py); by default the completion itself.
-
-    Right padding needs no attention mask: causal attention never lets a real token see the pads
-    that come after it, and position ids stay 0..T-1.
-    """
-    width = max(len(example[0]) + len(example[1]) for example in examples)
-    input_ids = torch.full((len(examples), width), pad_id)
-    labels = torch.full((len(examples), width), -100)
-    for row, (prompt, completion, *targets) in enumerate(examples):
-        ids = prompt + completion
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, len(prompt) : len(ids)] = torch.tensor(targets[0] if targets else completion)
-    return input_ids, labels
-
-
-def shared_prefix_length(examples: list[tuple[list[int], list[int]]]) -> int:
-    """Tokens every prompt starts with: the system turn and '<|im_start|>user\\n'."""
-    first = examples[0][0]
-    length = len(first)
-    for prompt, *_ in examples:
-        length = next((i for i, (a, b) in enumerate(zip(first[:length], prompt)) if a != b), min(length, len(prompt)))
-    return length
-
-
-def sft_loss(model, prefix: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean completion-token cross-entropy, running the shared prefix once per batch.
-
-    Same value and gradient as a forward over the full sequences (the prefix keys and values are
-    computed with grad and broadcast over the batch), but the ~100-token system turn is not
-    recomputed for every row: about 2x faster on CPU.
-    prefix (1, P); input_ids, labels (B, T): the rows after the prefix, right-padded.
-    """
-    cache = model.model(input_ids=prefix, use_cache=True).cache
-    cache.batch_repeat_interleave(input_ids.shape[0])
-    return model(input_ids=input_ids, labels=labels, cache=cache).loss
-
-
-def _targets(example: tuple[list[int], ...]) -> int:
-    """Tokens of an example's completion that carry a label (see _batch)."""
-    return sum(label != -100 for label in example[2]) if len(example) > 2 else len(example[1])
-
-
-def accumulate_batch(model, prefix: torch.Tensor, batch, pad_id: int, micro_batches: int) -> torch.Tensor:
-    """Backward of the batch's mean completion-token loss, run as `micro_batches` length-sorted
-    pieces, each weighted by its share of the batch's completion tokens; returns the loss.
-
-    The gradient equals one backward over the whole batch up to float rounding, with less padding.
-    """
-    batch = sorted(batch, key=lambda row: len(row[0]) + len(row[1]))
-    tokens = sum(_targets(row) for row in batch)
-    loss = torch.zeros(())
-    pieces = min(micro_batches, len(batch))
-    for piece in range(pieces):
-        part = batch[piece * len(batch) // pieces : (piece + 1) * len(batch) // pieces]
-        share = sum(_targets(row) for row in part) / tokens
-        part_loss = sft_loss(model, prefix, *_batch(part, pad_id)) * share
-        part_loss.backward()
-        loss += part_loss.detach()
-    return loss
-
-
-def lr_schedule(steps: int) -> Callable[[int], float]:
-    """The SFT learning-rate factor per step: linear warmup over 5% of the steps, then a cosine to 10%."""
-    warmup = max(1, steps // 20)
-    return lambda s: min(1.0, (s + 1) / warmup) * (0.55 + 0.45 * math.cos(math.pi * s / steps))
-
-
-def train_sft(
-    model, examples, pad_id: int, steps: int, batch_size: int, lr: float, micro_batches: int = 2
-) -> list[float]:
-    """AdamW, linear warmup then cosine decay to 10%; a seeded permutation per epoch; each
-    shuffled batch runs through accumulate_batch (about 20% faster on CPU than one piece).
-    (Grouping rows of similar length across the whole set would save more padding, but made
-    batches of one difficulty and learned several times slower.)
-    """
-    return train_mixed(model, [examples], [0], pad_id, steps, batch_size, lr, micro_batches)
-
-
-def train_mixed(
-    model, sources: list[list[tuple]], pattern: list[int], pad_id: int, steps: int, batch_size: int, lr: float,
-    micro_batches: int = 2,
-) -> list[float]:
-    """train_sft over several example sets, each with its own shared prompt prefix: step s draws its
-    batch from sources[pattern[s % len(pattern)]], a seeded permutation per set and epoch (one set:
-    exactly train_sft's draws)."""
-    prepared = []
-    for examples in sources:
-        shared = shared_prefix_length(examples)
-        prefix = torch.tensor(examples[0][0][:shared])[None]
-        prepared.append((prefix, [(prompt[shared:], *rest) for prompt, *rest in examples]))
-    generator = torch.Generator().manual_seed(SEED)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(steps))
-    orders: list[list[int]] = [[] for _ in sources]
-    losses = []
-    model.train()
-    for step in range(steps):
-        source = pattern[step % len(pattern)]
-        prefix, rows = prepared[source]
-        if len(orders[source]) < batch_size:
-            orders[source] += torch.randperm(len(rows), generator=generator).tolist()
-        picked, orders[source] = orders[source][:batch_size], orders[source][batch_size:]
-        loss = accumulate_batch(model, prefix, [rows[i] for i in picked], pad_id, micro_batches)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        if step % 100 == 0 or step == steps - 1:
-            which = f"  source {source}" if len(sources) > 1 else ""
-            print(f"  sft step {step:4d}{which}  loss {loss.item():.4f}", flush=True)
-    model.eval()
-    return losses
-
-
 # ----------------------------------------------------------------------------- recipes
 Built = tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict, list[float]]  # model, tokenizer, info, losses
 
@@ -302,6 +191,17 @@ def build_tiny(args: argparse.Namespace, data_dir: Path, model_dir: Path) -> Bui
     return model, tokenizer, info, losses
 
 
+def continue_tiny(model_dir: Path) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, dict]:
+    """The shipped tiny model to continue: its tokenizer files copied to model_dir (unchanged), its
+    weights loaded, and the build_info fields that name them."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(TINY_MODEL_DIR / name, model_dir / name)
+    weights = hashlib.sha256((TINY_MODEL_DIR / "model.safetensors").read_bytes()).hexdigest()
+    info = {"base_model": "builtin:tiny", "base_weights_sha256": weights}
+    return Qwen2ForCausalLM.from_pretrained(TINY_MODEL_DIR), AutoTokenizer.from_pretrained(TINY_MODEL_DIR), info
+
+
 def build_long(args: argparse.Namespace, data_dir: Path, model_dir: Path) -> Built:
     """The long task's warm start: the shipped tiny model (its tokenizer files copied, its weights
     continued) trained by SFT on the long train split, a seeded fraction --written-out-rate of the
@@ -314,20 +214,23 @@ def build_long(args: argparse.Namespace, data_dir: Path, model_dir: Path) -> Bui
     if split_up:
         sys.exit(f"the tiny tokenizer has no single token for {''.join(split_up)}: word the long task "
                  "(scripts/build/tiny_task_long.py) with characters of the short one")
-    model_dir.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(TINY_MODEL_DIR / name, model_dir / name)
-    model = Qwen2ForCausalLM.from_pretrained(TINY_MODEL_DIR)
+    model, tokenizer, base = continue_tiny(model_dir)
     examples = encode_examples(tokenizer, with_concise(splits["train"], args.written_out_rate))
     losses = train_sft(model, examples, tokenizer.pad_token_id, args.steps, args.batch_size, args.lr)
-    info = {
-        "base_model": "builtin:tiny",
-        "base_weights_sha256": hashlib.sha256((TINY_MODEL_DIR / "model.safetensors").read_bytes()).hexdigest(),
-        "sft_steps": args.steps,
-        "lr": args.lr,
-        "written_out_rate": args.written_out_rate,
-    }
+    info = {**base, "sft_steps": args.steps, "lr": args.lr, "written_out_rate": args.written_out_rate}
     return model, tokenizer, info, losses
+
+
+def build_strong(args: argparse.Namespace, data_dir: Path, model_dir: Path) -> Built:
+    """A strong start on the short task: the shipped tiny model continued by SFT on the correct
+    solutions of its train split (no slip), so most greedy answers are right before RL (issue 53).
+    The splits are the short task's, written to data_dir as --recipe tiny writes them."""
+    splits = make_splits(SEED)
+    write_splits(splits, data_dir)
+    model, tokenizer, base = continue_tiny(model_dir)
+    examples = encode_examples(tokenizer, splits["train"])
+    losses = train_sft(model, examples, tokenizer.pad_token_id, args.steps, args.batch_size, args.lr)
+    return model, tokenizer, {**base, "sft_steps": args.steps, "lr": args.lr}, losses
 
 
 class Recipe(NamedTuple):
@@ -352,6 +255,9 @@ RECIPES = {
         {"steps": 600, "lr": 2e-3, "written_out_rate": 0.65},
         {"max_new_tokens": LONG_MAX_NEW_TOKENS, "truncation": True},
     ),
+    "tiny-strong": Recipe(
+        TINY_DATA_DIR, TINY_STRONG_MODEL_DIR, build_strong, {"steps": 800, "lr": 1e-3}, {"eval_items": EVAL_ITEMS},
+    ),
 }
 
 
@@ -362,13 +268,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--recipe", choices=RECIPES, default="tiny",
-        help="tiny: the short task and builtin:tiny; tiny-long: the long task and builtin:tiny-long (from tiny).",
+        help="tiny: the short task and builtin:tiny; tiny-long: the long task and builtin:tiny-long (from tiny); "
+        "tiny-strong: builtin:tiny-strong (from tiny).",
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="Write data/ and model/ here (default: the recipe's package assets)."
     )
-    parser.add_argument("--steps", type=int, help="SFT steps (tiny: phase 1, on correct solutions; default 500/600).")
-    parser.add_argument("--lr", type=float, help="SFT learning rate (default 3e-3 / 2e-3).")
+    parser.add_argument(
+        "--steps", type=int, help="SFT steps (tiny: phase 1, on correct solutions; default 500 / 600 / 800)."
+    )
+    parser.add_argument("--lr", type=float, help="SFT learning rate (default 3e-3 / 2e-3 / 1e-3).")
     parser.add_argument("--slip-steps", type=int, help="tiny: phase 2 SFT steps on the slip mix (0 = none; 100).")
     parser.add_argument("--slip-rate", type=float, help="tiny: fraction of phase 2 targets with the slip (0.55).")
     parser.add_argument("--slip-lr", type=float, help="tiny: phase 2 learning rate (1e-3).")

@@ -61,8 +61,9 @@ from dapo_train.task.locations import TINY_DATA_DIR, TINY_MODEL_DIR, TINY_TOOLS_
 from dapo_train.tools import resolve_tools, tool_schemas
 
 import qwen_offline
-from make_tiny_model import SEED, target_text, train_mixed
+from make_tiny_model import SEED, target_text
 from tiny_measure import measure, write_info
+from tiny_sft import train_mixed
 
 TOOLS = resolve_tools(["calculator"])
 SCHEMAS = tool_schemas(TOOLS)

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, Qwen2ForCausalLM
 
 from dapo_train.config.schema import DataConfig
 from dapo_train.evaluation.generate import evaluate_prompts
-from dapo_train.task.prompts import load_prompts
+from dapo_train.task.prompts import fixed_eval_subset, load_prompts
 
 SEED = 0  # the T=1 samples' seed (the build's SEED)
 MAX_NEW_TOKENS = 96  # the completion budget of the measurement (the trainer's default)
@@ -19,10 +19,12 @@ MAX_NEW_TOKENS = 96  # the completion budget of the measurement (the trainer's d
 
 def measure(
     model, tokenizer, data_dir: Path, n_sampled: int = 100, k: int = 8,
-    max_new_tokens: int = MAX_NEW_TOKENS, truncation: bool = False,
+    max_new_tokens: int = MAX_NEW_TOKENS, truncation: bool = False, eval_items: int = 0,
 ) -> dict:
     """Greedy accuracy and format rate on the test split; pass@k and informative groups at T=1 on
-    its first n_sampled items; with `truncation`, the shares of completions cut at max_new_tokens.
+    its first n_sampled items; with `truncation`, the shares of completions cut at max_new_tokens;
+    with `eval_items`, the greedy accuracy on the fixed subset of that many items that a run's
+    periodic eval covers (eval.num_items: task.prompts.fixed_eval_subset), its step 0.
 
     The same code as the trainer's eval and `dapo-train eval`: prompts from data.load_prompts with
     the default DataConfig (the trainer's columns and system prompt), generation and grading by
@@ -47,8 +49,11 @@ def measure(
     correct = [r["correct"] for r in greedy]
     hits = [sum(r["correct"] for r in sampled[i * k : (i + 1) * k]) for i in range(n_sampled)]
     cut = {"greedy_truncated_rate": greedy, "truncated_T1": sampled} if truncation else {}
+    fixed = {p.uid for p in fixed_eval_subset(prompts, eval_items)} if eval_items else set()
+    on_fixed = [r["correct"] for p, r in zip(prompts, greedy) if p.uid in fixed]
     return {
         **{key: sum(r["truncated"] for r in records) / len(records) for key, records in cut.items()},
+        **({f"greedy_accuracy_on_{eval_items}_eval_items": sum(on_fixed) / len(on_fixed)} if eval_items else {}),
         "greedy_accuracy": sum(correct) / len(greedy),
         "greedy_format_rate": sum(r["format_ok"] for r in greedy) / len(greedy),
         "greedy_accuracy_on_sampled_items": sum(correct[:n_sampled]) / n_sampled,

@@ -47,7 +47,7 @@ def _shipped(path: str) -> dict[str, str]:
 
 def test_the_shipped_configs_are_all_listed():
     # accelerate/*.yaml are `accelerate launch` files, not dapo-train configs; qwen*.yaml: test_preflight.py
-    assert len(TINY_CONFIGS) == 16 and "configs/ablation/1-grpo.yaml" in TINY_CONFIGS
+    assert len(TINY_CONFIGS) == 17 and "configs/ablation/1-grpo.yaml" in TINY_CONFIGS
 
 
 def test_the_demo_with_a_calculator_rehearses_a_call_and_says_so():

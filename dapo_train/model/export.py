@@ -3,6 +3,7 @@
 - A LoRA checkpoint with --merge: the adapter folded into its base (W + alpha / r * B A) and
   written as a plain transformers folder (model.safetensors, config.json, generation_config.json,
   the tokenizer) that AutoModelForCausalLM.from_pretrained and vLLM load with no peft installed.
+  Adapters on the input embedding or an LM head tied to it: the model is written untied (_merged).
 - A LoRA checkpoint without --merge: the adapter alone (adapter_model.safetensors and an
   adapter_config.json naming its base) with the tokenizer, for peft or a server's LoRA support.
 - A full checkpoint: the plain folder, without the trainer state (--merge has nothing to merge).
@@ -29,7 +30,7 @@ from dapo_train.config.schema import ModelConfig
 from dapo_train.errors import UserError
 from dapo_train.model.checkpoint import CONFIG_FILE, usual_file_modes
 from dapo_train.model.loading import DTYPES, load_model
-from dapo_train.model.lora import is_adapter_folder, require_peft
+from dapo_train.model.lora import is_adapter_folder, merged_weights, require_peft, unties_embeddings
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,23 @@ def _model_settings(source: Path) -> ModelConfig:
     return dataclasses.replace(model_cfg, name_or_path=str(source), dtype="auto")
 
 
+def _merged(model, source: Path):
+    """The LoRA model as a plain transformers model, its adapters folded in. peft's merge_and_unload folds an
+    adapter on an input embedding or LM head that the base ties to the other into the one weight they share,
+    which then carries the change to both; such a model is untied instead (its own head weight), each weight with
+    its own adapter's change, as the vLLM engine loads it (lora.merged_weights)."""
+    if not unties_embeddings(model):
+        return model.merge_and_unload()
+    weights = dict(merged_weights(model))
+    plain = model.unload()
+    plain.config.tie_word_embeddings = False
+    plain.load_state_dict(weights, strict=True, assign=True)  # each layer its own tensor: no longer one shared
+    logger.info("%s: the adapter changes the input embedding or the LM head, which the base model ties into one "
+                "weight; the merged model is written untied (tie_word_embeddings false, its own LM head weight) so "
+                "that each keeps its own change", source)
+    return plain
+
+
 def export_checkpoint(checkpoint: str, out: str, merge: bool = False, dtype: str = "float32") -> Path:
     """Write the export of `checkpoint` to `out`; returns its path."""
     from transformers import AutoTokenizer
@@ -74,7 +92,7 @@ def export_checkpoint(checkpoint: str, out: str, merge: bool = False, dtype: str
         logger.warning("--merge: %s holds full weights, not a LoRA adapter; there is nothing to merge", source)
     model = load_model(_model_settings(source), torch.device("cpu"))
     if adapter and merge:
-        model = model.merge_and_unload()
+        model = _merged(model, source)
     model = model.to(DTYPES[dtype])
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")

@@ -4,8 +4,10 @@ load in plain transformers with no tensor missing or left over.
 
 The expected values are read from the checkpoint's own files, not through the loader the export uses:
 a full checkpoint's tensors as saved; a LoRA checkpoint's base tensors with each adapted weight
-W + scaling x B A (scaling alpha / r, or alpha / sqrt(r) with rsLoRA), from adapter_model.safetensors
-and adapter_config.json. A tensor the export lacks would otherwise load as a fresh random one.
+W + scaling x B A (scaling alpha / r, or alpha / sqrt(r) with rsLoRA; an embedding's (B A)^T), from
+adapter_model.safetensors and adapter_config.json; an adapted head that the base ties to its embedding is
+its own tensor (the export unties it: model/export.py). A tensor the export lacks would otherwise load as a
+fresh random one.
 """
 
 from __future__ import annotations
@@ -42,12 +44,21 @@ def expected_tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
     scaling = alpha / math.sqrt(r) if settings.get("use_rslora") else alpha / r
     expected = read_tensors(Path(settings["base_model_name_or_path"]))
     adapter = read_tensors(checkpoint)
-    for name, down in adapter.items():  # lora_A: (r, in); lora_B: (out, r)
-        if ".lora_A." not in name:
+    for name, down in adapter.items():
+        if ".lora_A." in name:  # a linear layer's: lora_A (r, in), lora_B (out, r)
+            layer, delta = name.split(".lora_A.")[0], scaling * (adapter[name.replace(".lora_A.", ".lora_B.")] @ down)
+        elif name.endswith(".lora_embedding_A"):  # an embedding's: A (r, vocab), B (hidden, r); W (vocab, hidden)
+            layer, delta = name.removesuffix(".lora_embedding_A"), scaling * (adapter[name[:-1] + "B"] @ down).T
+        else:
             continue
-        up = adapter[name.replace(".lora_A.", ".lora_B.")]
-        target = name.removeprefix(ADAPTER_PREFIX).replace(".lora_A.", ".")
-        expected[target] = expected[target] + scaling * (up @ down)
+        target = layer.removeprefix(ADAPTER_PREFIX) + ".weight"
+        # A head tied to the embedding is not in the base's files: peft saves the base weight of an adapted
+        # embedding or head beside its adapter (save_embedding_layers); the export holds it untied, with its delta.
+        base = expected.get(target, adapter.get(f"{layer}.base_layer.weight"))
+        if base is None:
+            raise UserError(f"{checkpoint}: the adapter on {target} has no base weight in its base model's files or "
+                            "beside it, so its export cannot be checked")
+        expected[target] = base + delta
     return expected
 
 

@@ -1,7 +1,8 @@
 """What a vLLM engine loads after each update (model/lora.merged_weights): the plain model's weights under its
 own names, a LoRA model's adapters folded in, so that a copy loaded with them computes the adapted model's
 logits: adapters on linear layers as peft's merge_and_unload folds them, and adapters on the input embedding or
-on an LM head tied to it each on its own weight (merge_and_unload folds them into the one shared weight)."""
+on an LM head tied to it each on its own weight (merge_and_unload folds them into the one shared weight). The
+same weights make `dapo-train export --merge`'s untied model."""
 
 import copy
 
@@ -59,5 +60,36 @@ def test_adapters_on_the_embedding_or_the_tied_head_reach_the_merged_weights(tar
     ids = torch.randint(0, plain.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         expected, got, base = adapted(input_ids=ids).logits, untied(input_ids=ids).logits, plain(input_ids=ids).logits
+    assert (expected - base).abs().max() > 0.5  # the adapters move the logits
+    assert torch.allclose(got, expected, atol=1e-5), float((got - expected).abs().max())
+
+
+@pytest.mark.parametrize("targets", [["embed_tokens"], ["lm_head"], ["q_proj"]])
+def test_a_merged_export_computes_the_adapted_models_logits(targets, tmp_path, caplog):
+    """`export --merge` of adapters on the tiny model (it ties its head to its embedding): adapters on the
+    embedding or the head export an untied model, each weight with its own adapter's change, and say so; other
+    adapters keep the tied model (the head not written apart). Either way, loaded with transformers alone, the
+    exported folder computes the adapted model's logits."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dapo_train.model.export import export_checkpoint
+    from dapo_train.task.locations import TINY_MODEL_DIR
+
+    plain = AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR, dtype=torch.float32)
+    adapted = _adapted(plain, targets).eval()
+    checkpoint = tmp_path / "checkpoint"
+    adapted.save_pretrained(checkpoint)
+    AutoTokenizer.from_pretrained(TINY_MODEL_DIR).save_pretrained(checkpoint)
+    caplog.set_level("INFO")
+    out = export_checkpoint(str(checkpoint), str(tmp_path / "merged"), merge=True)
+    exported = AutoModelForCausalLM.from_pretrained(out).eval()
+    untied = targets != ["q_proj"]
+    assert exported.config.tie_word_embeddings is not untied
+    assert ("lm_head.weight" in load_file(out / "model.safetensors")) is untied
+    assert ("written untied" in caplog.text) is untied
+    ids = torch.randint(0, plain.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected, got, base = adapted(input_ids=ids).logits, exported(input_ids=ids).logits, plain(input_ids=ids).logits
     assert (expected - base).abs().max() > 0.5  # the adapters move the logits
     assert torch.allclose(got, expected, atol=1e-5), float((got - expected).abs().max())

@@ -237,3 +237,37 @@ def test_an_export_missing_a_tensor_or_with_a_changed_one_fails_the_check(tmp_pa
         expected = (f"the export lacks 1 of the {len(trained)} trained tensors: {first}" if name == "missing" else
                     "the export's model.norm.weight differs from the trained tensor")
         assert str(caught.value).startswith(expected), str(caught.value)
+
+
+def test_the_check_takes_adapters_on_the_embedding_and_the_tied_head(tmp_path):
+    """Adapters on the tiny model's embedding and on its head, which it ties to the embedding: peft keeps the
+    embedding's in lora_embedding_A/B, and the head has no weight of its own in the base's files (peft saves it
+    beside the adapter). The export (untied) passes; peft's merge_and_unload, which keeps the one tied weight
+    for both, lacks the trained head."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from dapo_train.config.schema import LoraConfig
+    from dapo_train.model import lora
+    from dapo_train.model.export import export_checkpoint
+    from dapo_train.preflight.export_check import check_export
+
+    settings = LoraConfig(r=4, alpha=8, target_modules=["embed_tokens", "lm_head", "q_proj"])
+    adapted = lora.apply_lora(AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR), settings, "tiny")
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if ".lora_" in name:  # peft starts one matrix of each pair at 0: a merge would change nothing
+                parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
+    checkpoint = tmp_path / "checkpoint"
+    adapted.save_pretrained(checkpoint)
+    AutoTokenizer.from_pretrained(TINY_MODEL_DIR).save_pretrained(checkpoint)
+    export = export_checkpoint(str(checkpoint), str(tmp_path / "export"), merge=True)
+    tied_tensors = len(load_file(TINY_MODEL_DIR / "model.safetensors"))
+    assert check_export(checkpoint, export) == tied_tensors + 1  # and lm_head.weight
+    adapted.merge_and_unload().save_pretrained(tmp_path / "peft_merged")
+    with pytest.raises(UserError, match=f"the export lacks 1 of the {tied_tensors + 1} trained tensors: lm_head"):
+        check_export(checkpoint, tmp_path / "peft_merged")
+    saved = load_file(checkpoint / "adapter_model.safetensors")  # saved without the base weights beside it
+    save_file({k: v for k, v in saved.items() if ".base_layer." not in k}, checkpoint / "adapter_model.safetensors")
+    with pytest.raises(UserError, match="the adapter on lm_head.weight has no base weight in its base model's files"):
+        check_export(checkpoint, export)

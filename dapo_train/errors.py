@@ -3,8 +3,9 @@
 Anything the user can fix (a config key, a path, a dataset column, a reward plugin) is raised as
 `UserError`; a run that stops on its own because it is broken (it diverged or collapsed) is
 `TrainingAborted`; a checkpoint that could not be written (a full disk) is `CheckpointNotSaved`, with
-the resume command; a run whose model answers every prompt correctly is `TaskSolved`. The console
-script prints each as one line on stderr and exits with its code, 2, 3, 4 and 5 (one_line_exits), with
+the resume command; a run whose model answers every prompt correctly is `TaskSolved`; one completion (or
+one group's generation) that does not fit the card even alone is `DoesNotFit`. The console script prints
+each as one line on stderr and exits with its code, 2, 3, 4, 5 and 6 (one_line_exits), with
 the traceback only under `--debug`. Everything else is a bug and keeps its traceback.
 """
 
@@ -59,15 +60,24 @@ class TaskSolved(Exception):
     verdict = "solved"  # its line: `solved: <message>`
 
 
+class DoesNotFit(Exception):
+    """Out of memory with nothing left to halve (train/memory_retry.py): one completion alone in the update, or
+    one group alone in a generate call, does not fit the card. The run stops at the checkpoint of its last
+    good step with one line naming the settings that cut memory, exit code 6."""
+
+    exit_code = 6
+    verdict = "out of memory"  # its line: `out of memory: <message>`
+
+
 # What ends a command with one line, `<verdict>: <message>`, and its exit code instead of a traceback.
-_ONE_LINE = (UserError, TrainingAborted, CheckpointNotSaved, TaskSolved)
+_ONE_LINE = (UserError, TrainingAborted, CheckpointNotSaved, TaskSolved, DoesNotFit)
 
 
 @contextlib.contextmanager
 def one_line_exits(debug: bool) -> Iterator[None]:
     """A command's end for the console script: bad input (a UserError, and a path past the file system's
     name limit wherever it was first looked up) 2, TrainingAborted 3, CheckpointNotSaved 4, TaskSolved 5,
-    each as one line on stderr; Ctrl-C `interrupted`, 130. With `debug` (--debug) the errors raise with
+    DoesNotFit 6, each as one line on stderr; Ctrl-C `interrupted`, 130. With `debug` (--debug) the errors raise with
     their traceback instead; TaskSolved is no error and never does. Anything else is a bug: it raises."""
     try:
         try:

@@ -293,7 +293,7 @@ class TrainConfig:
     )
     micro_batch_size: int = _opt(
         16, "Sequences per forward/backward; a mini-batch's are accumulated. Used only when micro_batch_tokens "
-        "is 0 (a token budget wins over this count)."
+        "is 0, or auto on a CPU (a token budget wins over this count)."
     )
     micro_batch_tokens: int | str = _opt(
         0,

@@ -148,7 +148,7 @@ def resolve_budget(cfg: Config, accelerator, prompt_lengths: list[int]) -> int |
     budget = choose_budget(lines, need, free)
     if budget is None:
         fixed = max((line for line in lines if line.per_token == 0), key=lambda line: line.fixed)
-        over = f"the {fixed.name} alone is estimated at {fixed.fixed / GIB:.1f} GiB" \
+        over = f"the {fixed.name} moment alone is estimated at {fixed.fixed / GIB:.1f} GiB" \
             if fixed.fixed > free * (1 - MARGIN) else f"one sequence of {need.floor} tokens alone is over it"
         raise ConfigError("train.micro_batch_tokens", f"auto: no budget fits the {free / GIB:.1f} GiB free on this "
                           f"card less a {MARGIN:.0%} margin ({over}); cut memory (model.lora.r, "

@@ -57,11 +57,11 @@ class Snapshot:
     def take(self, learner: Learner) -> None:
         trained = [p for p in learner.model.parameters() if p.requires_grad]
         if [b.shape for b in self.weights] != [p.shape for p in trained]:
-            self.weights = [torch.empty(p.shape, dtype=p.dtype, pin_memory=p.is_cuda) for p in trained]
+            self.weights = [_host_like(p) for p in trained]
         for buffer, parameter in zip(self.weights, trained):
             buffer.copy_(parameter.detach(), non_blocking=True)
         wrapped = learner.optimizer.optimizer
-        self.optimizer = _to_host(_inner(wrapped).state_dict())
+        self.optimizer = _into_host(_inner(wrapped).state_dict(), self.optimizer)
         scaler = getattr(wrapped, "scaler", None)
         self.scaler = None if scaler is None else copy.deepcopy(scaler.state_dict())
         self.steps = learner.optimizer.steps
@@ -74,24 +74,33 @@ class Snapshot:
             for buffer, parameter in zip(self.weights, trained):
                 parameter.copy_(buffer)
         wrapped = learner.optimizer.optimizer
-        _inner(wrapped).load_state_dict(self.optimizer)
+        # A fresh copy: load_state_dict keeps a tensor already on its parameter's device (all of them on a CPU,
+        # AdamW's step counts on CUDA), which the redo would then change in place, under this snapshot.
+        _inner(wrapped).load_state_dict(_into_host(self.optimizer, None))
         if self.scaler is not None:
             wrapped.scaler.load_state_dict(self.scaler)
         learner.optimizer.steps = self.steps
 
 
-def _to_host(state: dict) -> dict:
-    """An optimizer state_dict with its tensors copied to host memory (the live one holds references)."""
-    def host(value):
-        if isinstance(value, torch.Tensor):
-            return value.detach().to("cpu", copy=True)
-        if isinstance(value, dict):
-            return {key: host(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [host(item) for item in value]
-        return value
+def _host_like(tensor: torch.Tensor) -> torch.Tensor:
+    """An empty host tensor to copy `tensor` into (pinned when it is on CUDA: the copy runs asynchronously)."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
 
-    return host(state)
+
+def _into_host(value, previous):
+    """An optimizer state_dict copied to host memory (the live one holds references), into the tensors of
+    `previous` (the last step's copy) wherever their shapes still match."""
+    if isinstance(value, torch.Tensor):
+        same = isinstance(previous, torch.Tensor) and previous.shape == value.shape and previous.dtype == value.dtype
+        host = previous if same else _host_like(value)
+        return host.copy_(value.detach(), non_blocking=True)
+    if isinstance(value, dict):
+        before = previous if isinstance(previous, dict) else {}
+        return {key: _into_host(item, before.get(key)) for key, item in value.items()}
+    if isinstance(value, list):
+        before = previous if isinstance(previous, list) and len(previous) == len(value) else [None] * len(value)
+        return [_into_host(item, old) for item, old in zip(value, before)]
+    return copy.deepcopy(value)
 
 
 @dataclass

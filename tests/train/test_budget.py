@@ -134,7 +134,7 @@ def test_auto_on_a_card_follows_its_free_memory_and_logs_its_numbers(tmp_path, m
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train.micro_batch_tokens=auto")]
     assert said[0].startswith(f"train.micro_batch_tokens=auto: {on_48}, ") and "44.7 GiB free" in said[0]
     assert "10% margin (40.2 GiB)" in said[0] and "\n" not in said[0] and "whole mini-batch" in said[1]
-    with pytest.raises(ConfigError, match="train.micro_batch_tokens.*optimizer step alone"):
+    with pytest.raises(ConfigError, match="train.micro_batch_tokens.*optimizer step moment alone"):
         _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-paper.yaml", 24 * 10**9)
 
 

@@ -168,3 +168,36 @@ def test_out_of_memory_after_an_optimizer_step_redoes_the_step_from_its_weights_
                    "dapo.dynamic_sampling=false")
     _same_steps(failed, smaller)
     assert read_metrics(failed)[0]["optimizer_steps"] == 2
+
+
+def test_the_snapshot_survives_a_redo_that_steps_the_optimizer_and_fails_again():
+    """Restored twice within one step (a redo that made optimizer steps and ran out again): the weights and
+    AdamW state are the step's start both times, not what the first redo left (no tensor shared with the copy)."""
+    from types import SimpleNamespace
+
+    from dapo_train.train.out_of_memory import Snapshot
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def optimizer_step() -> None:
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    optimizer_step()  # AdamW's moments exist
+    learner = SimpleNamespace(model=model, optimizer=SimpleNamespace(optimizer=optimizer, steps=1))
+    start = ({k: v.clone() for k, v in model.state_dict().items()},
+             {k: v.clone() for k, v in optimizer.state[model.weight].items()})
+    snapshot = Snapshot()
+    snapshot.take(learner)
+    for _ in range(2):
+        optimizer_step()
+        learner.optimizer.steps = 5
+        snapshot.restore(learner)
+        assert learner.optimizer.steps == 1
+        for name, value in start[0].items():
+            torch.testing.assert_close(model.state_dict()[name], value, atol=0, rtol=0)
+        for name, value in start[1].items():
+            torch.testing.assert_close(optimizer.state[model.weight][name], value, atol=0, rtol=0)

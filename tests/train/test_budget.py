@@ -145,3 +145,17 @@ def test_a_vllm_share_that_does_not_fit_beside_training_is_refused_at_start(tmp_
     # a number, not auto: the share is still checked
     with pytest.raises(ConfigError, match="rollout.vllm_memory"):
         _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-vllm.yaml", 24 * 10**9, "train.micro_batch_tokens=1024")
+
+
+def test_several_processes_say_at_start_that_an_out_of_memory_update_ends_the_run(monkeypatch, caplog):
+    from dapo_train.train import budget
+
+    monkeypatch.setattr(budget.distributed, "world_size", lambda: 4)
+    with caplog.at_level(logging.INFO, logger="dapo_train"):
+        assert resolve_budget(load_config(None, ["train.micro_batch_tokens=512"]), _Accelerator("cpu"), [100]) is None
+    said = [r.getMessage() for r in caplog.records if "out-of-memory update" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("4 processes: an out-of-memory update is not redone")
+    caplog.clear()
+    monkeypatch.setattr(budget.distributed, "world_size", lambda: 1)
+    resolve_budget(load_config(None, ["train.micro_batch_tokens=512"]), _Accelerator("cpu"), [100])
+    assert not [r for r in caplog.records if "out-of-memory update" in r.getMessage()]

@@ -201,3 +201,23 @@ def test_the_snapshot_survives_a_redo_that_steps_the_optimizer_and_fails_again()
             torch.testing.assert_close(model.state_dict()[name], value, atol=0, rtol=0)
         for name, value in start[1].items():
             torch.testing.assert_close(optimizer.state[model.weight][name], value, atol=0, rtol=0)
+
+
+def test_with_several_processes_an_out_of_memory_update_is_not_redone(monkeypatch):
+    """UpdateRetry(enabled=False), as session.setup builds it under several processes: the error goes on, no
+    budget is halved, no host copy is taken."""
+    from types import SimpleNamespace
+
+    from dapo_train.train import out_of_memory
+    from dapo_train.train.update import MicroBatchOutOfMemory
+
+    def failing(learner, batch, cfg):
+        raise MicroBatchOutOfMemory(4, 900)
+
+    monkeypatch.setattr(out_of_memory, "update", failing)
+    retry = out_of_memory.UpdateRetry(enabled=False)
+    learner = SimpleNamespace(batching="untouched")
+    cfg = load_config(None, ["train.updates_per_step=2"])
+    with pytest.raises(MicroBatchOutOfMemory):
+        retry.update(learner, SimpleNamespace(groups=[1, 2]), cfg, 0)
+    assert learner.batching == "untouched" and retry.snapshot.optimizer is None

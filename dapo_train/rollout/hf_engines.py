@@ -6,7 +6,8 @@
 - `hf-generate`: GenerateEngine, plain `model.generate` on G copies of each prompt: the reference.
 
 On CUDA they sample from a copy of the weights in rollout.dtype (bfloat16), refreshed after every step's
-updates. Only the decode loop runs tools (supports_tools).
+updates. Only the decode loop runs tools (supports_tools). A generate call out of memory is decoded again in
+calls of half the rows, with the same draws, and the smaller size stays (`generation_rows`, fitting.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The peak memory of training a model under a config, estimated from the model's shape alone (no weights
-are read): what preflight prints for the real model, checked against measured peaks in
-tests/preflight/test_memory.py and docs/benchmarks.md.
+are read): what preflight prints for the real model and what train.micro_batch_tokens=auto sizes its budget by
+(budget.py), checked against measured peaks in tests/preflight/test_memory.py and docs/benchmarks.md.
 
 Every term is bytes, counted from what the code allocates (P parameters, T trainable ones, h hidden
 size, I intermediate size, L layers, V vocabulary, kv x d the key/value heads' width; b the bytes of

@@ -18,6 +18,7 @@ processes: the out-of-memory retry (out_of_memory.py) is off, and the run says s
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -179,9 +180,11 @@ def _check_vllm_share(cfg: Config, lines, total: int, free: int) -> None:
     """rollout.vllm_memory against the training state beside it while vLLM generates (budget.vllm_room)."""
     share = cfg.rollout.vllm_memory
     room = vllm_room(lines, share, total, free)
-    if share > room:
-        raise ConfigError("rollout.vllm_memory", f"{share:g} of this {total / GIB:.1f} GiB card for vLLM does not fit "
-                          f"beside the training state (weights, AdamW state, ...) in the {free / GIB:.1f} GiB free "
-                          f"less a {MARGIN:.0%} margin: set it to at most {max(room, 0.0):.2f}" if room > 0 else
-                          f"vLLM has no room beside the training state in the {free / GIB:.1f} GiB free on this "
-                          "card: cut the training state (model.lora.r, model.dtype=bfloat16)")
+    if share <= room:
+        return
+    where = f"in the {free / GIB:.1f} GiB free on this {total / GIB:.1f} GiB card less a {MARGIN:.0%} margin"
+    if room <= 0:
+        raise ConfigError("rollout.vllm_memory", f"vLLM has no room beside the training state {where}: cut the "
+                          "training state (model.lora.r, model.dtype=bfloat16)")
+    raise ConfigError("rollout.vllm_memory", f"{share:g} of the card for vLLM does not fit beside the training state "
+                      f"(weights, AdamW state, ...) {where}: set it to at most {math.floor(room * 100) / 100:.2f}")

@@ -221,3 +221,26 @@ def test_with_several_processes_an_out_of_memory_update_is_not_redone(monkeypatc
     with pytest.raises(MicroBatchOutOfMemory):
         retry.update(learner, SimpleNamespace(groups=[1, 2]), cfg, 0)
     assert learner.batching == "untouched" and retry.snapshot.optimizer is None
+
+
+def test_the_console_script_ends_a_run_that_cannot_fit_with_exit_code_6_and_one_line(tmp_path):
+    """`dapo-train run --resume` of a one-step run under a fault no completion fits (10 positions): exit code 6,
+    one line on stderr and in run.log, no traceback, checkpoint_1 left as it was."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "dapo_train", "run", *SMALL, f"output_dir={out}"]
+    assert subprocess.run([*args, "train.max_steps=1"], capture_output=True, text=True, timeout=600).returncode == 0
+    before = load_file(out / "checkpoint_1" / "model.safetensors")
+    done = subprocess.run([*args, "train.max_steps=2", "--resume"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, UPDATE_TOKENS: "10"})
+    assert done.returncode == 6, done.stderr
+    assert "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("out of memory: step 2's update: one completion alone") and "checkpoint_1" in line
+    assert line in (out / "run.log").read_text(encoding="utf-8")
+    after = load_file(out / "checkpoint_1" / "model.safetensors")
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert [p.name for p in out.glob("checkpoint_*")] == ["checkpoint_1"]

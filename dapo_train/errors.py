@@ -4,9 +4,10 @@ Anything the user can fix (a config key, a path, a dataset column, a reward plug
 `UserError`; a run that stops on its own because it is broken (it diverged or collapsed) is
 `TrainingAborted`; a checkpoint that could not be written (a full disk) is `CheckpointNotSaved`, with
 the resume command; a run whose model answers every prompt correctly is `TaskSolved`; a run stopped
-because its model got worse than at step 0 (eval.stop_on_regression) is `RunRegressed`. The console
-script prints each as one line on stderr and exits with its code, 2, 3, 4, 5 and 6 (one_line_exits),
-with the traceback only under `--debug`. Everything else is a bug and keeps its traceback.
+because its model got worse than at step 0 (eval.stop_on_regression) is `RunRegressed`; one completion (or
+one group's generation) that does not fit the card even alone is `DoesNotFit`. The console script prints
+each as one line on stderr and exits with its code, 2, 3, 4, 5, 6 and 7 (one_line_exits), with the
+traceback only under `--debug`. Everything else is a bug and keeps its traceback.
 """
 
 import contextlib
@@ -69,17 +70,26 @@ class RunRegressed(Exception):
     verdict = "regressed"  # its line: `regressed: <message>`
 
 
+class DoesNotFit(Exception):
+    """Out of memory with nothing left to halve (train/out_of_memory.py): one completion alone in the update, or
+    one group alone in a generate call, does not fit the card. The run stops at the checkpoint of its last
+    good step with one line naming the settings that cut memory, exit code 7."""
+
+    exit_code = 7
+    verdict = "out of memory"  # its line: `out of memory: <message>`
+
+
 # What ends a command with one line, `<verdict>: <message>`, and its exit code instead of a traceback.
-_ONE_LINE = (UserError, TrainingAborted, CheckpointNotSaved, TaskSolved, RunRegressed)
+_ONE_LINE = (UserError, TrainingAborted, CheckpointNotSaved, TaskSolved, RunRegressed, DoesNotFit)
 
 
 @contextlib.contextmanager
 def one_line_exits(debug: bool) -> Iterator[None]:
     """A command's end for the console script: bad input (a UserError, and a path past the file system's
     name limit wherever it was first looked up) 2, TrainingAborted 3, CheckpointNotSaved 4, TaskSolved 5,
-    RunRegressed 6, each as one line on stderr; Ctrl-C `interrupted`, 130. With `debug` (--debug) the errors
-    raise with their traceback instead; TaskSolved and RunRegressed are verdicts, not errors, and never do.
-    Anything else is a bug: it raises."""
+    RunRegressed 6, DoesNotFit 7, each as one line on stderr; Ctrl-C `interrupted`, 130. With `debug` (--debug)
+    the errors raise with their traceback instead; TaskSolved and RunRegressed are verdicts, not errors, and
+    never do. Anything else is a bug: it raises."""
     try:
         try:
             yield

@@ -197,7 +197,8 @@ def wrong_type_values(annotation: object, choices: tuple | None) -> list[str]:
     optional = type(None) in typing.get_args(annotation)
     base = next((a for a in typing.get_args(annotation) if a is not type(None)), annotation) if optional else annotation
     rules = {bool: ["maybe", "2"], int: ["1.5", "ten"], float: ["abc", ".nan", "[1]"], str: ["[1, 2]", "{a: 1}"],
-             list[str]: ["[1, 2]", "{a: 1}"], list[RewardSpec]: ["5", "[accuracy]", "{name: accuracy}"]}
+             list[str]: ["[1, 2]", "{a: 1}"], list[RewardSpec]: ["5", "[accuracy]", "{name: accuracy}"],
+             int | str: ["1.5", "[1]", "ten"]}  # a number or one word (train.micro_batch_tokens: auto)
     if base not in rules:
         raise TypeError(f"no invalid values known for a key of type {annotation}; add a rule to wrong_type_values")
     values = list(rules[base]) + (["None"] if optional else [])  # the text None where null is meant

@@ -139,8 +139,9 @@ LAYERS = {
     "study": {"algo", "config", "task", "model", "tools", "rollout", "rewards", "run", "evaluation", "train"},
     "preflight": {"algo", "config", "task", "model", "tools", "rollout", "rewards", "run", "evaluation", "train"},
 }
-ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "plugins"}
-HELPERS = {"dapo_train.errors", "dapo_train.plugins"}  # import nothing of the package but each other
+ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "faults", "plugins"}
+# import nothing of the package but each other
+HELPERS = {"dapo_train.errors", "dapo_train.faults", "dapo_train.plugins"}
 
 
 def layer_of(module: str) -> str | None:

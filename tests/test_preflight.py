@@ -95,6 +95,11 @@ def test_the_shipped_qwen_job_is_ready_from_the_command_line(offline, tmp_path):
     flat = " ".join(result.stdout.split())
     assert "train.max_steps 150 -> 2" in flat and "rollout.max_new_tokens 128 -> 16" in flat
     assert "disk one checkpoint about 18.5 GB" in flat and "3 at once" in flat  # the real model's, not the rehearsal's
+    # auto on each card: 24 GB holds no budget (float32 weights, gradients, AdamW state and the foreach step's
+    # temporaries, 20 bytes x 1.54e9 parameters = 30.9e9 bytes, are over 24e9 x 0.9); 48 and 80 GB hold the whole
+    # mini-batch: 2 groups x (4 x 128 + a prompt of at most 256) = at most 1,536 tokens, rounded up to 2,048
+    assert "train.micro_batch_tokens=auto would choose" in flat and "24 GB none fits, 48 GB 2048, 80 GB 2048" in flat
+    assert "at train.micro_batch_tokens=2048 (auto on a 48 GB card)" in flat
     assert not list(tmp_path.glob("dapo-preflight-*"))  # the rehearsal's folder is removed afterwards
 
 

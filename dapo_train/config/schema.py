@@ -295,9 +295,9 @@ class TrainConfig:
     )
     micro_batch_size: int = _opt(
         16, "Sequences per forward/backward; a mini-batch's are accumulated. Used only when micro_batch_tokens "
-        "is 0 (a token budget wins over this count)."
+        "is 0, or auto on a CPU (a token budget wins over this count)."
     )
-    micro_batch_tokens: int = _opt(
+    micro_batch_tokens: int | str = _opt(
         0,
         "If > 0, micro-batches are formed by this token budget and micro_batch_size is not used (the budget "
         "wins): a mini-batch is cut, in order, into the fewest micro-batches within the budget, balanced to "
@@ -305,8 +305,11 @@ class TrainConfig:
         "rows of each group's prompt once + its completions, filled up to half the budget (at most 4,096; a "
         "group cut between rows repeats its prompt), so memory follows the budget, not the completions' "
         "length; without, rows x widest prompt+completion. A sequence over the budget gets a micro-batch of "
-        "its own (warned once). Per rank. `dapo-train preflight` names the "
-        "largest budget whose estimate fits a 48 GB card.",
+        "its own (warned once). Per rank. auto: on CUDA the largest budget (a multiple of 1,024) whose estimated "
+        "peak (preflight's memory model) fits the card's free memory at start less a 10% margin, logged with its "
+        "numbers; on a CPU micro_batch_size, as 0. An update out of memory is redone at half the micro-batch that "
+        "failed, kept for the run (one process). `dapo-train preflight` names auto's choice on 24, 48 and 80 GB "
+        "cards.",
     )
     learning_rate: float = _opt(1e-4, "AdamW learning rate.")
     lr_scheduler: str = _opt(

@@ -122,7 +122,8 @@ def _check_rollout_and_train(cfg: Any) -> None:
         f"got {t.micro_batch_size}; must be in [1, {step_sequences}] "
         "(prompts_per_step x group_size sequences per step)",
     )
-    _require(t.micro_batch_tokens >= 0, "train.micro_batch_tokens", "must be >= 0 (0 = off)")
+    _require(t.micro_batch_tokens == "auto" if isinstance(t.micro_batch_tokens, str) else t.micro_batch_tokens >= 0,
+             "train.micro_batch_tokens", f"got {t.micro_batch_tokens!r}; must be >= 0 (0 = off) or auto")
     _require(t.learning_rate > 0.0, "train.learning_rate", f"got {t.learning_rate}; must be > 0")
     _require(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
     _require(t.max_grad_norm >= 0.0, "train.max_grad_norm", "must be >= 0 (0 = off)")

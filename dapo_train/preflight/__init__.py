@@ -8,5 +8,6 @@ rehearsal.py     the rehearsal model (biased to stop at each EOS id) and the con
 tool_check.py    a tool call through the rollout's code at the run's chat template
 export_check.py  the export of the rehearsal's last checkpoint against the trained tensors
 coverage.py      what the rehearsal ran and what it did not, for the report's last two rows
-memory.py        the real model's peak memory on the card, term by term, from its shape alone
+
+The memory estimate it prints is train/memory.py's (the run sizes its budget by it too: train/budget.py).
 """

@@ -29,12 +29,12 @@ from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
 from dapo_train.preflight import coverage, real_run, rehearsal
 from dapo_train.preflight.export_check import check_export
-from dapo_train.preflight.memory import ModelShape
 from dapo_train.preflight.report import CollectedWarnings, Report, on_main, phase
 from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.run.layout import run_kind
 from dapo_train.run.lock import hold_folder
 from dapo_train.train import distributed
+from dapo_train.train.memory import ModelShape
 
 ROLLOUT_PROMPTS = 4  # prompts x G completions of the rollout check, scored by every reward
 EOS_ROUNDS = 8  # the rollout check's rounds at most, until every EOS id has ended a completion

@@ -7,20 +7,14 @@ every data row under the chat template with one prompt shown, a call of rollout.
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
 from dapo_train.preflight import rehearsal
-from dapo_train.preflight.memory import (
-    CARD_BYTES,
-    GIB,
-    ModelShape,
-    Setting,
-    estimate,
-    reward_model_loads,
-    suggested_budget,
-)
 from dapo_train.preflight.report import Report
+from dapo_train.train.budget import CARD_SIZES, MARGIN, budget_lines, choose_budget
+from dapo_train.train.memory import CARD_BYTES, GIB, ModelShape, Setting, estimate, reward_model_loads
 
 PROMPT_LINES = 12  # lines of the templated prompt shown
 
@@ -99,20 +93,37 @@ def rehearse_tool_call(cfg: Config, tokenizer) -> str:
 
 
 def memory_estimate(cfg: Config, shape: ModelShape, prompts: list, shards: int) -> str:
-    """The real model's peak per CUDA card under this config (preflight/memory.py)."""
+    """The real model's peak per CUDA card under this config (train/memory.py), train.micro_batch_tokens=auto
+    taken as on a 48 GB card; and the budget auto chooses on 24, 48 and 80 GB cards (train/budget.py)."""
     longest = max(len(p.input_ids) for p in prompts)
     reward_models = reward_model_loads(cfg, cuda=True, sequence=longest + cfg.rollout.max_new_tokens)
-    result = estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=longest, shards=shards,
+    choices = auto_budgets(cfg, shape, longest, shards, reward_models)
+    budget = cfg.train.micro_batch_tokens
+    shown = cfg
+    if budget == "auto":
+        chosen = choices[CARD_SIZES.index(CARD_BYTES)]
+        shown = replace(cfg, train=replace(cfg.train, micro_batch_tokens=chosen or 0))
+    result = estimate(shape, Setting.from_config(shown, cuda=True, prompt_tokens=longest, shards=shards,
                                                  reward_models=reward_models))
     terms = ", ".join(f"{name} {value / GIB:.1f}" for name, value in result.terms.items() if value)
     where = "one CUDA card" if shards == 1 else f"each of {shards} CUDA cards with FSDP/ZeRO sharding"
-    budget = suggested_budget(shape, cfg, longest, shards=shards, reward_models=reward_models)
-    card = f"{CARD_BYTES // 10**9} GB card"
-    suggestion = (f"train.micro_batch_tokens={budget} is the largest budget whose estimate fits a {card}"
-                  if budget else f"no train.micro_batch_tokens fits a {card}: the peak is not the update's")
-    return (f"estimated peak on {where} for the real model as configured: {result.peak / GIB:.1f} GiB (at the "
+    at = f" at train.micro_batch_tokens={shown.train.micro_batch_tokens} (auto on a 48 GB card)" \
+        if budget == "auto" else ""
+    cards = ", ".join(f"{size // 10**9} GB {choice or 'none fits'}" for size, choice in zip(CARD_SIZES, choices))
+    return (f"estimated peak on {where} for the real model as configured{at}: {result.peak / GIB:.1f} GiB (at the "
             f"{result.peak_moment}); GiB: {terms}; CUDA context not included (docs/benchmarks.md#memory); "
-            f"{suggestion}")
+            f"train.micro_batch_tokens=auto would choose (the card's memory all free, less a {MARGIN:.0%} margin): "
+            f"{cards}")
+
+
+def auto_budgets(cfg: Config, shape: ModelShape, longest: int, shards: int = 1, reward_models=()) -> list[int | None]:
+    """The budget train.micro_batch_tokens=auto chooses on each of CARD_SIZES, taken as all free (None: none
+    fits)."""
+    choices = []
+    for size in CARD_SIZES:
+        lines, need = budget_lines(shape, cfg, longest, shards, reward_models, card_bytes=size)
+        choices.append(choose_budget(lines, need, size))
+    return choices
 
 
 def checkpoint_space(cfg: Config, shape: ModelShape) -> str:

@@ -187,7 +187,7 @@ def check_model(settings: RewardModelSettings) -> Checked:
 
 
 def memory_footprint(args: dict, cuda: bool) -> tuple[object, int, int, int]:
-    """What the memory estimate (preflight/memory.py) needs of a configured reward model, without its weights:
+    """What the memory estimate (train/memory.py) needs of a configured reward model, without its weights:
     (its transformers config, bytes per weight on a CUDA card or the CPU, texts per forward, tokens per text)."""
     import inspect
 

@@ -6,6 +6,7 @@ hf_engines.py  the built-in transformers engines (hf, hf-generate), registered o
 vllm_engine.py the vllm engine, registered on import (vllm itself is imported when it is built)
 vllm_processor.py  its logits processor (the kept mass), imported with vllm
 decoding.py    token-level decoding: the decode loop, and model.generate with the behaviour recorded
+fitting.py     a generate call out of memory, redone in halves with the same draws
 sampling.py    the sampling distribution every engine records (the behaviour distribution), the token draw
 tool_rows.py   the decode loop's rows with tools: the tool turns fed in as forced tokens, the policy mask
 

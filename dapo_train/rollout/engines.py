@@ -43,6 +43,7 @@ import torch
 
 from dapo_train.plugins import decorator_for
 from dapo_train.rollout.decoding import Decoded, decode_loop
+from dapo_train.rollout.fitting import GenerationRows, decode_fitting
 from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.tools.registry import Tool, resolve_tools
 from dapo_train.tools.turns import ToolTurns
@@ -184,19 +185,13 @@ def decoded_completions(prompts: Sequence[torch.Tensor], decoded: Decoded, eos_i
     ]
 
 
-def _prompt_chunks(prompts: Sequence[Sequence[int]], group_size: int, batch_size: int) -> list[list[torch.Tensor]]:
-    """Prompts in order, cut so that a chunk's rows (prompts x group_size) stay within batch_size."""
-    per_chunk = max(1, batch_size // group_size)
-    tensors = [torch.as_tensor(list(p), dtype=torch.long) for p in prompts]
-    return [tensors[start : start + per_chunk] for start in range(0, len(tensors), per_chunk)]
-
-
 Decode = Callable[[torch.nn.Module, list[torch.Tensor], int, SamplingSettings, list[int], int], Decoded]
 
 
 def sample_completions(
-    model, tokenizer, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *, batch_size: int,
-    group_size: int = 1, decode: Decode = decode_loop, seeds: Sequence[int] | None = None,
+    model, tokenizer, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *,
+    batch_size: int | GenerationRows, group_size: int = 1, decode: Decode = decode_loop,
+    seeds: Sequence[int] | None = None,
 ) -> list[Completion]:
     """group_size completions of each prompt, prompt-major (prompt 0's first), sampled from `model` as
     it is: evaluation samples the training model so; an engine passes its rollout model and decoder.
@@ -204,17 +199,23 @@ def sample_completions(
     decode(model, prompts (B,), group_size, settings, eos_ids, pad_id) -> Decoded (B*G rows) runs on whole
     groups of at most batch_size rows. seeds: one per row (prompt-major), passed on to decode for its
     chunk's rows (keyed draws). The model is in eval mode
-    meanwhile: training mode would turn the KV cache off under gradient checkpointing."""
+    meanwhile: training mode would turn the KV cache off under gradient checkpointing. batch_size: the most
+    rows of one call, or an engine's GenerationRows, which a call out of memory halves (fitting.py: the same
+    rows redone in smaller calls, the same completions)."""
     eos_ids, pad_id = eos_token_ids(model, tokenizer), pad_token_id(model, tokenizer)
     was_training = model.training
     model.eval()
     try:
+        rows = batch_size if isinstance(batch_size, GenerationRows) else GenerationRows(batch_size)
+        tensors = [torch.as_tensor(list(p), dtype=torch.long) for p in prompts]
         completions: list[Completion] = []
-        for chunk in _prompt_chunks(prompts, group_size, batch_size):
-            rows = slice(len(completions), len(completions) + len(chunk) * group_size)
-            keyed = {} if seeds is None else {"seeds": seeds[rows]}
-            decoded = decode(model, chunk, group_size, settings, eos_ids, pad_id, **keyed)
-            completions += decoded_completions(group_rows(chunk, group_size), decoded, eos_ids, tokenizer)
+        while len(completions) < len(tensors) * group_size:  # calls of whole groups within rows.limit
+            start = len(completions) // group_size
+            chunk = tensors[start : start + max(1, rows.limit // group_size)]
+            chunk_seeds = None if seeds is None else seeds[start * group_size : (start + len(chunk)) * group_size]
+            for part, decoded in decode_fitting(decode, model, chunk, group_size, settings, eos_ids, pad_id,
+                                                chunk_seeds, rows):
+                completions += decoded_completions(group_rows(part, group_size), decoded, eos_ids, tokenizer)
         return completions
     finally:
         model.train(was_training)

@@ -6,7 +6,8 @@
 - `hf-generate`: GenerateEngine, plain `model.generate` on G copies of each prompt: the reference.
 
 On CUDA they sample from a copy of the weights in rollout.dtype (bfloat16), refreshed after every step's
-updates. Only the decode loop runs tools (supports_tools).
+updates. Only the decode loop runs tools (supports_tools). A generate call out of memory is decoded again in
+calls of half the rows, with the same draws, and the smaller size stays (`generation_rows`, fitting.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from dapo_train.rollout.decoding import Decoded, decode_loop, generate_rows
 from dapo_train.rollout.engines import Completion, EngineSetup, group_rows, register_engine, sample_completions
+from dapo_train.rollout.fitting import GenerationRows
 from dapo_train.rollout.sampling import SamplingSettings
 
 logger = logging.getLogger(__name__)
@@ -65,7 +67,8 @@ class TransformersEngine(ABC):
     supports_tools = False  # whether it runs rollout.tools (RolloutEngine.generate)
 
     def __init__(self, setup: EngineSetup) -> None:
-        self.model, self.tokenizer, self.batch_size = setup.model, setup.tokenizer, setup.batch_size
+        self.model, self.tokenizer = setup.model, setup.tokenizer
+        self.generation_rows = GenerationRows(setup.batch_size)  # halved by a call out of memory (fitting.py)
         self.copy = _rollout_copy(setup.model, setup.dtype)
         if setup.tools is not None and not self.supports_tools:
             raise ValueError(f"{type(self).__name__} cannot run tools")
@@ -89,7 +92,8 @@ class TransformersEngine(ABC):
                  seeds: Sequence[int] | None = None) -> list[Completion]:
         if seeds is not None and not self.keyed_draws:
             raise ValueError(f"{type(self).__name__} draws from the global random stream: it takes no seeds")
-        return sample_completions(self.rollout_model, self.tokenizer, prompts, settings, batch_size=self.batch_size,
+        return sample_completions(self.rollout_model, self.tokenizer, prompts, settings,
+                                  batch_size=self.generation_rows,
                                   group_size=group_size, decode=self.decode, seeds=seeds)
 
     @abstractmethod
@@ -128,7 +132,7 @@ class StaticCacheEngine(TransformersEngine):
 
     def decode(self, model, prompts, group_size, settings, eos_ids, pad_id):
         rows = group_rows(prompts, group_size)
-        padded = rows + [rows[0]] * (bucket_size(len(rows), self.batch_size) - len(rows))
+        padded = rows + [rows[0]] * (bucket_size(len(rows), self.generation_rows.limit) - len(rows))
         decoded = generate_rows(model, padded, settings, eos_ids, pad_id, width_multiple=BUCKET_WIDTH,
                                 cache_implementation="static")
         kept = decoded.kept_log_mass

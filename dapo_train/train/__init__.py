@@ -13,5 +13,8 @@ records.py holds the typed records the stages pass each other, batching.py how c
 micro- and mini-batches, ranks.py everything a step agrees on across processes (the one module of
 a step that calls a collective; distributed.py holds the primitives), session.py builds the
 objects once, state.py saves and restores the run across checkpoints. health.py and regression.py are
-the run's own verdicts: a run broken, solved, or making its model worse than at step 0.
+the run's own verdicts: a run broken, solved, or making its model worse than at step 0. memory.py is the memory model (a
+config's peak on a card, term by term, from the model's shape alone), budget.py the update's token budget
+a card holds (train.micro_batch_tokens=auto) and rollout.vllm_memory's check, out_of_memory.py step 3
+redone smaller when it runs out of memory.
 """

@@ -231,10 +231,24 @@ class Batching:
     correction: RolloutCorrection = NO_CORRECTION  # dapo.rollout_correction resolved
 
     @classmethod
-    def from_config(cls, cfg: Config, model, pad_id: int, device,
-                    correction: RolloutCorrection = NO_CORRECTION) -> Batching:
+    def from_config(cls, cfg: Config, model, pad_id: int, device, correction: RolloutCorrection = NO_CORRECTION,
+                    micro_batch_tokens: int | None = None) -> Batching:
+        """micro_batch_tokens: the budget train.micro_batch_tokens=auto resolved to; None = the config's
+        number (auto, unresolved: 0, micro_batch_size)."""
         t = cfg.train
-        return cls(pad_id, device, use_shared_prefix(cfg, model), t.micro_batch_size, t.micro_batch_tokens, correction)
+        tokens = micro_batch_tokens if micro_batch_tokens is not None else \
+            t.micro_batch_tokens if isinstance(t.micro_batch_tokens, int) else 0
+        return cls(pad_id, device, use_shared_prefix(cfg, model), t.micro_batch_size, tokens, correction)
+
+    def halved(self, completions: int, tokens: int) -> Batching | None:
+        """After out of memory in a micro-batch of `completions` completions and `tokens` positions: half of
+        it as the budget (train.micro_batch_tokens; without one, micro_batch_size), which cuts that
+        micro-batch in two or more; None when it held one completion, which nothing splits."""
+        if completions <= 1:
+            return None
+        if self.max_tokens > 0:
+            return replace(self, max_tokens=max(1, min(self.max_tokens, tokens) // 2))
+        return replace(self, max_count=max(1, min(self.max_count, completions) // 2))
 
     def micro_batches(self, samples: list[TrainSample]) -> list[MicroBatch]:
         split = split_micro_batches(samples, self.max_count, self.max_tokens, self.share_prefix)

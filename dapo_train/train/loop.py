@@ -42,7 +42,7 @@ from tqdm.auto import tqdm  # eval's sample completions, written around the bar
 
 from dapo_train.config.load import save_config
 from dapo_train.config.schema import Config
-from dapo_train.errors import RunRegressed, TaskSolved, TrainingAborted
+from dapo_train.errors import DoesNotFit, RunRegressed, TaskSolved, TrainingAborted
 from dapo_train.evaluation.generate import EvalStopped, add_model_scores, eval_max_new_tokens, eval_records
 from dapo_train.evaluation.stats import change_from_start, change_metrics, summarize_records
 from dapo_train.model import checkpoint as ckpt
@@ -54,6 +54,7 @@ from dapo_train.run.folder import (
     finished_message,
     open_run_dir,
     prepare_run_dir,
+    resume_command,
     set_aside_abandoned,
 )
 from dapo_train.run.lock import hold_folder
@@ -78,7 +79,7 @@ from dapo_train.train.regression import RegressionWatch
 from dapo_train.train.rollout_sample import RolloutSample, merge
 from dapo_train.train.session import Run, setup
 from dapo_train.train.state import check_disk, restore, save
-from dapo_train.train.update import rollout_metrics, update
+from dapo_train.train.update import rollout_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ def train_step(run: Run) -> dict:
     if metrics["groups_kept"]:  # over all ranks: a rank without groups of its own still joins the update
         update_start = time.perf_counter()
         pause(run.engine)  # generation's memory (vllm's KV cache) free for the update
-        metrics.update(update(run.learner, batch, run.cfg))  # 3
+        metrics.update(run.update_retry.update(run.learner, batch, run.cfg, run.step))  # 3 (out_of_memory.py)
         sync_weights(run)  # 4
         metrics["seconds_update"] = time.perf_counter() - update_start
     else:
@@ -338,7 +339,10 @@ def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> Ending:
         elif cfg.eval.every_steps > 0:
             _log(run, metrics_log, progress, evaluate(run, run.eval_prompts)[0])
         while run.step < cfg.train.max_steps and not _stop_agreed(stop):
-            metrics = train_step(run)
+            try:
+                metrics = train_step(run)
+            except DoesNotFit as exc:  # the weights are the last good step's (out_of_memory.py)
+                raise DoesNotFit(f"{exc}; {_keep_last_good(run)}") from None
             aborted = run.health.abort_reason(cfg, run.step, run.run_dir)
             solved = run.health.solved(cfg) if aborted is None else None
             if aborted is None:  # no eval of weights that stop the run
@@ -355,6 +359,19 @@ def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> Ending:
         progress.close()
         metrics_log.close()
     return Ending(aborted, solved, regressed)
+
+
+def _keep_last_good(run: Run) -> str:
+    """A run stopped out of memory: the last good step's checkpoint, saved now unless it is on disk, and the
+    command that resumes from it once a setting has changed."""
+    if run.step == 0:
+        return "no step had trained: nothing saved"
+    if run.saved_step != run.step:
+        save_clean(run)
+    last = ckpt.latest_checkpoint(run.run_dir)
+    if last is None:
+        return "no checkpoint saved"
+    return f"{last.name} holds the last good step: change a setting, then resume with: {resume_command(run.run_dir)}"
 
 
 def _resume_start(run: Run) -> None:

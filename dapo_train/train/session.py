@@ -44,12 +44,14 @@ from dapo_train.task.sources import load_split
 from dapo_train.tools.turns import ToolTurns, tool_turns
 from dapo_train.train import distributed
 from dapo_train.train.batching import Batching
+from dapo_train.train.budget import resolve_budget
 from dapo_train.train.collect import GroupBuffer, KeepRate, max_rounds
 from dapo_train.train.health import StepHealth
 from dapo_train.train.history import PromptHistory
 from dapo_train.train.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
 from dapo_train.train.optim import adamw
+from dapo_train.train.out_of_memory import UpdateRetry
 from dapo_train.train.regression import RegressionWatch, stop_note
 from dapo_train.train.update import Learner, Reference
 
@@ -97,6 +99,7 @@ class Run:
     final_eval_stopped: bool = False  # a stop ended the end-of-run eval (nothing of it recorded)
     start_records: list[dict] | None = None  # step 0's eval records: every later eval's change is paired on them
     regression: RegressionWatch = field(default_factory=RegressionWatch)  # the evals against step 0 (regression.py)
+    update_retry: UpdateRetry = field(default_factory=UpdateRetry)  # step 3, redone smaller out of memory
 
     @property
     def wall_seconds(self) -> float:
@@ -164,6 +167,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     eval_prompts = eval_subset(cfg, all_eval) if evaluating else []
     final_prompts = all_eval if final else []
     _log_final_eval_cost(cfg, len(eval_prompts), len(final_prompts))
+    budget = resolve_budget(cfg, accelerator, [len(p.input_ids) for p in train_prompts])  # before the model loads
     model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
         enable_gradient_checkpointing(model)
@@ -174,7 +178,8 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     reward_set = reward_set.load(accelerator.device)  # the reward models' weights, frozen
     behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda), truncation(cfg, unwrapped))
     learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),
-                            prepare_reference(cfg, accelerator, model, unwrapped), behaviour=behaviour)
+                            prepare_reference(cfg, accelerator, model, unwrapped), behaviour=behaviour,
+                            micro_batch_tokens=budget)
     log_behaviour(behaviour, cfg, unwrapped)
     _log_speed_settings(cfg, learner.batching, unwrapped, cuda)
     _warn_inert_settings(cfg)
@@ -184,6 +189,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         eval_prompts=eval_prompts, final_prompts=final_prompts, buffer=GroupBuffer(),
         prompts_by_uid={p.uid: p for p in train_prompts}, tool_turns=turns,
         eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
+        update_retry=UpdateRetry(enabled=distributed.world_size() == 1),
     )
 
 

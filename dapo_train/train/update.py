@@ -35,6 +35,7 @@ import torch
 from dapo_train.algo.correction import MISMATCH_SUMS, rollout_mismatch
 from dapo_train.algo.objectives import LossSettings
 from dapo_train.config.schema import Config
+from dapo_train.faults import UPDATE_TOKENS, out_of_memory_above
 from dapo_train.train import distributed, ranks
 from dapo_train.train.batching import Batching, MicroBatch, MiniBatch, Scorer, UpdatePlan
 from dapo_train.train.objective import loss_settings
@@ -45,6 +46,14 @@ from dapo_train.train.records import Group, StepBatch, TrainedStats, UpdateResul
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
+
+class MicroBatchOutOfMemory(Exception):
+    """torch.OutOfMemoryError in a micro-batch's forward or backward, with that micro-batch's size: its
+    completions and the positions its forward computes (train/memory_retry.py halves the budget from them)."""
+
+    def __init__(self, completions: int, tokens: int) -> None:
+        super().__init__(f"out of memory in a micro-batch of {completions} completion(s), {tokens} positions")
+        self.completions, self.tokens = completions, tokens
 
 
 @dataclass
@@ -74,12 +83,14 @@ class Learner:
     @classmethod
     def build(cls, cfg: Config, model: torch.nn.Module, optimizer: torch.optim.Optimizer, accelerator, pad_id: int,
               reference: Reference | None = None, optimizer_steps: int = 0,
-              behaviour: BehaviourPolicy | None = None) -> Learner:
+              behaviour: BehaviourPolicy | None = None, micro_batch_tokens: int | None = None) -> Learner:
         """The learner of `cfg` for a prepared model and optimizer (on the accelerator's device).
         behaviour: resolved for the run's engine (session.setup); None = as for an engine not known to
-        be the training forward."""
+        be the training forward. micro_batch_tokens: the budget train.micro_batch_tokens=auto resolved to
+        (train/budget.py); None = the config's number."""
         behaviour = behaviour or resolve(cfg, UNKNOWN_ROLLOUT)
-        batching = Batching.from_config(cfg, model, pad_id, accelerator.device, behaviour.correction)
+        batching = Batching.from_config(cfg, model, pad_id, accelerator.device, behaviour.correction,
+                                        micro_batch_tokens)
         return cls(
             model=model, optimizer=PolicyOptimizer(optimizer, cfg, optimizer_steps), accelerator=accelerator,
             loss=loss_settings(cfg), batching=batching, scorer=Scorer(cfg.rollout.temperature,
@@ -145,15 +156,18 @@ def accumulate_gradients(learner: Learner, mini: MiniBatch, loss_scale: int = 1,
     -> this rank's sums: loss, num_tokens and every loss metric times its micro-batch's tokens; the
     rollout mismatch's counts and largest |diff| (first_pass: the rows' recorded old log-probs are
     measured in the first pass over the batch only, so each row counts once); each row's mean ratio
-    and clipped share, in mini.rows order."""
+    and clipped share, in mini.rows order. Out of memory in a micro-batch raises MicroBatchOutOfMemory."""
     totals: dict[str, float] = {}
     counts = dict.fromkeys(MISMATCH_SUMS, 0.0)
     weight_sum, loss_sum, largest, rows = 0.0, 0.0, 0.0, []
     for index in range(mini.calls):
         micro = mini.micro_batches[index] if index < len(mini.micro_batches) else learner.batching.filler()
-        with distributed.gradient_sync(learner.accelerator, learner.model, sync=index == mini.calls - 1):
-            metrics, (mismatch, diff_max) = _micro_batch_backward(learner, micro, mini.normalizer, loss_scale,
-                                                                  first_pass)
+        try:
+            with distributed.gradient_sync(learner.accelerator, learner.model, sync=index == mini.calls - 1):
+                metrics, (mismatch, diff_max) = _micro_batch_backward(learner, micro, mini.normalizer, loss_scale,
+                                                                      first_pass)
+        except torch.OutOfMemoryError as exc:
+            raise MicroBatchOutOfMemory(len(micro.advantages), micro.batch.forward_tokens) from exc
         micro_rows = list(zip(metrics.pop("row_ratio_mean"), metrics.pop("row_clip_frac")))
         rows += micro_rows if index < len(mini.micro_batches) else []  # a filler's row is nobody's
         loss_sum += metrics.pop("loss")
@@ -178,6 +192,7 @@ def _micro_batch_backward(learner: Learner, micro: MicroBatch, normalizer: float
     """One micro-batch's forward and backward. -> its loss and metrics (num_tokens, entropy, clip, ...,
     and the per-row lists row_ratio_mean, row_clip_frac), and its rollout mismatch (_mismatch)."""
     batch = micro.batch
+    out_of_memory_above(UPDATE_TOKENS, batch.forward_tokens)  # a test's fault (faults.py); nothing otherwise
     logprobs, entropy = learner.scorer(learner.model, batch)
     ref_logprobs = None
     if learner.reference is not None:

@@ -1,5 +1,5 @@
 """Peak memory of one training step at a real Qwen2.5 shape on the CPU, against the estimate preflight prints
-(dapo_train.preflight.memory) for the same config.
+(dapo_train.train.memory) for the same config.
 
     python scripts/bench/bench_memory.py                          # Qwen2.5-0.5B shape, configs/qwen1.5b.yaml's batch
     python scripts/bench/bench_memory.py --size 1.5b --set train.micro_batch_size=2
@@ -47,8 +47,8 @@ def estimated(config: str, overrides: list[str], folder: Path, data: Path) -> di
 
     from dapo_train.config.load import load_config
     from dapo_train.model.loading import load_tokenizer
-    from dapo_train.preflight.memory import GIB, ModelShape, Setting, estimate
     from dapo_train.task.prompts import load_prompt_splits
+    from dapo_train.train.memory import GIB, ModelShape, Setting, estimate
 
     cfg = load_config(config, overrides)
     prompts = load_prompt_splits(cfg.data, load_tokenizer(cfg.model), [cfg.data.train_split])[cfg.data.train_split][0]

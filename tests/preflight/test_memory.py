@@ -1,4 +1,4 @@
-"""The memory estimate preflight prints (dapo_train.preflight.memory) against MEASURED peaks: the real code paths
+"""The memory estimate preflight prints (dapo_train.train.memory) against MEASURED peaks: the real code paths
 (the rollout engines, an update micro-batch, a reward model's scoring) run on small random Qwen2 models in
 one child process (tests/preflight/memory_probe.py: resident high-water marks), each shape chosen so that
 the term under test is a large share of the peak, and the estimate must lie within 25% of the measurement
@@ -18,14 +18,13 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from dapo_train.config.load import load_config
 from dapo_train.config.schema import LoraConfig
 from dapo_train.model.lora import apply_lora
-from dapo_train.preflight.memory import (
+from dapo_train.train.memory import (
     GIB,
     ModelShape,
     RewardModelLoad,
     Setting,
     estimate,
     reward_model_loads,
-    suggested_budget,
 )
 
 import qwen_offline
@@ -228,23 +227,6 @@ def test_a_token_budget_sets_the_update_terms_whatever_the_completion_length():
     small = ["train.prompts_per_step=2", "rollout.max_new_tokens=64"]
     assert terms(*small, "train.micro_batch_tokens=100000")["activations"] == \
         terms(*small, "train.micro_batch_tokens=2304")["activations"] < short["activations"]
-
-
-def test_the_suggested_budget_is_the_largest_multiple_of_1024_that_fits_the_card():
-    shape = _shape(DEEP)
-    cfg = load_config(None, LARGE_MINI_BATCH)
-
-    def peak(budget: int) -> int:
-        budgeted = load_config(None, [*LARGE_MINI_BATCH, f"train.micro_batch_tokens={budget}"])
-        return estimate(shape, Setting.from_config(budgeted, cuda=True, prompt_tokens=128)).peak
-
-    assert peak(8192) < peak(9216)  # the update's moment is the peak here, and grows with the budget
-    assert suggested_budget(shape, cfg, 128, card_bytes=peak(8192)) == 8192
-    assert suggested_budget(shape, cfg, 128, card_bytes=peak(9216) - 1) == 8192
-    assert suggested_budget(shape, cfg, 128, card_bytes=peak(1024) - 1) is None
-    # no more than a mini-batch holds (2 groups x (16 x 512 + 128) tokens, rounded up to 17 x 1,024)
-    few = load_config(None, [*LARGE_MINI_BATCH, "train.prompts_per_step=2", "rollout.max_new_tokens=512"])
-    assert suggested_budget(shape, few, 128, card_bytes=10**15) == 17 * 1024
 
 
 def test_a_vllm_engine_is_counted_in_place_of_the_rollouts_generation_and_sleeps_through_the_update_on_cuda(

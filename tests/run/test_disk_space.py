@@ -319,8 +319,8 @@ def test_a_run_says_the_space_it_needs_from_its_own_model(tmp_path, monkeypatch)
 
 def test_preflight_reports_the_real_models_checkpoints(tmp_path, monkeypatch):
     """qwen1.5b.yaml: float32 weights and AdamW state of 1,543,714,304 parameters, three checkpoints kept."""
-    from dapo_train.preflight.memory import ModelShape
     from dapo_train.preflight.real_run import checkpoint_space
+    from dapo_train.train.memory import ModelShape
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(str(root / "configs" / "qwen1.5b.yaml"), [f"output_dir={tmp_path / 'run'}"])

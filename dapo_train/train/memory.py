@@ -1,6 +1,6 @@
 """The peak memory of training a model under a config, estimated from the model's shape alone (no weights
-are read): what preflight prints for the real model, checked against measured peaks in
-tests/preflight/test_memory.py and docs/benchmarks.md.
+are read): what preflight prints for the real model and what train.micro_batch_tokens=auto sizes its budget by
+(budget.py), checked against measured peaks in tests/preflight/test_memory.py and docs/benchmarks.md.
 
 Every term is bytes, counted from what the code allocates (P parameters, T trainable ones, h hidden
 size, I intermediate size, L layers, V vocabulary, kv x d the key/value heads' width; b the bytes of
@@ -66,7 +66,7 @@ torch.cuda.max_memory_allocated), the data set, other processes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from dapo_train.config.schema import Config
 from dapo_train.evaluation.generate import longest_sequence
@@ -200,17 +200,20 @@ class Setting:
     reward_models: tuple[RewardModelLoad, ...] = ()
     shards: int = 1
     vllm: tuple[float, int, int] | None = None  # rollout.engine=vllm: (card share, KV bytes set, KV positions auto)
+    card_bytes: int = 0  # the card's total memory, of which rollout.vllm_memory is a share (0: CARD_BYTES)
 
     @classmethod
     def from_config(cls, cfg: Config, cuda: bool = True, prompt_tokens: int | None = None, shards: int = 1,
-                    reward_models: tuple[RewardModelLoad, ...] = ()) -> Setting:
+                    reward_models: tuple[RewardModelLoad, ...] = (), card_bytes: int = 0) -> Setting:
         """The config's settings as a run on a CUDA card (cuda) or the CPU resolves them. prompt_tokens:
         the longest prompt kept (default data.max_prompt_length); with train.shared_prefix each group's
         prompt is counted once per micro-batch; train.micro_batch_tokens, when set, is the micro-batch's
         positions (or one prompt + max_new_tokens sequence, if longer; at most what a mini-batch holds).
         shards: the cards FSDP or ZeRO shards the training state over (1 = none). reward_models:
-        reward_model_loads(cfg, cuda, ...)."""
+        reward_model_loads(cfg, cuda, ...). card_bytes: the card's total memory (0: CARD_BYTES). A budget of
+        `auto` counts as 0 here: resolve it first (budget.py)."""
         t, r, e = cfg.train, cfg.rollout, cfg.eval
+        budget = t.micro_batch_tokens if isinstance(t.micro_batch_tokens, int) else 0
         prompt = prompt_tokens if prompt_tokens is not None else cfg.data.max_prompt_length
         micro = t.micro_batch_size
         shared = t.shared_prefix != "off"
@@ -218,10 +221,10 @@ class Setting:
         tokens = micro * r.max_new_tokens + prompts_per_micro * prompt
         head = micro * r.max_new_tokens  # completion positions the LM head scores
         row_width = min(SHARED_ROW_LIMIT, prompt + r.group_size * r.max_new_tokens, tokens) if shared else 0
-        if t.micro_batch_tokens > 0:  # the budget wins: its tokens, or one sequence over it alone
-            tokens = min(max(t.micro_batch_tokens, prompt + r.max_new_tokens), mini_batch_tokens(cfg, prompt, shards))
+        if budget > 0:  # the budget wins: its tokens, or one sequence over it alone
+            tokens = min(max(budget, prompt + r.max_new_tokens), mini_batch_tokens(cfg, prompt, shards))
             head = tokens - prompt
-            row_width = max(row_limit(t.micro_batch_tokens), prompt + r.max_new_tokens) if shared else 0
+            row_width = max(row_limit(budget), prompt + r.max_new_tokens) if shared else 0
         weight_bytes = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
         autocast = cuda and t.mixed_precision in ("auto", "bf16", "fp16")
         vllm = (r.vllm_memory, r.vllm_kv_cache_mib * 2**20, r.generation_batch_size * longest_sequence(cfg)) \
@@ -247,7 +250,7 @@ class Setting:
             reference=cfg.dapo.beta > 0 and cfg.model.lora.r == 0,
             head_positions=head, tokens=tokens, row_width=row_width,
             chunk_mib=t.logprob_chunk_mib, rollout=None if vllm else rollout, eval=evaluation,
-            reward_models=reward_models, shards=shards, vllm=vllm,
+            reward_models=reward_models, shards=shards, vllm=vllm, card_bytes=card_bytes,
         )
 
 
@@ -257,6 +260,8 @@ class Estimate:
 
     terms: dict[str, int]
     moments: dict[str, int] = field(default_factory=dict)
+    # the moments with the backward's two branches apart, each linear in the micro-batch's tokens (budget.py)
+    parts: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak(self) -> int:
@@ -291,7 +296,7 @@ def _vllm_engine(shape: ModelShape, s: Setting) -> int:
         return 0
     share, kv_bytes, kv_positions = s.vllm
     if s.cuda:
-        return shape.parameters * 2 + kv_bytes if kv_bytes else int(share * CARD_BYTES)
+        return shape.parameters * 2 + kv_bytes if kv_bytes else int(share * (s.card_bytes or CARD_BYTES))
     return shape.parameters * 4 + (kv_bytes or kv_positions * shape.kv_bytes_per_token(4))
 
 
@@ -331,17 +336,24 @@ def estimate(shape: ModelShape, s: Setting) -> Estimate:
     rollout_casts = 0 if s.rollout_copy or s.vllm else casts  # the float32 model's forward under autocast
     engine = terms["vllm engine"] if s.cuda else 0  # asleep through the update on CUDA; on a CPU always there
     resident += terms["vllm engine"] - engine
-    moments = {
+    backward = resident + terms["gradients"] + terms["gathered weights"] // max(1, shape.layers) + casts + saved + \
+        terms["attention mask"]
+    parts = {
         "generate": resident + terms["gathered weights"] + rollout_casts + rollout["kv cache"] +
         max(rollout["prefill"], rollout["logits"]) + engine,
         "eval": resident + terms["gathered weights"] + (0 if s.vllm else casts) + evaluation["kv cache"] +
         max(evaluation["prefill"], evaluation["logits"]) + engine,
         "reward scoring": resident + terms["reward forward"],
-        "backward": resident + terms["gradients"] + terms["gathered weights"] // max(1, shape.layers) + casts +
-        saved + terms["attention mask"] + max(terms["lm head"] + terms["head backward"], recomputed),
+        "backward": backward + terms["lm head"] + terms["head backward"],
+        RECOMPUTING: backward + recomputed,
         "optimizer step": resident + terms["gradients"] + terms["optimizer step"],
     }
-    return Estimate(terms, moments)
+    moments = {name: value for name, value in parts.items() if name != RECOMPUTING}
+    moments["backward"] = max(parts["backward"], parts[RECOMPUTING])
+    return Estimate(terms, moments, parts)
+
+
+RECOMPUTING = "backward, recomputing a layer"  # the backward's branch after the LM head (module docstring)
 
 
 def reward_model_loads(cfg: Config, cuda: bool, sequence: int) -> tuple[RewardModelLoad, ...]:
@@ -366,6 +378,7 @@ def describe(result: Estimate) -> list[tuple[str, str]]:
     return rows
 
 
+
 def mini_batch_tokens(cfg: Config, prompt: int, shards: int = 1) -> int:
     """The most tokens one rank's share of a mini-batch can hold (every completion at max_new_tokens,
     each group's prompt once with train.shared_prefix): a micro-batch never holds more."""
@@ -375,27 +388,4 @@ def mini_batch_tokens(cfg: Config, prompt: int, shards: int = 1) -> int:
     return groups * (r.group_size * r.max_new_tokens + prompts * prompt)
 
 
-CARD_BYTES = 48 * 10**9  # the card the shipped Qwen configs are sized for (48 GB)
-BUDGET_STEP, BUDGET_STEPS = 1024, 256  # suggested budgets: multiples of 1,024 tokens, at most 256 Ki
-
-
-def suggested_budget(shape: ModelShape, cfg: Config, prompt_tokens: int, card_bytes: int = CARD_BYTES,
-                     shards: int = 1, reward_models: tuple[RewardModelLoad, ...] = ()) -> int | None:
-    """The largest train.micro_batch_tokens (a multiple of 1,024) whose estimated peak on a CUDA card fits
-    card_bytes, with everything else as configured, and no larger than a mini-batch holds (rounded up:
-    a larger budget changes nothing); None when 1,024 does not fit (the peak is not the update's: the
-    resident terms, generation or the eval overflow the card alone)."""
-    def fits(budget: int) -> bool:
-        budgeted = replace(cfg, train=replace(cfg.train, micro_batch_tokens=budget))
-        setting = Setting.from_config(budgeted, cuda=True, prompt_tokens=prompt_tokens, shards=shards,
-                                      reward_models=reward_models)
-        return estimate(shape, setting).peak <= card_bytes
-
-    if not fits(BUDGET_STEP):
-        return None
-    whole = -(-mini_batch_tokens(cfg, prompt_tokens, shards) // BUDGET_STEP)
-    low, high = 1, min(BUDGET_STEPS, whole)  # the largest number of steps that fits lies in [low, high]
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if fits(middle * BUDGET_STEP) else (low, middle - 1)
-    return low * BUDGET_STEP
+CARD_BYTES = 48 * 10**9  # the card the shipped Qwen configs are sized for (48 GB), and vllm_memory's default card

@@ -38,17 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm  # eval's sample completions, written around the bar
 
 from dapo_train.config.load import save_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import DoesNotFit, RunRegressed, TaskSolved, TrainingAborted
-from dapo_train.evaluation.generate import EvalStopped, add_model_scores, eval_max_new_tokens, eval_records
-from dapo_train.evaluation.stats import change_from_start, change_metrics, summarize_records
+from dapo_train.evaluation.generate import EvalStopped
 from dapo_train.model import checkpoint as ckpt
-from dapo_train.rollout.engines import eval_engine, pause, release
+from dapo_train.rollout.engines import pause, release
 from dapo_train.run.config_changes import warn_config_changes
-from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, drop_items, items_path, read_items, write_items
+from dapo_train.run.eval_items import FINAL, drop_items
 from dapo_train.run.folder import (
     finished,
     finished_message,
@@ -58,13 +56,11 @@ from dapo_train.run.folder import (
     set_aside_abandoned,
 )
 from dapo_train.run.lock import hold_folder
-from dapo_train.run.logs import MetricsLogger, RunLog, read_metrics
-from dapo_train.run.rollouts import drop_rollouts, excerpt, write_rollouts
+from dapo_train.run.logs import MetricsLogger, RunLog
+from dapo_train.run.rollouts import drop_rollouts, write_rollouts
 from dapo_train.run.signals import StopRequested
 from dapo_train.run.trackers import NullTracker, start_trackers
-from dapo_train.task.answers import answer_check
-from dapo_train.task.prompts import Prompt
-from dapo_train.train import distributed, ranks
+from dapo_train.train import distributed, evals, ranks
 from dapo_train.train.collect import fill_batch
 from dapo_train.train.old_policy import (
     needing_old_logprobs,
@@ -75,7 +71,6 @@ from dapo_train.train.old_policy import (
 from dapo_train.train.progress import Progress, end_of_run_summary
 from dapo_train.train.ranks import total
 from dapo_train.train.records import StepBatch
-from dapo_train.train.regression import RegressionWatch
 from dapo_train.train.rollout_sample import RolloutSample, merge
 from dapo_train.train.session import Run, setup
 from dapo_train.train.state import check_disk, restore, save
@@ -84,71 +79,13 @@ from dapo_train.train.update import rollout_metrics
 logger = logging.getLogger(__name__)
 
 
-def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records: list[dict] | None = None,
-             stop: StopRequested | None = None) -> tuple[dict, list[dict]]:
-    """Greedy accuracy on `prompts`, each rank generating its slice (or the given `records` of these
-    prompts, already generated) and scoring it with the reward models; the main process writes the per-item records
-    (eval_items/<kind>_<step>.jsonl) and prints a few sample completions of a periodic eval. Step 0's periodic
-    records are kept (run.start_records); every later eval adds its change from them, paired on the items both
-    hold (stats.change_from_start). A `stop` requested on any rank before its last chunk raises EvalStopped on
-    every rank, nothing written. -> (metrics under the kind's keys, records in item order)."""
-    cfg = run.cfg
-    start = time.perf_counter()
-    if records is None:
-        records = _generate(run, prompts, kind, stop)
-    if distributed.is_main():
-        write_items(run.run_dir, kind, run.step, records)
-        shown = cfg.eval.print_samples if kind is PERIODIC else 0  # the final eval's items are the subset's and more
-        for record in records[:shown]:
-            tqdm.write(
-                f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}"
-                f"\n    {excerpt(record['completion'])}"
-            )
-    summary = summarize_records(records, samples=1)
-    if kind is PERIODIC and run.step == 0:
-        run.start_records = records  # every later eval is paired with these
-    elif run.start_records is not None:
-        summary.update(change_metrics(change_from_start(run.start_records, records)))
-    metrics = {kind.accuracy if key == "accuracy" else f"{kind.prefix}{key}": value
-               for key, value in summary.items() if key != "samples"}
-    metrics[kind.seconds] = time.perf_counter() - start
-    return metrics, records
-
-
-def _generate(run: Run, prompts: list[Prompt], kind: EvalKind, stop: StopRequested | None) -> list[dict]:
-    """Every rank's slice of the eval's records, gathered in item order on every rank; EvalStopped on every
-    rank once they have gathered, when a stop ended any rank's slice."""
-    cfg = run.cfg
-    shard, records = prompts[distributed.rank() :: distributed.world_size()], []
-    with distributed.full_weights(run.accelerator, run.model) as model:
-        if shard:
-            try:
-                records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
-                                       batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness),
-                                       tools=run.tool_turns, progress=_eval_bar(cfg, kind),
-                                       engine=eval_engine(run.engine), stop=stop)
-                add_model_scores(run.reward_set, shard, records)
-            except EvalStopped:
-                records = None
-    parts = distributed.gather(records)
-    if any(part is None for part in parts):
-        raise EvalStopped
-    return distributed.interleave(parts)
-
-
-def _eval_bar(cfg: Config, kind: EvalKind) -> str | None:
-    """The label of the final eval's bar over its items, on the main process (logging.progress_bar); the
-    periodic evals stay quiet: one generate call each at the default eval.batch_size."""
-    return "final eval" if kind is FINAL and cfg.logging.progress_bar and distributed.is_main() else None
-
-
 def step_evals(run: Run, stop: StopRequested) -> dict:
     """The evals due after a step: the fixed subset every eval.every_steps and at the last step; at the last
     step the checkpoint, then (eval.final_full) the whole split: final_eval."""
     cfg, metrics, records = run.cfg, {}, None
     last = run.step == cfg.train.max_steps
     if _due(run.step, cfg.eval.every_steps) or (cfg.eval.every_steps > 0 and last):
-        metrics, records = evaluate(run, run.eval_prompts)
+        metrics, records = evals.evaluate(run, run.eval_prompts)
         run.last_eval = ckpt.CheckpointScore(run.step, metrics["accuracy"])  # ranks this step's checkpoint
     if last:
         save_clean(run)  # before the whole-split eval: a stop or a kill during it must not cost the weights
@@ -164,7 +101,7 @@ def final_eval(run: Run, stop: StopRequested, records: list[dict] | None) -> dic
     whole = records if records is not None and len(run.eval_prompts) == len(run.final_prompts) else None
     try:
         with stop.during("ending the final eval (the training finished; its last checkpoint is saved)"):
-            return evaluate(run, run.final_prompts, FINAL, whole, stop)[0]
+            return evals.evaluate(run, run.final_prompts, FINAL, whole, stop)[0]
     except EvalStopped:
         _stop_agreed(stop)  # every rank takes the signal of the one that had it, for its exit status
         run.final_eval_stopped = True
@@ -335,9 +272,9 @@ def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> Ending:
     aborted = solved = regressed = None
     try:
         if resumed:
-            _resume_start(run)
+            evals.resume_start(run)
         elif cfg.eval.every_steps > 0:
-            _log(run, metrics_log, progress, evaluate(run, run.eval_prompts)[0])
+            _log(run, metrics_log, progress, evals.evaluate(run, run.eval_prompts)[0])
         while run.step < cfg.train.max_steps and not _stop_agreed(stop):
             try:
                 metrics = train_step(run)
@@ -348,7 +285,7 @@ def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> Ending:
             if aborted is None:  # no eval of weights that stop the run
                 metrics.update(step_evals(run, stop))
             _log(run, metrics_log, progress, metrics)
-            regressed = _regression(run, metrics) if aborted is None else None
+            regressed = evals.regression(run, metrics) if aborted is None else None
             if aborted is not None or solved is not None or regressed is not None:
                 break
             if _due(run.step, cfg.checkpoint.every_steps) and run.step < cfg.train.max_steps:
@@ -372,26 +309,6 @@ def _keep_last_good(run: Run) -> str:
     if last is None:
         return "no checkpoint saved"
     return f"{last.name} holds the last good step: change a setting, then resume with: {resume_command(run.run_dir)}"
-
-
-def _resume_start(run: Run) -> None:
-    """A resumed run's step-0 records (every eval's change is paired on them) and its evals against them so far
-    (metrics.jsonl up to the checkpoint), where the run kept them."""
-    start = items_path(run.run_dir, PERIODIC, 0)
-    run.start_records = read_items(start) if start.is_file() else None
-    run.regression = RegressionWatch.from_rows(read_metrics(run.run_dir))
-
-
-def _regression(run: Run, metrics: dict) -> str | None:
-    """Step `run.step`'s eval against step 0 (train/regression.py): the line, said once, the first time the run
-    has regressed. -> that line when eval.stop_on_regression stops the run here, else None."""
-    line = run.regression.record(run.step, metrics, run.best, run.cfg.checkpoint.keep_best)
-    if line is None:
-        return None
-    if distributed.is_main():
-        logger.warning("%s%s", line, "; stopping (eval.stop_on_regression)" if run.cfg.eval.stop_on_regression
-                       else "; going on (eval.stop_on_regression=false)")
-    return line if run.cfg.eval.stop_on_regression else None
 
 
 def _report(run: Run, run_log: RunLog, stop: StopRequested, ending: Ending, session_s: float | None) -> None:

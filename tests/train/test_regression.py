@@ -121,22 +121,22 @@ def test_when_stop_on_regression_cannot_act(settings, note):
 
 
 def test_a_resumed_run_reads_its_step_0_records_and_its_evals_so_far(tmp_path):
-    """loop._resume_start: eval_items/step_0.jsonl (every later eval's change is paired on it) and the evals in
+    """evals.resume_start: eval_items/step_0.jsonl (every later eval's change is paired on it) and the evals in
     metrics.jsonl up to the checkpoint; a run folder without step-0 records has no start to pair with."""
     import json
     from types import SimpleNamespace
 
     from dapo_train.run.eval_items import PERIODIC, write_items
-    from dapo_train.train import loop
+    from dapo_train.train import evals
 
     start = [{"uid": "test:0", "gold": "1", "correct": True, "answer_correct": True}]
     write_items(tmp_path, PERIODIC, 0, start)
     rows = [{"step": 0, "accuracy": 1.0}, {"step": 10, "accuracy": 0.0, **_metrics(DOWN)}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     run = SimpleNamespace(run_dir=tmp_path)
-    loop._resume_start(run)
+    evals.resume_start(run)
     assert run.start_records == start
     assert run.regression.outcomes == [EvalOutcome(10, {"strict": DOWN, "answer": DOWN})]
     (tmp_path / "eval_items" / "step_0.jsonl").unlink()
-    loop._resume_start(run)
+    evals.resume_start(run)
     assert run.start_records is None

@@ -1,0 +1,105 @@
+"""The greedy evals around a run's steps (loop.py decides when): every rank generates its slice of the fixed
+items, the main process writes the per-item records, and every eval after step 0 is paired with step 0's (the
+change, strict and answer accuracy, with its interval; evaluation/stats.change_from_start), which
+regression.py watches for a run that makes its model worse."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tqdm.auto import tqdm  # eval's sample completions, written around the bar
+
+from dapo_train.config.schema import Config
+from dapo_train.evaluation.generate import EvalStopped, add_model_scores, eval_max_new_tokens, eval_records
+from dapo_train.evaluation.stats import change_from_start, change_metrics, summarize_records
+from dapo_train.rollout.engines import eval_engine
+from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, items_path, read_items, write_items
+from dapo_train.run.logs import read_metrics
+from dapo_train.run.rollouts import excerpt
+from dapo_train.run.signals import StopRequested
+from dapo_train.task.answers import answer_check
+from dapo_train.task.prompts import Prompt
+from dapo_train.train import distributed
+from dapo_train.train.regression import RegressionWatch
+from dapo_train.train.session import Run
+
+logger = logging.getLogger(__name__)
+
+
+def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records: list[dict] | None = None,
+             stop: StopRequested | None = None) -> tuple[dict, list[dict]]:
+    """Greedy accuracy on `prompts`, each rank generating its slice (or the given `records` of these
+    prompts, already generated) and scoring it with the reward models; the main process writes the per-item records
+    (eval_items/<kind>_<step>.jsonl) and prints a few sample completions of a periodic eval. Step 0's periodic
+    records are kept (run.start_records); every later eval adds its change from them, paired on the items both
+    hold (stats.change_from_start). A `stop` requested on any rank before its last chunk raises EvalStopped on
+    every rank, nothing written. -> (metrics under the kind's keys, records in item order)."""
+    cfg = run.cfg
+    start = time.perf_counter()
+    if records is None:
+        records = _generate(run, prompts, kind, stop)
+    if distributed.is_main():
+        write_items(run.run_dir, kind, run.step, records)
+        shown = cfg.eval.print_samples if kind is PERIODIC else 0  # the final eval's items are the subset's and more
+        for record in records[:shown]:
+            tqdm.write(
+                f"  [eval step {run.step}] gold={record['gold']} got={record['extracted']} correct={record['correct']}"
+                f"\n    {excerpt(record['completion'])}"
+            )
+    summary = summarize_records(records, samples=1)
+    if kind is PERIODIC and run.step == 0:
+        run.start_records = records  # every later eval is paired with these
+    elif run.start_records is not None:
+        summary.update(change_metrics(change_from_start(run.start_records, records)))
+    metrics = {kind.accuracy if key == "accuracy" else f"{kind.prefix}{key}": value
+               for key, value in summary.items() if key != "samples"}
+    metrics[kind.seconds] = time.perf_counter() - start
+    return metrics, records
+
+
+def _generate(run: Run, prompts: list[Prompt], kind: EvalKind, stop: StopRequested | None) -> list[dict]:
+    """Every rank's slice of the eval's records, gathered in item order on every rank; EvalStopped on every
+    rank once they have gathered, when a stop ended any rank's slice."""
+    cfg = run.cfg
+    shard, records = prompts[distributed.rank() :: distributed.world_size()], []
+    with distributed.full_weights(run.accelerator, run.model) as model:
+        if shard:
+            try:
+                records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
+                                       batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness),
+                                       tools=run.tool_turns, progress=_eval_bar(cfg, kind),
+                                       engine=eval_engine(run.engine), stop=stop)
+                add_model_scores(run.reward_set, shard, records)
+            except EvalStopped:
+                records = None
+    parts = distributed.gather(records)
+    if any(part is None for part in parts):
+        raise EvalStopped
+    return distributed.interleave(parts)
+
+
+def _eval_bar(cfg: Config, kind: EvalKind) -> str | None:
+    """The label of the final eval's bar over its items, on the main process (logging.progress_bar); the
+    periodic evals stay quiet: one generate call each at the default eval.batch_size."""
+    return "final eval" if kind is FINAL and cfg.logging.progress_bar and distributed.is_main() else None
+
+
+def resume_start(run: Run) -> None:
+    """A resumed run's step-0 records (every eval's change is paired on them) and its evals against them so far
+    (metrics.jsonl up to the checkpoint), where the run kept them."""
+    start = items_path(run.run_dir, PERIODIC, 0)
+    run.start_records = read_items(start) if start.is_file() else None
+    run.regression = RegressionWatch.from_rows(read_metrics(run.run_dir))
+
+
+def regression(run: Run, metrics: dict) -> str | None:
+    """Step `run.step`'s eval against step 0 (train/regression.py): the line, said once, the first time the run
+    has regressed. -> that line when eval.stop_on_regression stops the run here, else None."""
+    line = run.regression.record(run.step, metrics, run.best, run.cfg.checkpoint.keep_best)
+    if line is None:
+        return None
+    if distributed.is_main():
+        logger.warning("%s%s", line, "; stopping (eval.stop_on_regression)" if run.cfg.eval.stop_on_regression
+                       else "; going on (eval.stop_on_regression=false)")
+    return line if run.cfg.eval.stop_on_regression else None

@@ -87,7 +87,7 @@ def config_cmd(
     cfg = load_config(config_path, overrides)
     from dapo_train.rewards.scoring import rewards_from_config  # the checks `run` does first
     from dapo_train.rollout.engines import rollout_tools
-    from dapo_train.train.objective import loss_settings
+    from dapo_train.train.update.objective import loss_settings
 
     rewards_from_config(cfg)
     loss_settings(cfg)

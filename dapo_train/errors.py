@@ -71,7 +71,7 @@ class RunRegressed(Exception):
 
 
 class DoesNotFit(Exception):
-    """Out of memory with nothing left to halve (train/out_of_memory.py): one completion alone in the update, or
+    """Out of memory with nothing left to halve (train/update/out_of_memory.py): one completion alone in the update, or
     one group alone in a generate call, does not fit the card. The run stops at the checkpoint of its last
     good step with one line naming the settings that cut memory, exit code 7."""
 

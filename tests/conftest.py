@@ -180,7 +180,7 @@ def id_tokenizer():
 
 def collect_step(engine, reward_set, sampler, buffer, cfg, version: int = 0):
     """The trainer's step 1 in one process. -> (this step's groups, metrics)."""
-    from dapo_train.train.collect import fill_batch
+    from dapo_train.train.collect.rounds import fill_batch
 
     batch = fill_batch(engine, reward_set, sampler, buffer, cfg, version)
     return batch.groups, batch.metrics

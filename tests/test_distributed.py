@@ -26,12 +26,12 @@ from dapo_train.rollout import Completion
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import Prompt
 from dapo_train.train import distributed, ranks
-from dapo_train.train.batching import Batching, mini_batches, rank_mini_batches
 from dapo_train.train.distributed import full_weights, interleave, rank_seed
-from dapo_train.train.old_policy import record_old_logprobs
 from dapo_train.train.ranks import balanced_owners, take_counts
 from dapo_train.train.records import Group, StepBatch
-from dapo_train.train.update import Learner, update
+from dapo_train.train.update.batching import Batching, mini_batches, rank_mini_batches
+from dapo_train.train.update.old_policy import record_old_logprobs
+from dapo_train.train.update.passes import Learner, update
 
 from conftest import EOS2_ID, EOS_ID, make_random_model
 
@@ -410,7 +410,7 @@ def _collect_with_reward_model() -> dict:
     group is kept): this rank's scores by (prompt, completion), the texts its model read, the metrics."""
     from dapo_train.rewards import rewards_from_config
     from dapo_train.task.prompts import PromptSampler
-    from dapo_train.train.collect import GroupBuffer, fill_batch
+    from dapo_train.train.collect.rounds import GroupBuffer, fill_batch
 
     cfg = load_config(None, ["rollout.group_size=4", "train.prompts_per_step=6", "dapo.dynamic_sampling=false",
                              "rewards=[{name: accuracy}, {name: reward_model, args: {path: builtin:tiny-verifier}}]"])
@@ -566,9 +566,9 @@ def _screened_step(steps: int = 1, history: bool = False) -> dict:
     from dapo_train.config.schema import RewardSpec
     from dapo_train.rewards import build_rewards
     from dapo_train.task.prompts import PromptSampler
-    from dapo_train.train.collect import GroupBuffer, KeepRate, fill_batch
-    from dapo_train.train.history import PromptHistory
-    from dapo_train.train.rollout_sample import EVERY_GROUP, RolloutSample
+    from dapo_train.train.collect.history import PromptHistory
+    from dapo_train.train.collect.rollout_sample import EVERY_GROUP, RolloutSample
+    from dapo_train.train.collect.rounds import GroupBuffer, KeepRate, fill_batch
 
     from conftest import IdTokenizer, make_engine
 

@@ -14,7 +14,7 @@ from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
 from dapo_train.rewards import rewards_from_config
 from dapo_train.study.sweep import plan_sweep
-from dapo_train.train.objective import loss_settings
+from dapo_train.train.update.objective import loss_settings
 
 from doc_markdown import commands, is_synopsis, section
 

@@ -51,7 +51,7 @@ def _check_loss_args(logprobs, old_logprobs, advantages, mask, objective, reduct
 
 @dataclass(frozen=True)
 class LossSettings:
-    """The policy-loss options of a run as one value (built from config dapo.* by train/objective.py): the
+    """The policy-loss options of a run as one value (built from config dapo.* by train/update/objective.py): the
     objective by name (POLICY_LOSSES), its clip bounds, the reduction and the KL coefficient, so a new
     option is one field here instead of one more argument at every call site."""
 

@@ -9,5 +9,5 @@ tool_check.py    a tool call through the rollout's code at the run's chat templa
 export_check.py  the export of the rehearsal's last checkpoint against the trained tensors
 coverage.py      what the rehearsal ran and what it did not, for the report's last two rows
 
-The memory estimate it prints is train/memory.py's (the run sizes its budget by it too: train/budget.py).
+The memory estimate it prints is train/memory.py's (the run sizes its budget by it too: train/update/budget.py).
 """

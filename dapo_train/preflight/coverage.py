@@ -10,7 +10,7 @@ from dapo_train.config.schema import Config
 from dapo_train.model.loading import DTYPES, gradient_checkpointing, mixed_precision
 from dapo_train.preflight.rehearsal import LAYERS, SPREAD_REWARD, width_and_heads
 from dapo_train.rollout.hf_engines import rollout_dtype
-from dapo_train.train.old_policy import resolve
+from dapo_train.train.update.old_policy import resolve
 
 
 def _engine(cfg: Config, cuda: bool, static: bool) -> str:

@@ -13,8 +13,8 @@ from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
 from dapo_train.preflight import rehearsal
 from dapo_train.preflight.report import Report
-from dapo_train.train.budget import CARD_SIZES, MARGIN, budget_lines, choose_budget
 from dapo_train.train.memory import CARD_BYTES, GIB, ModelShape, Setting, estimate, reward_model_loads
+from dapo_train.train.update.budget import CARD_SIZES, MARGIN, budget_lines, choose_budget
 
 PROMPT_LINES = 12  # lines of the templated prompt shown
 
@@ -24,7 +24,7 @@ def check_cheap(cfg: Config) -> None:
     from dapo_train.rewards.scoring import rewards_from_config
     from dapo_train.rollout.engines import engine_factory, rollout_tools
     from dapo_train.run.trackers import check_trackers
-    from dapo_train.train.objective import loss_settings
+    from dapo_train.train.update.objective import loss_settings
 
     rewards_from_config(cfg)
     loss_settings(cfg)
@@ -94,7 +94,7 @@ def rehearse_tool_call(cfg: Config, tokenizer) -> str:
 
 def memory_estimate(cfg: Config, shape: ModelShape, prompts: list, shards: int) -> str:
     """The real model's peak per CUDA card under this config (train/memory.py), train.micro_batch_tokens=auto
-    taken as on a 48 GB card; and the budget auto chooses on 24, 48 and 80 GB cards (train/budget.py)."""
+    taken as on a 48 GB card; and the budget auto chooses on 24, 48 and 80 GB cards (train/update/budget.py)."""
     longest = max(len(p.input_ids) for p in prompts)
     reward_models = reward_model_loads(cfg, cuda=True, sequence=longest + cfg.rollout.max_new_tokens)
     choices = auto_budgets(cfg, shape, longest, shards, reward_models)

@@ -11,7 +11,7 @@ quiet (vLLM's own lines under VLLM_LOGGING_LEVEL=WARNING), and it shuts down whe
 - Behaviour log-probs: vLLM's processed log-probs (logprobs_mode="processed_logprobs"), each sampled token's
   under the distribution it was drawn from; under top-k / top-p the kept mass comes from a logits processor
   (vllm_processor.py). The rollout is not the training forward: the trainer recomputes the old log-probs and
-  measures the gap every step (train/old_policy.py).
+  measures the gap every step (train/update/old_policy.py).
 - Weights: loaded from the model's folder at start, then the training model's own (LoRA adapters merged:
   model/lora.merged_weights) copied in place at once and after every step's updates (vLLM's weight reload),
   its prefix cache (computed with the old weights) dropped. On CUDA: rollout.dtype (bfloat16), compiled

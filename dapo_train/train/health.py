@@ -215,7 +215,7 @@ class StepHealth:
 
 
 def step_counts(metrics: dict) -> list[int]:
-    """A step's COUNTS from its metrics (collect.py's): a prompt a screen ruled out is all right or all wrong
+    """A step's COUNTS from its metrics (collect/rounds.py's): a prompt a screen ruled out is all right or all wrong
     as its screen was (its k completions are in the completions and correct counts too), and one the history
     skipped as its last group or screen was (alike with mixed answers when neither)."""
     n, skipped = int(metrics.get("completions", 0)), metrics.get("prompts_skipped", 0)

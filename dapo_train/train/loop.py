@@ -3,17 +3,17 @@
 Each step (one rollout batch; train.max_steps counts these), in train_step:
   1. collect     -- rounds of generation until the batch holds train.prompts_per_step informative
                     groups or rounds run out: G completions per prompt, rewards, group advantages
-                    (Eq. 9), dynamic sampling (Eq. 11), surplus carried over (collect.py)
+                    (Eq. 9), dynamic sampling (Eq. 11), surplus carried over (collect/rounds.py)
   2. old logprobs -- the log-probs of the policy that sampled, for every group a later update trains
                     after the policy moved, or the rollout's own when it is the training forward
-                    (old_policy.py)
+                    (update/old_policy.py)
   3. update      -- the plan every rank agrees on, then train.updates_per_step mini-batches x
                     dapo.num_iterations passes, each an optimizer step on the token-level objective
-                    (Eq. 10, 12), exact over micro-batches and ranks (update.py, ranks.py, optim.py)
+                    (Eq. 10, 12), exact over micro-batches and ranks (update/passes.py, ranks.py, update/optim.py)
   4. sync        -- the rollout engine takes the new weights
   5. log         -- metrics.jsonl + training_losses.txt / accuracy_losses.txt (run/logs.py); the bar
                     or a line per step (progress.py); a sample of the step's groups, dropped ones
-                    too, in rollouts/step_<N>.jsonl (rollout_sample.py, run/rollouts.py)
+                    too, in rollouts/step_<N>.jsonl (collect/rollout_sample.py, run/rollouts.py)
 Around the steps: greedy eval on a fixed subset every eval.every_steps, step 0 first, and at the end
 on the whole eval split (eval.final_full), each eval's per-item records in eval_items/
 (evaluation/generate.py, run/eval_items.py) and every eval after step 0 paired with step 0's (its change,
@@ -61,20 +61,20 @@ from dapo_train.run.rollouts import drop_rollouts, write_rollouts
 from dapo_train.run.signals import StopRequested
 from dapo_train.run.trackers import NullTracker, start_trackers
 from dapo_train.train import distributed, evals, ranks
-from dapo_train.train.collect import fill_batch
-from dapo_train.train.old_policy import (
+from dapo_train.train.collect.rollout_sample import RolloutSample, merge
+from dapo_train.train.collect.rounds import fill_batch
+from dapo_train.train.progress import Progress, end_of_run_summary
+from dapo_train.train.ranks import total
+from dapo_train.train.records import StepBatch
+from dapo_train.train.session import Run, setup
+from dapo_train.train.state import check_disk, restore, save
+from dapo_train.train.update.old_policy import (
     needing_old_logprobs,
     record_old_logprobs,
     require_behaviour_logprobs,
     require_kept_mass,
 )
-from dapo_train.train.progress import Progress, end_of_run_summary
-from dapo_train.train.ranks import total
-from dapo_train.train.records import StepBatch
-from dapo_train.train.rollout_sample import RolloutSample, merge
-from dapo_train.train.session import Run, setup
-from dapo_train.train.state import check_disk, restore, save
-from dapo_train.train.update import rollout_metrics
+from dapo_train.train.update.passes import rollout_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def train_step(run: Run) -> dict:
     if metrics["groups_kept"]:  # over all ranks: a rank without groups of its own still joins the update
         update_start = time.perf_counter()
         pause(run.engine)  # generation's memory (vllm's KV cache) free for the update
-        metrics.update(run.update_retry.update(run.learner, batch, run.cfg, run.step))  # 3 (out_of_memory.py)
+        metrics.update(run.update_retry.update(run.learner, batch, run.cfg, run.step))  # 3 (update/out_of_memory.py)
         sync_weights(run)  # 4
         metrics["seconds_update"] = time.perf_counter() - update_start
     else:
@@ -278,7 +278,7 @@ def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> Ending:
         while run.step < cfg.train.max_steps and not _stop_agreed(stop):
             try:
                 metrics = train_step(run)
-            except DoesNotFit as exc:  # the weights are the last good step's (out_of_memory.py)
+            except DoesNotFit as exc:  # the weights are the last good step's (update/out_of_memory.py)
                 raise DoesNotFit(f"{exc}; {_keep_last_good(run)}") from None
             aborted = run.health.abort_reason(cfg, run.step, run.run_dir)
             solved = run.health.solved(cfg) if aborted is None else None

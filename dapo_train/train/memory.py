@@ -1,6 +1,6 @@
 """The peak memory of training a model under a config, estimated from the model's shape alone (no weights
 are read): what preflight prints for the real model and what train.micro_batch_tokens=auto sizes its budget by
-(budget.py), checked against measured peaks in tests/preflight/test_memory.py and docs/benchmarks.md.
+(update/budget.py), checked against measured peaks in tests/preflight/test_memory.py and docs/benchmarks.md.
 
 Every term is bytes, counted from what the code allocates (P parameters, T trainable ones, h hidden
 size, I intermediate size, L layers, V vocabulary, kv x d the key/value heads' width; b the bytes of
@@ -211,7 +211,7 @@ class Setting:
         positions (or one prompt + max_new_tokens sequence, if longer; at most what a mini-batch holds).
         shards: the cards FSDP or ZeRO shards the training state over (1 = none). reward_models:
         reward_model_loads(cfg, cuda, ...). card_bytes: the card's total memory (0: CARD_BYTES). A budget of
-        `auto` counts as 0 here: resolve it first (budget.py)."""
+        `auto` counts as 0 here: resolve it first (update/budget.py)."""
         t, r, e = cfg.train, cfg.rollout, cfg.eval
         budget = t.micro_batch_tokens if isinstance(t.micro_batch_tokens, int) else 0
         prompt = prompt_tokens if prompt_tokens is not None else cfg.data.max_prompt_length
@@ -260,7 +260,7 @@ class Estimate:
 
     terms: dict[str, int]
     moments: dict[str, int] = field(default_factory=dict)
-    # the moments with the backward's two branches apart, each linear in the micro-batch's tokens (budget.py)
+    # the moments with the backward's two branches apart, each linear in the micro-batch's tokens (update/budget.py)
     parts: dict[str, int] = field(default_factory=dict)
 
     @property

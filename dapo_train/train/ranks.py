@@ -1,7 +1,7 @@
 """What crosses ranks in one step, agreed in one place: when the batch is full (Eq. 11), which
 buffered groups the step trains, the update plan (mini-batches, Eq. 12 normalisers, forward/backward
 calls, token totals) and, after the update, its metric sums and the step's sampled rollout records.
-collect.py and update.py work on this rank's groups and records alone and make no collective call of
+collect/rounds.py and update/passes.py work on this rank's groups and records alone and make no collective call of
 their own: they ask this module; with one process every function here is arithmetic on this
 process's own counts.
 
@@ -30,7 +30,8 @@ from dataclasses import dataclass, replace
 from dapo_train.algo.reductions import loss_normalizer
 from dapo_train.config.schema import Config
 from dapo_train.train import distributed
-from dapo_train.train.batching import (
+from dapo_train.train.records import StepBatch, UpdateResult, UpdateSums
+from dapo_train.train.update.batching import (
     Batching,
     MiniBatch,
     UpdatePlan,
@@ -38,7 +39,6 @@ from dapo_train.train.batching import (
     micro_batch_tokens,
     rank_mini_batches,
 )
-from dapo_train.train.records import StepBatch, UpdateResult, UpdateSums
 
 
 def buffered_groups(count: int) -> int:

@@ -1,8 +1,8 @@
 """The typed records the stages of a step pass each other.
 
-Group: one prompt and its G scored completions, made by step 1 (collect.py), kept in the
-dynamic-sampling buffer across steps and checkpoints, given old log-probs by step 2 (old_policy.py)
-and trained by step 3 (update.py), which leaves its TrainedStats on it (for the rollout records).
+Group: one prompt and its G scored completions, made by step 1 (collect/rounds.py), kept in the
+dynamic-sampling buffer across steps and checkpoints, given old log-probs by step 2 (update/old_policy.py)
+and trained by step 3 (update/passes.py), which leaves its TrainedStats on it (for the rollout records).
 StepBatch: the groups one step trains. UpdateSums and UpdateResult: what the optimizer steps of step
 3 measured, per rank until ranks.py sums them.
 """
@@ -39,7 +39,7 @@ class Group:
     version: optimizer steps taken before it was generated (its staleness when trained is the
     optimizer step count then minus this). old_logprobs: per completion, (L,) float32 log-probs
     under the training forward of the policy that generated it, recorded right after collection
-    (old_policy.py; None while the update can prove the ratio is 1 and needs none, or when the
+    (update/old_policy.py; None while the update can prove the ratio is 1 and needs none, or when the
     completions' behaviour log-probs serve as old ones: dapo.old_logprobs=rollout). The completions
     carry their behaviour log-probs and the mass top-k / top-p kept (Completion.behaviour_logprobs,
     kept_log_mass), through checkpoints too.

@@ -43,17 +43,17 @@ from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, lo
 from dapo_train.task.sources import load_split
 from dapo_train.tools.turns import ToolTurns, tool_turns
 from dapo_train.train import distributed
-from dapo_train.train.batching import Batching
-from dapo_train.train.budget import resolve_budget
-from dapo_train.train.collect import GroupBuffer, KeepRate, max_rounds
+from dapo_train.train.collect.history import PromptHistory
+from dapo_train.train.collect.rounds import GroupBuffer, KeepRate, max_rounds
 from dapo_train.train.health import StepHealth
-from dapo_train.train.history import PromptHistory
-from dapo_train.train.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
-from dapo_train.train.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
-from dapo_train.train.optim import adamw
-from dapo_train.train.out_of_memory import UpdateRetry
 from dapo_train.train.regression import RegressionWatch, stop_note
-from dapo_train.train.update import Learner, Reference
+from dapo_train.train.update.batching import Batching
+from dapo_train.train.update.budget import resolve_budget
+from dapo_train.train.update.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
+from dapo_train.train.update.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
+from dapo_train.train.update.optim import adamw
+from dapo_train.train.update.out_of_memory import UpdateRetry
+from dapo_train.train.update.passes import Learner, Reference
 
 if TYPE_CHECKING:
     from accelerate import Accelerator

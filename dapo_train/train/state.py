@@ -96,7 +96,7 @@ def restore(run: Run, state: dict, checkpoint: Path) -> None:
 
 def budgets(run: Run) -> dict:
     """The memory budgets in force: the update's (train.micro_batch_tokens, or micro_batch_size without one)
-    and an hf engine's rows per generate call; an out-of-memory retry lowers them (out_of_memory.py,
+    and an hf engine's rows per generate call; an out-of-memory retry lowers them (update/out_of_memory.py,
     rollout/fitting.py)."""
     batching, rows = run.learner.batching, getattr(run.engine, "generation_rows", None)
     return {"micro_batch_tokens": batching.max_tokens, "micro_batch_size": batching.max_count,

@@ -1,5 +1,5 @@
 """The budget train.micro_batch_tokens=auto chooses for every shipped Qwen config on 24, 48 and 80 GB cards,
-from the memory model alone (train/memory.py, train/budget.py), offline: the Markdown table in docs/training.md
+from the memory model alone (train/memory.py, train/update/budget.py), offline: the Markdown table in docs/training.md
 (Memory). Estimates, not measurements.
 
     python scripts/bench/auto_budget_table.py [--work DIR]
@@ -28,8 +28,8 @@ def row(path: Path, folder: Path) -> str:
     from transformers import AutoConfig
 
     from dapo_train.config.load import load_config
-    from dapo_train.train.budget import CARD_SIZES, budget_lines, choose_budget
     from dapo_train.train.memory import GIB, ModelShape
+    from dapo_train.train.update.budget import CARD_SIZES, budget_lines, choose_budget
 
     cfg = load_config(str(path), [f"model.name_or_path={folder}"])
     shape = ModelShape.from_config(AutoConfig.from_pretrained(folder), cfg.model.lora)

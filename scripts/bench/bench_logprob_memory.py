@@ -104,7 +104,7 @@ def measure(path: str, chunk_mib: float) -> dict:
 
 def budget_samples(max_new_tokens: int, budget: int) -> list:
     """The sweep's mini-batch (module docstring), the same prompts at every max_new_tokens."""
-    from dapo_train.train.batching import TrainSample
+    from dapo_train.train.update.batching import TrainSample
 
     g = torch.Generator().manual_seed(2)
     samples = []
@@ -119,7 +119,7 @@ def budget_samples(max_new_tokens: int, budget: int) -> list:
 
 def measure_budget(budget: int, max_new_tokens: int, chunk_mib: float) -> dict:
     """One mini-batch at the budget: peak RSS above the RSS before it (after a warm-up micro-batch)."""
-    from dapo_train.train.batching import Batching, Scorer
+    from dapo_train.train.update.batching import Batching, Scorer
 
     torch.set_num_threads(1)
     model = random_qwen(32, 64, 2048)

@@ -44,8 +44,8 @@ def mismatch(model, completions, temperature: float, autocast: bool) -> dict:
     """The trainer's rollout_* figures of `completions` against the training forward of `model`."""
     from dapo_train.algo.correction import RolloutCorrection, rollout_mismatch
     from dapo_train.model.scoring import score_tokens
-    from dapo_train.train.batching import TrainSample, collate_micro_batch
-    from dapo_train.train.update import ROLLOUT_MEANS
+    from dapo_train.train.update.batching import TrainSample, collate_micro_batch
+    from dapo_train.train.update.passes import ROLLOUT_MEANS
 
     device = next(model.parameters()).device
     samples = [TrainSample(c.prompt_ids, c.completion_ids, 0.0, True, behaviour_logprobs=c.untruncated_logprobs)

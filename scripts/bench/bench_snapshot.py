@@ -1,4 +1,4 @@
-"""What the out-of-memory retry costs a step that does not run out (train/out_of_memory.py): the host copy of
+"""What the out-of-memory retry costs a step that does not run out (train/update/out_of_memory.py): the host copy of
 the trainable weights and AdamW state taken before a step of several optimizer steps, and, when a step does
 fail, putting them back. On a random model of a Qwen2.5 shape with AdamW's state filled by one step.
 
@@ -27,7 +27,7 @@ def main() -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from dapo_train.train.out_of_memory import Snapshot
+    from dapo_train.train.update.out_of_memory import Snapshot
 
     import qwen_offline
 

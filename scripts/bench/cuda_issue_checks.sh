@@ -38,4 +38,4 @@ python scripts/bench/bench_step.py --steps 2 --prompts-per-step 64 --group-size 
 echo "== issue 54: the host copy of weights and AdamW state before each step (Qwen2.5-1.5B, float32)"
 python scripts/bench/bench_snapshot.py --size 1.5b | tail -1
 echo "== issue 54: the out-of-memory tests on the card (faults injected; CUDA's random state, empty_cache)"
-python -m pytest -q tests/train/test_out_of_memory.py tests/rollout/test_fitting.py
+python -m pytest -q tests/train/update/test_out_of_memory.py tests/rollout/test_fitting.py

@@ -1,6 +1,6 @@
 """The behaviour-vs-training maths (dapo_train.algo.correction, and the truncated behaviour distribution of
 decoding): hand-computed corrections, mismatch sums and token weights. (Eq. 12 under a correction:
-tests/algo/test_algo.py, tests/train/test_update.py, tests/test_distributed.py.)"""
+tests/algo/test_algo.py, tests/train/update/test_passes.py, tests/test_distributed.py.)"""
 
 import math
 

@@ -134,8 +134,8 @@ def test_exponent_floats_are_read_as_numbers(tmp_path):
 def test_shipped_configs_load_and_the_tiny_one_is_the_default():
     import dataclasses
 
-    from dapo_train.train.old_policy import clip_can_act
-    from dapo_train.train.optim import total_optimizer_steps
+    from dapo_train.train.update.old_policy import clip_can_act
+    from dapo_train.train.update.optim import total_optimizer_steps
 
     root = __import__("pathlib").Path(__file__).resolve().parents[2] / "configs"
     assert load_config(str(root / "tiny-cpu.yaml"), []) == load_config(None, [])
@@ -171,8 +171,8 @@ def test_every_choice_list_is_its_registrys_keys():
     from dapo_train.model.loading import ATTENTION_KERNELS, DTYPES, GRADIENT_CHECKPOINTING
     from dapo_train.rollout.hf_engines import ROLLOUT_DTYPES
     from dapo_train.run.trackers import TRACKERS
-    from dapo_train.train.optim import LR_SCHEDULES
-    from dapo_train.train.screen import SCREEN_FATES
+    from dapo_train.train.collect.screen import SCREEN_FATES
+    from dapo_train.train.update.optim import LR_SCHEDULES
 
     registries = {
         "dapo.loss_reduction": set(LOSS_REDUCTIONS),

@@ -1,6 +1,6 @@
 """How a micro-batch is laid out in rows (dapo_train.model.layout): packed rows sharing each group's
 prompt under a block-diagonal mask, balanced, and no wider than the row limit a token budget sets.
-That the packed layout scores as one row per completion does is tests/train/test_packing.py's."""
+That the packed layout scores as one row per completion does is tests/train/update/test_packing.py's."""
 
 import torch
 

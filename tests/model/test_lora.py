@@ -23,9 +23,9 @@ from dapo_train.model.loading import load_model
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.locations import TINY_MODEL_DIR
 from dapo_train.train import loop
-from dapo_train.train.batching import MiniBatch, collate_micro_batch, split_micro_batches
 from dapo_train.train.session import setup
-from dapo_train.train.update import Learner, accumulate_gradients
+from dapo_train.train.update.batching import MiniBatch, collate_micro_batch, split_micro_batches
+from dapo_train.train.update.passes import Learner, accumulate_gradients
 
 from conftest import EOS2_ID, make_random_model
 
@@ -54,7 +54,7 @@ def _one_lora_step(**settings) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(logits before, logits after) one AdamW step of LoRA(settings) on a fixed random model and
     batch, and that batch's model inputs."""
     from dapo_train.config.schema import LoraConfig
-    from dapo_train.train.batching import TrainSample
+    from dapo_train.train.update.batching import TrainSample
 
     torch.manual_seed(0)
     model = lora.apply_lora(make_random_model(), LoraConfig(**{"r": 4, **settings}), "random")

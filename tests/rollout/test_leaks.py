@@ -18,9 +18,9 @@ from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import Prompt
 from dapo_train.train import loop
-from dapo_train.train.old_policy import record_old_logprobs
 from dapo_train.train.records import Group, StepBatch
-from dapo_train.train.update import Learner, update
+from dapo_train.train.update.old_policy import record_old_logprobs
+from dapo_train.train.update.passes import Learner, update
 
 from conftest import EOS2_ID, EOS_ID, PROMPTS, make_engine, make_random_model
 

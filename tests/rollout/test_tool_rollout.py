@@ -19,7 +19,7 @@ from dapo_train.rollout import EngineSetup, SamplingSettings, decoding
 from dapo_train.rollout.hf_engines import DecodeLoopEngine
 from dapo_train.tools import resolve_tools, tool_schemas
 from dapo_train.tools.turns import ToolTurns
-from dapo_train.train.batching import TrainSample, collate_micro_batch
+from dapo_train.train.update.batching import TrainSample, collate_micro_batch
 
 from conftest import make_random_model
 
@@ -188,8 +188,8 @@ def test_a_turn_beyond_max_tool_calls_ends_the_completion_over_calls_not_truncat
     and over-calling was never pushed down. It ends at the EOS the policy sampled, with its own end, and
     overlong filtering leaves it in the loss (its reward, for a final answer it never wrote, does the rest)."""
     from dapo_train.task.prompts import Prompt
-    from dapo_train.train.batching import flatten_groups
     from dapo_train.train.records import Group
+    from dapo_train.train.update.batching import flatten_groups
 
     _, ids, mask = transcript
     second_call_end = [i for i, token in enumerate(ids.tolist()) if token == tokenizer.eos_token_id][2]
@@ -232,7 +232,7 @@ def test_the_rewards_and_the_eval_grade_the_policys_own_text(monkeypatch, tokeni
     from dapo_train.evaluation.generate import eval_records
     from dapo_train.rewards import build_rewards
     from dapo_train.task.prompts import Prompt
-    from dapo_train.train.collect import CollectStats, RoundPrompts, collect_round, settle_round
+    from dapo_train.train.collect.rounds import CollectStats, RoundPrompts, collect_round, settle_round
 
     prompt_ids, (ids, mask) = transcript[0], tokenized(tokenizer, AROUND_A_CALL)
     completions = scripted_rollout(monkeypatch, tokenizer, model, (prompt_ids, ids, mask))
@@ -291,9 +291,9 @@ def test_the_steps_metrics_and_rollout_records_count_the_calls(monkeypatch, toke
 
     from dapo_train.run.rollouts import brief
     from dapo_train.task.prompts import Prompt
-    from dapo_train.train.collect import CollectStats
+    from dapo_train.train.collect.rollout_sample import group_records
+    from dapo_train.train.collect.rounds import CollectStats
     from dapo_train.train.records import Group
-    from dapo_train.train.rollout_sample import group_records
 
     _, ids, mask = transcript
     with_calls = rollout
@@ -338,7 +338,7 @@ def test_the_in_training_eval_runs_the_runs_tools(monkeypatch, tokenizer, model,
 
 def test_a_steps_trained_tokens_are_the_policys(rollout, transcript):
     from dapo_train.task.prompts import Prompt
-    from dapo_train.train.collect import CollectStats, GroupBuffer, take_batch
+    from dapo_train.train.collect.rounds import CollectStats, GroupBuffer, take_batch
     from dapo_train.train.records import Group
 
     _, ids, mask = transcript

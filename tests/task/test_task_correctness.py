@@ -17,7 +17,7 @@ from dapo_train.rollout import Completion, build_engine
 from dapo_train.task.answers import ANSWER_CHECKS, answer_check
 from dapo_train.task.locations import TINY_MODEL_DIR
 from dapo_train.task.prompts import Prompt, PromptSampler, load_prompts
-from dapo_train.train.collect import GroupBuffer
+from dapo_train.train.collect.rounds import GroupBuffer
 
 from conftest import EOS2_ID, EOS_ID, IdTokenizer, collect_step, make_random_model
 

@@ -251,8 +251,8 @@ def _starved_run(cfg, engine, caplog, before=None, count=30, warm_up=60) -> tupl
     of the steps before the streak is not under test. -> (the solved verdict, the warnings said)."""
     from dapo_train.rewards import build_rewards
     from dapo_train.task.prompts import Prompt, PromptSampler
-    from dapo_train.train.collect import GroupBuffer, fill_batch
-    from dapo_train.train.history import PromptHistory
+    from dapo_train.train.collect.history import PromptHistory
+    from dapo_train.train.collect.rounds import GroupBuffer, fill_batch
 
     rewards = build_rewards(cfg.rewards, max_new_tokens=4, is_correct=lambda text, gold: text == "right")
     prompts = [Prompt(f"train:{i}", f"q{i}", "7", f"p{i}", (3 + i, 4, 5)) for i in range(count)]

@@ -1,11 +1,11 @@
-"""The optimizer step under fp16's loss scaler (train/optim.py), driven through accelerate's own code:
+"""The optimizer step under fp16's loss scaler (train/update/optim.py), driven through accelerate's own code:
 an overflowing step is the scaler's to skip, and it lowers the scale so the next step applies."""
 
 import torch
 from accelerate import Accelerator
 
 from dapo_train.config.load import load_config
-from dapo_train.train.optim import PolicyOptimizer
+from dapo_train.train.update.optim import PolicyOptimizer
 
 from conftest import fp16_on_cpu
 

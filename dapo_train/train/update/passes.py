@@ -37,11 +37,11 @@ from dapo_train.algo.objectives import LossSettings
 from dapo_train.config.schema import Config
 from dapo_train.faults import UPDATE_TOKENS, out_of_memory_above
 from dapo_train.train import distributed, ranks
-from dapo_train.train.batching import Batching, MicroBatch, MiniBatch, Scorer, UpdatePlan
-from dapo_train.train.objective import loss_settings
-from dapo_train.train.old_policy import UNKNOWN_ROLLOUT, BehaviourPolicy, resolve
-from dapo_train.train.optim import PolicyOptimizer
 from dapo_train.train.records import Group, StepBatch, TrainedStats, UpdateResult, UpdateSums
+from dapo_train.train.update.batching import Batching, MicroBatch, MiniBatch, Scorer, UpdatePlan
+from dapo_train.train.update.objective import loss_settings
+from dapo_train.train.update.old_policy import UNKNOWN_ROLLOUT, BehaviourPolicy, resolve
+from dapo_train.train.update.optim import PolicyOptimizer
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -87,7 +87,7 @@ class Learner:
         """The learner of `cfg` for a prepared model and optimizer (on the accelerator's device).
         behaviour: resolved for the run's engine (session.setup); None = as for an engine not known to
         be the training forward. micro_batch_tokens: the budget train.micro_batch_tokens=auto resolved to
-        (train/budget.py); None = the config's number."""
+        (train/update/budget.py); None = the config's number."""
         behaviour = behaviour or resolve(cfg, UNKNOWN_ROLLOUT)
         batching = Batching.from_config(cfg, model, pad_id, accelerator.device, behaviour.correction,
                                         micro_batch_tokens)

@@ -28,7 +28,7 @@ import torch
 from dapo_train.config.schema import Config
 from dapo_train.errors import DoesNotFit
 from dapo_train.train.records import StepBatch
-from dapo_train.train.update import Learner, MicroBatchOutOfMemory, update
+from dapo_train.train.update.passes import Learner, MicroBatchOutOfMemory, update
 
 logger = logging.getLogger(__name__)
 

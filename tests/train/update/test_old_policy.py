@@ -1,4 +1,4 @@
-"""Sampling from what is scored, end to end: when the rollout is the training forward (train/old_policy.py),
+"""Sampling from what is scored, end to end: when the rollout is the training forward (train/update/old_policy.py),
 the behaviour log-probs the CUDA-shaped paths record (a bf16 copy, the static cache, top-k) checked
 by hand against the float32 scorer, and each new setting moving what it claims in a real run."""
 
@@ -13,8 +13,8 @@ from dapo_train.rollout import Completion, EngineSetup, SamplingSettings, build_
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import Prompt
 from dapo_train.train.loop import train
-from dapo_train.train.old_policy import log_behaviour, resolve, rollout_differences, truncation
 from dapo_train.train.records import Group
+from dapo_train.train.update.old_policy import log_behaviour, resolve, rollout_differences, truncation
 
 from conftest import PROMPTS, full_distributions, make_random_model, top_k_logprobs
 
@@ -44,7 +44,7 @@ def test_truncation_is_named_at_start_and_none_when_it_keeps_every_token(id_toke
         [], ["rollout.top_k=5"], ["rollout.top_k=64"], ["rollout.top_k=1000", "rollout.top_p=1.0"],
         ["rollout.top_p=0.9"], ["rollout.top_k=63", "rollout.top_p=0.9"])}
     assert list(named.values()) == [None, "top-k 5 of 64", None, None, "top-p 0.9", "top-k 63 of 64 and top-p 0.9"]
-    caplog.set_level(logging.INFO, logger="dapo_train.train.old_policy")
+    caplog.set_level(logging.INFO, logger="dapo_train.train.update.old_policy")
     cfg = load_config(None, ["rollout.top_k=5"])
     policy = resolve(cfg, (), truncation(cfg, model))
     assert policy.old_from_rollout and policy.correction.mode == "off"  # the untruncated log-probs are pi_old
@@ -54,7 +54,7 @@ def test_truncation_is_named_at_start_and_none_when_it_keeps_every_token(id_toke
 
 def test_the_choices_are_printed_at_start_and_inert_ones_warned(id_tokenizer, caplog):
     model = make_random_model(seed=1)
-    caplog.set_level(logging.INFO, logger="dapo_train.train.old_policy")
+    caplog.set_level(logging.INFO, logger="dapo_train.train.update.old_policy")
     cfg = load_config(None, ["rollout.dtype=bfloat16"])
     log_behaviour(resolve(cfg, ("it samples from a bfloat16 copy",)), cfg, model)
     assert "not the training forward: it samples from a bfloat16 copy" in caplog.text

@@ -9,8 +9,8 @@ from dapo_train.rollout import Completion
 from dapo_train.run.rollouts import FATES
 from dapo_train.task.answers import answer_check
 from dapo_train.task.prompts import Prompt
+from dapo_train.train.collect.rollout_sample import EVERY_GROUP, RolloutSample, merge, priority
 from dapo_train.train.records import Group, TrainedStats
-from dapo_train.train.rollout_sample import EVERY_GROUP, RolloutSample, merge, priority
 
 EXTRACT = answer_check("numeric").extract
 

@@ -15,11 +15,11 @@ from dapo_train.config.load import load_config
 from dapo_train.model.layout import row_limit
 from dapo_train.rollout import Completion
 from dapo_train.task.prompts import Prompt
-from dapo_train.train import batching
-from dapo_train.train.batching import Batching, MiniBatch, TrainSample, micro_batch_tokens, split_micro_batches
-from dapo_train.train.old_policy import record_old_logprobs
 from dapo_train.train.records import Group, StepBatch
-from dapo_train.train.update import Learner, _means, accumulate_gradients, update
+from dapo_train.train.update import batching as batching
+from dapo_train.train.update.batching import Batching, MiniBatch, TrainSample, micro_batch_tokens, split_micro_batches
+from dapo_train.train.update.old_policy import record_old_logprobs
+from dapo_train.train.update.passes import Learner, _means, accumulate_gradients, update
 
 from conftest import EOS2_ID, EOS_ID, make_random_model
 

@@ -1,4 +1,4 @@
-"""Screening (dapo.screen_size, train/screen.py): a screen of k completions per prompt, the prompts it
+"""Screening (dapo.screen_size, train/collect/screen.py): a screen of k completions per prompt, the prompts it
 does not rule out completed to G, exactly as if the G had been drawn at once; ruled-out prompts never
 reach the update."""
 
@@ -11,11 +11,11 @@ from dapo_train.config.schema import RewardSpec
 from dapo_train.errors import ConfigError
 from dapo_train.rewards import build_rewards
 from dapo_train.task.prompts import Prompt, PromptSampler
-from dapo_train.train.collect import CollectStats, GroupBuffer, fill_batch, make_group
-from dapo_train.train.old_policy import record_old_logprobs
-from dapo_train.train.rollout_sample import EVERY_GROUP, RolloutSample
-from dapo_train.train.screen import generate_round, generate_scored, row_seeds, screen_verdict
-from dapo_train.train.update import Learner
+from dapo_train.train.collect.rollout_sample import EVERY_GROUP, RolloutSample
+from dapo_train.train.collect.rounds import CollectStats, GroupBuffer, fill_batch, make_group
+from dapo_train.train.collect.screen import generate_round, generate_scored, row_seeds, screen_verdict
+from dapo_train.train.update.old_policy import record_old_logprobs
+from dapo_train.train.update.passes import Learner
 
 from conftest import EOS2_ID, EOS_ID, IdTokenizer, make_engine, make_random_model
 
@@ -102,7 +102,7 @@ def test_without_keyed_draws_the_shared_stream_gives_other_completions():
 
 
 def test_screen_drop_names_the_sides_that_rule_a_prompt_out():
-    from dapo_train.train.screen import Scored
+    from dapo_train.train.collect.screen import Scored
 
     right, wrong, mixed = (Scored([], [0.0] * 2, bits, {}) for bits in ([True, True], [False, False], [True, False]))
     both = ["all_wrong", "all_right"]
@@ -181,7 +181,7 @@ def test_a_screen_keeps_groups_with_more_right_answers(screen, expected):
     """The bias of issue 47, item 15, through the real round (generate, score, advantages, fates): at a pass
     rate of 0.1, G = 8, a kept group holds 1.40 right answers on average without a screen and 1.60 with a
     screen of 2 ruling out both sides, so each right answer's advantage (Eq. 9, sqrt((G - c)/c)) is smaller."""
-    from dapo_train.train.collect import RoundPrompts, collect_round
+    from dapo_train.train.collect.rounds import RoundPrompts, collect_round
 
     cfg = load_config(None, ["rollout.group_size=8", "train.prompts_per_step=4", "rewards=[{name: accuracy}]",
                              *screen])

@@ -8,7 +8,7 @@ import torch
 
 from dapo_train.algo.correction import RolloutCorrection
 from dapo_train.rollout import EngineSetup, SamplingSettings, engine_factory
-from dapo_train.train.batching import TrainSample, collate_micro_batch
+from dapo_train.train.update.batching import TrainSample, collate_micro_batch
 
 from conftest import full_distributions, shipped_tiny
 

@@ -1,4 +1,4 @@
-"""Stages 2 and 3 of a round (collect.py): its completions, generated and scored per prompt; with
+"""Stages 2 and 3 of a round (rounds.py): its completions, generated and scored per prompt; with
 dapo.screen_size k > 0, screened first.
 
 Screening (SPEED, arXiv 2506.09016) moves part of Eq. 11's decision before most of the generation: a
@@ -34,7 +34,7 @@ from dapo_train.rewards.scoring import score
 from dapo_train.rollout.engines import Completion, RolloutEngine
 from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.task.prompts import Prompt
-from dapo_train.train.history import RIGHT, WRONG, alike_side
+from dapo_train.train.collect.history import RIGHT, WRONG, alike_side
 
 # dapo.screen_drop side -> the fate of a prompt its screen rules out (run/rollouts.FATES).
 SCREEN_FATES = {RIGHT: "screened_all_right", WRONG: "screened_all_wrong"}
@@ -71,7 +71,7 @@ def row_seeds(seed: int, draws: Sequence[int], samples: range) -> list[int]:
 
 def generate_round(engine: RolloutEngine, reward_set, prompts: list[Prompt], draws: Sequence[int], cfg: Config,
                    stats) -> list[Scored]:
-    """A round's stages 2 and 3 (collect.py): each prompt's completions, generated and scored, in order
+    """A round's stages 2 and 3 (rounds.py): each prompt's completions, generated and scored, in order
     (draws: each prompt's index among the run's draws). G per prompt at once; or with dapo.screen_size k a
     screen of k per prompt, then G - k more for each prompt its screen does not rule out."""
     group_size, k = cfg.rollout.group_size, cfg.dapo.screen_size

@@ -1,4 +1,4 @@
-"""An out-of-memory step redone smaller, never lost (train/out_of_memory.py, rollout/fitting.py), on the shipped
+"""An out-of-memory step redone smaller, never lost (train/update/out_of_memory.py, rollout/fitting.py), on the shipped
 tiny model with faults injected as a card would raise them (dapo_train/faults.py): the step equals one run at
 the smaller size from the start, nothing is generated twice, one line says so, a resume keeps the size; a
 completion that cannot fit alone stops the run at its last good step's checkpoint, exit code 6."""
@@ -175,7 +175,7 @@ def test_the_snapshot_survives_a_redo_that_steps_the_optimizer_and_fails_again()
     AdamW state are the step's start both times, not what the first redo left (no tensor shared with the copy)."""
     from types import SimpleNamespace
 
-    from dapo_train.train.out_of_memory import Snapshot
+    from dapo_train.train.update.out_of_memory import Snapshot
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
@@ -208,8 +208,8 @@ def test_with_several_processes_an_out_of_memory_update_is_not_redone(monkeypatc
     budget is halved, no host copy is taken."""
     from types import SimpleNamespace
 
-    from dapo_train.train import out_of_memory
-    from dapo_train.train.update import MicroBatchOutOfMemory
+    from dapo_train.train.update import out_of_memory as out_of_memory
+    from dapo_train.train.update.passes import MicroBatchOutOfMemory
 
     def failing(learner, batch, cfg):
         raise MicroBatchOutOfMemory(4, 900)

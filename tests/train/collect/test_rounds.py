@@ -10,8 +10,8 @@ from dapo_train.config.schema import RewardSpec
 from dapo_train.rewards import build_rewards
 from dapo_train.rollout import build_engine
 from dapo_train.task.prompts import Prompt, PromptSampler
-from dapo_train.train.collect import GroupBuffer, RoundPrompts, collect_round, settle_round
-from dapo_train.train.generation_stats import CollectStats
+from dapo_train.train.collect.generation_stats import CollectStats
+from dapo_train.train.collect.rounds import GroupBuffer, RoundPrompts, collect_round, settle_round
 
 from conftest import EOS2_ID, EOS_ID, IdTokenizer, collect_step, make_random_model
 
@@ -150,7 +150,7 @@ def test_dropped_and_trained_tokens_are_counted_per_step_and_over_the_run():
     D mixed (8); 48 tokens generated in 6 s. One group per step: step 1 trains A, D carries over and
     trains in step 2, which generates nothing."""
     from dapo_train.run.logs import generation_cost
-    from dapo_train.train.collect import Fated, drop_reason, take_batch
+    from dapo_train.train.collect.rounds import Fated, drop_reason, take_batch
     from dapo_train.train.progress import generation_line
 
     cfg = _cfg("train.prompts_per_step=1")
@@ -222,7 +222,7 @@ class _InOrder:
 
 def _half_kept_steps(most: int, steps: int = 3) -> list[tuple[int, int]]:
     """(gen_rounds, prompts drawn) of each step, every other prompt's group kept, four groups a step."""
-    from dapo_train.train.collect import KeepRate, fill_batch
+    from dapo_train.train.collect.rounds import KeepRate, fill_batch
 
     cfg = _cfg("train.prompts_per_step=4", "dapo.max_gen_rounds=4", f"dapo.max_round_prompts={most}")
     rewards = build_rewards([RewardSpec(name="accuracy")], max_new_tokens=4, is_correct=_odd_mixed)
@@ -248,7 +248,7 @@ def test_the_keep_rate_sizes_the_rounds_so_a_step_fills_in_one():
 
 
 def test_round_size_by_hand():
-    from dapo_train.train.collect import KeepRate
+    from dapo_train.train.collect.rounds import KeepRate
 
     rate = KeepRate()
     assert rate.round_size(3, 8, 0) == 8  # off: every round draws prompts_per_step
@@ -271,7 +271,7 @@ def test_round_size_by_hand():
 
 
 def test_the_history_halves_an_alike_prompts_chance_down_to_the_floor():
-    from dapo_train.train.history import MIXED, RIGHT, WRONG, PromptHistory
+    from dapo_train.train.collect.history import MIXED, RIGHT, WRONG, PromptHistory
 
     history = PromptHistory()
     history.record([("a", WRONG), ("b", None), ("a", RIGHT), ("c", MIXED)])
@@ -293,7 +293,7 @@ def test_the_history_halves_an_alike_prompts_chance_down_to_the_floor():
 def test_a_history_from_before_the_sides_keeps_its_counts_and_generates_each_prompt_once_to_learn_its_side():
     """A checkpoint written before the sides ({"alike": {...}} alone): its prompts are generated when drawn
     (keep probability 1, so none is skipped on an unknown side), and their counts go on from where they were."""
-    from dapo_train.train.history import WRONG, PromptHistory
+    from dapo_train.train.collect.history import WRONG, PromptHistory
 
     history = PromptHistory()
     history.load_state_dict({"alike": {"a": 4}})
@@ -315,8 +315,8 @@ def _history_steps(floor: float, steps: int, state: dict | None = None):
     """`steps` steps of 2 groups over 8 prompts in order (odd first ids mix, even ones are all wrong), with
     the prompt history; state: the collection state to resume from. -> (first ids generated, prompts
     skipped per step, the state after)."""
-    from dapo_train.train.collect import KeepRate, fill_batch
-    from dapo_train.train.history import PromptHistory
+    from dapo_train.train.collect.history import PromptHistory
+    from dapo_train.train.collect.rounds import KeepRate, fill_batch
 
     cfg = _cfg("train.prompts_per_step=2", "dapo.max_gen_rounds=4", "dapo.skip_history=true",
                f"dapo.skip_floor={floor}")

@@ -18,10 +18,10 @@ from dapo_train.rollout import Completion
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import Prompt
 from dapo_train.train import loop
-from dapo_train.train.objective import inert_objective_keys, loss_settings
-from dapo_train.train.old_policy import record_old_logprobs
 from dapo_train.train.records import Group, StepBatch
-from dapo_train.train.update import Learner, update
+from dapo_train.train.update.objective import inert_objective_keys, loss_settings
+from dapo_train.train.update.old_policy import record_old_logprobs
+from dapo_train.train.update.passes import Learner, update
 
 from conftest import EOS2_ID, EOS_ID, make_random_model
 

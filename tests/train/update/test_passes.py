@@ -16,8 +16,9 @@ from dapo_train.config.load import load_config
 from dapo_train.config.schema import Config
 from dapo_train.rollout import Completion
 from dapo_train.task.prompts import Prompt
-from dapo_train.train import batching
-from dapo_train.train.batching import (
+from dapo_train.train.records import Group, StepBatch
+from dapo_train.train.update import batching as batching
+from dapo_train.train.update.batching import (
     MiniBatch,
     TrainSample,
     collate_micro_batch,
@@ -25,10 +26,9 @@ from dapo_train.train.batching import (
     split_micro_batches,
     use_shared_prefix,
 )
-from dapo_train.train.old_policy import record_old_logprobs
-from dapo_train.train.optim import learning_rate, total_optimizer_steps
-from dapo_train.train.records import Group, StepBatch
-from dapo_train.train.update import Learner, _means, accumulate_gradients, update
+from dapo_train.train.update.old_policy import record_old_logprobs
+from dapo_train.train.update.optim import learning_rate, total_optimizer_steps
+from dapo_train.train.update.passes import Learner, _means, accumulate_gradients, update
 
 from conftest import EOS2_ID, EOS_ID, fp16_on_cpu, make_random_model
 
@@ -296,7 +296,7 @@ def test_the_clip_fractions_are_the_shares_of_tokens_the_clip_acted_on(first, la
 
 def test_the_lr_schedule_counts_optimizer_steps(monkeypatch):
     """Warmup of 4 optimizer steps, 2 updates per step: after one step the LR is 2/4 of its peak."""
-    from dapo_train.train import optim
+    from dapo_train.train.update import optim as optim
 
     model = make_random_model(seed=6).train()
     learner, cfg = _setup(model, "train.updates_per_step=2", "train.warmup_steps=4", "train.max_steps=3",
@@ -424,7 +424,7 @@ def test_dapo_policy_loss_chooses_an_objective_from_outside_the_package(monkeypa
     one ConfigError naming the key and what is registered."""
     from dapo_train import algo
     from dapo_train.errors import ConfigError
-    from dapo_train.train.objective import loss_settings
+    from dapo_train.train.update.objective import loss_settings
 
     plugin = "objective_plugin:reinforce"
     monkeypatch.delitem(algo.POLICY_LOSSES, plugin, raising=False)  # registered by this test only
@@ -512,7 +512,7 @@ def test_the_mismatch_is_measured_once_per_row_against_the_recorded_old_logprobs
 
 def _rollout_learner(seed: int, updates: int) -> tuple[Learner, Config]:
     """A learner with dapo.old_logprobs=rollout resolved as for a rollout that is the training forward."""
-    from dapo_train.train.old_policy import resolve
+    from dapo_train.train.update.old_policy import resolve
 
     learner, cfg = _setup(make_random_model(seed=seed).train(), "dapo.old_logprobs=rollout",
                           f"train.updates_per_step={updates}")

@@ -31,11 +31,11 @@ from dapo_train.config.schema import Config
 from dapo_train.rollout.engines import RolloutEngine
 from dapo_train.task.prompts import Prompt, PromptSampler
 from dapo_train.train import ranks
-from dapo_train.train.generation_stats import CollectStats
-from dapo_train.train.history import MIXED, RIGHT, WRONG, PromptHistory, alike_side
+from dapo_train.train.collect.generation_stats import CollectStats
+from dapo_train.train.collect.history import MIXED, RIGHT, WRONG, PromptHistory, alike_side
+from dapo_train.train.collect.rollout_sample import RolloutSample
+from dapo_train.train.collect.screen import Scored, generate_round
 from dapo_train.train.records import Group, StepBatch
-from dapo_train.train.rollout_sample import RolloutSample
-from dapo_train.train.screen import Scored, generate_round
 
 
 @dataclass

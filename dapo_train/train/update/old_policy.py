@@ -39,8 +39,8 @@ import torch
 from dapo_train.algo.correction import RolloutCorrection
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.train.batching import Batching, Scorer, flatten_groups
 from dapo_train.train.records import Group
+from dapo_train.train.update.batching import Batching, Scorer, flatten_groups
 
 logger = logging.getLogger(__name__)
 

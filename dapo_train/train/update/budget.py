@@ -6,7 +6,7 @@ backward's two branches grow with them (what the forward saves, the attention ma
 positions, the recomputed layer), generation, the eval, reward scoring and the optimizer step do not. So
 the choice needs each moment's fixed bytes and bytes per token (`Line`, from `budget_lines`), and
 `choose_budget` is arithmetic on those, the free memory and the margin: pure, checked by hand in
-tests/train/test_budget.py. The row width is held at the widest the largest budget makes, so a smaller
+tests/train/update/test_budget.py. The row width is held at the widest the largest budget makes, so a smaller
 budget's estimate is over, never under, its own.
 
 At start (resolve_budget), once, before the model loads: the card's free memory (the least over the ranks)

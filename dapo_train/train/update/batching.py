@@ -1,5 +1,5 @@
 """Completions laid out for a forward: samples, micro-batches, mini-batches, and the plan of a step's
-update that ranks.py agrees across ranks and update.py runs.
+update that ranks.py agrees across ranks and passes.py runs.
 
 A step's rollout batch (its informative groups) is cut into `train.updates_per_step` mini-batches
 of whole groups, each one optimizer step (mini_batches); each mini-batch into micro-batches, by

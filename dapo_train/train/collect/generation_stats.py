@@ -1,4 +1,4 @@
-"""What a step's generation rounds saw and what they cost (collect.py): every completion generated,
+"""What a step's generation rounds saw and what they cost (rounds.py): every completion generated,
 kept or dropped, counted once, merged over ranks, and turned into the step's collection metrics."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The policy's optimizer: AdamW over the trainable weights, the learning-rate schedule, and the
 optimizer-step counter that is the schedule's clock.
 
-One optimizer step per mini-batch (update.py); a step (one rollout batch, train.max_steps) makes
+One optimizer step per mini-batch (passes.py); a step (one rollout batch, train.max_steps) makes
 train.updates_per_step x dapo.num_iterations of them. The LR is a pure function of the optimizer
 step, so resuming needs only the counter (saved in trainer_state.pt) and the AdamW state.
 """

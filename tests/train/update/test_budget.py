@@ -1,4 +1,4 @@
-"""train.micro_batch_tokens=auto (train/budget.py): the choice is arithmetic on the estimate's lines, the free
+"""train.micro_batch_tokens=auto (train/update/budget.py): the choice is arithmetic on the estimate's lines, the free
 memory and the margin, checked here by hand at 24, 48 and 80 GB; the lines agree with the estimate; the vLLM
 share check; the CPU's resolution; and Batching.halved, the retry's smaller budget."""
 
@@ -10,9 +10,9 @@ from transformers import Qwen2Config
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
-from dapo_train.train.batching import Batching
-from dapo_train.train.budget import Line, Need, budget_lines, choose_budget, resolve_budget, vllm_room
 from dapo_train.train.memory import ModelShape, Setting, estimate
+from dapo_train.train.update.batching import Batching
+from dapo_train.train.update.budget import Line, Need, budget_lines, choose_budget, resolve_budget, vllm_room
 
 import qwen_offline
 
@@ -148,7 +148,7 @@ def test_a_vllm_share_that_does_not_fit_beside_training_is_refused_at_start(tmp_
 
 
 def test_several_processes_say_at_start_that_an_out_of_memory_update_ends_the_run(monkeypatch, caplog):
-    from dapo_train.train import budget
+    from dapo_train.train.update import budget as budget
 
     monkeypatch.setattr(budget.distributed, "world_size", lambda: 4)
     with caplog.at_level(logging.INFO, logger="dapo_train"):

@@ -1,6 +1,6 @@
 """rollout.engine=vllm: a vLLM engine in the trainer's own process, sharing the device with training
 (docs/vllm.md). vllm is imported only when the engine is built; `require` (engine_factory, before the model
-loads) says in one line how to install it, and refuses a run of several processes.
+loads) says in one line how to install it. Under several processes each rank holds its own (vllm_ranks.py).
 
 - Sampling as the hf engines sample (engines.py): every setting passed in SamplingParams (temperature,
   top-k, top-p, the budget, every EOS id as a stop id; no penalty, no stop string; generation_config="vllm"
@@ -50,6 +50,7 @@ from dapo_train.rollout.engines import (
 )
 from dapo_train.rollout.hf_engines import rollout_dtype
 from dapo_train.rollout.sampling import SamplingSettings
+from dapo_train.rollout.vllm_ranks import launcher_settings, processes_on_this_machine, trainer_group_kept
 
 logger = logging.getLogger(__name__)
 
@@ -59,27 +60,25 @@ SEED_LIMIT = 2**63  # vLLM seeds a torch.Generator per request
 
 
 def require() -> None:
-    """ConfigError unless vllm is installed, or when several processes train (each would start an engine
-    that joins the trainer's process group): checked before the model loads."""
+    """ConfigError unless vllm is installed: checked before the model loads."""
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine", f"vllm is not installed; {INSTALL}")
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if processes > 1:
-        raise ConfigError("rollout.engine", f"vllm runs in one process, and this run has {processes} (torchrun / "
-                          "accelerate launch); train in one process, or use rollout.engine=hf on several")
 
 
 def check_memory(rollout_cfg, cuda: bool, free_bytes: int | None = None) -> None:
     """ConfigError when rollout.vllm_kv_cache_mib asks for more than the device has free: a CPU's available
-    memory, a card's free memory (free_bytes: that figure, else measured now). Before the model loads."""
+    memory, which every rank's engine on this machine takes its cache from, or this rank's card's free memory
+    (free_bytes: that figure, else measured now). Before the model loads."""
     mib = rollout_cfg.vllm_kv_cache_mib
     if rollout_cfg.engine != "vllm" or not mib:
         return
     if free_bytes is None:
         free_bytes = torch.cuda.mem_get_info()[0] if cuda else _available_memory()
-    if mib * 2**20 > free_bytes:
+    sharing = 1 if cuda else processes_on_this_machine()
+    if mib * 2**20 * sharing > free_bytes:
         where = "the card has free" if cuda else "this machine has available"
-        raise ConfigError("rollout.vllm_kv_cache_mib", f"a KV cache of {mib:,} MiB is more than the "
+        each = f" for each of the {sharing} processes on this machine" if sharing > 1 else ""
+        raise ConfigError("rollout.vllm_kv_cache_mib", f"a KV cache of {mib:,} MiB{each} is more than the "
                           f"{free_bytes // 2**20:,} MiB {where}; lower it, or set 0 to size it to the run")
 
 
@@ -185,6 +184,7 @@ def llm_settings(setup: EngineSetup, cuda: bool) -> dict:
             kv_mib = -(-_kv_bytes(config, dtype.itemsize, setup.batch_size * length) // 2**20)
     if kv_mib:
         settings["kv_cache_memory_bytes"] = kv_mib * 2**20
+    settings.update(launcher_settings())  # one rank's engine among several
     if unties_embeddings(setup.model):  # its own LM head, which the folder does not hold: random until the first
         settings.update(hf_overrides={"tie_word_embeddings": False}, load_format="dummy")  # sync, at start
     return settings
@@ -280,7 +280,8 @@ class VllmEngine:
         Dropping the engine is not enough: its start freezes every object then alive out of the garbage
         collector's reach (gc.freeze), and only its shutdown thaws them. A second call does nothing."""
         if self.llm is not None:
-            self.llm.llm_engine.engine_core.shutdown()
+            with trainer_group_kept():  # several processes: vLLM's shutdown would end the trainer's group
+                self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
             gc.collect()
 

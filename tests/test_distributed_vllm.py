@@ -131,3 +131,58 @@ def test_ctrl_c_on_torchrun_stops_both_vllm_ranks_at_one_step_and_the_printed_co
     rows = read_metrics(run)
     assert [row["step"] for row in rows] == list(range(1, step + 2)), rows
     assert rows[-1]["num_processes"] == 2 and rows[-1]["rollout_logprob_diff_max"] < 1e-5
+
+
+def _fsdp_engine_worker(rank: int, port: int, out: str) -> None:
+    """One of two gloo ranks: the demo's model with its weights moved (so that its folder's are not them),
+    sharded by FSDP version 1 then 2, each time a vllm engine built inside distributed.full_weights as the run
+    builds it: the log-probs of its sampled tokens, and those of the gathered model's forward."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    from accelerate import Accelerator
+    from test_distributed import _shard
+
+    from dapo_train.model.loading import load_model, load_tokenizer
+    from dapo_train.rollout.engines import build_engine, release
+    from dapo_train.rollout.sampling import SamplingSettings
+    from dapo_train.train.distributed import full_weights
+
+    accelerator = Accelerator(cpu=True)
+    cfg = load_config(None, ["rollout.engine=vllm", "rollout.generation_batch_size=4"])
+    tokenizer = load_tokenizer(cfg.model)
+    question = [{"role": "user", "content": "小明有 3 个苹果，又买了 4 个，一共几个？"}]
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=False))
+    result = {}
+    for version in (1, 2):
+        model = load_model(cfg.model, torch.device("cpu"))
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if "mlp" in name:
+                    weight.mul_(0.5)  # not the folder's weights
+        model = _shard(model, version)
+        with full_weights(accelerator, model) as plain, torch.no_grad():
+            engine = build_engine(cfg.rollout, plain, tokenizer, max_length=160)
+            (completion,) = engine.generate([prompt], SamplingSettings(24, do_sample=True), 1, seeds=[rank])
+            ids = completion.completion_ids
+            logits = plain(input_ids=torch.tensor([prompt + ids.tolist()])).logits[0, len(prompt) - 1 : -1]
+            forward = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, None])[:, 0]
+        release(engine)
+        result[version] = (completion.behaviour_logprobs, forward)
+    torch.distributed.barrier()
+    _save(result, f"{out}.{rank}")
+    _leave()
+
+
+def test_under_fsdp_each_ranks_engine_takes_the_gathered_weights(tmp_path):
+    """FSDP 1 and 2 over two gloo ranks (wrapped by the test: accelerate shards on GPUs only): each rank's engine
+    gets the full weights gathered from both ranks' shards (the model's MLP weights halved first: not the folder's,
+    which the engine starts from), so the log-probs of what it samples are the gathered model's. Before, FSDP
+    version 1's wrapper names reached vLLM's reload, which refused them."""
+    out = tmp_path / "fsdp"
+    _spawn_two(_fsdp_engine_worker, str(out), [f"{out}.{rank}" for rank in range(2)])
+    for rank in range(2):
+        result = torch.load(f"{out}.{rank}", weights_only=False)
+        for version, (engine, forward) in result.items():
+            assert len(engine) == len(forward) > 3, (rank, version)
+            assert (engine - forward).abs().max() < 1e-5, (rank, version, engine, forward)

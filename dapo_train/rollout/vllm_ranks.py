@@ -23,22 +23,20 @@ import os
 import torch.distributed as dist
 
 
-def processes() -> int:
-    """The trainer's processes: the group's size once it exists, else what the launcher set (WORLD_SIZE)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", "1"))
+def _group_size() -> int:
+    """The ranks of the trainer's process group (1 when there is none: one process, or `dapo-train eval`)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def processes_on_this_machine() -> int:
     """The trainer's processes on this machine (LOCAL_WORLD_SIZE, set by torchrun and accelerate launch), whose
     engines share its memory on a CPU."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", processes()))
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 def launcher_settings() -> dict:
     """vllm.LLM's arguments for an engine of one rank among several (module docstring); {} for one process."""
-    if processes() <= 1:
+    if _group_size() <= 1:
         return {}
     return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1, "seed": dist.get_rank()}
 
@@ -48,7 +46,7 @@ def trainer_group_kept():
     """Around vLLM's engine shutdown: its last act, torch.distributed.destroy_process_group() of the default
     group, skipped when that group is the trainer's (several processes; one process: vLLM's own, destroyed);
     its own groups are destroyed as before."""
-    if processes() <= 1 or not dist.is_initialized():
+    if _group_size() <= 1:
         yield
         return
     destroy = dist.destroy_process_group

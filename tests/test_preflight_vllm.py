@@ -30,3 +30,22 @@ def test_the_shipped_vllm_job_is_ready_at_qwens_vocabulary(offline, tmp_path):  
     assert "rollout correction tis" in rows["ready"], rows["ready"]
     assert "vllm engine 13.4" in rows["memory"] and "rollout copy" not in rows["memory"], rows["memory"]
     assert "vLLM on CUDA: bfloat16, CUDA graphs, sleep mode" in rows["not run"], rows["not run"]
+
+
+def test_a_vllm_config_is_ready_under_two_processes(tmp_path):
+    """`torchrun --nproc_per_node 2 -m dapo_train preflight` of the demo through vllm: each rank starts its own
+    engine for the rollout check (their starts are one collective call, so both ranks run it; rank 0 reports)
+    and for the rehearsal's run and resume, and the memory estimate counts a whole engine on each card."""
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "dapo_train",
+         "preflight", str(ROOT / "configs" / "tiny-cpu.yaml"), "rollout.engine=vllm", "--shards", "2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _rows(result.stdout + "\n")
+    assert list(rows)[-1] == "ready" and "2 process(es)" in rows["preflight"], result.stdout[-3000:]
+    assert rows["rollout"].startswith("VllmEngine: "), rows["rollout"]
+    assert "checkpoint_2 resumed to step 3" in rows["train"], rows["train"]
+    assert "each of 2 CUDA cards" in " ".join(rows["memory"].split()) and "vllm engine" in rows["memory"], \
+        rows["memory"]

@@ -220,11 +220,15 @@ def _weight(module: torch.nn.Module) -> torch.Tensor:
     return getattr(module, "base_layer", module).weight
 
 
+FSDP_WRAPPED = "_fsdp_wrapped_module"  # FSDP version 1's wrapper in the names of the layers it wraps
+
+
 def merged_weights(model: torch.nn.Module):
     """(name, tensor) of every weight as the plain transformers model names it, a LoRA model's adapters folded
     in (W + alpha / r x B A, one layer at a time and leaving `model` as it is): what a copy of the model elsewhere
     (a vLLM engine) loads after each update, so that its forward is the adapted model's. Tied weights once,
-    unless an adapter unties them (unties_embeddings): then the embedding and the head each with its own delta."""
+    unless an adapter unties them (unties_embeddings): then the embedding and the head each with its own delta.
+    Under FSDP, called while the weights are gathered (distributed.full_weights); version 1's wrapper names go."""
     base = model.get_base_model() if is_peft_model(model) else model
     layers = _adapted_layers(base)
     with torch.no_grad():
@@ -235,4 +239,4 @@ def merged_weights(model: torch.nn.Module):
             if name in layers:
                 module, adapters = layers[name]
                 tensor = tensor + sum(module.get_delta_weight(adapter) for adapter in adapters).to(tensor.dtype)
-            yield name.replace(".base_layer.", "."), tensor
+            yield name.replace(".base_layer.", ".").replace(f"{FSDP_WRAPPED}.", ""), tensor

@@ -128,6 +128,7 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
     collected.ignored += tuple(f"{change.key}=" for change in changes) + (("rollout.compile=",) if static else ())
     if small.train.num_threads > 0:
         torch.set_num_threads(small.train.num_threads)  # as the run's setup does, for the rollout check too
+    model = None
     with on_main(report, "rehearsal model", log) as main:
         if main:
             r = small.rollout
@@ -139,8 +140,9 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
     width = rehearsal.width_and_heads(small.rollout.engine)[0]
     report.add("rehearsal", f"{rehearsal.LAYERS} layers of width {width}, random weights biased to stop "
                f"at each EOS id; shrunk: " + "; ".join(f"{c.key} {c.old} -> {c.new}" for c in changes))
-    with on_main(report, "rollout check", log) as main:
-        if main:  # with a card, the configured reward models' own weights, once
+    with on_main(report, "rollout check", log, every_rank=_engines_start_together(small)) as runs:
+        if runs:  # with a card, the configured reward models' own weights, once
+            model = model if model is not None else rehearsal.load_built(folder / "model")
             _report_rollout(_rollout_check_config(small, cfg, cuda), model, tokenizer, prompts[:ROLLOUT_PROMPTS],
                             report)
     rows = _train_and_resume(small, report, log)
@@ -157,6 +159,12 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
         report.add("warnings", "\n".join(report.warnings))
     report.add("not run", coverage.not_rehearsed(small, cuda, static))
     report.add("ready", coverage.rehearsed(small, cuda, rows, static))
+
+
+def _engines_start_together(cfg: Config) -> bool:
+    """Whether the rollout check's engine starts on every rank at once: vllm under several processes, whose
+    engines join the ranks' process group (rollout/vllm_ranks.py). Then each rank checks the same rollout."""
+    return cfg.rollout.engine == "vllm" and distributed.world_size() > 1
 
 
 def _rollout_check_config(small: Config, cfg: Config, cuda: bool) -> Config:

@@ -103,6 +103,14 @@ def build_model(config, generation_config, tokenizer, folder: Path, sampling: Sa
     return model
 
 
+def load_built(folder: Path):
+    """The rehearsal model build_model saved in `folder` (on a rank that did not build it), named as loaded
+    from there."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
 def digit_ids(tokenizer, vocab: int, eos: list[int]) -> list[int]:
     """The ids of the ten digits where each is one token of the tokenizer (byte-level BPE: they are)."""
     ids = [tokenizer.convert_tokens_to_ids(str(digit)) for digit in range(10)]

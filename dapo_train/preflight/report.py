@@ -1,5 +1,6 @@
 """Preflight's report and its phases: the labelled lines it prints, each phase timed with its failure
-named in one line, the package's warnings collected once each, and the phases rank 0 runs alone.
+named in one line, the package's warnings collected once each, and the phases rank 0 runs alone (or
+every rank with it, rank 0 speaking for them).
 """
 
 from __future__ import annotations
@@ -70,13 +71,15 @@ def phase(report: Report, name: str, log: io.StringIO):
 
 
 @contextlib.contextmanager
-def on_main(report: Report, name: str, log: io.StringIO):
+def on_main(report: Report, name: str, log: io.StringIO, every_rank: bool = False):
     """A phase that rank 0 runs alone (yields whether this rank runs it); the others wait, and a
-    problem found there stops every rank with the same line."""
+    problem found there stops every rank with the same line. every_rank: every rank runs it too (it
+    starts something that all ranks start together: vllm's engines under several processes), and
+    rank 0's outcome is the phase's."""
     problem = None
     try:
         with phase(report, name, log):
-            yield distributed.is_main()
+            yield distributed.is_main() or every_rank
     except UserError as exc:
         problem = str(exc)
     problem = distributed.broadcast(problem)

@@ -2,6 +2,7 @@
 (docs/vllm.md). vllm is imported only when the engine is built; what it is started with, and what is refused or
 said before (vllm installed, one process, a KV cache the device can hold), is vllm_settings.py's. Its start is
 quiet (vLLM's own lines under VLLM_LOGGING_LEVEL=WARNING), and it shuts down when its run ends (close).
+Under several processes each rank holds its own (vllm_ranks.py).
 
 - Sampling as the hf engines sample (engines.py): every setting passed in SamplingParams (temperature,
   top-k, top-p, the budget, every EOS id as a stop id; no penalty, no stop string; generation_config="vllm"
@@ -50,6 +51,7 @@ from dapo_train.rollout.engines import (
     register_engine,
 )
 from dapo_train.rollout.sampling import SamplingSettings
+from dapo_train.rollout.vllm_ranks import trainer_group_kept
 from dapo_train.rollout.vllm_settings import INSTALL, VERBOSE_ENV, llm_settings, require, start_refused, started_line
 
 logger = logging.getLogger(__name__)
@@ -188,7 +190,8 @@ class VllmEngine:
         Dropping the engine is not enough: its start freezes every object then alive out of the garbage
         collector's reach (gc.freeze), and only its shutdown thaws them. A second call does nothing."""
         if self.llm is not None:
-            self.llm.llm_engine.engine_core.shutdown()
+            with trainer_group_kept():  # several processes: vLLM's shutdown would end the trainer's group
+                self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
             gc.collect()
 

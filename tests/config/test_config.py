@@ -179,7 +179,7 @@ def test_shipped_configs_load_and_the_tiny_one_is_the_default():
     assert {k for k in dataclasses.asdict(qwen) if getattr(qwen, k) != getattr(lora, k)} <= lora_only
     assert dataclasses.replace(lora.dapo, beta=qwen.dapo.beta) == qwen.dapo
     assert dataclasses.replace(lora.rollout, group_size=qwen.rollout.group_size) == qwen.rollout
-    assert all(clip_can_act(cfg) for cfg in (load_config(None, []), seed, qwen, paper, lora))  # eps_high acts in every one
+    assert all(clip_can_act(cfg) for cfg in (load_config(None, []), seed, qwen, paper, lora))  # eps_high acts in all
 
 
 def test_every_choice_list_is_its_registrys_keys():

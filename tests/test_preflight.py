@@ -93,7 +93,7 @@ def test_the_shipped_qwen_job_is_ready_from_the_command_line(offline, tmp_path):
     assert result.returncode == 0, result.stderr
     _assert_ready(result.stdout + "\n", "tied")
     flat = " ".join(result.stdout.split())
-    assert "train.max_steps 150 -> 2" in flat and "rollout.max_new_tokens 128 -> 16" in flat
+    assert "train.max_steps 150 -> 2" in flat and "rollout.max_new_tokens 512 -> 16" in flat
     assert "disk one checkpoint about 18.5 GB" in flat and "3 at once" in flat  # the real model's, not the rehearsal's
     # auto on each card: 24 GB holds no budget (float32 weights, gradients, AdamW state and the foreach step's
     # temporaries, 20 bytes x 1.54e9 parameters = 30.9e9 bytes, are over 24e9 x 0.9); 48 and 80 GB hold the whole
@@ -103,7 +103,7 @@ def test_the_shipped_qwen_job_is_ready_from_the_command_line(offline, tmp_path):
     assert not list(tmp_path.glob("dapo-preflight-*"))  # the rehearsal's folder is removed afterwards
 
 
-@pytest.mark.parametrize("name", ["qwen1.5b-lora", "qwen1.5b-paper"])
+@pytest.mark.parametrize("name", ["qwen1.5b-seed", "qwen1.5b-lora", "qwen1.5b-paper"])
 def test_each_qwen_config_is_ready(offline, tmp_path, threads, name):
     model, _, data = offline
     report = preflight(_config(name, model, data), name, keep=str(tmp_path / "kept"))

@@ -24,7 +24,7 @@ def test_the_shipped_vllm_job_is_ready_at_qwens_vocabulary(offline, tmp_path):  
     assert result.returncode == 0, result.stderr[-3000:]
     _assert_ready(result.stdout + "\n", "tied")
     rows = _rows(result.stdout + "\n")
-    assert rows["rollout"].startswith("VllmEngine: 16 completions"), rows["rollout"]
+    assert rows["rollout"].startswith("VllmEngine: 32 completions (4 prompts x G=8)"), rows["rollout"]  # a round
     assert "2 layers of width 64" in rows["rehearsal"] and "rollout.dtype" not in rows["rehearsal"]
     assert "rollout with rollout.engine vllm" in rows["ready"] and "old log-probs recomputed" in rows["ready"]
     assert "rollout correction tis" in rows["ready"], rows["ready"]

@@ -417,8 +417,8 @@ class LoggingConfig:
         8,
         "Groups per step whose completions go to rollouts/step_<N>.jsonl (text, answer, each reward, advantage, "
         "the group's fate, ratios), drawn from every group the step generated, dropped ones too; -1 = all, 0 = "
-        "none. `dapo-train show RUN` prints them. The default keeps every shipped config's run under about 50 MB "
-        "(configs/qwen1.5b.yaml: about 10 MB; docs/training.md: Run directory).",
+        "none. `dapo-train show RUN` prints them. The default keeps every shipped config's run under about 65 MB "
+        "(configs/qwen1.5b.yaml: about 32 MB; docs/training.md: Run directory).",
     )
     rollout_every: int = _opt(
         10,

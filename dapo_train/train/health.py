@@ -27,7 +27,7 @@ that trained) had no informative group, and at every starved step after:
   saved, the weights are fine);
 - otherwise (every group all wrong: the task is too hard for the model for now; or some all right
   and some all wrong) the numbers are said once per run, and the run goes on: a healthy run at a
-  pass rate of 1% starves five steps in a row in most runs of qwen1.5b.yaml's batch (tests).
+  pass rate of 1% starves five steps in a row in most runs of qwen1.5b-seed.yaml's batch (tests).
 No checkpoint is saved from suspect weights (periodic, final or at a stop), so every checkpoint the
 run leaves holds weights no optimizer step broke, and the reason names the newest of them (or says
 there is none).

@@ -1,7 +1,7 @@
 """Peak memory of one training step at a real Qwen2.5 shape on the CPU, against the estimate preflight prints
 (dapo_train.train.memory) for the same config.
 
-    python scripts/bench/bench_memory.py                          # Qwen2.5-0.5B shape, configs/qwen1.5b.yaml's batch
+    python scripts/bench/bench_memory.py   # Qwen2.5-0.5B shape, configs/qwen1.5b-seed.yaml's batch
     python scripts/bench/bench_memory.py --size 1.5b --set train.micro_batch_size=2
 
 A random model of the real shape (its config.json and tokenizer from scripts/build/qwen_offline.py, random
@@ -62,7 +62,7 @@ def estimated(config: str, overrides: list[str], folder: Path, data: Path) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(qwen_offline.ARCHITECTURES), default="0.5b")
-    parser.add_argument("--config", default=str(ROOT / "configs" / "qwen1.5b.yaml"))
+    parser.add_argument("--config", default=str(ROOT / "configs" / "qwen1.5b-seed.yaml"))
     parser.add_argument("--set", nargs="*", default=[], help="KEY=VALUE overrides of the config.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

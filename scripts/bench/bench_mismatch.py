@@ -4,14 +4,14 @@
     python scripts/bench/bench_mismatch.py --shape small --new-tokens 16   # a CPU-sized check of the script
 
 For each rollout variant it samples G completions of a few prompts of the shipped task (temperature
-0.9, as configs/qwen1.5b.yaml), scores them with the training forward (float32 master weights, full
+0.9, as configs/qwen1.5b-seed.yaml), scores them with the training forward (float32 master weights, full
 softmax; under bf16 autocast on CUDA, as the trainer's train.mixed_precision auto does) and prints one
 JSON line with the mismatch figures a run logs every step (rollout_kl, rollout_logprob_diff_mean / _max,
 rollout_is_weight_mean, rollout_is_clipped_frac at dapo.rollout_correction_cap 2: the numeric gap,
 both untruncated; rollout_kl_truncation: what top-k cut, apart). Variants: the float32
 decode loop (the training forward itself: rounding only), the bf16 copy, the bf16 copy with the
 compiled static cache (rollout.compile; uncompiled without CUDA), the same with top-k 50 (the CUDA
-default of configs/qwen1.5b.yaml), and top-k 50 alone.
+default of configs/qwen1.5b-seed.yaml), and top-k 50 alone.
 
 Random weights give near-uniform logits over 151,936 tokens, so top-k 50 removes almost all of the
 mass: its truncation figure is an extreme, not Qwen's. The dtype and cache figures are the numerics of

@@ -139,24 +139,47 @@ def test_shipped_configs_load_and_the_tiny_one_is_the_default():
 
     root = __import__("pathlib").Path(__file__).resolve().parents[2] / "configs"
     assert load_config(str(root / "tiny-cpu.yaml"), []) == load_config(None, [])
-    qwen = load_config(str(root / "qwen1.5b.yaml"), [])
-    assert qwen.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
-    assert (qwen.rollout.group_size, qwen.dapo.eps_low, qwen.dapo.eps_high, qwen.train.learning_rate) == (
+    seed = load_config(str(root / "qwen1.5b-seed.yaml"), [])
+    assert seed.model.name_or_path == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert (seed.rollout.group_size, seed.dapo.eps_low, seed.dapo.eps_high, seed.train.learning_rate) == (
         4, 0.2, 0.28, 1e-6,
     )
+    assert (seed.rollout.max_new_tokens, seed.rollout.temperature, seed.rollout.top_k, seed.dapo.beta) == (
+        128, 0.9, 50, 0.0,
+    )
     # The seed trainer's optimizer step (docs/peers.md): 2 prompts x G=4 in 2 accumulated micro-batches, 300 of them.
+    per_update = seed.train.prompts_per_step // seed.train.updates_per_step * seed.rollout.group_size
+    assert (per_update, per_update // seed.train.micro_batch_size, total_optimizer_steps(seed)) == (8, 2, 300)
+    # qwen1.5b.yaml: the field's settings (docs/training.md, The Qwen configs and the evidence), the seed's
+    # schedule: 150 steps of 4 prompts x G=8 as 2 updates of 2 x 8 = 16 sequences, 300 optimizer steps.
+    qwen = load_config(str(root / "qwen1.5b.yaml"), [])
+    assert (qwen.rollout.group_size, qwen.rollout.max_new_tokens, qwen.rollout.temperature, qwen.rollout.top_p,
+            qwen.rollout.top_k, qwen.dapo.eps_low, qwen.dapo.eps_high, qwen.dapo.beta, qwen.train.learning_rate) == (
+        8, 512, 1.0, 1.0, 0, 0.2, 0.28, 0.0, 1e-6,
+    )
     per_update = qwen.train.prompts_per_step // qwen.train.updates_per_step * qwen.rollout.group_size
-    assert (per_update, per_update // qwen.train.micro_batch_size, total_optimizer_steps(qwen)) == (8, 2, 300)
+    assert (per_update, total_optimizer_steps(qwen)) == (16, 300)
+    assert qwen.rewards[-1].name == "overlong" and qwen.rewards[-1].args == {"cache_length": 0.25}  # 128 of 512
+    # Only the sampling and its budget (and the overlong comment's numbers) move from the seed's settings.
+    changed = {"group_size", "max_new_tokens", "temperature", "top_k"}
+    assert {k for k in dataclasses.asdict(seed.rollout) if getattr(seed.rollout, k) != getattr(qwen.rollout, k)} \
+        == changed
+    assert (seed.dapo, seed.train, seed.eval, seed.rewards) == (qwen.dapo, qwen.train, qwen.eval, qwen.rewards)
+    vllm = load_config(str(root / "qwen1.5b-vllm.yaml"), [])
+    assert dataclasses.replace(vllm.rollout, engine=qwen.rollout.engine, vllm_memory=qwen.rollout.vllm_memory) \
+        == qwen.rollout and (vllm.dapo, vllm.train) == (qwen.dapo, qwen.train)
     paper = load_config(str(root / "qwen1.5b-paper.yaml"), [])
     assert (paper.rollout.group_size, paper.train.updates_per_step, paper.train.learning_rate) == (16, 16, 1e-6)
     lora = load_config(str(root / "qwen1.5b-lora.yaml"), [])
-    assert (lora.model.lora.r, lora.model.lora.alpha, lora.model.dtype, lora.rollout.group_size) == (
-        16, 32.0, "bfloat16", 16,
-    )
-    # The qwen1.5b.yaml settings but LoRA, the learning rate and the group size (and what the group changes).
-    lora_only = {"model", "rollout", "train", "run_name", "output_dir"}
+    # verl's LoRA recipe (docs/advance/ppo_lora.rst): rank 32, alpha 32, lr 3e-5; its GSM8K example's KL 1e-3.
+    assert (lora.model.lora.r, lora.model.lora.alpha, lora.model.dtype, lora.rollout.group_size,
+            lora.train.learning_rate, lora.dapo.beta) == (32, 32.0, "bfloat16", 16, 3e-5, 1e-3)
+    # The qwen1.5b.yaml settings but LoRA, the learning rate, the group size (and what the group changes) and beta.
+    lora_only = {"model", "rollout", "train", "dapo", "run_name", "output_dir"}
     assert {k for k in dataclasses.asdict(qwen) if getattr(qwen, k) != getattr(lora, k)} <= lora_only
-    assert all(clip_can_act(cfg) for cfg in (load_config(None, []), qwen, paper, lora))  # eps_high acts in every one
+    assert dataclasses.replace(lora.dapo, beta=qwen.dapo.beta) == qwen.dapo
+    assert dataclasses.replace(lora.rollout, group_size=qwen.rollout.group_size) == qwen.rollout
+    assert all(clip_can_act(cfg) for cfg in (load_config(None, []), seed, qwen, paper, lora))  # eps_high acts in all
 
 
 def test_every_choice_list_is_its_registrys_keys():

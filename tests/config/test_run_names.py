@@ -43,6 +43,8 @@ def test_a_local_copy_of_the_configs_model_and_data_keeps_its_name():
     offline = load_config(QWEN, ["model.name_or_path=./Qwen2.5-1.5B-Instruct", "data.path=./gsm8k_chinese"])
     assert offline.output_dir == str(Path("outputs") / "qwen1.5b")
     assert name("model.name_or_path=Qwen/Qwen2.5-7B-Instruct", config=QWEN) == "qwen1.5b_model=Qwen2.5-7B-Instruct"
+    seed = load_config(str(ROOT / "configs" / "qwen1.5b-seed.yaml"), ["model.name_or_path=./Qwen2.5-1.5B-Instruct"])
+    assert seed.output_dir == str(Path("outputs") / "qwen1.5b-seed")  # the seed trainer's settings: a run of its own
     assert name("data.path=./mine/train.jsonl", "data.prompt_field=q") == "tiny-cpu_data=train.jsonl"
 
 

@@ -1,8 +1,9 @@
-"""The rollout check's EOS verdict on the Qwen-shaped rehearsal of configs/qwen1.5b.yaml (Qwen2.5's
-tokenizer rebuilt offline, its two EOS ids, top-k 50 of 151,936 rows) over 20 seeds: one round of
-4 prompts x G=4 missed an EOS id on 12 of 100 seeds (seed 16 among them), so preflight said "not
-ready" to a good config by chance. The whole preflight on every Qwen config and 20 seeds is
-scripts/bench/preflight_table.py's (docs/benchmarks.md)."""
+"""The rollout check's EOS verdict on the Qwen-shaped rehearsals of configs/qwen1.5b-seed.yaml (Qwen2.5's
+tokenizer rebuilt offline, its two EOS ids, top-k 50 of 151,936 rows) and configs/qwen1.5b.yaml (the
+untruncated distribution at temperature 1.0, G=8) over 20 seeds: one round of the seed's 4 prompts x G=4
+missed an EOS id on 12 of 100 seeds (seed 16 among them), so preflight said "not ready" to a good config
+by chance. The whole preflight on every Qwen config and 20 seeds is scripts/bench/preflight_table.py's
+(docs/benchmarks.md)."""
 
 import dataclasses
 from pathlib import Path
@@ -21,12 +22,12 @@ QUESTIONS = ["小明有3个苹果，又买了5个，他现在有多少个苹果�
              "班上有28个学生，平均分成4组，每组几人？", "妈妈买了2千克梨，每千克6元，一共花了多少元？"]
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory, qwen_folder):
-    """(qwen1.5b.yaml on the offline Qwen2.5-1.5B-Instruct folder, its tokenizer, its rehearsal model, prompts)."""
+@pytest.fixture(scope="module", params=["qwen1.5b-seed", "qwen1.5b"])
+def qwen(request, tmp_path_factory, qwen_folder):
+    """(the config on the offline Qwen2.5-1.5B-Instruct folder, its tokenizer, its rehearsal model, prompts)."""
     root = tmp_path_factory.mktemp("qwen")
     folder = qwen_folder
-    cfg = load_config(str(ROOT / "configs" / "qwen1.5b.yaml"), [f"model.name_or_path={folder}"])
+    cfg = load_config(str(ROOT / "configs" / f"{request.param}.yaml"), [f"model.name_or_path={folder}"])
     model_config, generation = load_model_config(cfg.model)
     tokenizer = load_tokenizer(cfg.model)
     rows = datasets.Dataset.from_dict({cfg.data.prompt_field: QUESTIONS, cfg.data.answer_field: ["8", "48", "7", "12"]})

@@ -177,13 +177,13 @@ def _qwen_shape(tmp_path, size: str) -> ModelShape:
 
 def test_the_recorded_h200_optimizer_step_within_10_percent(tmp_path):
     """Issue 14's bench_step.py on one H200 (docs/benchmarks.md, CUDA): a random Qwen2.5-1.5B, float32 weights,
-    bf16 autocast, gradient checkpointing, plain generate without a copy, one update of qwen1.5b.yaml (2 x G=4,
+    bf16 autocast, gradient checkpointing, plain generate without a copy, one update of qwen1.5b-seed.yaml (2 x G=4,
     micro-batch 4), 128 completion tokens: peak 28.9 GiB (torch.cuda.max_memory_allocated). Its peak is the
     optimizer step (weights, gradients, AdamW state and the foreach step's sqrt(exp_avg_sq): 20 bytes a
     parameter), which the later changes (the chunked head, the rollout copy, the static cache) left as it was.
     Its 16 x G=8 figure (37.3 GiB) was the backward of the head before chunking, which no config runs now."""
     shape = _qwen_shape(tmp_path, "1.5b")
-    cfg = load_config(str(ROOT / "configs" / "qwen1.5b.yaml"), [
+    cfg = load_config(str(ROOT / "configs" / "qwen1.5b-seed.yaml"), [
         "rollout.engine=hf-generate", "rollout.dtype=float32", "rollout.compile=off", "train.shared_prefix=off",
         "eval.every_steps=0", "eval.final_full=false", "train.micro_batch_tokens=0"])  # measured by count
     result = estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=137))
@@ -192,13 +192,13 @@ def test_the_recorded_h200_optimizer_step_within_10_percent(tmp_path):
 
 
 def test_the_measured_cpu_peak_at_the_real_half_billion_shape_within_25_percent(tmp_path):
-    """scripts/bench/bench_memory.py (one step of configs/qwen1.5b.yaml on a random Qwen2.5-0.5B, float32, the
-    GSM8K-zh stand-in whose longest train prompt is 211 tokens, no eval): 11.44 GiB peak RSS
-    (docs/benchmarks.md, Memory)."""
+    """scripts/bench/bench_memory.py (one step of configs/qwen1.5b-seed.yaml, the seed trainer's settings that
+    qwen1.5b.yaml had when it was measured, on a random Qwen2.5-0.5B, float32, the GSM8K-zh stand-in whose
+    longest train prompt is 211 tokens, no eval): 11.44 GiB peak RSS (docs/benchmarks.md, Memory)."""
     shape = _qwen_shape(tmp_path, "0.5b")
-    cfg = load_config(str(ROOT / "configs" / "qwen1.5b.yaml"), ["model.dtype=float32", "eval.every_steps=0",
-                                                                  "eval.final_full=false",
-                                                                  "train.micro_batch_tokens=0"])  # measured by count
+    cfg = load_config(str(ROOT / "configs" / "qwen1.5b-seed.yaml"), ["model.dtype=float32", "eval.every_steps=0",
+                                                                       "eval.final_full=false",
+                                                                       "train.micro_batch_tokens=0"])  # by count
     peak = estimate(shape, Setting.from_config(cfg, cuda=False, prompt_tokens=211)).peak / GIB
     assert abs(peak / 11.44 - 1) < TOLERANCE, peak
 
@@ -250,8 +250,8 @@ def test_a_vllm_engine_is_counted_in_place_of_the_rollouts_generation_and_sleeps
     assert kv.terms["vllm engine"] == shape.parameters * 2 + 2**30
     cpu = estimate(shape, Setting.from_config(load_config(path, ["rollout.engine=vllm"]), cuda=False,
                                               prompt_tokens=211))
-    # 256 sequences x (256 + 128) positions x 28 layers x 2 (K, V) x 2 KV heads x 128 x 4 bytes
-    assert cpu.terms["vllm engine"] == shape.parameters * 4 + 256 * 384 * 28 * 2 * 2 * 128 * 4
+    # 256 sequences x (256 + 512) positions x 28 layers x 2 (K, V) x 2 KV heads x 128 x 4 bytes
+    assert cpu.terms["vllm engine"] == shape.parameters * 4 + 256 * 768 * 28 * 2 * 2 * 128 * 4
     assert cpu.moments["backward"] - estimate(shape, Setting.from_config(load_config(path, []), cuda=False,
                                                                          prompt_tokens=211)).moments["backward"] \
         == cpu.terms["vllm engine"]

@@ -101,22 +101,31 @@ def test_the_record_goes_through_a_checkpoint_and_old_ones_read():
 # --------------------------------------------------------------------------------------------
 # Starvation by its signature: a task too hard or already solved is no diverged run.
 
-PROMPTS, GROUP_SIZE, ROUNDS, STEPS = 4, 4, 4, 150  # configs/qwen1.5b.yaml's batch and length
-QWEN_BATCH = [f"train.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP_SIZE}", f"dapo.max_gen_rounds={ROUNDS}",
-              f"train.max_steps={STEPS}"]
+PROMPTS, GROUP_SIZE, ROUNDS, STEPS = 4, 4, 4, 150  # configs/qwen1.5b-seed.yaml's batch and length
+QWEN_GROUP_SIZE = 8  # configs/qwen1.5b.yaml's batch: the seed's but G=8
 
 
-def _simulated_run(rng: np.random.Generator, pass_rate: float, steps: int = STEPS, truncated_rate: float = 0.0):
-    """The metrics of each step of a healthy run on configs/qwen1.5b.yaml's batch whose completions are
-    each correct with probability `pass_rate`: generation rounds of PROMPTS groups of GROUP_SIZE until
-    PROMPTS informative groups are buffered or ROUNDS rounds ran, the surplus carried over (collect.py)."""
-    hits = rng.binomial(GROUP_SIZE, pass_rate, size=(steps, ROUNDS, PROMPTS)).tolist()  # correct per group
+def _qwen_batch(group_size: int = GROUP_SIZE) -> list[str]:
+    return [f"train.prompts_per_step={PROMPTS}", f"rollout.group_size={group_size}", f"dapo.max_gen_rounds={ROUNDS}",
+            f"train.max_steps={STEPS}"]
+
+
+QWEN_BATCH = _qwen_batch()
+
+
+def _simulated_run(rng: np.random.Generator, pass_rate: float, steps: int = STEPS, truncated_rate: float = 0.0,
+                   group_size: int = GROUP_SIZE):
+    """The metrics of each step of a healthy run on configs/qwen1.5b-seed.yaml's batch (or another group size)
+    whose completions are each correct with probability `pass_rate`: generation rounds of PROMPTS groups of
+    `group_size` until PROMPTS informative groups are buffered or ROUNDS rounds ran, the surplus carried over
+    (collect.py)."""
+    hits = rng.binomial(group_size, pass_rate, size=(steps, ROUNDS, PROMPTS)).tolist()  # correct per group
     buffered = 0
     for step_hits in hits:
         rounds, counts = 0, {"all_correct": 0, "all_wrong": 0}
         while rounds < ROUNDS and buffered < PROMPTS:
             for group in step_hits[rounds]:
-                if group == GROUP_SIZE:
+                if group == group_size:
                     counts["all_correct"] += 1
                 elif group == 0:
                     counts["all_wrong"] += 1
@@ -125,7 +134,7 @@ def _simulated_run(rng: np.random.Generator, pass_rate: float, steps: int = STEP
             rounds += 1
         kept = min(buffered, PROMPTS)
         buffered -= kept
-        completions = rounds * PROMPTS * GROUP_SIZE
+        completions = rounds * PROMPTS * group_size
         yield _step_metrics(kept, completions, sum(map(sum, step_hits[:rounds])), counts["all_correct"],
                             counts["all_wrong"], rounds, truncated=round(truncated_rate * completions))
 
@@ -152,16 +161,17 @@ def _outcome(cfg, steps, run_dir) -> tuple[str, int]:
     return "finished", step
 
 
+@pytest.mark.parametrize("group_size", [GROUP_SIZE, QWEN_GROUP_SIZE])
 @pytest.mark.parametrize("pass_rate", [0.005, 0.01, 0.05, 0.5, 0.95, 0.99, 1.0])
-def test_a_healthy_run_at_any_pass_rate_aborts_in_fewer_than_1_in_100(pass_rate, tmp_path, caplog):
-    """1000 seeded runs of 150 steps on qwen1.5b.yaml's batch (4 prompts x G=4 x 4 rounds) at each pass
-    rate: before, 94% aborted (exit 3) at 1%, 100% at 0.5% and 96% at 99%. A run that answers every
-    prompt right stops solved (exit 5), which is no abort; at a pass rate of 100% every run does, at its
-    train.max_starved_steps-th step, and below 99% none does."""
+def test_a_healthy_run_at_any_pass_rate_aborts_in_fewer_than_1_in_100(pass_rate, group_size, tmp_path, caplog):
+    """1000 seeded runs of 150 steps on qwen1.5b-seed.yaml's batch (4 prompts x G=4 x 4 rounds) and on
+    qwen1.5b.yaml's (G=8) at each pass rate: before, 94% of the seed's aborted (exit 3) at 1%, 100% at 0.5%
+    and 96% at 99%. A run that answers every prompt right stops solved (exit 5), which is no abort; at a
+    pass rate of 100% every run does, at its train.max_starved_steps-th step, and below 99% none does."""
     caplog.set_level(logging.ERROR, logger="dapo_train.train.health")  # each starved step says so: only slower
-    cfg = load_config(None, QWEN_BATCH)
-    outcomes = [_outcome(cfg, _simulated_run(np.random.default_rng([seed, int(pass_rate * 1000)]), pass_rate),
-                         tmp_path) for seed in range(1000)]
+    cfg = load_config(None, _qwen_batch(group_size))
+    outcomes = [_outcome(cfg, _simulated_run(np.random.default_rng([seed, int(pass_rate * 1000)]), pass_rate,
+                                             group_size=group_size), tmp_path) for seed in range(1000)]
     aborted = sum(kind == "aborted" for kind, _ in outcomes)
     assert aborted < 10, f"{aborted} of 1000 healthy runs aborted at a pass rate of {pass_rate}"
     solved = [step for kind, step in outcomes if kind == "solved"]
@@ -172,7 +182,7 @@ def test_a_healthy_run_at_any_pass_rate_aborts_in_fewer_than_1_in_100(pass_rate,
 
 
 def test_a_task_too_hard_for_the_model_is_said_once_with_its_numbers_and_the_run_goes_on(tmp_path, caplog):
-    """The tiny model on a task it answers 1 in 400 (qwen1.5b.yaml's batch, 10 steps): it used to exit 3 at
+    """The tiny model on a task it answers 1 in 400 (qwen1.5b-seed.yaml's batch, 10 steps): it used to exit 3 at
     step 7; now one warning says what is going on, with the numbers, and the run goes on."""
     cfg = load_config(None, QWEN_BATCH)
     steps = list(_simulated_run(np.random.default_rng(7), 1 / 400, steps=40))

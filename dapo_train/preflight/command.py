@@ -35,6 +35,7 @@ from dapo_train.run.layout import run_kind
 from dapo_train.run.lock import hold_folder
 from dapo_train.train import distributed
 from dapo_train.train.memory import ModelShape
+from dapo_train.train.progress import CUT_WARNING
 
 ROLLOUT_PROMPTS = 4  # prompts x G completions of the rollout check, scored by every reward
 EOS_ROUNDS = 8  # the rollout check's rounds at most, until every EOS id has ended a completion
@@ -126,6 +127,8 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
     small, changes = rehearsal.shrink(cfg, folder / "model", folder / "run", cuda, eval_split)
     static = rehearsal.static_cache_check(cfg, cuda)
     collected.ignored += tuple(f"{change.key}=" for change in changes) + (("rollout.compile=",) if static else ())
+    if any(change.key.endswith("max_new_tokens") for change in changes):  # the rehearsal's budget cut its answers,
+        collected.ignored += (CUT_WARNING,)  # not the real one: no advice to raise it
     if small.train.num_threads > 0:
         torch.set_num_threads(small.train.num_threads)  # as the run's setup does, for the rollout check too
     model = None

@@ -118,6 +118,7 @@ def eval_line(step: int, max_steps: int, metrics: dict, since: list[dict]) -> st
 
 
 CUT_WARN = 0.10  # a step-0 eval whose greedy answers the budget cut more often than this gets a warning line
+CUT_WARNING = "step 0: the token budget cut "  # its start: preflight ignores it on the rehearsal's own budget
 
 
 def cut_text(metrics: dict) -> str:
@@ -130,9 +131,9 @@ def cut_warning(metrics: dict, budget: int) -> str | None:
     """The step-0 eval's line when the budget cut more than CUT_WARN of its greedy answers, else None."""
     if metrics.get("eval/truncated_rate", 0.0) <= CUT_WARN:
         return None
-    return (f"step 0: {100 * metrics['eval/truncated_rate']:.1f}% of the greedy eval answers were cut at the "
-            f"{budget}-token budget (more than {100 * CUT_WARN:.0f}%): a cut answer has no final answer to grade or "
-            "reward; raise rollout.max_new_tokens and eval.max_new_tokens")
+    return (f"{CUT_WARNING}{100 * metrics['eval/truncated_rate']:.1f}% of the greedy eval answers at {budget} tokens "
+            f"(more than {100 * CUT_WARN:.0f}%): a cut answer has no final answer to grade or reward; raise "
+            "rollout.max_new_tokens and eval.max_new_tokens")
 
 
 def final_line(step: int, metrics: dict) -> str:

@@ -79,7 +79,7 @@ def test_step_0_says_how_many_answers_the_budget_cut_and_warns_above_10_percent(
                        f"accuracy 0.300 (format gap +0.020) (before training); {100 * cut:.1f}% of the greedy answers "
                        "cut at the token budget, mean length 85.3 tokens")
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    assert warnings == ([f"step 0: {100 * cut:.1f}% of the greedy eval answers were cut at the 80-token budget (more "
+    assert warnings == ([f"step 0: the token budget cut {100 * cut:.1f}% of the greedy eval answers at 80 tokens (more "
                          "than 10%): a cut answer has no final answer to grade or reward; raise rollout.max_new_tokens "
                          "and eval.max_new_tokens"] if warned else [])
 

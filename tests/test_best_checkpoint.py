@@ -11,7 +11,8 @@ from dapo_train.config.load import load_config
 from dapo_train.errors import UserError
 from dapo_train.evaluation.command import EvalOptions, run_eval
 from dapo_train.model import checkpoint as ckpt
-from dapo_train.train import loop
+from dapo_train.run.eval_items import PERIODIC
+from dapo_train.train import evals
 from dapo_train.train.loop import train
 
 # 2 prompts x G=4, short completions, a checkpoint and an eval every step, keep the newest and the best.
@@ -27,10 +28,10 @@ def accuracies(monkeypatch):
     """The periodic evals' accuracies by step (the dict the test fills), instead of generating."""
     by_step: dict[int, float] = {}
 
-    def evaluate(run, prompts, kind=loop.PERIODIC, records=None):
+    def evaluate(run, prompts, kind=PERIODIC, records=None):
         return {"accuracy": by_step.get(run.step, 0.0), "eval/num_items": len(prompts)}, []
 
-    monkeypatch.setattr(loop, "evaluate", evaluate)
+    monkeypatch.setattr(evals, "evaluate", evaluate)
     return by_step
 
 

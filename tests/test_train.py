@@ -19,7 +19,8 @@ from dapo_train.config.load import load_config
 from dapo_train.errors import TaskSolved, TrainingAborted
 from dapo_train.run.logs import read_metrics
 from dapo_train.run.signals import StopRequested
-from dapo_train.train import loop, screen
+from dapo_train.train import loop
+from dapo_train.train.collect import screen
 from dapo_train.train.loop import train
 
 MODEL = "builtin:tiny"

@@ -16,7 +16,7 @@ from dapo_train.run.eval_items import FINAL, PERIODIC, RECORD_KEYS, drop_items, 
 from dapo_train.run.layout import RUN_MARKER
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import load_prompts
-from dapo_train.train import loop
+from dapo_train.train import evals, loop
 
 SMALL = [
     "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2", "train.micro_batch_size=4",
@@ -85,8 +85,8 @@ def test_a_periodic_eval_of_the_whole_split_is_not_generated_twice(tmp_path, mon
     the final eval takes its records (2 generations: steps 0 and 1, not 3). A stale file of an earlier
     attempt in the folder (a run that never saved a checkpoint starts again) is dropped."""
     calls = []
-    real = loop.eval_records
-    monkeypatch.setattr(loop, "eval_records", lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
+    real = evals.eval_records
+    monkeypatch.setattr(evals, "eval_records", lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
     out = tmp_path / "run"
     (out / "eval_items").mkdir(parents=True)
     (out / "eval_items" / "step_7.jsonl").write_text("{}\n")
@@ -121,8 +121,8 @@ def test_the_final_eval_shows_its_progress_and_the_periodic_ones_stay_quiet(tmp_
 
 def test_final_full_off_adds_no_eval(tmp_path, monkeypatch):
     calls = []
-    real = loop.eval_records
-    monkeypatch.setattr(loop, "eval_records", lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
+    real = evals.eval_records
+    monkeypatch.setattr(evals, "eval_records", lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
     out = tmp_path / "run"
     cfg = load_config(None, [*SMALL, f"data.path={write_small_task(tmp_path / 'task')}", "train.max_steps=1",
                              "eval.every_steps=0", "eval.final_full=false", f"output_dir={out}"])

@@ -118,7 +118,7 @@ def _qwen_on_a_card(tmp_path, monkeypatch, config: str, free: int, *overrides: s
     from pathlib import Path
 
     qwen_offline.write_model_configs(tmp_path, "1.5b")
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     cfg = load_config(str(root / "configs" / config), [f"model.name_or_path={tmp_path}", *overrides])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, free))
     return resolve_budget(cfg, _Accelerator("cuda"), [211])  # a device object only: nothing runs on it
@@ -139,7 +139,8 @@ def test_auto_on_a_card_follows_its_free_memory_and_logs_its_numbers(tmp_path, m
 
 
 def test_a_vllm_share_that_does_not_fit_beside_training_is_refused_at_start(tmp_path, monkeypatch):
-    assert _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-vllm.yaml", 48 * 10**9) == 2048
+    # a whole mini-batch fits beside vLLM's 0.3: 2 groups x (8 x 512 + a prompt of 211) = 8,614 -> 9,216 tokens
+    assert _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-vllm.yaml", 48 * 10**9) == 9216
     with pytest.raises(ConfigError, match=r"rollout.vllm_memory.*set it to at most 0\.[0-9]+$"):
         _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-vllm.yaml", 48 * 10**9, "rollout.vllm_memory=0.6")
     # a number, not auto: the share is still checked

@@ -16,8 +16,8 @@ from dapo_train.errors import one_line_exits
 from dapo_train.faults import DECODE_ROWS, UPDATE_TOKENS
 from dapo_train.rollout import hf_engines
 from dapo_train.run.logs import read_metrics
-from dapo_train.train import update as update_module
 from dapo_train.train.loop import train
+from dapo_train.train.update import passes as update_module
 
 COMPARED = ("loss", "grad_norm", "num_tokens", "generated_tokens", "reward_mean", "groups_kept",
             "completion_length_mean")

@@ -235,7 +235,7 @@ def _study():
     import sys
     from pathlib import Path
 
-    scripts = str(Path(__file__).resolve().parents[2] / "scripts" / "studies")
+    scripts = str(Path(__file__).resolve().parents[3] / "scripts" / "studies")
     if scripts not in sys.path:
         sys.path.insert(0, scripts)  # the script imports its sibling ablation.py, as when it runs
     return importlib.import_module("policy_losses")

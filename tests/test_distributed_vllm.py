@@ -101,7 +101,7 @@ def test_two_ranks_each_with_a_vllm_engine_train_resume_and_evaluate_as_one(tmp_
     with pytest.raises(SystemExit) as exited:
         cli.main()
     assert exited.value.code == 0, capsys.readouterr().err[-2000:]
-    one = [json.loads(line) for line in (run / "checkpoint_3" / "completions_test_limit8.jsonl").read_text()
+    one = [json.loads(line) for line in (run / "checkpoint_3" / "completions_test_limit8_vllm.jsonl").read_text()
            .splitlines()]
     assert len(two) == 8 and [r["uid"] for r in two] == [r["uid"] for r in one]
     assert [r["completion"] for r in two] == [r["completion"] for r in one]

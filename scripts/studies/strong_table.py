@@ -66,6 +66,21 @@ def _cell(diff) -> str:
     return f"{diff.difference:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]"
 
 
+def changes(start: dict, seeds: dict[int, dict], uids: list[str]) -> dict:
+    """A recipe's change from the start over its seeds: {'strict', 'answer': PairedDifference, 'warned': runs
+    that warned, 'alone': runs whose own strict change has its interval below 0, 'seconds': mean user s}."""
+    found = {}
+    for name, key in KEYS.items():
+        before = np.array([[float(start[uid][key]) for uid in uids]] * len(seeds))
+        found[name] = bootstrap_difference(before, _table(start, seeds, key, uids), seeds_paired=True)
+    strict_start = np.array([[float(start[uid]["correct"]) for uid in uids]])
+    found["alone"] = sum(bootstrap_difference(strict_start, _table(start, {s: seeds[s]}, "correct", uids),
+                                              seeds_paired=True).high < 0 for s in seeds)
+    found["warned"] = sum(run["warned"] for run in seeds.values())
+    found["seconds"] = float(np.nanmean([run["seconds"] for run in seeds.values()]))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("study", type=Path)
@@ -79,18 +94,9 @@ def main() -> None:
           "user s / run |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for recipe, seeds in runs.items():
-        cells = []
-        for key in KEYS.values():
-            after = _table(start, seeds, key, uids)
-            before = np.array([[float(start[uid][key]) for uid in uids]] * len(seeds))
-            cells.append(bootstrap_difference(before, after, seeds_paired=True))
-        alone = sum(bootstrap_difference(np.array([[float(start[u]["correct"]) for u in uids]]),
-                                         _table(start, {s: seeds[s]}, "correct", uids), seeds_paired=True).high < 0
-                    for s in seeds)
-        warned = sum(run["warned"] for run in seeds.values())
-        seconds = np.nanmean([run["seconds"] for run in seeds.values()])
-        print(f"| {recipe} | {len(seeds)} | {cells[0].accuracy:.3f} | {_cell(cells[0])} | {_cell(cells[1])} | "
-              f"{warned}/{len(seeds)} | {alone}/{len(seeds)} | {seconds:.0f} |")
+        found, n = changes(start, seeds, uids), len(seeds)
+        print(f"| {recipe} | {n} | {found['strict'].accuracy:.3f} | {_cell(found['strict'])} | "
+              f"{_cell(found['answer'])} | {found['warned']}/{n} | {found['alone']}/{n} | {found['seconds']:.0f} |")
     if args.baseline not in runs:
         return
     base = runs[args.baseline]

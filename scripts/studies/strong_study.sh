@@ -11,6 +11,8 @@
 #   eps0.2   dapo.eps_high=0.2 (no clip-higher)
 #   g16      rollout.group_size=16
 #   lora     model.lora.r=8 train.learning_rate=3e-4 (the LoRA setting docs/lora.md measured on the demo)
+#   lr10     train.learning_rate=1e-3: a run made to get worse, for the regression warning (not in the default set;
+#            RECIPES=lr10 SEEDS="1 2")
 #
 # First the start itself, greedy on all 500 test items (start/), which every run's final eval is paired with:
 #
@@ -46,6 +48,7 @@ args() {
     eps0.2) echo "dapo.eps_high=0.2" ;;
     g16) echo "rollout.group_size=16" ;;
     lora) echo "model.lora.r=8 train.learning_rate=3e-4" ;;
+    lr10) echo "train.learning_rate=1e-3" ;;
     *) echo "unknown recipe $1" >&2; exit 2 ;;
   esac
 }

@@ -43,17 +43,17 @@ def load(study: Path) -> tuple[dict[str, dict], dict[str, dict[int, dict]]]:
     start = _records(study / "start" / "completions_test.jsonl")
     runs: dict[str, dict[int, dict]] = {}
     for run in sorted(path for path in study.iterdir() if path.is_dir() and NAME.match(path.name)):
-        final = _final(run)
-        if final is None:
-            print(f"skipped {run.name}: no final eval (not finished?)")
+        final, timing = _final(run), study / f"{run.name}.time"
+        times = timing.read_text().splitlines()[-1:] if timing.is_file() else []  # written when the run exits
+        if final is None or not times or times[0].startswith("Command"):
+            print(f"skipped {run.name}: not finished (no final eval or no time line)")
             continue
         match = NAME.match(run.name)
         log = study / f"{run.name}.log"
-        timing = study / f"{run.name}.time"
         runs.setdefault(match["recipe"], {})[int(match["seed"])] = {
             "records": _records(final),
             "warned": log.is_file() and WARNED in log.read_text(errors="replace"),
-            "seconds": float(timing.read_text().split()[-3]) if timing.is_file() else float("nan"),
+            "seconds": float(times[0].split()[0]),
         }
     return start, runs
 

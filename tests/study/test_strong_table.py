@@ -31,6 +31,7 @@ def test_a_recipe_is_paired_with_the_start_and_its_warnings_counted(tmp_path):
          log="step 20: the model is worse than at step 0 at 2 evals in a row, ...\n")
     _run(tmp_path, "demo_seed2", [(1, 1), (0, 0), (1, 1), (0, 0)])
     (tmp_path / "demo_seed3").mkdir()  # not finished: no final eval
+    _run(tmp_path, "demo_seed4", [(1, 1)] * 4, time_line="")  # its final eval written, the process not yet ended
     start, runs = strong_table.load(tmp_path)
     assert list(runs) == ["demo"] and sorted(runs["demo"]) == [1, 2]
     found = strong_table.changes(start, runs["demo"], [f"test:{i}" for i in range(4)])

@@ -40,3 +40,6 @@ def test_a_recipe_is_paired_with_the_start_and_its_warnings_counted(tmp_path):
     assert found["answer"].difference == pytest.approx(-0.125)
     assert found["strict"].low <= -0.125 <= found["strict"].high
     assert (found["warned"], found["seconds"]) == (1, 80.0)
+    # each run alone on 4 items: seed 1's -0.25 (one item lost) is inside its own interval's noise, so its warning
+    # counts as one given while its own interval holds 0
+    assert found["alone"] == 0 and found["warned_holding_0"] == 1

@@ -164,7 +164,12 @@ def test_shipped_configs_load_and_the_tiny_one_is_the_default():
     changed = {"group_size", "max_new_tokens", "temperature", "top_k"}
     assert {k for k in dataclasses.asdict(seed.rollout) if getattr(seed.rollout, k) != getattr(qwen.rollout, k)} \
         == changed
-    assert (seed.dapo, seed.train, seed.eval, seed.rewards) == (qwen.dapo, qwen.train, qwen.eval, qwen.rewards)
+    assert (seed.dapo, seed.rewards) == (qwen.dapo, qwen.rewards)
+    # and the budget from the card, and a run that gets worse stops (the strong-start study, docs/studies.md)
+    assert (seed.train.micro_batch_tokens, qwen.train.micro_batch_tokens) == (2048, "auto")
+    assert dataclasses.replace(qwen.train, micro_batch_tokens=2048) == seed.train
+    assert (seed.eval.stop_on_regression, qwen.eval.stop_on_regression) == (False, True)
+    assert dataclasses.replace(qwen.eval, stop_on_regression=False) == seed.eval
     vllm = load_config(str(root / "qwen1.5b-vllm.yaml"), [])
     assert dataclasses.replace(vllm.rollout, engine=qwen.rollout.engine, vllm_memory=qwen.rollout.vllm_memory) \
         == qwen.rollout and (vllm.dapo, vllm.train) == (qwen.dapo, qwen.train)

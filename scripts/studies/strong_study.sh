@@ -19,23 +19,26 @@
 #     bash scripts/studies/strong_study.sh outputs/strong_study
 #     python scripts/studies/strong_table.py outputs/strong_study
 #
+# The tool model's strong start (builtin:tiny-tools, 0.924 with the calculator) the same way, in a folder of its
+# own: CONFIG=configs/tiny-tools-cpu.yaml RECIPES="demo lr0.1" bash scripts/studies/strong_study.sh outputs/tools_start
+#
 # A run that finished (its .time file holds no "Command exited" line) is not run again, so an interrupted
 # study resumes where it stopped; rerun a failed one after removing its folder. Each run's `/usr/bin/time`
 # line (user s, system s, wall s) is the last line of its .time file. CUDA is hidden: the study is of the CPU
-# demo. RECIPES picks some (default: all); SEEDS others (default: 1 2 3 4 5).
+# demo. RECIPES picks some (default: all); SEEDS others (default: 1 2 3 4 5); CONFIG another start.
 set -euo pipefail
 dir=${1:-outputs/strong_study}
 jobs=${JOBS:-$(nproc)}
 [ "$jobs" -le 10 ] || jobs=10
 recipes=(${RECIPES:-demo lr0.3 lr0.1 upd1 kl eps0.2 g16 lora})
 mkdir -p "$dir"
-config=configs/tiny-strong-cpu.yaml
+config=${CONFIG:-configs/tiny-strong-cpu.yaml}
 
 if [ ! -s "$dir/start/eval_test.json" ]; then  # the start, greedy on the whole test split: one deterministic eval
   rm -rf "$dir/start"
   CUDA_VISIBLE_DEVICES= dapo-train eval --config "$config" "output_dir=$dir/start.run" train.num_threads=1 \
     logging.progress_bar=false > "$dir/start.log" 2>&1
-  mv "$dir/start.run.eval/builtin-tiny-strong" "$dir/start" && rmdir "$dir/start.run.eval"
+  mv "$dir"/start.run.eval/* "$dir/start" && rmdir "$dir/start.run.eval"  # the one model evaluated
 fi
 
 args() {

@@ -34,7 +34,7 @@ recipes=(${RECIPES:-demo lr0.3 lr0.1 upd1 kl eps0.2 g16 lora})
 mkdir -p "$dir"
 config=${CONFIG:-configs/tiny-strong-cpu.yaml}
 
-if [ ! -s "$dir/start/eval_test.json" ]; then  # the start, greedy on the whole test split: one deterministic eval
+if ! compgen -G "$dir/start/eval_test*.json" > /dev/null; then  # the start, greedy on the whole test split: one eval
   rm -rf "$dir/start"
   CUDA_VISIBLE_DEVICES= dapo-train eval --config "$config" "output_dir=$dir/start.run" train.num_threads=1 \
     logging.progress_bar=false > "$dir/start.log" 2>&1

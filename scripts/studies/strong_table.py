@@ -3,7 +3,7 @@ folders scripts/studies/strong_study.sh writes:
 
     python scripts/studies/strong_table.py outputs/strong_study [--baseline demo]
 
-start/completions_test.jsonl is the start's greedy eval on all 500 test items; RECIPE_seedN/eval_items/final_N.jsonl
+start/completions_test.jsonl (_tools.jsonl with tools) is the start's greedy eval on all 500 test items; RECIPE_seedN/eval_items/final_N.jsonl
 each run's greedy eval on the same items after training. The first table is each recipe's change from the
 start, strict and answer accuracy, paired item by item (and the seeds drawn as one, every run's start being
 the same model): the project's paired bootstrap over seeds and items (evaluation/stats.bootstrap_difference).
@@ -40,7 +40,7 @@ def _final(run: Path) -> Path | None:
 
 def load(study: Path) -> tuple[dict[str, dict], dict[str, dict[int, dict]]]:
     """-> (the start's records by uid, recipe -> seed -> {'records': by uid, 'warned': bool, 'seconds': user s})."""
-    start = _records(study / "start" / "completions_test.jsonl")
+    start = _records(next((study / "start").glob("completions_test*.jsonl")))  # _tools where the config calls them
     runs: dict[str, dict[int, dict]] = {}
     for run in sorted(path for path in study.iterdir() if path.is_dir() and NAME.match(path.name)):
         final, timing = _final(run), study / f"{run.name}.time"

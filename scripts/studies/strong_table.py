@@ -3,14 +3,15 @@ folders scripts/studies/strong_study.sh writes:
 
     python scripts/studies/strong_table.py outputs/strong_study [--baseline demo]
 
-start/completions_test.jsonl (_tools.jsonl with tools) is the start's greedy eval on all 500 test items; RECIPE_seedN/eval_items/final_N.jsonl
-each run's greedy eval on the same items after training. The first table is each recipe's change from the
-start, strict and answer accuracy, paired item by item (and the seeds drawn as one, every run's start being
-the same model): the project's paired bootstrap over seeds and items (evaluation/stats.bootstrap_difference).
-The second is each recipe against the baseline recipe, paired seed by seed and item by item. The last columns
-count the runs that warned they made the model worse (the run's own check at its periodic evals: 100 items,
-two evals in a row below step 0, `is worse than at step 0` in its log), the runs whose own 500-item change
-from the start has an interval below 0, and the runs that warned although their own interval holds 0.
+start/completions_test.jsonl (_tools.jsonl with tools) is the start's greedy eval on all 500 test items;
+RECIPE_seedN/eval_items/final_N.jsonl each run's greedy eval on the same items after training. The first table
+is each recipe's change from the start, strict and answer accuracy, paired item by item (and the seeds drawn as
+one, every run's start being the same model): the project's paired bootstrap over seeds and items
+(evaluation/stats.bootstrap_difference). The second is each recipe against the baseline recipe, paired seed by
+seed and item by item. The last columns count the runs that warned they made the model worse (the run's own
+check at its periodic evals: 100 items, two evals in a row below step 0, `is worse than at step 0` in its log),
+the runs whose own 500-item change from the start has an interval below 0, and the runs that warned although
+their own interval holds 0.
 """
 
 from __future__ import annotations

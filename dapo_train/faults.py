@@ -1,5 +1,5 @@
 """Out-of-memory faults for tests only: the update and the hf decode ask here before they allocate, so a CPU
-test can make them fail as a card would (train/memory_retry.py and rollout/engines.py redo the work smaller).
+test can make them fail as a card would (train/update/out_of_memory.py and rollout/engines.py redo the work smaller).
 
 Never a config key: an environment variable a test sets, read at each call.
   DAPO_TRAIN_TEST_OOM_UPDATE_TOKENS=N  a micro-batch of more than N positions raises torch.OutOfMemoryError

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 class MicroBatchOutOfMemory(Exception):
     """torch.OutOfMemoryError in a micro-batch's forward or backward, with that micro-batch's size: its
-    completions and the positions its forward computes (train/memory_retry.py halves the budget from them)."""
+    completions and the positions its forward computes (train/update/out_of_memory.py halves the budget from them)."""
 
     def __init__(self, completions: int, tokens: int) -> None:
         super().__init__(f"out of memory in a micro-batch of {completions} completion(s), {tokens} positions")

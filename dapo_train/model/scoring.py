@@ -165,14 +165,19 @@ class LinearHeadLogprobs(torch.autograd.Function):
 
     forward(hidden (M, H), weight (V, H), bias (V,) | None, ids (M,), inverse temperature, rows)
     -> (log-probs (M,) float32, entropy (M,) float32, not differentiable). Saves only hidden, the
-    weight and the (M,) logsumexp; backward recomputes each chunk's logits. Gradients flow to hidden,
-    weight and bias (a tied embedding receives the head's share through the shared weight)."""
+    weight in the compute dtype and the (M,) logsumexp; backward recomputes each chunk's logits. Gradients
+    flow to hidden, weight and bias (a tied embedding receives the head's share through the shared weight).
+
+    Under autocast over float32 weights the weight is cast to the compute dtype once per call, in the
+    forward, and that cast is what the backward reads: one (V, H) cast per micro-batch however many chunks
+    (a cast per chunk would read the whole head again for every 110 rows at Qwen's vocabulary)."""
 
     @staticmethod
     def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, scale: float) -> Tensor:
-        logits = hidden.to(dtype) @ weight.to(dtype).T  # (c, V)
+        """One chunk's scaled float32 logits; weight and bias are already in `dtype`."""
+        logits = hidden.to(dtype) @ weight.T  # (c, V)
         if bias is not None:
-            logits = logits + bias.to(dtype)
+            logits = logits + bias
         return logits.float() * scale
 
     @staticmethod
@@ -183,18 +188,21 @@ class LinearHeadLogprobs(torch.autograd.Function):
         picked = torch.empty(m, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(m, dtype=torch.float32, device=hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
+            low_weight = weight.to(dtype)  # (V, H): the call's one cast (none when the weights are in dtype)
+            low_bias = None if bias is None else bias.to(dtype)
             for start in range(0, m, rows):
                 part = slice(start, start + rows)
-                logits = LinearHeadLogprobs._logits(hidden[part], weight, bias, dtype, scale)
+                logits = LinearHeadLogprobs._logits(hidden[part], low_weight, low_bias, dtype, scale)
                 log_norm[part], picked[part], entropy[part] = _chunk_stats(logits, ids[part])
-        ctx.save_for_backward(hidden, weight, bias, ids, log_norm)
+        ctx.save_for_backward(hidden, low_weight, low_bias, ids, log_norm)
         ctx.scale, ctx.rows, ctx.dtype = scale, rows, dtype
+        ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
         ctx.mark_non_differentiable(entropy)
         return picked, entropy
 
     @staticmethod
     def backward(ctx, grad_picked, _grad_entropy):
-        hidden, weight, bias, ids, log_norm = ctx.saved_tensors
+        hidden, weight, bias, ids, log_norm = ctx.saved_tensors  # weight and bias in the compute dtype
         dtype, scale = ctx.dtype, ctx.scale
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
@@ -211,15 +219,15 @@ class LinearHeadLogprobs(torch.autograd.Function):
                 grad_logits.scatter_add_(-1, ids[part, None], upstream)
                 grad_logits = (grad_logits * scale).to(dtype)  # (c, V)
                 if grad_hidden is not None:
-                    grad_hidden[part] = (grad_logits @ weight.to(dtype)).to(hidden.dtype)
+                    grad_hidden[part] = (grad_logits @ weight).to(hidden.dtype)
                 if grad_weight is not None:
                     grad_weight += (grad_logits.T @ hidden[part].to(dtype)).float()
                 if grad_bias is not None:
                     grad_bias += grad_logits.float().sum(dim=0)
         return (
             grad_hidden,
-            None if grad_weight is None else grad_weight.to(weight.dtype),
-            None if grad_bias is None else grad_bias.to(bias.dtype),
+            None if grad_weight is None else grad_weight.to(ctx.weight_dtype),
+            None if grad_bias is None else grad_bias.to(ctx.bias_dtype),
             None, None, None,
         )
 

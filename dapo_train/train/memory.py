@@ -28,7 +28,10 @@ the rollout's or eval's element dtype: 2 under a bf16 copy, a bf16 base or autoc
                 noise, the log-softmax sampled from, the previous step's kept by the recorder)
   eval          the same three for the periodic greedy eval (eval.batch_size rows, the training model)
   autocast      P x 2 while bf16 autocast runs over float32 weights (the cached bfloat16 casts), in the
-                backward and in any forward of the float32 weights under autocast (eval, a rollout without copy)
+                backward and in any forward of the float32 weights under autocast (a rollout or eval without
+                a copy: one autocast region per generate call); the LM head's weight among them, which the
+                chunked head casts itself, once per call, and keeps from its forward to its backward (a tied
+                embedding is never cast by autocast, so P x 2 holds it once)
   activations   what the forward saves for backward: with gradient checkpointing L x tokens x h x 4 (each
                 layer's float32 input); without it, every layer: L x tokens x (38 h + 8 I) under bf16
                 autocast, L x tokens x (48 h + 16 I) in float32 (the per-layer counts tally a Llama/Qwen

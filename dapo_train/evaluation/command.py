@@ -23,7 +23,6 @@ A bare checkpoint_N belongs to the latest run: the run under outputs/ whose trai
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import re
@@ -45,12 +44,14 @@ from dapo_train.model.loading import (
     MODEL_FILES,
     check_model_path,
     check_sequence_budget,
+    compute_dtype,
     load_model,
     load_tokenizer,
-    mixed_precision,
 )
 from dapo_train.model.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
+from dapo_train.rollout.decoding import decode_region
 from dapo_train.rollout.engines import build_engine, engine_factory, release, rollout_tools
+from dapo_train.rollout.hf_engines import cast_as_loaded, rollout_dtype
 from dapo_train.rollout.vllm_settings import check_memory
 from dapo_train.run.eval_items import PERIODIC, items_path, read_items
 from dapo_train.run.files import write_json_atomic, write_jsonl_atomic
@@ -59,9 +60,6 @@ from dapo_train.task.answers import answer_check
 from dapo_train.task.locations import looks_like_path
 from dapo_train.task.prompts import Prompt, fixed_eval_subset, load_prompts
 from dapo_train.tools.turns import ToolTurns, tool_turns
-
-# The trainer's precision (modeling.mixed_precision) -> autocast dtype on CUDA, so eval numerics match.
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": None}
 
 
 @dataclass(frozen=True)
@@ -297,9 +295,15 @@ def result_name(split: str, limit: int | None, samples: int, temperature: float,
     return "_".join(parts)
 
 
-def _autocast(cfg: Config, device: torch.device):
-    dtype = AUTOCAST_DTYPES[mixed_precision(cfg, cuda=True)] if device.type == "cuda" else None
-    return torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+def _as_the_run_decodes(plan: EvalPlan, model, device: torch.device):
+    """The loaded model in the precision the run's own evals decode in (rollout/engines.eval_decoding): the
+    rollout's weights, in rollout.dtype (auto: bfloat16 on CUDA), cast in place (an eval keeps no master
+    weights), so an eval of a checkpoint gives the run's own eval figures. An engine (vllm) takes the model
+    as loaded."""
+    if plan.engine != "hf":
+        return model
+    dtype = rollout_dtype(plan.cfg.rollout.dtype, device)
+    return cast_as_loaded(model, dtype) if dtype != next(model.parameters()).dtype else model
 
 
 def _engine(plan: EvalPlan, model):
@@ -316,10 +320,10 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
     started = time.monotonic()
     if plan.cfg.train.num_threads > 0:
         torch.set_num_threads(plan.cfg.train.num_threads)  # as the trainer does; tiny models run fastest on 1
-    model = load_model(plan.cfg.model, device)
+    model = _as_the_run_decodes(plan, load_model(plan.cfg.model, device), device)
     engine = _engine(plan, model)
     try:
-        with _autocast(plan.cfg, device):
+        with decode_region(model, compute_dtype(plan.cfg, device.type == "cuda")):
             result = evaluate_prompts(
                 model, plan.tokenizer, plan.prompts,
                 max_new_tokens=plan.max_new_tokens, batch_size=plan.batch_size,

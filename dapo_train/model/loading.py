@@ -379,3 +379,11 @@ def mixed_precision(cfg: Config, cuda: bool) -> str:
     if cfg.train.mixed_precision == "auto":
         return "bf16" if cuda else "no"
     return cfg.train.mixed_precision
+
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": None}
+
+
+def compute_dtype(cfg: Config, cuda: bool) -> torch.dtype | None:
+    """The dtype the run's forwards compute in under train.mixed_precision's autocast (None: no autocast)."""
+    return AUTOCAST_DTYPES[mixed_precision(cfg, cuda)]

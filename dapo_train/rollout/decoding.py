@@ -85,10 +85,33 @@ except ImportError:  # transformers without per-layer caches: _preallocate does 
     _DynamicLayer = None
 
 
+@contextmanager
+def decode_region(model, compute_dtype: torch.dtype | None):
+    """One generate call's precision: over float32 weights with a compute dtype (train.mixed_precision's autocast),
+    one autocast region for the whole call, so autocast's cache casts each weight once per call and serves every
+    decode step after the first (accelerate wraps each forward in a region of its own, whose cache ends with the
+    forward: a recast of every weight per token). Weights already in a low precision (the rollout's copy) or no
+    compute dtype: nothing to do."""
+    weights = next(model.parameters())
+    if compute_dtype is None or weights.dtype != torch.float32:
+        yield model
+        return
+    with torch.autocast(weights.device.type, dtype=compute_dtype):
+        yield model
+
+
+def _cache_dtype(keys: Tensor) -> torch.dtype:
+    """The element dtype a decode's KV cache holds: under autocast its compute dtype (the attention reads keys
+    and values in it; RoPE would otherwise leave the keys in float32, 1.5x the cache the memory model counts),
+    else the keys' own."""
+    device = keys.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else keys.dtype
+
+
 def _preallocate(cache, extra: int) -> None:
     """Give each plain dynamic layer of `cache` room for `extra` more tokens, so a decode step writes
-    its keys in place instead of concatenating (copying) the whole cache each step. Other cache types
-    (sliding windows, hybrid models, older transformers) are left as they are."""
+    its keys in place instead of concatenating (copying) the whole cache each step, in the compute dtype
+    (_cache_dtype). Other cache types (sliding windows, hybrid models, older transformers) are left as they are."""
     if _DynamicLayer is None:
         return
     for index, layer in enumerate(getattr(cache, "layers", [])):
@@ -103,8 +126,9 @@ class _GrowingLayer(_DynamicLayer or object):
         super().__init__()
         batch, heads, length, dim = layer.keys.shape
         self.device, self.is_initialized, self.length = layer.keys.device, True, length
-        self._keys = layer.keys.new_empty((batch, heads, length + extra, dim))
-        self._values = layer.values.new_empty((batch, heads, length + extra, layer.values.shape[-1]))
+        dtype = _cache_dtype(layer.keys)
+        self._keys = layer.keys.new_empty((batch, heads, length + extra, dim), dtype=dtype)
+        self._values = layer.values.new_empty((batch, heads, length + extra, layer.values.shape[-1]), dtype=dtype)
         self._keys[:, :, :length], self._values[:, :, :length] = layer.keys, layer.values
         self._views()
 

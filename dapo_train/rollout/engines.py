@@ -36,13 +36,14 @@ Sampling from what is scored).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from dapo_train.plugins import decorator_for
-from dapo_train.rollout.decoding import Decoded, decode_loop
+from dapo_train.rollout.decoding import Decoded, decode_loop, decode_region
 from dapo_train.rollout.fitting import GenerationRows, decode_fitting
 from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.tools.registry import Tool, resolve_tools
@@ -273,8 +274,18 @@ def release(engine: RolloutEngine | None) -> None:
 
 def eval_engine(engine: RolloutEngine) -> RolloutEngine | None:
     """The engine evals generate through, when it serves them (`serves_eval`: vllm, whose weights are the
-    training model's since the last sync); None: they decode with the training model itself."""
+    training model's since the last sync); None: they decode with eval_decoding's weights."""
     return engine if getattr(engine, "serves_eval", False) else None
+
+
+@contextmanager
+def eval_decoding(engine: RolloutEngine, model: torch.nn.Module, compute_dtype: torch.dtype | None):
+    """The weights an eval's decode loop runs over, for the eval's length: the engine's own (`decoding()`: a
+    transformers engine's rollout copy, synced after every update, so an eval reads no float32 weight and its
+    cache is in the copy's dtype), else the training `model` in one autocast region (decoding.decode_region)."""
+    decoding = getattr(engine, "decoding", None)
+    with decoding() if callable(decoding) else decode_region(model, compute_dtype) as decoder:
+        yield decoder
 
 
 @dataclass
@@ -290,6 +301,7 @@ class EngineSetup:
     max_length: int = 0  # the longest prompt plus the largest completion budget asked for; 0: the model's positions
     vllm_memory: float = 0.3  # rollout.vllm_memory: vllm's share of a CUDA card
     vllm_kv_cache_mib: int = 0  # rollout.vllm_kv_cache_mib: vllm's KV cache (0: auto)
+    compute_dtype: torch.dtype | None = None  # train.mixed_precision's autocast dtype (None: no autocast)
 
 
 ROLLOUT_ENGINES: dict[str, Callable[[EngineSetup], RolloutEngine]] = {}
@@ -369,16 +381,18 @@ def rollout_tools(rollout_cfg) -> list[Tool]:
     return tools
 
 
-def build_engine(rollout_cfg, model, tokenizer, tools: ToolTurns | None = None, max_length: int = 0) -> RolloutEngine:
+def build_engine(rollout_cfg, model, tokenizer, tools: ToolTurns | None = None, max_length: int = 0,
+                 compute_dtype: torch.dtype | None = None) -> RolloutEngine:
     """The engine of a RolloutConfig for an UNWRAPPED model. A plugin factory that fails on the
     EngineSetup, or returns something without the engine's methods, is a ConfigError naming it.
     tools: rollout.tools for the tokenizer (tools.tool_turns), for an engine that supports them (rollout_tools).
-    max_length: EngineSetup.max_length."""
+    max_length, compute_dtype: EngineSetup's."""
     from dapo_train.errors import ConfigError
 
     setup = EngineSetup(model=model, tokenizer=tokenizer, batch_size=rollout_cfg.generation_batch_size,
                         dtype=rollout_cfg.dtype, compile=rollout_cfg.compile, tools=tools, max_length=max_length,
-                        vllm_memory=rollout_cfg.vllm_memory, vllm_kv_cache_mib=rollout_cfg.vllm_kv_cache_mib)
+                        vllm_memory=rollout_cfg.vllm_memory, vllm_kv_cache_mib=rollout_cfg.vllm_kv_cache_mib,
+                        compute_dtype=compute_dtype)
     name, factory = rollout_cfg.engine, engine_factory(rollout_cfg.engine)
     if name in ROLLOUT_ENGINES:
         return factory(setup)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dapo_train.rollout.decoding import Decoded, decode_loop, generate_rows
+from dapo_train.rollout.decoding import Decoded, decode_loop, decode_region, generate_rows
 from dapo_train.rollout.engines import Completion, EngineSetup, group_rows, register_engine, sample_completions
 from dapo_train.rollout.fitting import GenerationRows
 from dapo_train.rollout.sampling import SamplingSettings
@@ -70,6 +70,7 @@ class TransformersEngine(ABC):
         self.model, self.tokenizer = setup.model, setup.tokenizer
         self.generation_rows = GenerationRows(setup.batch_size)  # halved by a call out of memory (fitting.py)
         self.copy = _rollout_copy(setup.model, setup.dtype)
+        self.compute_dtype = setup.compute_dtype
         if setup.tools is not None and not self.supports_tools:
             raise ValueError(f"{type(self).__name__} cannot run tools")
         self.tools = setup.tools
@@ -78,6 +79,11 @@ class TransformersEngine(ABC):
     def rollout_model(self) -> torch.nn.Module:
         """The weights the engine samples from."""
         return self.copy if self.copy is not None else self.model
+
+    def decoding(self):
+        """A context holding the rollout model for one generate call (or eval), in the precision it decodes in:
+        decoding.decode_region, one autocast region over float32 weights under mixed precision."""
+        return decode_region(self.rollout_model, self.compute_dtype)
 
     def sync_weights(self) -> None:
         if self.copy is None:
@@ -92,9 +98,9 @@ class TransformersEngine(ABC):
                  seeds: Sequence[int] | None = None) -> list[Completion]:
         if seeds is not None and not self.keyed_draws:
             raise ValueError(f"{type(self).__name__} draws from the global random stream: it takes no seeds")
-        return sample_completions(self.rollout_model, self.tokenizer, prompts, settings,
-                                  batch_size=self.generation_rows,
-                                  group_size=group_size, decode=self.decode, seeds=seeds)
+        with self.decoding() as model:
+            return sample_completions(model, self.tokenizer, prompts, settings, batch_size=self.generation_rows,
+                                      group_size=group_size, decode=self.decode, seeds=seeds)
 
     @abstractmethod
     def decode(self, model, prompts: list[torch.Tensor], group_size: int, settings: SamplingSettings,

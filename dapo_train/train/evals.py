@@ -13,7 +13,8 @@ from tqdm.auto import tqdm  # eval's sample completions, written around the bar
 from dapo_train.config.schema import Config
 from dapo_train.evaluation.generate import EvalStopped, add_model_scores, eval_max_new_tokens, eval_records
 from dapo_train.evaluation.stats import change_from_start, change_metrics, summarize_records
-from dapo_train.rollout.engines import eval_engine
+from dapo_train.model.loading import compute_dtype
+from dapo_train.rollout.engines import eval_decoding, eval_engine
 from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, items_path, read_items, write_items
 from dapo_train.run.logs import read_metrics
 from dapo_train.run.rollouts import excerpt
@@ -63,10 +64,12 @@ def _generate(run: Run, prompts: list[Prompt], kind: EvalKind, stop: StopRequest
     rank once they have gathered, when a stop ended any rank's slice."""
     cfg = run.cfg
     shard, records = prompts[distributed.rank() :: distributed.world_size()], []
-    with distributed.full_weights(run.accelerator, run.model) as model:
+    precision = compute_dtype(cfg, run.accelerator.device.type == "cuda")
+    with distributed.full_weights(run.accelerator, run.model) as model, \
+            eval_decoding(run.engine, model, precision) as decoder:
         if shard:
             try:
-                records = eval_records(model, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
+                records = eval_records(decoder, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
                                        batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness),
                                        tools=run.tool_turns, progress=_eval_bar(cfg, kind),
                                        engine=eval_engine(run.engine), stop=stop)

@@ -27,6 +27,7 @@ from dapo_train.model.loading import (
     check_attention_kernel,
     check_lora_targets,
     check_sequence_budget,
+    compute_dtype,
     cpu_has_bf16_units,
     enable_gradient_checkpointing,
     gradient_checkpointing,
@@ -174,7 +175,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
     unwrapped = accelerator.unwrap_model(model)
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
-        engine = build_engine(cfg.rollout, unwrapped, tokenizer, turns, longest_sequence(cfg))
+        engine = build_engine(cfg.rollout, unwrapped, tokenizer, turns, longest_sequence(cfg), compute_dtype(cfg, cuda))
     reward_set = reward_set.load(accelerator.device)  # the reward models' weights, frozen
     behaviour = resolve(cfg, rollout_differences(cfg, engine, unwrapped, cuda), truncation(cfg, unwrapped))
     learner = Learner.build(cfg, model, optimizer, accelerator, pad_token_id(unwrapped, tokenizer),

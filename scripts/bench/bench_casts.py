@@ -34,16 +34,24 @@ PHASES = ("rollout", "old_logprobs", "update", "sync", "eval")
 
 class CastCounter(TorchDispatchMode):
     """Counts casts of the given float32 weights to a lower precision, by phase (set with `phase`), and the
-    forwards of `model` by phase. weights: name -> parameter (its storage identifies it in any view)."""
+    forwards of `models` by phase, of which prefills (more than one position a row: a generate call's first forward,
+    or an update's). weights: name -> parameter (its storage identifies it in any view)."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> None:
+    def __init__(self, weights: dict[str, torch.Tensor], models: tuple[torch.nn.Module, ...] = ()) -> None:
         super().__init__()
         self.names = {w.untyped_storage().data_ptr(): name for name, w in weights.items() if w.dtype == torch.float32}
         self.current = "other"
         self.casts: Counter = Counter()  # (phase, weight name) -> casts
-        self.forwards: Counter = Counter()  # phase -> forwards of `model`
-        if model is not None:
-            model.register_forward_pre_hook(lambda *_: self.forwards.update([self.current]))
+        self.forwards: Counter = Counter()  # phase -> forwards of the models
+        self.calls: Counter = Counter()  # phase -> prefills among them
+        for model in models:
+            model.register_forward_pre_hook(self._forward, with_kwargs=True)
+
+    def _forward(self, module, args, kwargs) -> None:
+        self.forwards[self.current] += 1
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[-1] > 1:
+            self.calls[self.current] += 1
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -81,7 +89,8 @@ def run_counted(overrides: list[str], run_dir: Path) -> tuple[CastCounter, int]:
     def counted_setup(*args, **kwargs):  # the counter needs the loaded model's weights
         run = setup(*args, **kwargs)
         model = run.accelerator.unwrap_model(run.model)
-        counter = CastCounter(dict(model.named_parameters()), model)
+        copy = getattr(run.engine, "copy", None)  # the rollout's copy in rollout.dtype, when there is one
+        counter = CastCounter(dict(model.named_parameters()), (model,) if copy is None else (model, copy))
         counters.append(counter)
         return run
 
@@ -153,7 +162,8 @@ def main() -> None:
                  "logging.progress_bar=false", *args.set]
     with tempfile.TemporaryDirectory() as folder:
         counter, _ = run_counted(overrides, Path(folder) / "run")
-    head = "lm_head.weight" if any(name == "lm_head.weight" for _, name in counter.casts) else "model.embed_tokens.weight"
+    tied = not any(name == "lm_head.weight" for _, name in counter.casts)
+    head = "model.embed_tokens.weight" if tied else "lm_head.weight"
     rows = report(counter, head)
     for phase in PHASES:
         row = rows[phase]

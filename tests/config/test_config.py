@@ -195,8 +195,7 @@ def test_every_choice_list_is_its_registrys_keys():
     from dapo_train.algo.advantages import ADVANTAGE_STDS
     from dapo_train.algo.correction import ROLLOUT_CORRECTIONS
     from dapo_train.config.schema import Config
-    from dapo_train.evaluation.command import AUTOCAST_DTYPES
-    from dapo_train.model.loading import ATTENTION_KERNELS, DTYPES, GRADIENT_CHECKPOINTING
+    from dapo_train.model.loading import ATTENTION_KERNELS, AUTOCAST_DTYPES, DTYPES, GRADIENT_CHECKPOINTING
     from dapo_train.rollout.hf_engines import ROLLOUT_DTYPES
     from dapo_train.run.trackers import TRACKERS
     from dapo_train.train.collect.screen import SCREEN_FATES

@@ -85,3 +85,36 @@ def test_the_folder_beside_the_run_has_a_name_whatever_output_dir_is(tmp_path, m
     folder = eval_command.output_folder(eval_command.EvalTarget("--config", None), cfg)
     expected = "run.eval" if output_dir != "." else f"{tmp_path.name}.eval"
     assert folder.resolve() == (tmp_path if output_dir != "." else tmp_path.parent) / expected / "builtin-tiny"
+
+
+def _random_model(folder: Path) -> Path:
+    """The tiny model's architecture and tokenizer with random weights: its logits are near ties, so greedy
+    decoding follows any change in how the forward rounds (a trained model's confident choices hide it)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shipped = ROOT / "dapo_train" / "assets" / "tiny" / "model"
+    shutil.copytree(shipped, folder)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(shipped)).save_pretrained(folder)
+    return folder
+
+
+def test_an_eval_of_a_checkpoint_decodes_as_the_runs_own_eval_under_the_cards_settings(tmp_path, monkeypatch):
+    """Under bf16 autocast with the bf16 rollout copy (what auto gives on CUDA) a run's evals decode through its
+    rollout copy; `dapo-train eval` of its checkpoint casts the loaded weights the same way, so it writes the run's
+    own completions, token for token, on the same items. (Before, the run's evals decoded the float32 weights under
+    autocast and the checkpoint's eval, on a CPU, without autocast: they parted from the first item on.)"""
+    monkeypatch.chdir(tmp_path)
+    model = _random_model(tmp_path / "random")
+    settings = ["train.mixed_precision=bf16", "rollout.dtype=bfloat16", "train.max_steps=1", "eval.every_steps=1",
+                "eval.num_items=8", "eval.max_new_tokens=24", "eval.final_full=false", "train.prompts_per_step=2",
+                "logging.progress_bar=false", "eval.print_samples=0", "output_dir=run", f"model.name_or_path={model}"]
+    loop.train(load_config(None, settings))
+    run_eval(["run/checkpoint_1"], EvalOptions(limit=8))
+    items = tmp_path / "run" / "eval_items" / "step_1.jsonl"
+    periodic = [json.loads(line) for line in items.read_text().splitlines()]
+    (written,) = (tmp_path / "run" / "checkpoint_1").glob("completions_*.jsonl")
+    checked = [json.loads(line) for line in written.read_text().splitlines()]
+    assert [r["uid"] for r in checked] == [r["uid"] for r in periodic] and len(checked) == 8
+    assert [r["completion"] for r in checked] == [r["completion"] for r in periodic]

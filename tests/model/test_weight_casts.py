@@ -37,3 +37,30 @@ def test_the_head_casts_its_weight_once_per_call_however_many_chunks():
     twelve_chunks = _head_casts(chunk_rows_wanted=1)  # a chunk per row
     # One cast of the (V, H) weight to bf16 in the forward, kept for the backward: none there.
     assert one_chunk == twelve_chunks == (1, 0)
+
+
+def _run_casts(tmp_path, *overrides: str):
+    from bench_casts import CARD_SETTINGS, run_counted
+
+    counter, _ = run_counted([*CARD_SETTINGS, "train.max_steps=1", "eval.every_steps=1", "eval.num_items=4",
+                              "eval.final_full=false", "train.prompts_per_step=2", "train.updates_per_step=2",
+                              "logging.progress_bar=false", "eval.print_samples=0", *overrides], tmp_path / "run")
+    return counter
+
+
+def test_an_eval_decodes_through_the_bf16_rollout_copy_and_casts_no_weight(tmp_path):
+    counter = _run_casts(tmp_path)
+    assert counter.forwards["eval"] > 10  # steps 0 and 1, every decode step a forward
+    assert counter.count("eval") == 0
+    assert counter.count("update") > 0  # the counter sees the update's casts: autocast over float32 weights
+
+
+def test_a_decode_over_float32_weights_under_autocast_casts_each_weight_once_per_generate_call(tmp_path):
+    """rollout.dtype=float32 with bf16 autocast: no copy, so the rollout and the eval decode the float32 weights in
+    one autocast region per generate call, and autocast's cache serves every forward after the call's first."""
+    counter = _run_casts(tmp_path, "rollout.dtype=float32")
+    weights = len(counter.names)
+    for phase in ("eval", "rollout"):
+        calls = counter.calls[phase]
+        assert counter.forwards[phase] > 5 * calls  # many decode steps per call
+        assert 0 < counter.count(phase) <= weights * calls

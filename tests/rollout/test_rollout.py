@@ -295,3 +295,26 @@ def test_rollout_compile_switches_the_hf_engine_to_bucketed_static_cache_generat
     assert first_shapes["on"][0] == 8 and first_shapes["on"][1] % 64 == 0  # 3 x 2 rows bucketed to 8
     assert first_shapes["off"] == (3, max(len(p) for p in prompts[:3]))
     assert [c.completion_ids.tolist() for c in outputs["on"]] == [c.completion_ids.tolist() for c in outputs["off"]]
+
+
+def test_a_decode_under_autocast_keeps_its_cache_in_the_compute_dtype(tiny):
+    """Over float32 weights under bf16 autocast, RoPE leaves the keys float32 (the values come out of an autocast
+    matmul in bf16): the preallocated cache holds both in bf16, as the memory model counts it."""
+    from dapo_train.rollout import decoding
+
+    model, tokenizer, prompts = tiny
+    seen = []
+    grown = decoding._GrowingLayer.__init__
+
+    def recorded(self, layer, extra):
+        grown(self, layer, extra)
+        seen.append((layer.keys.dtype, self.keys.dtype, self.values.dtype))
+
+    decoding._GrowingLayer.__init__ = recorded
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            make_engine("loop", model, tokenizer, 64).generate(prompts[:2], SamplingSettings(8, do_sample=False), 2)
+    finally:
+        decoding._GrowingLayer.__init__ = grown
+    assert seen and all(prefilled == torch.float32 for prefilled, _, _ in seen)  # RoPE's promotion, before
+    assert all(keys == values == torch.bfloat16 for _, keys, values in seen)

@@ -71,12 +71,18 @@ class RunRegressed(Exception):
 
 
 class DoesNotFit(Exception):
-    """Out of memory with nothing left to halve (train/update/out_of_memory.py): one completion alone in the update, or
-    one group alone in a generate call, does not fit the card. The run stops at the checkpoint of its last
-    good step with one line naming the settings that cut memory, exit code 7."""
+    """Out of memory where nothing is left to halve or to redo from (train/update/out_of_memory.py): one completion
+    alone in the update, one group alone in a generate call, an optimizer step, the weight sync. The run stops
+    at the checkpoint of its last good step with one line naming the settings that cut memory, exit code 7.
+    kept: the model still holds the last good step's weights (train/loop.py saves them); False when the failed
+    step had moved them (the last checkpoint on disk is what is left)."""
 
     exit_code = 7
     verdict = "out of memory"  # its line: `out of memory: <message>`
+
+    def __init__(self, message: str, kept: bool = True) -> None:
+        super().__init__(message)
+        self.kept = kept
 
 
 # What ends a command with one line, `<verdict>: <message>`, and its exit code instead of a traceback.

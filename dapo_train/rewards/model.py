@@ -15,7 +15,9 @@ tokenizer (it loads, has a pad token or an EOS to pad with, and its ids fit the 
 The weights load once per run (load, from RewardSet.load in the trainer's setup): frozen, in eval
 mode, on the policy's device, bfloat16 on CUDA by default; remote code stays off and weights load as
 safetensors first. Scoring runs in batches of `batch_size` under torch.inference_mode; under several
-processes each rank scores the completions it generated.
+processes each rank scores the completions it generated. A batch that runs out of memory is scored again in
+halves, and the smaller batch stays for the run (a text's score does not depend on its batch); one text alone
+that does not fit ends the run at its last good step (DoesNotFit, train/loop.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.errors import UserError
+from dapo_train.errors import DoesNotFit, UserError
+from dapo_train.faults import REWARD_ROWS, out_of_memory_above
 from dapo_train.model import loading
 from dapo_train.rewards.scoring import register
 from dapo_train.task import locations
@@ -252,6 +255,7 @@ class RewardModel:
         self.settings, self.checked, self.model = settings, checked, model
         self.head = _score_head(model, checked.path)
         self.texts_scored = 0  # every text it has read, for the multi-process test and the logs
+        self.batch_rows = settings.batch_size  # halved by a batch that ran out of memory (logits)
 
     @classmethod
     def load(cls, settings: RewardModelSettings, device: torch.device) -> RewardModel:
@@ -320,23 +324,47 @@ class RewardModel:
         return out, cut
 
     def logits(self, ids: list[list[int]]) -> torch.Tensor:
-        """(N,) float32 logits, batch_size texts at a time, longest first (less padding), right-padded so
-        that every text keeps the positions it has alone."""
+        """(N,) float32 logits, batch_rows texts at a time, longest first (less padding), right-padded so
+        that every text keeps the positions it has alone; a batch out of memory is scored again at half the size
+        (module docstring)."""
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         out = torch.empty(len(ids), dtype=torch.float32)
-        device, pad = next(self.model.parameters()).device, self.checked.tokenizer.pad_token_id
-        for start in range(0, len(order), self.settings.batch_size):
-            rows = order[start : start + self.settings.batch_size]
-            width = len(ids[rows[0]])
-            batch = torch.full((len(rows), width), pad, dtype=torch.long)  # (B, T)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
-            for row, index in enumerate(rows):
-                batch[row, : len(ids[index])] = torch.tensor(ids[index])
-                mask[row, : len(ids[index])] = 1
-            with torch.inference_mode():
-                scores = last_token_scores(self.model, self.head, batch.to(device), mask.to(device))  # (B,)
-            out[rows] = scores.float().cpu()
+        start = 0
+        while start < len(order):
+            rows = order[start : start + self.batch_rows]
+            try:
+                out[rows] = self._scores([ids[index] for index in rows])
+            except torch.OutOfMemoryError:
+                self._halve(len(rows), len(ids[rows[0]]))
+                continue
+            start += len(rows)
         return out
+
+    def _scores(self, texts: list[list[int]]) -> torch.Tensor:
+        """One batch's (B,) float32 logits, on the CPU."""
+        out_of_memory_above(REWARD_ROWS, len(texts))  # a test's fault (faults.py); nothing otherwise
+        device, pad = next(self.model.parameters()).device, self.checked.tokenizer.pad_token_id
+        width = max(len(text) for text in texts)
+        batch = torch.full((len(texts), width), pad, dtype=torch.long)  # (B, T)
+        mask = torch.zeros((len(texts), width), dtype=torch.long)  # (B, T)
+        for row, text in enumerate(texts):
+            batch[row, : len(text)] = torch.tensor(text)
+            mask[row, : len(text)] = 1
+        with torch.inference_mode():
+            return last_token_scores(self.model, self.head, batch.to(device), mask.to(device)).float().cpu()  # (B,)
+
+    def _halve(self, rows: int, tokens: int) -> None:
+        """After a batch of `rows` texts (the longest `tokens` tokens) ran out of memory: half as many from now
+        on, said in one line; DoesNotFit when it was one text."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if rows <= 1:
+            raise DoesNotFit(f"reward model {self.settings.path}: one text alone ({tokens} tokens) does not fit the "
+                             "card; what cuts its memory: a smaller max_tokens, dtype bfloat16, or a smaller model")
+        self.batch_rows = rows // 2
+        logger.warning("reward model %s: out of memory scoring %d texts of up to %d tokens: scored again %d at a "
+                       "time, kept for the rest of the run (its batch_size is %d)", self.settings.path, rows,
+                       tokens, self.batch_rows, self.settings.batch_size)
 
     def __call__(self, completions: list[str], answers: list, *, lengths=None, prompts=None,
                  questions=None) -> list[float]:

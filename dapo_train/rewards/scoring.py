@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dapo_train.config.schema import Config, RewardSpec
-from dapo_train.errors import ConfigError, UserError
+from dapo_train.errors import ConfigError, DoesNotFit, UserError
 from dapo_train.plugins import import_plugin
 from dapo_train.task.answers import answer_check, is_correct
 
@@ -320,8 +320,8 @@ def score(
         start = time.perf_counter()
         try:
             values = _call(reward, completions, answers, columns)
-        except ConfigError:  # the task's check (data.correctness) failed inside the reward: it names itself
-            raise
+        except (ConfigError, DoesNotFit):  # the task's check failed inside the reward, or a reward model's forward
+            raise  # ran out of memory with nothing left to halve (rewards/model.py): each names itself
         except Exception as err:
             index = _find_raiser(reward, completions, answers, columns)
             raise _fail(reward.key, f"raised {type(err).__name__}: {err}", index, completions) from err

@@ -43,11 +43,13 @@ from dapo_train.config.load import save_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import DoesNotFit, RunRegressed, TaskSolved, TrainingAborted
 from dapo_train.evaluation.generate import EvalStopped
+from dapo_train.faults import SYNC_STEP, out_of_memory_at
 from dapo_train.model import checkpoint as ckpt
 from dapo_train.rollout.engines import pause, release
 from dapo_train.run.config_changes import warn_config_changes
 from dapo_train.run.eval_items import FINAL, drop_items
 from dapo_train.run.folder import (
+    checkpoint_step,
     finished,
     finished_message,
     open_run_dir,
@@ -67,10 +69,9 @@ from dapo_train.train.progress import Progress, end_of_run_summary
 from dapo_train.train.ranks import total
 from dapo_train.train.records import StepBatch
 from dapo_train.train.session import Run, setup
-from dapo_train.train.state import check_disk, restore, save
+from dapo_train.train.state import StepStart, check_disk, restore, save
 from dapo_train.train.update.old_policy import (
     needing_old_logprobs,
-    record_old_logprobs,
     require_behaviour_logprobs,
     require_kept_mass,
 )
@@ -118,8 +119,8 @@ def train_step(run: Run) -> dict:
     if metrics["groups_kept"]:  # over all ranks: a rank without groups of its own still joins the update
         update_start = time.perf_counter()
         pause(run.engine)  # generation's memory (vllm's KV cache) free for the update
-        metrics.update(run.update_retry.update(run.learner, batch, run.cfg, run.step))  # 3 (update/out_of_memory.py)
-        sync_weights(run)  # 4
+        metrics.update(run.guard.update(run.learner, batch, run.cfg, run.step))  # 3 (update/out_of_memory.py)
+        run.engine_stale = not sync_weights(run)  # 4
         metrics["seconds_update"] = time.perf_counter() - update_start
     else:
         metrics.update(skipped_no_groups=1, lr=run.learner.optimizer.lr, **rollout_metrics([]))  # progress.py says so
@@ -163,14 +164,20 @@ def score_old_logprobs(run: Run, batch: StepBatch, model: torch.nn.Module) -> di
         require_behaviour_logprobs(batch.groups + run.buffer.groups, run.cfg.rollout.engine)
     require_kept_mass(batch.groups, run.cfg, behaviour)
     groups = needing_old_logprobs(run.cfg, batch.groups, run.buffer.groups, behaviour)
-    rows = record_old_logprobs(model, groups, run.learner.batching, run.learner.scorer)
+    rows = run.guard.old_logprobs(model, groups, run.learner, run.step)  # redone smaller out of memory
     return {"old_logprob_rows": int(total(rows)), "seconds_old_logprobs": time.perf_counter() - start}
 
 
-def sync_weights(run: Run) -> None:
-    """Step 4: the next rollout samples from the updated policy."""
+def sync_weights(run: Run) -> bool:
+    """Step 4: the next rollout samples from the updated policy. -> False when the engine ran out of memory taking
+    the weights (vllm loading them on the card): the step trained, and the loop ends the run with its checkpoint."""
     with distributed.full_weights(run.accelerator, run.model):
-        run.engine.sync_weights()
+        try:
+            out_of_memory_at(SYNC_STEP, run.step + 1)  # a test's fault (faults.py); nothing otherwise
+            run.engine.sync_weights()
+        except torch.OutOfMemoryError:
+            return False
+    return True
 
 
 def _due(step: int, every: int) -> bool:
@@ -276,10 +283,16 @@ def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> Ending:
         elif cfg.eval.every_steps > 0:
             _log(run, metrics_log, progress, evals.evaluate(run, run.eval_prompts)[0])
         while run.step < cfg.train.max_steps and not _stop_agreed(stop):
+            start = StepStart.take(run)
             try:
                 metrics = train_step(run)
-            except DoesNotFit as exc:  # the weights are the last good step's (update/out_of_memory.py)
-                raise DoesNotFit(f"{exc}; {_keep_last_good(run)}") from None
+            except DoesNotFit as exc:  # the weights are the last good step's, or moved (update/out_of_memory.py)
+                raise DoesNotFit(f"{exc}; {_keep_last_good(run, start, exc.kept)}", exc.kept) from None
+            if run.engine_stale:  # the step trained; its engine lacks the weights: no eval of them, the step kept
+                _log(run, metrics_log, progress, metrics)
+                raise DoesNotFit(f"the rollout engine ran out of memory taking step {run.step}'s weights "
+                                 f"(rollout.engine={cfg.rollout.engine}; what cuts its memory: a smaller "
+                                 f"rollout.vllm_memory, rollout.generation_batch_size); {_keep_trained(run)}")
             aborted = run.health.abort_reason(cfg, run.step, run.run_dir)
             solved = run.health.solved(cfg) if aborted is None else None
             if aborted is None:  # no eval of weights that stop the run
@@ -298,17 +311,36 @@ def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> Ending:
     return Ending(aborted, solved, regressed)
 
 
-def _keep_last_good(run: Run) -> str:
-    """A run stopped out of memory: the last good step's checkpoint, saved now unless it is on disk, and the
-    command that resumes from it once a setting has changed."""
+def _keep_last_good(run: Run, start: StepStart, kept: bool) -> str:
+    """A run stopped out of memory in a step: the last good step's checkpoint, its weights (`kept`: the failed
+    step moved none) at its own data position (`start`, the failed step's), saved now unless it is on disk, so a
+    resume trains the failed step's prompts; the command that resumes once a setting has changed. Weights the
+    failed step moved are no step's: the last checkpoint on disk is what is left, and the line says what that
+    costs."""
+    last = ckpt.latest_checkpoint(run.run_dir)
+    if not kept:
+        behind = f"{last.name}, the last checkpoint saved, holds step {checkpoint_step(last)}: steps " \
+            f"{checkpoint_step(last) + 1}-{run.step} will train again" if last is not None else "no checkpoint saved"
+        return f"the step had moved the weights, so step {run.step}'s are gone; {behind}; change a setting, then " \
+            f"resume with: {resume_command(run.run_dir)}"
     if run.step == 0:
         return "no step had trained: nothing saved"
+    start.rewind(run)  # the failed step's prompts, carried-over groups and random state, as it began
     if run.saved_step != run.step:
         save_clean(run)
     last = ckpt.latest_checkpoint(run.run_dir)
     if last is None:
         return "no checkpoint saved"
     return f"{last.name} holds the last good step: change a setting, then resume with: {resume_command(run.run_dir)}"
+
+
+def _keep_trained(run: Run) -> str:
+    """A run stopped out of memory after its step trained: that step's checkpoint, and the command that resumes."""
+    if run.saved_step != run.step:
+        save_clean(run)
+    last = ckpt.latest_checkpoint(run.run_dir)
+    return f"{last.name} holds step {run.step}, trained: change a setting, then resume with: " \
+        f"{resume_command(run.run_dir)}" if last is not None else "no checkpoint saved"
 
 
 def _report(run: Run, run_log: RunLog, stop: StopRequested, ending: Ending, session_s: float | None) -> None:

@@ -50,8 +50,8 @@ the rollout's or eval's element dtype: 2 under a bf16 copy, a bf16 base or autoc
                 V x h x (8, or 10 under autocast); a tied embedding holds as much at the end of backward
   reward forward the largest reward model's no-grad forward over one scoring batch: batch_size texts x
                 min(max_tokens, prompt + completion) tokens, per token (3 I + 4 h) x its bytes
-  optimizer     AdamW's foreach step on CUDA allocates sqrt(exp_avg_sq) for every tensor at once: T x 4
-  step
+  optimizer     AdamW's foreach step on CUDA allocates sqrt(exp_avg_sq) for every tensor at once: T x 4; the
+  step          fused step of one process (update/optim.py) allocates nothing
   sharded       FSDP or ZeRO over N cards: weights, gradients, AdamW state and the step's temporaries / N; the
                 rollout gathers the full weights (P x weight bytes), the update one layer at a time (/ L)
 
@@ -204,17 +204,20 @@ class Setting:
     shards: int = 1
     vllm: tuple[float, int, int] | None = None  # rollout.engine=vllm: (card share, KV bytes set, KV positions auto)
     card_bytes: int = 0  # the card's total memory, of which rollout.vllm_memory is a share (0: CARD_BYTES)
+    fused_step: bool = False  # AdamW's fused step (one process on CUDA: update/optim.py), no temporaries
 
     @classmethod
     def from_config(cls, cfg: Config, cuda: bool = True, prompt_tokens: int | None = None, shards: int = 1,
-                    reward_models: tuple[RewardModelLoad, ...] = (), card_bytes: int = 0) -> Setting:
+                    reward_models: tuple[RewardModelLoad, ...] = (), card_bytes: int = 0,
+                    processes: int = 1) -> Setting:
         """The config's settings as a run on a CUDA card (cuda) or the CPU resolves them. prompt_tokens:
         the longest prompt kept (default data.max_prompt_length); with train.shared_prefix each group's
         prompt is counted once per micro-batch; train.micro_batch_tokens, when set, is the micro-batch's
         positions (or one prompt + max_new_tokens sequence, if longer; at most what a mini-batch holds).
         shards: the cards FSDP or ZeRO shards the training state over (1 = none). reward_models:
-        reward_model_loads(cfg, cuda, ...). card_bytes: the card's total memory (0: CARD_BYTES). A budget of
-        `auto` counts as 0 here: resolve it first (update/budget.py)."""
+        reward_model_loads(cfg, cuda, ...). card_bytes: the card's total memory (0: CARD_BYTES). processes: the
+        run's (one on CUDA steps AdamW fused). A budget of `auto` counts as 0 here: resolve it first
+        (update/budget.py)."""
         t, r, e = cfg.train, cfg.rollout, cfg.eval
         budget = t.micro_batch_tokens if isinstance(t.micro_batch_tokens, int) else 0
         prompt = prompt_tokens if prompt_tokens is not None else cfg.data.max_prompt_length
@@ -254,6 +257,7 @@ class Setting:
             head_positions=head, tokens=tokens, row_width=row_width,
             chunk_mib=t.logprob_chunk_mib, rollout=None if vllm else rollout, eval=evaluation,
             reward_models=reward_models, shards=shards, vllm=vllm, card_bytes=card_bytes,
+            fused_step=cuda and max(processes, shards) == 1,
         )
 
 
@@ -331,7 +335,7 @@ def estimate(shape: ModelShape, s: Setting) -> Estimate:
         "head backward": shape.vocab * shape.hidden * (10 if s.autocast else 8) if shape.head_trained else 0,
         "reward forward": max((m.tokens * m.shape.forward_bytes_per_token(m.weight_bytes) for m in s.reward_models),
                               default=0),
-        "optimizer step": t * 4 // n if s.cuda else 0,
+        "optimizer step": t * 4 // n if s.cuda and not s.fused_step else 0,
         "process baseline": 0 if s.cuda else BASELINE_CPU_BYTES,
     }
     resident = sum(terms[name] for name in ("weights", "adamw state", "rollout copy", "reference", "reward models",

@@ -52,8 +52,8 @@ from dapo_train.train.update.batching import Batching
 from dapo_train.train.update.budget import resolve_budget
 from dapo_train.train.update.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.update.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
-from dapo_train.train.update.optim import adamw
-from dapo_train.train.update.out_of_memory import UpdateRetry
+from dapo_train.train.update.optim import adamw, allocate_state
+from dapo_train.train.update.out_of_memory import OutOfMemoryGuard, guard_note
 from dapo_train.train.update.passes import Learner, Reference
 
 if TYPE_CHECKING:
@@ -100,7 +100,8 @@ class Run:
     final_eval_stopped: bool = False  # a stop ended the end-of-run eval (nothing of it recorded)
     start_records: list[dict] | None = None  # step 0's eval records: every later eval's change is paired on them
     regression: RegressionWatch = field(default_factory=RegressionWatch)  # the evals against step 0 (regression.py)
-    update_retry: UpdateRetry = field(default_factory=UpdateRetry)  # step 3, redone smaller out of memory
+    guard: OutOfMemoryGuard = field(default_factory=OutOfMemoryGuard)  # steps 2-3 out of memory: redone smaller
+    engine_stale: bool = False  # the engine ran out of memory taking the last step's weights (loop.sync_weights)
 
     @property
     def wall_seconds(self) -> float:
@@ -172,7 +173,10 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
         enable_gradient_checkpointing(model)
-    model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model)))
+    alone = distributed.world_size() == 1  # the out-of-memory guard acts in one process (update/out_of_memory.py)
+    model, optimizer = accelerator.prepare(model, adamw(cfg, trainable_parameters(model), fused=cuda and alone))
+    if alone:
+        allocate_state(getattr(optimizer, "optimizer", optimizer))  # AdamW's state now, not at its first step
     unwrapped = accelerator.unwrap_model(model)
     with distributed.full_weights(accelerator, model):  # a rollout copy is made of whole weights
         engine = build_engine(cfg.rollout, unwrapped, tokenizer, turns, longest_sequence(cfg), compute_dtype(cfg, cuda))
@@ -183,6 +187,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
                             micro_batch_tokens=budget)
     log_behaviour(behaviour, cfg, unwrapped)
     _log_speed_settings(cfg, learner.batching, unwrapped, cuda)
+    logger.info("%s", guard_note(alone))
     _warn_inert_settings(cfg)
     return Run(
         cfg=cfg, run_dir=run_dir, accelerator=accelerator, tokenizer=tokenizer, reward_set=reward_set,
@@ -190,7 +195,8 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         eval_prompts=eval_prompts, final_prompts=final_prompts, buffer=GroupBuffer(),
         prompts_by_uid={p.uid: p for p in train_prompts}, tool_turns=turns,
         eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
-        update_retry=UpdateRetry(enabled=distributed.world_size() == 1),
+        guard=OutOfMemoryGuard(enabled=alone, longest_prompt=max(len(p.input_ids) for p in train_prompts),
+                               completion_tokens=cfg.rollout.max_new_tokens, group_size=cfg.rollout.group_size),
     )
 
 

@@ -12,8 +12,9 @@ pruning) is model/checkpoint.py's.
 
 from __future__ import annotations
 
+import copy
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dapo_train.config.load import config_to_dict
@@ -92,6 +93,30 @@ def restore(run: Run, state: dict, checkpoint: Path) -> None:
     own_optimizer = own is not None and "optimizer" in own
     run.learner.optimizer.load_state_dict(own["optimizer"] if own_optimizer else state["optimizer"])
     run.saved_step = run.step
+
+
+@dataclass(frozen=True)
+class StepStart:
+    """The run's position as a step begins: the prompt order's, the keep rate's and the prompt history's state,
+    the carried-over groups and the random streams, all a step's collection moves. A step that ran out of memory
+    before its update moved a weight is given back its start (`rewind`), so the checkpoint of the last good step
+    holds that step's position and a resume trains the failed step's prompts (train/loop.py)."""
+
+    state: dict
+
+    @classmethod
+    def take(cls, run: Run) -> StepStart:
+        return cls(copy.deepcopy({"sampler": run.prompt_sampler.state_dict(), "keep_rate": run.keep_rate.state_dict(),
+                                  "history": run.history.state_dict(), "buffer": run.buffer.state_dict(),
+                                  "rng": ckpt.rng_state()}))
+
+    def rewind(self, run: Run) -> None:
+        state = copy.deepcopy(self.state)
+        run.prompt_sampler.load_state_dict(state["sampler"])
+        run.keep_rate.load_state_dict(state["keep_rate"])
+        run.history.load_state_dict(state["history"])
+        run.buffer.load_state_dict(state["buffer"], run.prompts_by_uid)
+        ckpt.set_rng_state(state["rng"])
 
 
 def budgets(run: Run) -> dict:

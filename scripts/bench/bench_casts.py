@@ -108,10 +108,10 @@ def run_counted(overrides: list[str], run_dir: Path) -> tuple[CastCounter, int]:
 def _counting(counters: list[CastCounter]):
     """Enter the counter's dispatch mode once setup has made it, with the stages patched to name their phase."""
     from dapo_train.train import evals, loop
-    from dapo_train.train.update.out_of_memory import UpdateRetry
+    from dapo_train.train.update.out_of_memory import OutOfMemoryGuard
 
     saved = {(loop, "collect"): loop.collect, (loop, "score_old_logprobs"): loop.score_old_logprobs,
-             (UpdateRetry, "update"): UpdateRetry.update, (loop, "sync_weights"): loop.sync_weights,
+             (OutOfMemoryGuard, "update"): OutOfMemoryGuard.update, (loop, "sync_weights"): loop.sync_weights,
              (evals, "evaluate"): evals.evaluate}
     phases = {"collect": "rollout", "score_old_logprobs": "old_logprobs", "update": "update",
               "sync_weights": "sync", "evaluate": "eval"}

@@ -67,7 +67,7 @@ def _one_lora_step(**settings) -> tuple[torch.Tensor, torch.Tensor, dict]:
     cfg = load_config(None, ["train.prompts_per_step=2", "rollout.group_size=3", "train.micro_batch_size=6"])
     optimizer = torch.optim.AdamW(lora_parameters(model), lr=1e-2)
     learner = Learner.build(cfg, model, optimizer, Accelerator(cpu=True), EOS2_ID)
-    [micro] = [collate_micro_batch(m, EOS2_ID, torch.device("cpu")) for m in split_micro_batches(samples, 6)]
+    [micro] = [collate_micro_batch(m, EOS2_ID) for m in split_micro_batches(samples, 6)]
 
     inputs = {"input_ids": micro.batch.input_ids, "attention_mask": micro.batch.attention_mask}
 

@@ -103,6 +103,27 @@ def test_batch_size_1_and_7_give_the_same_values(classifier):
     assert one.per_reward["reward_model"] == pytest.approx(seven.per_reward["reward_model"], abs=1e-6)
 
 
+def test_a_batch_out_of_memory_is_scored_again_in_halves_and_one_text_that_does_not_fit_ends_the_run(
+        classifier, monkeypatch, caplog):
+    """A scoring batch of more than 2 texts fails (a fault as a card raises it: faults.py): the 7 are scored 3,
+    then 1 at a time (7 // 2 = 3 fails again, 3 // 2 = 1), the same values as batch_size 1, one line each halving;
+    a fault at any size leaves one text that does not fit alone: DoesNotFit, one line naming what cuts it."""
+    from dapo_train.errors import DoesNotFit
+    from dapo_train.faults import REWARD_ROWS
+
+    folder = classifier[0]
+    one = _scores(folder, batch_size=1)
+    monkeypatch.setenv(REWARD_ROWS, "2")
+    with caplog.at_level(logging.WARNING, logger="dapo_train"):
+        halved = _scores(folder, batch_size=7)
+    assert halved.per_reward["reward_model"] == pytest.approx(one.per_reward["reward_model"], abs=1e-6)
+    said = [r.getMessage() for r in caplog.records if "out of memory scoring" in r.getMessage()]
+    assert len(said) == 2 and "scored again 3 at a time" in said[0] and "scored again 1 at a time" in said[1]
+    monkeypatch.setenv(REWARD_ROWS, "0")
+    with pytest.raises(DoesNotFit, match="one text alone .* does not fit the card; what cuts its memory"):
+        _scores(folder, batch_size=7)
+
+
 def test_the_score_is_read_at_the_last_real_token_when_the_template_ends_with_the_pad_id(classifier, tmp_path):
     """A tokenizer without a pad token pads with its EOS; a chat template that ends the assistant turn with
     that EOS (no newline after it) makes the text's last token the pad id. transformers' pooling (the

@@ -150,7 +150,7 @@ def test_the_loss_and_gradient_are_a_hand_built_transcripts_with_the_tool_turns_
     prompt_ids, ids, mask = transcript
     completions = rollout
     samples = [TrainSample(c.prompt_ids, c.completion_ids, 1.5, True, policy_mask=c.policy_mask) for c in completions]
-    micro = collate_micro_batch(samples, tokenizer.pad_token_id, "cpu", share_prefix)
+    micro = collate_micro_batch(samples, tokenizer.pad_token_id, share_prefix)
     assert micro.batch.shared_prefix == share_prefix
     assert micro.batch.completion_mask.sum() == 2 * mask.sum()  # Eq. 12 counts the policy's tokens only
     got = loss_and_gradient(model.train(), micro.batch, micro.batch.completion_mask)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -150,10 +150,21 @@ def _warn_over_budget(budget: int) -> None:
                        "(its memory is not bounded by the budget)", budget)
 
 
+class MicroBatchOutOfMemory(Exception):
+    """torch.OutOfMemoryError in a micro-batch's move to the device, forward or backward (or the old-log-prob
+    pass's forward), with that micro-batch's size: its completions and the positions its forward computes
+    (train/update/out_of_memory.py halves the budget from them)."""
+
+    def __init__(self, completions: int, tokens: int) -> None:
+        super().__init__(f"out of memory in a micro-batch of {completions} completion(s), {tokens} positions")
+        self.completions, self.tokens = completions, tokens
+
+
 @dataclass
 class MicroBatch:
-    """Collated rows on the device. N rows, T = padded completion width. batch.completion_mask is the
-    loss mask: overlong filtering and the rollout correction's masked tokens (mis) are already out."""
+    """Collated rows, on the CPU until the micro-batch runs (`to`). N rows, T = padded completion width.
+    batch.completion_mask is the loss mask: overlong filtering and the rollout correction's masked tokens (mis)
+    are already out."""
 
     batch: TokenBatch
     advantages: torch.Tensor  # (N,)
@@ -163,6 +174,12 @@ class MicroBatch:
     behaviour_mask: torch.Tensor | None = None  # (N, T) bool: tokens with a behaviour log-prob
     versions: torch.Tensor | None = None  # (N,) long, on the CPU: optimizer steps before each row was generated
     correction_weight: torch.Tensor | None = None  # (N, T) float32 on the token losses; None = 1 (no correction)
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """On `device`, but the versions (read on the CPU, without a device sync)."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+                 if f.name != "versions" and getattr(self, f.name) is not None}
+        return replace(self, **moved)
 
 
 def _per_token(values: list[torch.Tensor | None], shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -178,7 +195,7 @@ def _per_token(values: list[torch.Tensor | None], shape: torch.Size) -> tuple[to
     return out, present
 
 
-def collate_micro_batch(samples: list[TrainSample], pad_id: int, device, share_prefix: bool = False,
+def collate_micro_batch(samples: list[TrainSample], pad_id: int, share_prefix: bool = False,
                         correction: RolloutCorrection = NO_CORRECTION, max_tokens: int = 0) -> MicroBatch:
     """Rows -> MicroBatch; a sample out of the loss gets an all-zero mask, a tool turn's tokens are out of
     every mask (collate: the loss, the head, the behaviour log-probs' use). share_prefix: consecutive
@@ -202,12 +219,11 @@ def collate_micro_batch(samples: list[TrainSample], pad_id: int, device, share_p
     batch.completion_mask = batch.completion_mask * in_loss
     has_old = None if old is None else torch.tensor([s.old_logprobs is not None for s in samples]).unsqueeze(1)
     return MicroBatch(
-        batch.to(device), advantages.to(device), None if old is None else old[0].to(device),
-        None if has_old is None else has_old.to(device),
-        behaviour_logprobs=None if behaviour is None else behaviour[0].to(device),
-        behaviour_mask=None if behaviour is None else behaviour[1].to(device),
+        batch, advantages, None if old is None else old[0], has_old,
+        behaviour_logprobs=None if behaviour is None else behaviour[0],
+        behaviour_mask=None if behaviour is None else behaviour[1],
         versions=torch.tensor([s.version for s in samples], dtype=torch.long),
-        correction_weight=None if weight is None else weight.to(device),
+        correction_weight=weight,
     )
 
 
@@ -220,8 +236,8 @@ def use_shared_prefix(cfg: Config, model) -> bool:
 
 @dataclass(frozen=True)
 class Batching:
-    """How samples become micro-batches on the device (train.micro_batch_size / micro_batch_tokens,
-    train.shared_prefix)."""
+    """How samples become micro-batches (train.micro_batch_size / micro_batch_tokens, train.shared_prefix),
+    collated on the CPU and run on `device`."""
 
     pad_id: int
     device: torch.device
@@ -252,14 +268,14 @@ class Batching:
 
     def micro_batches(self, samples: list[TrainSample]) -> list[MicroBatch]:
         split = split_micro_batches(samples, self.max_count, self.max_tokens, self.share_prefix)
-        return [collate_micro_batch(micro, self.pad_id, self.device, self.share_prefix, self.correction,
+        return [collate_micro_batch(micro, self.pad_id, self.share_prefix, self.correction,
                                     self.max_tokens) for micro in split]
 
     def filler(self) -> MicroBatch:
         """A one-token row out of the loss: the forward/backward a rank with fewer micro-batches runs
         so that every rank makes the same collective calls; it adds exactly zero to the gradient."""
         pad = torch.tensor([self.pad_id])
-        return collate_micro_batch([TrainSample(pad, pad, 0.0, in_loss=False)], self.pad_id, self.device)
+        return collate_micro_batch([TrainSample(pad, pad, 0.0, in_loss=False)], self.pad_id)
 
 
 @dataclass(frozen=True)

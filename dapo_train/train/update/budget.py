@@ -88,7 +88,7 @@ def peak_at(lines: list[Line], need: Need, budget: int) -> tuple[int, str]:
 
 
 def budget_lines(shape: ModelShape, cfg: Config, prompt_tokens: int, shards: int = 1,
-                 reward_models: tuple[RewardModelLoad, ...] = (), card_bytes: int = CARD_BYTES
+                 reward_models: tuple[RewardModelLoad, ...] = (), card_bytes: int = CARD_BYTES, processes: int = 1
                  ) -> tuple[list[Line], Need]:
     """The estimate's moments on a CUDA card as lines in the micro-batch's tokens (module docstring), and the
     floor and cap of a budget, for `cfg` with its longest prompt at prompt_tokens."""
@@ -97,7 +97,7 @@ def budget_lines(shape: ModelShape, cfg: Config, prompt_tokens: int, shards: int
     need = Need(floor, max(floor, min(BUDGET_MOST, whole)))
     widest = replace(cfg, train=replace(cfg.train, micro_batch_tokens=need.cap))
     setting = Setting.from_config(widest, cuda=True, prompt_tokens=prompt_tokens, shards=shards,
-                                  reward_models=reward_models, card_bytes=card_bytes)
+                                  reward_models=reward_models, card_bytes=card_bytes, processes=processes)
 
     def parts(tokens: int) -> dict[str, int]:
         return estimate(shape, replace(setting, tokens=tokens, head_positions=tokens - prompt_tokens)).parts
@@ -173,7 +173,7 @@ def _lines(cfg: Config, accelerator, longest: int, total: int):
     sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
     shards = distributed.world_size() if sharded else 1
     rewards = reward_model_loads(cfg, cuda=True, sequence=longest + cfg.rollout.max_new_tokens)
-    return budget_lines(shape, cfg, longest, shards, rewards, card_bytes=total)
+    return budget_lines(shape, cfg, longest, shards, rewards, card_bytes=total, processes=distributed.world_size())
 
 
 def _check_vllm_share(cfg: Config, lines, total: int, free: int) -> None:

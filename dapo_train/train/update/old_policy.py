@@ -39,8 +39,9 @@ import torch
 from dapo_train.algo.correction import RolloutCorrection
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
+from dapo_train.faults import OLD_LOGPROB_TOKENS, out_of_memory_above
 from dapo_train.train.records import Group
-from dapo_train.train.update.batching import Batching, Scorer, flatten_groups
+from dapo_train.train.update.batching import Batching, MicroBatchOutOfMemory, Scorer, flatten_groups
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,8 @@ def require_kept_mass(groups: list[Group], cfg: Config, behaviour: BehaviourPoli
 def record_old_logprobs(model: torch.nn.Module, groups: list[Group], batching: Batching, scorer: Scorer) -> int:
     """Give every group without them its old log-probs under `model`: the training weights as a plain
     module (under several ranks, distributed.full_weights: no collective op per forward), still the
-    ones that generated the groups. -> completions scored."""
+    ones that generated the groups. -> completions scored. Out of memory raises MicroBatchOutOfMemory with the
+    micro-batch's size, no group given any (update/out_of_memory.py redoes the pass smaller)."""
     todo = [group for group in groups if group.old_logprobs is None]
     if not todo:
         return 0
@@ -200,7 +202,11 @@ def record_old_logprobs(model: torch.nn.Module, groups: list[Group], batching: B
     scored: list[torch.Tensor] = []
     with torch.no_grad():
         for micro in batching.micro_batches(samples):
-            logprobs, _ = scorer(model, micro.batch)  # (N, T)
+            try:  # one micro-batch on the device at a time
+                out_of_memory_above(OLD_LOGPROB_TOKENS, micro.batch.forward_tokens)  # a test's fault (faults.py)
+                logprobs, _ = scorer(model, micro.batch.to(batching.device))  # (N, T)
+            except torch.OutOfMemoryError as exc:
+                raise MicroBatchOutOfMemory(len(micro.advantages), micro.batch.forward_tokens) from exc
             for row in logprobs.float().cpu():
                 scored.append(row[: samples[len(scored)].completion_ids.numel()].clone())
     rows = iter(scored)

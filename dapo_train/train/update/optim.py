@@ -4,6 +4,13 @@ optimizer-step counter that is the schedule's clock.
 One optimizer step per mini-batch (passes.py); a step (one rollout batch, train.max_steps) makes
 train.updates_per_step x dapo.num_iterations of them. The LR is a pure function of the optimizer
 step, so resuming needs only the counter (saved in trainer_state.pt) and the AdamW state.
+
+An optimizer step must not be where a run runs out of memory (update/out_of_memory.py): torch's AdamW makes its
+state on its first step (8 bytes per trained weight, 12 GB for Qwen2.5-1.5B), and its foreach step changes the
+weights and moments in place before it allocates a temporary the size of the moments, so an out-of-memory error
+there would leave them half stepped. So the state is made before the first step (allocate_state: zeros, as torch
+makes them), and on one CUDA card the step is torch's fused kernel, which allocates nothing: once the state exists
+a step needs no memory that the backward before it did not hold.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from dapo_train.config.schema import Config
+from dapo_train.faults import OPTIMIZER_STEP, out_of_memory_at
 
 
 def _constant(progress: float) -> float:
@@ -43,11 +51,48 @@ def learning_rate(cfg: Config, step: int) -> float:
     return t.learning_rate * LR_SCHEDULES[t.lr_scheduler](progress)
 
 
-def adamw(cfg: Config, parameters: list[torch.nn.Parameter]) -> torch.optim.AdamW:
-    """AdamW over `parameters` (every weight, or the LoRA adapters alone) with train.* settings."""
+def adamw(cfg: Config, parameters: list[torch.nn.Parameter], fused: bool = False) -> torch.optim.AdamW:
+    """AdamW over `parameters` (every weight, or the LoRA adapters alone) with train.* settings. fused: torch's
+    fused kernel (CUDA, one process: the module docstring), else its default (foreach)."""
     t = cfg.train
     return torch.optim.AdamW(parameters, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
-                             weight_decay=t.weight_decay)
+                             weight_decay=t.weight_decay, **({"fused": True} if fused else {}))
+
+
+def allocate_state(optimizer: torch.optim.Optimizer) -> int:
+    """Make AdamW's state for every parameter now, exactly as its first step would (zero moments, step 0): one
+    step at learning rate 0 on zero gradients leaves every weight and moment as it was, then the step counts go
+    back to 0. -> the bytes the state holds. Parameters that already have a state (a resume) keep it."""
+    params = [p for group in optimizer.param_groups for p in group["params"] if not optimizer.state.get(p)]
+    if not params:
+        return _state_bytes(optimizer)
+    saved = [(group, group["lr"]) for group in optimizer.param_groups]
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    for group, _ in saved:
+        group["lr"] = 0.0
+    optimizer.step()
+    for group, lr in saved:
+        group["lr"] = lr
+    for p, grad in zip(params, grads):
+        p.grad = grad
+        optimizer.state[p]["step"].zero_()
+    return _state_bytes(optimizer)
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(value.numel() * value.element_size() for state in optimizer.state.values()
+               for value in state.values() if isinstance(value, torch.Tensor))
+
+
+class OptimizerOutOfMemory(Exception):
+    """torch.OutOfMemoryError in an optimizer step. intact: it came before the step changed a weight or AdamW's
+    state (in clipping the gradients); else from inside the optimizer's own step, which may have changed some."""
+
+    def __init__(self, intact: bool) -> None:
+        super().__init__("out of memory in an optimizer step")
+        self.intact = intact
 
 
 @dataclass(frozen=True)
@@ -92,14 +137,21 @@ class PolicyOptimizer:
         lr = self.lr
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
-        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), self.max_grad_norm))
+        try:
+            out_of_memory_at(OPTIMIZER_STEP, self.steps)  # a test's fault (faults.py); nothing otherwise
+            grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), self.max_grad_norm))
+        except torch.OutOfMemoryError as exc:
+            raise OptimizerOutOfMemory(intact=True) from exc
         scaler = getattr(self.optimizer, "scaler", None)
         if not math.isfinite(loss) or (scaler is None and not math.isfinite(grad_norm)):
             if scaler is not None:
                 scaler.update()  # clip_grad_norm_ unscaled: end the scaler's iteration (an overflow lowers the scale)
             self.optimizer.zero_grad(set_to_none=True)
             return OptimizerStep(grad_norm, lr, applied=False)
-        self.optimizer.step()
+        try:
+            self.optimizer.step()
+        except torch.OutOfMemoryError as exc:
+            raise OptimizerOutOfMemory(intact=False) from exc
         skipped = scaler is not None and self.optimizer.step_was_skipped
         self.steps += not skipped
         self.optimizer.zero_grad(set_to_none=True)

@@ -35,25 +35,23 @@ import torch
 from dapo_train.algo.correction import MISMATCH_SUMS, rollout_mismatch
 from dapo_train.algo.objectives import LossSettings
 from dapo_train.config.schema import Config
-from dapo_train.faults import UPDATE_TOKENS, out_of_memory_above
+from dapo_train.faults import BACKWARD_TOKENS, UPDATE_TOKENS, out_of_memory_above, out_of_memory_in_backward
 from dapo_train.train import distributed, ranks
 from dapo_train.train.records import Group, StepBatch, TrainedStats, UpdateResult, UpdateSums
-from dapo_train.train.update.batching import Batching, MicroBatch, MiniBatch, Scorer, UpdatePlan
+from dapo_train.train.update.batching import (
+    Batching,
+    MicroBatch,
+    MicroBatchOutOfMemory,
+    MiniBatch,
+    Scorer,
+    UpdatePlan,
+)
 from dapo_train.train.update.objective import loss_settings
 from dapo_train.train.update.old_policy import UNKNOWN_ROLLOUT, BehaviourPolicy, resolve
 from dapo_train.train.update.optim import PolicyOptimizer
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
-
-
-class MicroBatchOutOfMemory(Exception):
-    """torch.OutOfMemoryError in a micro-batch's forward or backward, with that micro-batch's size: its
-    completions and the positions its forward computes (train/update/out_of_memory.py halves the budget from them)."""
-
-    def __init__(self, completions: int, tokens: int) -> None:
-        super().__init__(f"out of memory in a micro-batch of {completions} completion(s), {tokens} positions")
-        self.completions, self.tokens = completions, tokens
 
 
 @dataclass
@@ -102,7 +100,11 @@ class Learner:
 def update(learner: Learner, batch: StepBatch, cfg: Config) -> dict:
     """Step 3: the plan every rank agrees on (ranks.py), the optimizer steps, and their metrics over
     all ranks."""
-    plan = ranks.plan_update(batch, learner.batching, cfg)
+    return update_with_plan(learner, batch, ranks.plan_update(batch, learner.batching, cfg))
+
+
+def update_with_plan(learner: Learner, batch: StepBatch, plan: UpdatePlan) -> dict:
+    """Step 3 on its plan (ranks.plan_update of `batch`): the optimizer steps, and their metrics over all ranks."""
     result = update_policy(learner, plan)
     leave_trained_stats(batch.groups, plan, result.applied)
     return update_metrics(ranks.reduce_update(result), plan)
@@ -162,12 +164,9 @@ def accumulate_gradients(learner: Learner, mini: MiniBatch, loss_scale: int = 1,
     weight_sum, loss_sum, largest, rows = 0.0, 0.0, 0.0, []
     for index in range(mini.calls):
         micro = mini.micro_batches[index] if index < len(mini.micro_batches) else learner.batching.filler()
-        try:
-            with distributed.gradient_sync(learner.accelerator, learner.model, sync=index == mini.calls - 1):
-                metrics, (mismatch, diff_max) = _micro_batch_backward(learner, micro, mini.normalizer, loss_scale,
-                                                                      first_pass)
-        except torch.OutOfMemoryError as exc:
-            raise MicroBatchOutOfMemory(len(micro.advantages), micro.batch.forward_tokens) from exc
+        with distributed.gradient_sync(learner.accelerator, learner.model, sync=index == mini.calls - 1):
+            metrics, (mismatch, diff_max) = micro_batch_backward(learner, micro, mini.normalizer, loss_scale,
+                                                                 first_pass)
         micro_rows = list(zip(metrics.pop("row_ratio_mean"), metrics.pop("row_clip_frac")))
         rows += micro_rows if index < len(mini.micro_batches) else []  # a filler's row is nobody's
         loss_sum += metrics.pop("loss")
@@ -187,13 +186,24 @@ def _add_weighted(totals: dict[str, float], values: dict[str, float], weight: fl
         totals[key] = totals.get(key, 0.0) + value * weight
 
 
+def micro_batch_backward(learner: Learner, micro: MicroBatch, normalizer: float = 1.0, loss_scale: int = 1,
+                         first_pass: bool = True) -> tuple[dict, tuple[dict[str, float], float]]:
+    """One micro-batch (on the CPU) to the device, its forward and backward: each micro-batch goes to the card
+    only when it runs. -> its loss and metrics (num_tokens, entropy, clip, ..., and the per-row lists
+    row_ratio_mean, row_clip_frac), and its rollout mismatch (_mismatch). Out of memory raises
+    MicroBatchOutOfMemory with its size."""
+    try:
+        return _micro_batch_backward(learner, micro.to(learner.batching.device), normalizer, loss_scale, first_pass)
+    except torch.OutOfMemoryError as exc:
+        raise MicroBatchOutOfMemory(len(micro.advantages), micro.batch.forward_tokens) from exc
+
+
 def _micro_batch_backward(learner: Learner, micro: MicroBatch, normalizer: float, loss_scale: int,
                           first_pass: bool) -> tuple[dict, tuple[dict[str, float], float]]:
-    """One micro-batch's forward and backward. -> its loss and metrics (num_tokens, entropy, clip, ...,
-    and the per-row lists row_ratio_mean, row_clip_frac), and its rollout mismatch (_mismatch)."""
     batch = micro.batch
     out_of_memory_above(UPDATE_TOKENS, batch.forward_tokens)  # a test's fault (faults.py); nothing otherwise
-    logprobs, entropy = learner.scorer(learner.model, batch)
+    with out_of_memory_in_backward(BACKWARD_TOKENS, batch.forward_tokens, learner.model):  # the same, in the backward
+        logprobs, entropy = learner.scorer(learner.model, batch)
     ref_logprobs = None
     if learner.reference is not None:
         with torch.no_grad(), learner.reference.scope():

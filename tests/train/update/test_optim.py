@@ -1,6 +1,7 @@
 """The optimizer step under fp16's loss scaler (train/update/optim.py), driven through accelerate's own code:
 an overflowing step is the scaler's to skip, and it lowers the scale so the next step applies."""
 
+import pytest
 import torch
 from accelerate import Accelerator
 
@@ -48,3 +49,27 @@ def test_without_a_scaler_a_non_finite_gradient_is_a_non_finite_step():
     accelerator.backward(loss)
     step = optimizer.step(model, accelerator, float(loss.detach()))
     assert (step.applied, step.scaler_skipped) == (False, False) and torch.equal(weight.detach(), torch.ones(3))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_adamw_state_made_before_the_first_step_changes_nothing_that_follows(fused):
+    """allocate_state makes AdamW's moments (zeros) and step counts (0) before any step; the steps that follow
+    are bit for bit those of an optimizer that made its state lazily, weight decay and all."""
+    from dapo_train.train.update.optim import allocate_state
+
+    def steps(allocate: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1, fused=fused)
+        if allocate:
+            assert allocate_state(optimizer) == 2 * (12 + 3) * 4 + 2 * 4  # two float32 moments + a step count each
+            assert all(float(state["step"]) == 0 for state in optimizer.state.values())
+            assert all(p.grad is None for p in model.parameters())
+        for _ in range(3):
+            model(torch.randn(2, 4)).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for lazy, early in zip(steps(False), steps(True)):
+        assert torch.equal(lazy, early)

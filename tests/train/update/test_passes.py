@@ -79,7 +79,7 @@ def _grads_after(model, samples, micro_size: int, *, lr: float = 1e-3, share_pre
         None, ["train.prompts_per_step=2", "rollout.group_size=6", f"train.micro_batch_size={micro_size}"]
     )
     learner = _learner(model, cfg, lr=lr)
-    micro = [collate_micro_batch(m, EOS2_ID, "cpu", share_prefix) for m in split_micro_batches(samples, micro_size)]
+    micro = [collate_micro_batch(m, EOS2_ID, share_prefix) for m in split_micro_batches(samples, micro_size)]
     normalizer = loss_normalizer([m.batch.completion_mask for m in micro], "token")
     metrics = _means(accumulate_gradients(learner, MiniBatch(micro, normalizer, len(micro), [])).sums)
     grads = [p.grad.clone() for p in model.parameters()]
@@ -121,21 +121,21 @@ def test_a_shared_prompt_prefix_gives_the_same_gradient_and_update(micro_size, k
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     assert metrics_a["loss"] == pytest.approx(metrics_b["loss"], abs=1e-6)
     assert metrics_a["entropy"] == pytest.approx(metrics_b["entropy"], abs=1e-5)
-    plain = collate_micro_batch(samples, EOS2_ID, "cpu").batch
-    shared = collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True).batch
+    plain = collate_micro_batch(samples, EOS2_ID).batch
+    shared = collate_micro_batch(samples, EOS2_ID, share_prefix=True).batch
     assert shared.input_ids.shape[0] == 3 and shared.forward_tokens < plain.forward_tokens
 
 
 def test_rows_no_wider_than_the_budget_allows_and_no_saving_keeps_one_row_per_completion():
     samples = _group_samples(groups=2, size=4)
-    whole = collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True).batch
+    whole = collate_micro_batch(samples, EOS2_ID, share_prefix=True).batch
     assert whole.shared_prefix and whole.input_ids.shape[1] > 12
-    narrow = collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True, max_tokens=24).batch  # rows <= 12
+    narrow = collate_micro_batch(samples, EOS2_ID, share_prefix=True, max_tokens=24).batch  # rows <= 12
     longest = max(s.prompt_ids.numel() + s.completion_ids.numel() for s in samples)
     assert narrow.shared_prefix and narrow.input_ids.shape[1] == max(12, longest)
     assert narrow.input_ids.shape[0] > whole.input_ids.shape[0]
     one_each = [samples[0], samples[4]]  # two prompts, one completion each: nothing to share
-    assert not collate_micro_batch(one_each, EOS2_ID, "cpu", share_prefix=True).batch.shared_prefix
+    assert not collate_micro_batch(one_each, EOS2_ID, share_prefix=True).batch.shared_prefix
 
 
 def test_shared_prefix_follows_the_attention_kernel():
@@ -189,7 +189,7 @@ def test_normalizer_counts_the_whole_step_and_skips_filtered_samples():
     samples = _samples(4)
     samples[1].in_loss = False  # e.g. a truncated completion under overlong filtering
     expected_tokens = sum(s.completion_ids.numel() for i, s in enumerate(samples) if i != 1)
-    masks = [collate_micro_batch(m, EOS2_ID, "cpu").batch.completion_mask for m in split_micro_batches(samples, 3)]
+    masks = [collate_micro_batch(m, EOS2_ID).batch.completion_mask for m in split_micro_batches(samples, 3)]
     assert [m.shape[0] for m in masks] == [3, 1]  # counted over both micro-batches
     assert loss_normalizer(masks, "token") == expected_tokens
     assert loss_normalizer(masks, "sample") == 3
@@ -413,7 +413,7 @@ def test_logprob_chunk_mib_sets_the_rows_per_chunk_of_the_head(monkeypatch):
                                  f"train.logprob_chunk_mib={mib}"])
         learner = _learner(model, cfg)
         with torch.no_grad():
-            results.append(learner.scorer(model, collate_micro_batch(samples, EOS2_ID, "cpu").batch)[0])
+            results.append(learner.scorer(model, collate_micro_batch(samples, EOS2_ID).batch)[0])
     assert seen == [3, 64 * 2**20 // (4 * 64)]
     torch.testing.assert_close(results[0], results[1], atol=1e-6, rtol=0)
 
@@ -594,12 +594,12 @@ def test_token_batches_count_their_padding_and_the_heads_positions():
     takes a completion out of the loss mask, not out of what the head scores."""
     a, b = torch.tensor([3, 4, 5]), torch.tensor([6, 7])
     plain = collate_micro_batch([TrainSample(a, torch.tensor([8, 9, EOS_ID]), 1.0, True),
-                                 TrainSample(b, torch.tensor([EOS_ID]), 1.0, False)], EOS2_ID, "cpu").batch
+                                 TrainSample(b, torch.tensor([EOS_ID]), 1.0, False)], EOS2_ID).batch
     assert (plain.forward_tokens, plain.padding_tokens, plain.head_tokens) == (12, 3, 4)
     assert plain.completion_mask.sum() == 3
     samples = [TrainSample(a, torch.tensor([8, 9, EOS_ID]), 1.0, True),
                TrainSample(a, torch.tensor([EOS_ID]), 1.0, True), TrainSample(b, torch.tensor([10, EOS_ID]), 1.0, True)]
-    shared = collate_micro_batch(samples, EOS2_ID, "cpu", share_prefix=True).batch
+    shared = collate_micro_batch(samples, EOS2_ID, share_prefix=True).batch
     assert shared.shared_prefix
     assert (shared.forward_tokens, shared.padding_tokens, shared.head_tokens) == (14, 3, 6)
 

@@ -139,17 +139,31 @@ def test_non_finite_losses_skip_updates_then_abort_naming_the_last_good_checkpoi
 
 def _poison_calls(monkeypatch, poisoned_calls: set[int], then=None) -> None:
     """The objective's loss is NaN at the given calls (1-based; 2 updates per step, one micro-batch
-    each: calls 3 and 4 are step 2's), and `then` runs at the first of them."""
-    real, calls = objectives.policy_loss, []
+    each: calls 3 and 4 are step 2's), and `then` runs at the first of them. The out-of-memory guard's probe
+    (train/update/out_of_memory.py, at step 1) is no call of the update's."""
+    from dapo_train.train.update.out_of_memory import OutOfMemoryGuard
+
+    real, calls, probing = objectives.policy_loss, [], []
+    probe = OutOfMemoryGuard._probe
+
+    def counted_probe(self, *args, **kwargs):
+        probing.append(True)
+        try:
+            return probe(self, *args, **kwargs)
+        finally:
+            probing.pop()
 
     def poisoned(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
+        if probing:
+            return loss, metrics
         calls.append(1)
         if len(calls) in poisoned_calls and then is not None and len(calls) == min(poisoned_calls):
             then()
         return (loss * float("nan") if len(calls) in poisoned_calls else loss), metrics
 
     monkeypatch.setattr(objectives, "policy_loss", poisoned)
+    monkeypatch.setattr(OutOfMemoryGuard, "_probe", counted_probe)
 
 
 def test_a_non_finite_first_update_leaves_clean_weights_that_are_saved_and_its_groups_untrained(tmp_path, monkeypatch):

@@ -26,7 +26,8 @@ the rollout's or eval's element dtype: 2 under a bf16 copy, a bf16 base or autoc
   logits        rows x V x (b + 5 x 4) per decode step: the model's last-position logits and five float32
                 (rows, V) tensors (the upcast, the temperature-scaled and truncated copies or the draw's
                 noise, the log-softmax sampled from, the previous step's kept by the recorder)
-  eval          the same three for the periodic greedy eval (eval.batch_size rows, the training model)
+  eval          the same three for the periodic greedy eval (eval.batch_size rows), which decodes through the
+                rollout's weights: its copy's, or the float32 ones under autocast (rollout/engines.eval_decoding)
   autocast      P x 2 while bf16 autocast runs over float32 weights (the cached bfloat16 casts), in the
                 backward and in any forward of the float32 weights under autocast (a rollout or eval without
                 a copy: one autocast region per generate call); the LM head's weight among them, which the
@@ -348,7 +349,7 @@ def estimate(shape: ModelShape, s: Setting) -> Estimate:
     parts = {
         "generate": resident + terms["gathered weights"] + rollout_casts + rollout["kv cache"] +
         max(rollout["prefill"], rollout["logits"]) + engine,
-        "eval": resident + terms["gathered weights"] + (0 if s.vllm else casts) + evaluation["kv cache"] +
+        "eval": resident + terms["gathered weights"] + rollout_casts + evaluation["kv cache"] +
         max(evaluation["prefill"], evaluation["logits"]) + engine,
         "reward scoring": resident + terms["reward forward"],
         "backward": backward + terms["lm head"] + terms["head backward"],

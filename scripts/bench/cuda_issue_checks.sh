@@ -5,7 +5,7 @@
 # (dapo.screen_size=2 ruling out all-wrong screens, the study's best setting), each printing its
 # end-of-run summary (generated tokens per trained token, tool calls). Then issue 54's memory checks
 # (docs/training.md#memory): train.micro_batch_tokens=auto's line (its estimated peak) against the measured
-# peak at the Qwen2.5-1.5B shape; a real out-of-memory update redone smaller; the host copy's cost; the
+# peak at the Qwen2.5-1.5B shape; a real out-of-memory update redone smaller; the
 # out-of-memory tests on the card. Outputs go to a temporary folder.
 set -uo pipefail  # no -e: a failed check prints its error and the next one still runs
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -35,7 +35,7 @@ echo "== issue 54: an update out of memory on the card (checkpointing off, a 131
 python scripts/bench/bench_step.py --steps 2 --prompts-per-step 64 --group-size 16 --max-new-tokens 128 \
   --set train.micro_batch_tokens=131072 model.gradient_checkpointing=off train.updates_per_step=1 2>&1 \
   | grep -E "out of memory|micro_batches|peak_cuda|Error"
-echo "== issue 54: the host copy of weights and AdamW state before each step (Qwen2.5-1.5B, float32)"
-python scripts/bench/bench_snapshot.py --size 1.5b | tail -1
+echo "== issue 58: the weight casts per forward by phase on the card (an eval decode forward casts none)"
+python scripts/bench/bench_casts.py | tail -8
 echo "== issue 54: the out-of-memory tests on the card (faults injected; CUDA's random state, empty_cache)"
 python -m pytest -q tests/train/update/test_out_of_memory.py tests/rollout/test_fitting.py

@@ -180,14 +180,18 @@ def test_the_recorded_h200_optimizer_step_within_10_percent(tmp_path):
     bf16 autocast, gradient checkpointing, plain generate without a copy, one update of qwen1.5b-seed.yaml (2 x G=4,
     micro-batch 4), 128 completion tokens: peak 28.9 GiB (torch.cuda.max_memory_allocated). Its peak is the
     optimizer step (weights, gradients, AdamW state and the foreach step's sqrt(exp_avg_sq): 20 bytes a
-    parameter), which the later changes (the chunked head, the rollout copy, the static cache) left as it was.
-    Its 16 x G=8 figure (37.3 GiB) was the backward of the head before chunking, which no config runs now."""
+    parameter), which the later changes (the chunked head, the rollout copy, the static cache) left as it was; the
+    estimate of that step is the foreach one's (fused_step off: one process on a card now steps fused, with no
+    temporaries, and its peak is then the backward's). Its 16 x G=8 figure (37.3 GiB) was the backward of the head
+    before chunking, which no config runs now."""
     shape = _qwen_shape(tmp_path, "1.5b")
     cfg = load_config(str(ROOT / "configs" / "qwen1.5b-seed.yaml"), [
         "rollout.engine=hf-generate", "rollout.dtype=float32", "rollout.compile=off", "train.shared_prefix=off",
         "eval.every_steps=0", "eval.final_full=false", "train.micro_batch_tokens=0"])  # measured by count
-    result = estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=137))
+    measured = dataclasses.replace(Setting.from_config(cfg, cuda=True, prompt_tokens=137), fused_step=False)
+    result = estimate(shape, measured)
     assert result.peak_moment == "optimizer step"
+    assert estimate(shape, Setting.from_config(cfg, cuda=True, prompt_tokens=137)).peak_moment != "optimizer step"
     assert abs(result.peak / GIB / 28.9 - 1) < 0.10, result.peak / GIB
 
 

@@ -126,7 +126,8 @@ def _qwen_on_a_card(tmp_path, monkeypatch, config: str, free: int, *overrides: s
 
 def test_auto_on_a_card_follows_its_free_memory_and_logs_its_numbers(tmp_path, monkeypatch, caplog):
     """qwen1.5b-paper.yaml (a 64 x 512-token mini-batch, 33,792 tokens at most): on 80 GB the whole mini-batch,
-    on 48 GB less, on 24 GB nothing (float32 weights and AdamW state alone are over): refused in one line."""
+    on 48 GB less, on 24 GB nothing (float32 weights, AdamW state, the rollout copy and generation alone are over):
+    refused in one line."""
     with caplog.at_level(logging.INFO, logger="dapo_train"):
         on_48 = _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-paper.yaml", 48 * 10**9)
         on_80 = _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-paper.yaml", 80 * 10**9)
@@ -134,7 +135,7 @@ def test_auto_on_a_card_follows_its_free_memory_and_logs_its_numbers(tmp_path, m
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train.micro_batch_tokens=auto")]
     assert said[0].startswith(f"train.micro_batch_tokens=auto: {on_48}, ") and "44.7 GiB free" in said[0]
     assert "10% margin (40.2 GiB)" in said[0] and "\n" not in said[0] and "whole mini-batch" in said[1]
-    with pytest.raises(ConfigError, match="train.micro_batch_tokens.*optimizer step moment alone"):
+    with pytest.raises(ConfigError, match="train.micro_batch_tokens.*the generate moment alone"):
         _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-paper.yaml", 24 * 10**9)
 
 

@@ -607,8 +607,10 @@ def test_token_batches_count_their_padding_and_the_heads_positions():
 def test_the_demo_reports_the_updates_work_and_its_head_scores_exactly_the_trained_tokens(tmp_path, monkeypatch):
     """Two steps of the demo's settings: every row the LM head received in the run (counted at the head
     itself) is one of update_head_tokens, which equals update_trained_tokens (the loss mask's ones, no
-    overlong filtering: every valid token trains); the forward computed update_forward_tokens positions,
-    of which update_padding_tokens padding, and the per-token ratios are their quotients."""
+    overlong filtering: every valid token trains), but the out-of-memory guard's one probe at step 1 (its
+    largest micro-batch: train.micro_batch_size 16 completions of rollout.max_new_tokens 96, 1,536 head rows);
+    the forward computed update_forward_tokens positions, of which update_padding_tokens padding, and the
+    per-token ratios are their quotients."""
     from dapo_train.model import scoring
     from dapo_train.run.logs import read_metrics
     from dapo_train.train.loop import train
@@ -621,7 +623,8 @@ def test_the_demo_reports_the_updates_work_and_its_head_scores_exactly_the_train
                              "eval.final_full=false", "logging.progress_bar=false", "eval.print_samples=0"])
     rows = [row for row in read_metrics(train(cfg)) if row.get("step", 0) > 0]
     assert len(rows) == 2 and all(row["optimizer_steps"] == 8 for row in rows)
-    assert sum(rows_scored) == sum(row["update_head_tokens"] for row in rows) > 0
+    assert sum(rows_scored) == sum(row["update_head_tokens"] for row in rows) + 16 * 96
+    assert [row["update_probes"] for row in rows] == [1, 0]
     for row in rows:
         assert row["update_head_tokens"] == row["update_trained_tokens"] == row["num_tokens"]
         assert 0 <= row["update_padding_tokens"] < row["update_forward_tokens"]

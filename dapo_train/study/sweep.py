@@ -23,7 +23,7 @@ from pathlib import Path
 from dapo_train.config.load import is_override, load_config
 from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark
 from dapo_train.config.schema import Config
-from dapo_train.errors import RunRegressed, TaskSolved, TrainingAborted, UserError
+from dapo_train.errors import DoesNotFit, RunRegressed, TaskSolved, TrainingAborted, UserError
 from dapo_train.model.checkpoint import CONFIG_FILE, latest_checkpoint
 from dapo_train.rewards.scoring import rewards_from_config
 from dapo_train.run.files import write_json_atomic
@@ -140,7 +140,7 @@ class SweepPoint:
     # pending / running / done / solved (exit 5 of the run: a result) / regressed (exit 6, eval.stop_on_regression: a
     # result) / interrupted / failed
     status: str = "pending"
-    reason: str = ""  # why a failed point stopped (its TrainingAborted line)
+    reason: str = ""  # why a failed point stopped (its TrainingAborted or DoesNotFit line)
 
     @property
     def run_dir(self) -> Path:
@@ -280,8 +280,9 @@ def _earlier_statuses(sweep_dir: Path) -> dict[str, str]:
 
 def run_sweep(sweep: Sweep, stop: StopRequested) -> int:
     """Train every unfinished point in order. -> exit code: 0, TrainingAborted.exit_code (3) when a point
-    stopped on its own (the others still ran; sweep.json says why), or stop.exit_code when a signal
-    stopped the sweep (the run in progress saved)."""
+    stopped on its own, diverged or out of memory with nothing left to halve (the others still ran; sweep.json
+    says why; running the sweep again tries it again), or stop.exit_code when a signal stopped the sweep (the
+    run in progress saved)."""
     with hold_folder(sweep.sweep_dir, "--dir"):  # a second sweep into this folder refuses until this one ends
         mark(sweep.sweep_dir, SWEEP_KIND)
         sweep.save()
@@ -305,9 +306,9 @@ def _run_points(sweep: Sweep, stop: StopRequested) -> int:
         sweep.set_status(point, "running")
         try:
             train(point.cfg, resume=True if resume else None, overwrite=not resume, stop=stop)
-        except TrainingAborted as exc:
+        except (TrainingAborted, DoesNotFit) as exc:  # this point's own end: the next may fit, or not diverge
             sweep.set_status(point, "failed", str(exc))
-            print(f"{head}: aborted: {exc}", file=sys.stderr, flush=True)
+            print(f"{head}: {exc.verdict}: {exc}", file=sys.stderr, flush=True)
             continue
         except (TaskSolved, RunRegressed) as exc:  # a result, kept: its last checkpoint
             sweep.set_status(point, exc.verdict, str(exc))

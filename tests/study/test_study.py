@@ -14,7 +14,7 @@ import pytest
 
 from dapo_train.config.keys import COSMETIC_KEYS, schema_keys
 from dapo_train.config.load import load_config, save_config
-from dapo_train.errors import TaskSolved, TrainingAborted, UserError
+from dapo_train.errors import DoesNotFit, TaskSolved, TrainingAborted, UserError
 from dapo_train.run.signals import StopRequested
 from dapo_train.study.compare import _run_outcomes, compare, compare_rows, format_compare
 from dapo_train.study.plot import make_figure, plot
@@ -127,11 +127,12 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path):
 class FakeTrain:
     """Records its calls; writes config.yaml, metrics.jsonl and checkpoint_<max_steps>/ like train.
     `interrupt`: a run name that receives Ctrl-C mid-run (saves checkpoint_1, not the final one);
-    `abort`: a run name that raises TrainingAborted; `solve`: one that saves checkpoint_1 and raises TaskSolved."""
+    `abort`: a run name that raises TrainingAborted; `solve`: one that saves checkpoint_1 and raises TaskSolved;
+    `no_fit`: one that saves checkpoint_1 and raises DoesNotFit (out of memory with nothing left to halve)."""
 
-    def __init__(self, interrupt=None, abort=None, solve=None):
+    def __init__(self, interrupt=None, abort=None, solve=None, no_fit=None):
         self.calls = []
-        self.interrupt, self.abort, self.solve = interrupt, abort, solve
+        self.interrupt, self.abort, self.solve, self.no_fit = interrupt, abort, solve, no_fit
 
     def __call__(self, cfg, *, resume=None, overwrite=False, stop=None):
         run_dir = Path(cfg.output_dir)
@@ -146,6 +147,9 @@ class FakeTrain:
         if run_dir.name == self.solve:
             (run_dir / "checkpoint_1").mkdir()
             raise TaskSolved("step 1: the model answers every prompt correctly")
+        if run_dir.name == self.no_fit:
+            (run_dir / "checkpoint_1").mkdir(exist_ok=True)
+            raise DoesNotFit("step 2's update: one completion alone (900 positions) does not fit the card")
         if run_dir.name == self.interrupt:
             self.interrupt = None
             stop.request(signal.SIGINT)
@@ -220,6 +224,23 @@ def test_an_aborted_point_fails_alone(tmp_path, monkeypatch):
     assert _statuses(tmp_path / "s") == ["failed", "done", "done", "done"]
     points = json.loads((tmp_path / "s" / SWEEP_FILE).read_text())["points"]
     assert points[0]["reason"] == "2 non-finite steps in a row" and "reason" not in points[1]
+
+
+def test_a_point_that_does_not_fit_the_card_fails_alone_and_the_rerun_goes_past_it(tmp_path, monkeypatch, capsys):
+    """Issue 59 item 3: a point that ran out of memory with nothing left to halve (exit 7 of its run) stopped the
+    whole sweep, and running it again stopped at the same point. It fails alone, as a diverging point does."""
+    fake = FakeTrain(no_fit=NAMES[1])
+    assert _sweep(tmp_path, monkeypatch, fake) == 3  # a point failed, once the others ran
+    assert [name for name, _, _ in fake.calls] == NAMES
+    assert _statuses(tmp_path / "s") == ["done", "failed", "done", "done"]
+    reason = json.loads((tmp_path / "s" / SWEEP_FILE).read_text())["points"][1]["reason"]
+    assert reason.startswith("step 2's update: one completion alone")
+    err = capsys.readouterr().err
+    assert "[2/4] eps_high=0.1 seed=2: out of memory: step 2's update" in err and "Traceback" not in err
+    again = FakeTrain(no_fit=NAMES[1])
+    assert _sweep(tmp_path, monkeypatch, again) == 3
+    assert again.calls == [(NAMES[1], True, False)]  # tried again from its checkpoint; the done points skipped
+    assert _statuses(tmp_path / "s") == ["done", "failed", "done", "done"]
 
 
 def test_a_solved_point_is_a_result_kept_and_not_trained_again(tmp_path, monkeypatch):

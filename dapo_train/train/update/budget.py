@@ -36,6 +36,7 @@ from dapo_train.train.memory import (
     mini_batch_tokens,
     reward_model_loads,
 )
+from dapo_train.train.ranks import least_free_memory
 
 logger = logging.getLogger(__name__)
 
@@ -129,9 +130,9 @@ def resolve_budget(cfg: Config, accelerator, prompt_lengths: list[int]) -> int |
     cuda = accelerator.device.type == "cuda"
     if distributed.world_size() > 1:
         logger.warning("%d processes: an out-of-memory update is not redone smaller (every rank would have to "
-                       "agree on it) and ends the run; %s", distributed.world_size(),
-                       "train.micro_batch_tokens=auto sizes the budget from the card with the least free memory"
-                       if auto else "train.micro_batch_tokens=auto would size the budget from the cards")
+                       "agree on it) and ends the run%s", distributed.world_size(),
+                       "; train.micro_batch_tokens=auto sizes the budget from the card with the least free memory"
+                       if auto and cuda else "")
     vllm = cuda and cfg.rollout.engine == "vllm"
     if not auto and not vllm:
         return None
@@ -140,7 +141,7 @@ def resolve_budget(cfg: Config, accelerator, prompt_lengths: list[int]) -> int |
                     "micro-batches of train.micro_batch_size=%d completions, as with 0", cfg.train.micro_batch_size)
         return 0
     free, total = torch.cuda.mem_get_info(accelerator.device)
-    free = int(-distributed.all_reduce([-free], op="max")[0])  # the least free memory of any rank
+    free = least_free_memory(free)
     lines, need = _lines(cfg, accelerator, max(prompt_lengths), total)
     if vllm:
         _check_vllm_share(cfg, lines, total, free)

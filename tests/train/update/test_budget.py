@@ -160,3 +160,42 @@ def test_several_processes_say_at_start_that_an_out_of_memory_update_ends_the_ru
     monkeypatch.setattr(budget.distributed, "world_size", lambda: 1)
     resolve_budget(load_config(None, ["train.micro_batch_tokens=512"]), _Accelerator("cpu"), [100])
     assert not [r for r in caplog.records if "out-of-memory update" in r.getMessage()]
+
+
+@pytest.mark.parametrize(("setting", "device", "card_line"), [
+    ("512", "cpu", False),  # issue 59 (item 16): torchrun on a CPU spoke of auto, which nothing asked for
+    ("auto", "cpu", False),  # on a CPU auto is micro_batch_size's count: no card sizes anything
+    ("512", "cuda", False),
+    ("auto", "cuda", True),
+])
+def test_the_several_processes_line_speaks_of_auto_only_where_auto_sizes_from_the_cards(
+        tmp_path, monkeypatch, caplog, setting, device, card_line):
+    from dapo_train.train.update import budget as budget
+
+    monkeypatch.setattr(budget.distributed, "world_size", lambda: 2)
+    with caplog.at_level(logging.INFO, logger="dapo_train"):
+        if device == "cuda":
+            _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b.yaml", 48 * 10**9, f"train.micro_batch_tokens={setting}")
+        else:
+            resolve_budget(load_config(None, [f"train.micro_batch_tokens={setting}"]), _Accelerator("cpu"), [100])
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("2 processes")]
+    assert len(said) == 1 and "an out-of-memory update is not redone" in said[0]
+    assert ("auto" in said[0]) == card_line
+    assert ("sizes the budget from the card with the least free memory" in said[0]) == card_line
+
+
+def test_the_steps_stages_make_no_collective_call_of_their_own():
+    """Ranks cross only through train/ranks.py (its docstring): no module under train/update/ or train/collect/
+    calls distributed's collectives itself (update/budget.py all-reduced the cards' free memory)."""
+    import ast
+    from pathlib import Path
+
+    collectives = {"all_reduce", "gather", "broadcast", "barrier"}
+    package = Path(__file__).resolve().parents[3] / "dapo_train" / "train"
+    calls = []
+    for path in sorted([*(package / "update").glob("*.py"), *(package / "collect").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in collectives \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in ("distributed", "dist"):
+                calls.append(f"{path.name}:{node.lineno}")
+    assert calls == []

@@ -171,7 +171,7 @@ def gather_rollouts(sampled: list) -> list[list]:
 
 def least_free_memory(free_bytes: int) -> int:
     """The least free memory of any rank's card, from this rank's: train.micro_batch_tokens=auto sizes every
-    rank's budget (the same on all) by it (update/budget.py)."""
+    rank's budget (the same on all) by it (update/card.py)."""
     return int(-distributed.all_reduce([-free_bytes], op="max")[0])
 
 

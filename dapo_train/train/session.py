@@ -48,7 +48,7 @@ from dapo_train.train.collect.rounds import GroupBuffer, KeepRate, max_rounds
 from dapo_train.train.health import StepHealth
 from dapo_train.train.regression import RegressionWatch, stop_note
 from dapo_train.train.update.batching import Batching
-from dapo_train.train.update.budget import resolve_budget
+from dapo_train.train.update.card import resolve_budget
 from dapo_train.train.update.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.update.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
 from dapo_train.train.update.optim import adamw

@@ -14,7 +14,7 @@ steps. When the micro-batch that failed held one completion, nothing is left to 
 weights back at the step's start (the loop saves them as the last good step's checkpoint).
 
 One process only: under several, the ranks' collective calls would have to agree on a retry; the run says
-at start that an out-of-memory update ends it there (budget.py).
+at start that an out-of-memory update ends it there (card.py).
 """
 
 from __future__ import annotations

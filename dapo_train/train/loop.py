@@ -39,7 +39,6 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.config.load import save_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import DoesNotFit, RunRegressed, TaskSolved, TrainingAborted
 from dapo_train.evaluation.generate import EvalStopped
@@ -258,7 +257,7 @@ def _open_session(run: Run, resume_from: Path | None) -> None:
             drop_rollouts(run.run_dir)
         else:
             set_aside_abandoned(run.run_dir, run.step)  # what came after the checkpoint (evals too): moved, not lost
-        save_config(run.cfg, run.run_dir / ckpt.CONFIG_FILE)
+        run.budgets.save_config(run.cfg, run.learner.batching, run.engine, run.run_dir / ckpt.CONFIG_FILE)
 
 
 def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> Ending:

@@ -46,6 +46,7 @@ from dapo_train.train import distributed
 from dapo_train.train.collect.history import PromptHistory
 from dapo_train.train.collect.rounds import GroupBuffer, KeepRate, max_rounds
 from dapo_train.train.health import StepHealth
+from dapo_train.train.lowered_budgets import SessionBudgets, in_force
 from dapo_train.train.regression import RegressionWatch, stop_note
 from dapo_train.train.update.batching import Batching
 from dapo_train.train.update.card import resolve_budget
@@ -100,6 +101,7 @@ class Run:
     start_records: list[dict] | None = None  # step 0's eval records: every later eval's change is paired on them
     regression: RegressionWatch = field(default_factory=RegressionWatch)  # the evals against step 0 (regression.py)
     update_retry: UpdateRetry = field(default_factory=UpdateRetry)  # step 3, redone smaller out of memory
+    budgets: SessionBudgets = field(default_factory=SessionBudgets)  # as set up: what out of memory lowers is below
 
     @property
     def wall_seconds(self) -> float:
@@ -190,6 +192,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         prompts_by_uid={p.uid: p for p in train_prompts}, tool_turns=turns,
         eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
         update_retry=UpdateRetry(enabled=distributed.world_size() == 1),
+        budgets=SessionBudgets(in_force(learner.batching, engine)),
     )
 
 

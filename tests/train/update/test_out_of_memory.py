@@ -57,8 +57,10 @@ def _same_steps(a, b) -> None:
         torch.testing.assert_close(weights[name], expected[name], atol=1e-6, rtol=0)
 
 
-def _budgets(run_dir, step: int) -> dict:
-    return torch.load(run_dir / f"checkpoint_{step}" / "trainer_state.pt", weights_only=False)["budgets"]
+def _lowered(run_dir, step: int) -> dict:
+    """The budgets checkpoint_<step> records as lowered out of memory: key -> (value, the value it replaced)."""
+    state = torch.load(run_dir / f"checkpoint_{step}" / "trainer_state.pt", weights_only=False)
+    return {entry["key"]: (entry["value"], entry["replaced"]) for entry in state["lowered_budgets"]}
 
 
 def test_an_update_out_of_memory_is_redone_at_half_the_micro_batch_and_equals_that_budget_from_the_start(
@@ -74,7 +76,7 @@ def test_an_update_out_of_memory_is_redone_at_half_the_micro_batch_and_equals_th
                                            r"train.micro_batch_tokens=1024\): redone .* at "
                                            r"train.micro_batch_tokens=(\d+),", said[0]).groups())
     assert positions > 200 and halved == positions // 2
-    assert _budgets(failed, 2)["micro_batch_tokens"] == halved
+    assert _lowered(failed, 2) == {"train.micro_batch_tokens": (halved, 1024)}
     generated_once, generated[0] = generated[0], 0
 
     monkeypatch.delenv(UPDATE_TOKENS)
@@ -89,7 +91,7 @@ def test_an_update_out_of_memory_is_redone_at_half_the_micro_batch_and_equals_th
         _run(tmp_path / "failed", "train.max_steps=3", "train.micro_batch_tokens=1024", resume=True)
     assert _lines(caplog, f"train.micro_batch_tokens={halved}, as the checkpoint's run lowered it")
     assert not _lines(caplog, "out of memory in the update")
-    assert _budgets(failed, 3)["micro_batch_tokens"] == halved
+    assert _lowered(failed, 3) == {"train.micro_batch_tokens": (halved, 1024)}
 
 
 def test_a_decode_out_of_memory_is_redone_in_halves_and_equals_that_batch_from_the_start(
@@ -101,7 +103,7 @@ def test_a_decode_out_of_memory_is_redone_in_halves_and_equals_that_batch_from_t
         failed = _run(tmp_path / "failed", "train.max_steps=2", "rollout.generation_batch_size=8")
     said = _lines(caplog, "out of memory in a generate call")
     assert len(said) == 1 and "\n" not in said[0] and "of 8 rows" in said[0] and "at most 4 rows" in said[0]
-    assert _budgets(failed, 2)["generation_batch_size"] == 4
+    assert _lowered(failed, 2) == {"rollout.generation_batch_size": (4, 8)}
     generated_once, generated[0] = generated[0], 0
 
     monkeypatch.delenv(DECODE_ROWS)

@@ -94,7 +94,7 @@ def resolve_budget(cfg: Config, accelerator, prompt_lengths: list[int]) -> int |
     card = this_card(cfg, accelerator, max(prompt_lengths))
     shape, lines, need = card.lines(cfg)
     if vllm:
-        check_vllm_share(cfg, card, shape, lines)
+        check_vllm_share(cfg, card, shape, lines, need)
     if not auto:
         return None
     budget = choose_budget(lines, need, card.free)
@@ -126,24 +126,26 @@ def vllm_least_share(shape: ModelShape, cfg: Config, total: int) -> float:
     return (shape.parameters * 2 + shape.kv_bytes_per_token(2) * longest_sequence(cfg)) / total
 
 
-def check_vllm_share(cfg: Config, card: Card, shape: ModelShape, lines: list[Line]) -> None:
+def check_vllm_share(cfg: Config, card: Card, shape: ModelShape, lines: list[Line], need: Need) -> None:
     """rollout.vllm_memory against the training state beside it while vLLM generates (budget.vllm_room): a
-    smaller share is advised only when it holds vLLM and the rest of the run fits."""
+    smaller share is advised only when it holds vLLM's weights and one sequence, and the rest of the run fits."""
     share = cfg.rollout.vllm_memory
     room = vllm_room(lines, share, card.total, card.free)
     if share <= room:
         return
     least, most = vllm_least_share(shape, cfg, card.total), math.floor(room * 100) / 100
-    over = over_fixed([line for line in lines if line.name not in GENERATING], card.free)
-    if over is None and most >= least:
+    smaller = replace(cfg, rollout=replace(cfg.rollout, vllm_memory=most))
+    if most >= least and card.choice(smaller, shape) is not None:
         raise ConfigError("rollout.vllm_memory", f"{share:g} of the card for vLLM does not fit beside the training "
                           f"state (weights, AdamW state, ...) in {card.where()}: set it to at most {most:.2f}")
+    over = over_fixed([line for line in lines if line.name not in GENERATING], card.free)
     why = [] if over is None else [f"the {over.name} moment alone: {over.fixed / GIB:.1f} GiB"]
     if most < least:
         needed = math.ceil(least * 100) / 100
         why.append(f"at most {max(most, 0):.2f} of the card is left beside the training state while vLLM generates, "
                    f"less than vLLM's bfloat16 weights and one sequence's KV cache need ({needed:.2f} of the card)")
-    _, _, need = card.lines(cfg, shape)
+    if not why:  # the share fits, the rest of the run does not
+        why.append(no_fit_reason(*card.lines(smaller, shape)[1:], card.free))
     raise ConfigError("rollout.vllm_memory", f"no share of the card for vLLM fits in {card.where()} "
                       f"({'; '.join(why)}); {advice(cfg, card, shape, lines, need)}")
 

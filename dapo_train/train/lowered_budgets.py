@@ -82,17 +82,29 @@ class SessionBudgets:
         """trainer_state.pt's LOWERED_KEY."""
         return [asdict(budget) for budget in self.lowered(cfg, batching, engine)]
 
-    def save_config(self, cfg: Config, batching, engine, path: Path, *, changed_only: bool = False) -> None:
-        """The run folder's config.yaml: the settings, below a comment naming each budget lowered out of memory.
-        changed_only: written only when that comment changed since this session last wrote it."""
-        note = "".join(f"# {b.key}: this run uses {b.value}, not the {b.replaced} "
+    def comment(self, cfg: Config, batching, engine) -> str:
+        """config.yaml's comment: one line for each budget lowered out of memory ('' for none)."""
+        return "".join(f"# {b.key}: this run uses {b.value}, not the {b.replaced} "
                        f"{'auto chose' if b.setting == 'auto' else 'set here'}: an out-of-memory error lowered it "
                        f"({LOWERED_KEY} in the checkpoints' trainer_state.pt; a resume keeps it unless this key is set "
                        "otherwise)\n" for b in self.lowered(cfg, batching, engine))
-        if changed_only and note == (self.noted or ""):
+
+    def save_config(self, cfg: Config, batching, engine, path: Path) -> None:
+        """The run folder's config.yaml: the settings, below the comment naming each budget lowered out of memory."""
+        comment = self.comment(cfg, batching, engine)
+        path.write_text(comment + dump_config(cfg), encoding="utf-8")
+        self.noted = comment
+
+    def note(self, cfg: Config, batching, engine, path: Path) -> None:
+        """After a checkpoint: config.yaml rewritten when a budget was lowered out of memory since it was written.
+        A write the disk refuses costs the comment only (the checkpoint records the budget): one line says so."""
+        if self.comment(cfg, batching, engine) == (self.noted or ""):
             return
-        path.write_text(note + dump_config(cfg), encoding="utf-8")
-        self.noted = note
+        try:
+            self.save_config(cfg, batching, engine, path)
+        except OSError as exc:
+            logger.warning("%s: not rewritten to name a budget lowered out of memory (%s); the checkpoint records it",
+                           path, exc.strerror or exc)
 
 
 def saved_lowered(state: dict) -> tuple[list[LoweredBudget], bool]:

@@ -4,11 +4,9 @@ run takes it back, so that resume equals the uninterrupted run.
 checkpoint_<step>/trainer_state.pt holds the run's position (step, optimizer steps, the prompt
 order's state, the keep rate that sizes generation rounds, the prompt history, wall time, the best
 checkpoint so far under checkpoint.keep_best, the memory budgets an out-of-memory error lowered:
-lowered_budgets.py) and
-rank 0's own state; each rank r > 0 adds
-trainer_state_rank<r>.pt (its RNG streams, its carried-over groups and, under FSDP/ZeRO, its
-optimizer shard). The folder's format (atomic save, discovery,
-pruning) is model/checkpoint.py's.
+lowered_budgets.py) and rank 0's own state; each rank r > 0 adds trainer_state_rank<r>.pt (its RNG
+streams, its carried-over groups and, under FSDP/ZeRO, its optimizer shard). The folder's format
+(atomic save, discovery, pruning) is model/checkpoint.py's.
 """
 
 from __future__ import annotations
@@ -122,8 +120,7 @@ def save(run: Run) -> Path:
                 tmp=tmp,
             )
             logger.info("saved %s", path)
-            run.budgets.save_config(run.cfg, run.learner.batching, run.engine, run.run_dir / ckpt.CONFIG_FILE,
-                                    changed_only=True)  # config.yaml names a budget lowered out of memory since
+            run.budgets.note(run.cfg, run.learner.batching, run.engine, run.run_dir / ckpt.CONFIG_FILE)
         except CheckpointNotSaved as exc:
             problem = str(exc)
     _stop_if(run, distributed.broadcast(problem))  # every rank waits here, as at a barrier

@@ -146,3 +146,28 @@ def test_an_older_checkpoint_without_its_saved_config_keeps_a_smaller_budget_wha
     with_config = {**old, SAVED_CONFIG_KEY: {"train": {"micro_batch_tokens": 1024}}}
     assert _resumed(with_config, "2048", 2048).batching.max_tokens == 2048  # set otherwise than then: stands
     assert _resumed(with_config, "1024", 1024).batching.max_tokens == 512
+
+
+def test_config_yaml_is_rewritten_after_a_checkpoint_only_when_a_lowered_budget_is_new_and_a_refused_write_warns(
+        tmp_path, caplog):
+    """SessionBudgets.note, which state.save calls after each checkpoint: the run folder's config.yaml is left
+    alone while nothing new was lowered (it may have been edited by hand since the session began); a lowered
+    budget rewrites it once; a disk that refuses the write costs the comment, in one line, not the run."""
+    from dapo_train.train.lowered_budgets import SessionBudgets
+
+    cfg = load_config(None, ["train.micro_batch_tokens=1024"])
+    path = tmp_path / "config.yaml"
+    budgets = SessionBudgets({"train.micro_batch_tokens": 1024})
+    budgets.save_config(cfg, Batching(0, torch.device("cpu"), True, 4, max_tokens=1024), None, path)
+    path.write_text("edited\n")
+    budgets.note(cfg, Batching(0, torch.device("cpu"), True, 4, max_tokens=1024), None, path)
+    assert path.read_text() == "edited\n"
+    lowered = Batching(0, torch.device("cpu"), True, 4, max_tokens=512)
+    budgets.note(cfg, lowered, None, path)
+    assert path.read_text().startswith("# train.micro_batch_tokens: this run uses 512, not the 1024 set here")
+    path.write_text("edited again\n")
+    budgets.note(cfg, lowered, None, path)
+    assert path.read_text() == "edited again\n"
+    with caplog.at_level(logging.WARNING, logger="dapo_train"):
+        budgets.note(cfg, Batching(0, torch.device("cpu"), True, 4, max_tokens=256), None, tmp_path / "gone" / "x")
+    assert _lines(caplog, "not rewritten to name a budget lowered out of memory")

@@ -66,8 +66,8 @@ def setting(values: Config | dict, key: str):
 
 @dataclass
 class SessionBudgets:
-    """The budgets this session set up with (auto resolved), before any out-of-memory error; and the note last
-    written to the run folder's config.yaml."""
+    """The budgets this session set up with (auto resolved), before any out-of-memory error; and the comment
+    last written at the top of the run folder's config.yaml."""
 
     set_up: dict[str, int] = field(default_factory=dict)
     noted: str | None = None

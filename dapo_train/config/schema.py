@@ -337,7 +337,7 @@ class TrainConfig:
     num_threads: int = _opt(
         1,
         "CPU threads for torch (0 = torch's default). The tiny model runs fastest on 1: thread start-up costs "
-        "more than its maths."
+        "more than its maths. More than the CPUs this process may use runs that many, said at start."
     )
     max_bad_steps: int = _opt(
         5, "Stop the run (exit code 3) after this many steps with a NaN/inf loss or gradient norm since the last step "

@@ -50,6 +50,7 @@ from dapo_train.model.loading import (
     mixed_precision,
 )
 from dapo_train.model.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
+from dapo_train.model.threads import set_cpu_threads
 from dapo_train.rollout.engines import build_engine, engine_factory, release, rollout_tools
 from dapo_train.rollout.vllm_settings import check_memory
 from dapo_train.run.eval_items import PERIODIC, items_path, read_items
@@ -314,8 +315,7 @@ def _engine(plan: EvalPlan, model):
 def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) -> tuple[dict, list[Path]]:
     """Load the plan's model, evaluate, write both files; returns (metrics, paths written)."""
     started = time.monotonic()
-    if plan.cfg.train.num_threads > 0:
-        torch.set_num_threads(plan.cfg.train.num_threads)  # as the trainer does; tiny models run fastest on 1
+    set_cpu_threads(plan.cfg.train.num_threads)  # as the trainer does; tiny models run fastest on 1
     model = load_model(plan.cfg.model, device)
     engine = _engine(plan, model)
     try:

@@ -36,6 +36,7 @@ from dapo_train.model.loading import (
     reference_policy,
     trainable_parameters,
 )
+from dapo_train.model.threads import set_cpu_threads
 from dapo_train.rewards.scoring import RewardSet, rewards_from_config
 from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id, rollout_tools
 from dapo_train.rollout.vllm_settings import check_memory, inert_settings
@@ -141,8 +142,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     model."""
     cuda = torch.cuda.is_available()
     accelerator = start_accelerator(cfg, cuda, run_dir)
-    if cfg.train.num_threads > 0:
-        torch.set_num_threads(cfg.train.num_threads)
+    set_cpu_threads(cfg.train.num_threads)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
     reward_set = rewards_from_config(cfg)

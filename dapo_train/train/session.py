@@ -52,7 +52,7 @@ from dapo_train.train.update.batching import Batching
 from dapo_train.train.update.budget import resolve_budget
 from dapo_train.train.update.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.update.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
-from dapo_train.train.update.optim import adamw
+from dapo_train.train.update.optim import adamw, warmup_note
 from dapo_train.train.update.out_of_memory import UpdateRetry
 from dapo_train.train.update.passes import Learner, Reference
 
@@ -297,7 +297,7 @@ def _warn_inert_settings(cfg: Config) -> None:
     if not cfg.rollout.tools and any(spec.name == "tool_format" for spec in cfg.rewards):
         logger.warning("the reward tool_format cannot act: rollout.tools names no tool, so no completion makes a "
                        "call and it scores 0")
-    for note in (keep_best_note(cfg), stop_note(cfg)):
+    for note in (keep_best_note(cfg), stop_note(cfg), warmup_note(cfg)):
         if note is not None:
             logger.warning("%s", note)
     for message in inert_settings(cfg.rollout, torch.cuda.is_available()):

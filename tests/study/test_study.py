@@ -84,6 +84,20 @@ def test_without_seeds_each_point_runs_once_with_the_configs_seed(tmp_path, monk
     assert [p.cfg.seed for p in sweep.points] == [7, 7]
 
 
+def test_a_sweep_of_seeds_alone_runs_the_config_once_per_seed(tmp_path, monkeypatch):
+    """Issue 59 item 15: `sweep CONFIG --seeds 1,2,3` was refused with "give at least one KEY=V1,V2", without a
+    word about --seeds; seeds are a sweep of their own (compare averages over them)."""
+    monkeypatch.chdir(tmp_path)
+    sweep = plan_sweep(CONFIG, ["train.max_steps=2"], "1,2,3")
+    assert sweep.sweep_dir == Path("outputs/sweep_tiny-cpu_max_steps=2")
+    assert sweep.varied_keys == [] and [p.name for p in sweep.points] == ["seed1", "seed2", "seed3"]
+    assert [(p.cfg.seed, p.cfg.train.max_steps) for p in sweep.points] == [(1, 2), (2, 2), (3, 2)]
+    assert plan_sweep(CONFIG, [], "4,5").sweep_dir == Path("outputs/sweep_tiny-cpu")
+    with pytest.raises(UserError, match=r"nothing to sweep: give at least one KEY=V1,V2 .* or two or more seeds "
+                                        r"\(--seeds 1,2,3\); --seeds 7 is one"):
+        plan_sweep(CONFIG, [], "7")
+
+
 @pytest.mark.parametrize(
     ("args", "seeds", "needle"),
     [

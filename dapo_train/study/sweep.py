@@ -297,7 +297,8 @@ def _run_points(sweep: Sweep, stop: StopRequested) -> int:
     for index, point in enumerate(sweep.points, 1):
         if stop.requested:
             return _stopped(sweep, stop)
-        head = f"[{index}/{total}] {' '.join(f'{labels[k]}={v}' for k, v in point.overrides.items())} seed={point.seed}"
+        head = f"[{index}/{total}] " + " ".join([*(f"{labels[k]}={v}" for k, v in point.overrides.items()),
+                                                  f"seed={point.seed}"])
         if point.finished():
             print(f"{head}: done, skipped", flush=True)
             continue

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from dapo_train.errors import UserError
+from dapo_train.errors import UserError, folder_listing
 from dapo_train.evaluation.stats import bootstrap_difference, mcnemar, t_interval
 from dapo_train.evaluation.table import aligned_table
 from dapo_train.run.eval_items import FINAL, PERIODIC, read_items, saved_evals
@@ -165,6 +165,17 @@ def _value(text: str) -> object:
         return text
 
 
+def baseline_settings(name: str) -> dict[str, object]:
+    """--baseline's KEY=VALUE settings (values read as YAML), checked before any run is read: a name that is
+    neither a folder nor settings is said as such, not as a fault of the runs."""
+    parts = name.split()
+    if parts and all("=" in part for part in parts):
+        return {key: _value(value) for key, _, value in (part.partition("=") for part in parts)}
+    if "/" in name or name.startswith((".", "~")):  # no hub ids here: any slash is a path
+        raise UserError(f"--baseline {name}: no such run or sweep folder; {folder_listing(Path(name))}")
+    raise UserError(f"--baseline {name}: neither a run or sweep folder nor KEY=VALUE settings (e.g. eps_high=0.28)")
+
+
 def find_point(points: list[Point], varied: list[str], name: str, named: set[Path] | None) -> Point:
     """The point `name` names: the one holding a run of a given folder (named: its run folders,
     resolved), else the one whose settings match every KEY=VALUE of name (short or dotted keys, values
@@ -175,15 +186,11 @@ def find_point(points: list[Point], varied: list[str], name: str, named: set[Pat
         labels = key_labels(varied)
         by_name = {**{labels[key]: key for key in varied}, **{key: key for key in varied}}
         wanted = {}
-        for part in name.split():
-            key, equals, value = part.partition("=")
-            if not equals:
-                raise UserError(f"--baseline {name}: neither a run or sweep folder nor KEY=VALUE settings "
-                                "(e.g. eps_high=0.28)")
+        for key, value in baseline_settings(name).items():
             if key not in by_name:
                 raise UserError(f"--baseline {name}: {key!r} is not a setting that differs between the points "
                                 f"(those are: {', '.join(labels.values()) or 'none'}); or give a run folder")
-            wanted[by_name[key]] = _value(value)
+            wanted[by_name[key]] = value
         found = [p for p in points if all(_value(p.settings[k]) == v for k, v in wanted.items())]
     if len(found) != 1:
         shown = "; ".join(p.label(key_labels(varied)) for p in (found or points))
@@ -370,6 +377,8 @@ def compare_with_baseline(paths: list[str], baseline: str, as_json: bool = False
     """`dapo-train compare PATHS --baseline POINT`: the compare table, then every point against it."""
     given = Path(baseline).is_dir()
     named = {run.resolve() for run in expand(Path(baseline))} if given else None
+    if not given:
+        baseline_settings(baseline)  # a baseline that names nothing, before the runs are read
     runs = load_runs(paths + ([baseline] if given else []))  # a baseline outside PATHS joins them
     varied, points = group_points(runs)
     if len(points) < 2:

@@ -130,6 +130,10 @@ def yaml_cases() -> list[Case]:
     cases = [Case(case_id, ["run", "bad.yaml", *SMALL_RUN], _write("bad.yaml", text))
              for case_id, text in YAML_FILES.items()]
     cases.append(Case("yaml-a-folder", ["run", "conf.yaml", *SMALL_RUN], lambda folder: (folder / "conf.yaml").mkdir()))
+    cases.append(Case(  # issue 59: the mark was printed as it is, invisibly
+        "yaml-bom-in-a-key", ["run", "bad.yaml", *SMALL_RUN], _write("bad.yaml", "train:\n  \ufeffmax_steps: 1\n"),
+        expect="config key 'train.\\ufeffmax_steps': unknown key: it holds an invisible U+FEFF (a byte-order mark, "
+        "ZERO WIDTH NO-BREAK SPACE); delete it: 'train.max_steps'"))
     return cases
 
 

@@ -201,8 +201,8 @@ def eval_cmd(
 ) -> None:
     """Evaluate checkpoints: greedy accuracy with its standard error and 95% interval, format rate,
     lengths, truncation; writes eval_<what>.json and completions_<what>.jsonl next to each (the config's own
-    model: in <output_dir>.eval/), <what> naming the split, limit, sampling and engine (test, test_limit100,
-    test_k8_t0.9, test_vllm)."""
+    model: in <output_dir>.eval/), <what> naming the split, limit, sampling, engine and any setting that changes
+    what is evaluated (test, test_limit100, test_k8_t0.9, test_vllm, test_system_prompt=1a2b3c)."""
     from dapo_train.evaluation.command import EvalOptions, run_eval
 
     console_logging()

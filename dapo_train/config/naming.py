@@ -72,7 +72,7 @@ def _without_comment(value: str) -> str:
     return value
 
 
-def _part(key: str, value: str) -> str:
+def name_part(key: str, value: str) -> str:
     """`label=value`: a path by its last part, a value that is long or not plain text by its hash."""
     label = PATH_LABELS.get(key) or key.rsplit(".", 1)[-1]
     text = _last_part(value) if key in PATH_LABELS else value
@@ -89,7 +89,7 @@ def default_run_name(config_path: str | None, overrides: list[str], configured: 
     settings = sorted((key.strip(), _without_comment(value))
                       for key, _, value in (item.partition("=") for item in overrides))
     settings = [(key, value) for key, value in settings if _named(key, value, configured)]
-    parts = [_part(key, value) for key, value in settings]
+    parts = [name_part(key, value) for key, value in settings]
     name = "_".join([stem, *parts])
     if len(name) <= NAME_LENGTH:
         return name

@@ -115,8 +115,10 @@ def setting_changes(own: Config, cfg: Config, overrides: tuple[str, ...], max_ne
 def say_inert(changes: SettingChanges, label: str) -> None:
     """One line for the KEY=VALUE overrides an evaluation cannot act on."""
     if changes.inert:
+        seed = any(item.partition("=")[0].strip() == "seed" for item in changes.inert)
         logger.warning("%s cannot act on an evaluation of %s: training settings; a checkpoint loads with the weights "
-                       "(and a LoRA checkpoint the adapter) it saved", ", ".join(changes.inert), label)
+                       "(and a LoRA checkpoint the adapter) it saved%s", ", ".join(changes.inert), label,
+                       "; seed draws only for --samples above 1" if seed else "")
 
 
 def safe_name(name: str) -> str:

@@ -77,6 +77,11 @@ def test_a_training_setting_says_it_cannot_act_on_an_evaluation(checkpoint, capl
     assert (f"model.lora.r=8, train.learning_rate=0.5 cannot act on an evaluation of {checkpoint}: training "
             "settings; a checkpoint loads with the weights (and a LoRA checkpoint the adapter) it saved") in caplog.text
     assert list(evals) == ["eval_train_limit3.json"]  # what is evaluated is the plain eval
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _eval(checkpoint, "seed=3")  # greedy: nothing is drawn
+    assert "seed=3 cannot act on an evaluation" in caplog.text
+    assert "seed draws only for --samples above 1" in caplog.text
 
 
 def test_the_change_from_step_0_stays_for_settings_that_do_not_change_the_eval(checkpoint, capsys):

@@ -250,7 +250,8 @@ def sweep_cmd(
         help="Comma lists make the grid (split outside brackets and quotes); single values apply to every run.",
     ),
     seeds: str = typer.Option(
-        None, "--seeds", help="Run each point once per seed, e.g. 1,2,3 (default: the config's seed)."
+        None, "--seeds", help="Run each point once per seed, e.g. 1,2,3 (default: the config's seed); with no comma "
+        "list, two or more seeds are the sweep."
     ),
     sweep_dir: str = typer.Option(
         None, "--dir", help="Sweep folder (default outputs/sweep_<config>_<varied keys>).", show_default=False

@@ -316,7 +316,10 @@ class TrainConfig:
         "constant", "Schedule after warmup, over the run's optimizer steps (max_steps x updates_per_step x "
         "num_iterations).", ("constant", "cosine"),
     )
-    warmup_steps: int = _opt(0, "Linear warmup, in optimizer steps.")
+    warmup_steps: int = _opt(
+        0, "Linear warmup, in optimizer steps; one longer than the run (whose LR never reaches learning_rate) is "
+        "said at start.",
+    )
     weight_decay: float = _opt(0.0, "AdamW weight decay.")
     adam_beta1: float = _opt(0.9, "AdamW beta1.")
     adam_beta2: float = _opt(0.99, "AdamW beta2.")
@@ -337,7 +340,7 @@ class TrainConfig:
     num_threads: int = _opt(
         1,
         "CPU threads for torch (0 = torch's default). The tiny model runs fastest on 1: thread start-up costs "
-        "more than its maths."
+        "more than its maths. More than the CPUs this process may use runs that many, said at start."
     )
     max_bad_steps: int = _opt(
         5, "Stop the run (exit code 3) after this many steps with a NaN/inf loss or gradient norm since the last step "

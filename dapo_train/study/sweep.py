@@ -117,13 +117,14 @@ def _safe(text: str) -> str:
 
 
 def default_sweep_name(config_path: str, varied: dict[str, list[str]], plain: list[str]) -> str:
-    """`sweep_<config>_<key>=<v1>-<v2>[_<key>=<value> ...]`: the grid and the fixed overrides, so two
-    sweeps of one config differ in folder unless they run the same grid (seeds aside: more seeds of
-    a grid belong with it). A name past 100 characters is cut and ends in a hash of the whole."""
+    """`sweep_<config>_<key>=<v1>-<v2>[_<key>=<value> ...]` (`sweep_<config>` for seeds alone): the grid and
+    the fixed overrides, so two sweeps of one config differ in folder unless they run the same grid (seeds
+    aside: more seeds of a grid belong with it). A name past 100 characters is cut and ends in a hash of the
+    whole."""
     fixed = dict(item.split("=", 1) for item in plain)
     labels = key_labels([*varied, *fixed])
     parts = [f"{labels[k]}={','.join(v)}" for k, v in varied.items()] + [f"{labels[k]}={v}" for k, v in fixed.items()]
-    name = _safe(f"sweep_{Path(config_path).stem}_{'_'.join(parts)}")  # the commas become -
+    name = _safe("_".join(["sweep", Path(config_path).stem, *parts]))  # the commas become -
     if len(name) > 100:
         name = f"{name[:90]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
     return name
@@ -209,10 +210,10 @@ def _split_args(args: list[str], seeds: list[int] | None) -> tuple[dict[str, lis
             varied[key] = values
         else:
             plain.append(arg)
-    if not varied:
-        raise UserError(
-            "nothing to sweep: give at least one KEY=V1,V2 (values split on commas outside brackets and quotes)"
-        )
+    if not varied and len(seeds or []) < 2:
+        given = f"; --seeds {','.join(map(str, seeds))} is one" if seeds else ""
+        raise UserError("nothing to sweep: give at least one KEY=V1,V2 (values split on commas outside brackets and "
+                        f"quotes), or two or more seeds (--seeds 1,2,3){given}")
     return varied, plain
 
 
@@ -231,7 +232,7 @@ def plan_sweep(config_path: str, args: list[str], seeds_text: str | None = None,
     for values in itertools.product(*varied.values()):
         chosen = dict(zip(varied, values))
         for seed in seeds if seeds is not None else [base.seed]:
-            name = "_".join(_safe(f"{labels[k]}={v}") for k, v in chosen.items()) + f"_seed{seed}"
+            name = "_".join([*(_safe(f"{labels[k]}={v}") for k, v in chosen.items()), f"seed{seed}"])
             run_dir = folder / name
             cfg = load_config(config_path, [
                 *(f"{k}={v}" for k, v in chosen.items()), *plain, f"seed={seed}", f"output_dir={run_dir}",
@@ -297,7 +298,8 @@ def _run_points(sweep: Sweep, stop: StopRequested) -> int:
     for index, point in enumerate(sweep.points, 1):
         if stop.requested:
             return _stopped(sweep, stop)
-        head = f"[{index}/{total}] {' '.join(f'{labels[k]}={v}' for k, v in point.overrides.items())} seed={point.seed}"
+        head = f"[{index}/{total}] " + " ".join([*(f"{labels[k]}={v}" for k, v in point.overrides.items()),
+                                                  f"seed={point.seed}"])
         if point.finished():
             print(f"{head}: done, skipped", flush=True)
             continue

@@ -316,6 +316,7 @@ def _report(run: Run, run_log: RunLog, stop: StopRequested, ending: Ending, sess
     checkpoint: on the console and in run.log."""
     trained = run.step >= run.cfg.train.max_steps  # a stop after the last step stops nothing of the training
     name = ending.name or ("stopped" if stop.requested and not trained else "finished")
+    run_log.end(name, run.step)
     run_log.say(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, name,
                                    session_s, run.eval_split_missing, run.best, run.cfg.checkpoint.keep_best))
     if name == "stopped":

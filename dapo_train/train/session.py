@@ -36,6 +36,7 @@ from dapo_train.model.loading import (
     reference_policy,
     trainable_parameters,
 )
+from dapo_train.model.threads import set_cpu_threads
 from dapo_train.rewards.scoring import RewardSet, rewards_from_config
 from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id, rollout_tools
 from dapo_train.rollout.vllm_settings import check_memory, inert_settings
@@ -52,7 +53,7 @@ from dapo_train.train.update.batching import Batching
 from dapo_train.train.update.card import resolve_budget
 from dapo_train.train.update.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.update.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
-from dapo_train.train.update.optim import adamw
+from dapo_train.train.update.optim import adamw, warmup_note
 from dapo_train.train.update.out_of_memory import UpdateRetry
 from dapo_train.train.update.passes import Learner, Reference
 
@@ -143,8 +144,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     model."""
     cuda = torch.cuda.is_available()
     accelerator = start_accelerator(cfg, cuda, run_dir)
-    if cfg.train.num_threads > 0:
-        torch.set_num_threads(cfg.train.num_threads)
+    set_cpu_threads(cfg.train.num_threads)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True)
     reward_set = rewards_from_config(cfg)
@@ -300,7 +300,7 @@ def _warn_inert_settings(cfg: Config) -> None:
     if not cfg.rollout.tools and any(spec.name == "tool_format" for spec in cfg.rewards):
         logger.warning("the reward tool_format cannot act: rollout.tools names no tool, so no completion makes a "
                        "call and it scores 0")
-    for note in (keep_best_note(cfg), stop_note(cfg)):
+    for note in (keep_best_note(cfg), stop_note(cfg), warmup_note(cfg)):
         if note is not None:
             logger.warning("%s", note)
     for message in inert_settings(cfg.rollout, torch.cuda.is_available()):

@@ -61,6 +61,23 @@ def test_unknown_key_names_the_closest_valid_key():
         load_config(None, ["rollot.group_size=2"])
 
 
+def test_an_invisible_character_in_a_key_is_shown_and_named(tmp_path):
+    """Issue 59 item 15: a byte-order mark in a key printed invisibly: "config key 'train.max_steps': unknown key;
+    did you mean 'train.max_steps'?"."""
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["\ufefftrain.max_steps=3"])
+    assert str(error.value) == ("config key '\\ufefftrain': unknown key: it holds an invisible U+FEFF "
+                                "(a byte-order mark, ZERO WIDTH NO-BREAK SPACE); delete it: 'train'")
+    path = tmp_path / "bom.yaml"
+    path.write_text("train:\n  max_steps: 2\n  warm\u200bup_steps: 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^config key 'train.warm\\u200bup_steps': unknown key: it holds an "
+                                          r"invisible U\+200B \(ZERO WIDTH SPACE\); delete it: "
+                                          r"'train.warmup_steps'$"):
+        load_config(str(path), [])
+    with pytest.raises(ConfigError, match=r"^config key 'train.max_ste\\u200bpz': unknown key; did you mean"):
+        load_config(None, ["train.max_ste\u200bpz=3"])  # not a key even without it: the usual hint, shown
+
+
 @pytest.mark.parametrize(
     "override, key",
     [

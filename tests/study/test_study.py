@@ -84,6 +84,20 @@ def test_without_seeds_each_point_runs_once_with_the_configs_seed(tmp_path, monk
     assert [p.cfg.seed for p in sweep.points] == [7, 7]
 
 
+def test_a_sweep_of_seeds_alone_runs_the_config_once_per_seed(tmp_path, monkeypatch):
+    """Issue 59 item 15: `sweep CONFIG --seeds 1,2,3` was refused with "give at least one KEY=V1,V2", without a
+    word about --seeds; seeds are a sweep of their own (compare averages over them)."""
+    monkeypatch.chdir(tmp_path)
+    sweep = plan_sweep(CONFIG, ["train.max_steps=2"], "1,2,3")
+    assert sweep.sweep_dir == Path("outputs/sweep_tiny-cpu_max_steps=2")
+    assert sweep.varied_keys == [] and [p.name for p in sweep.points] == ["seed1", "seed2", "seed3"]
+    assert [(p.cfg.seed, p.cfg.train.max_steps) for p in sweep.points] == [(1, 2), (2, 2), (3, 2)]
+    assert plan_sweep(CONFIG, [], "4,5").sweep_dir == Path("outputs/sweep_tiny-cpu")
+    with pytest.raises(UserError, match=r"nothing to sweep: give at least one KEY=V1,V2 .* or two or more seeds "
+                                        r"\(--seeds 1,2,3\); --seeds 7 is one"):
+        plan_sweep(CONFIG, [], "7")
+
+
 @pytest.mark.parametrize(
     ("args", "seeds", "needle"),
     [
@@ -387,6 +401,52 @@ def test_compare_shows_the_answer_accuracy_beside_the_strict_one(tmp_path):
     assert any(line.startswith("acc is strict (the answer block, as the reward grades)") for line in table)
 
 
+def test_compare_shows_each_runs_change_from_its_start_and_how_it_ended(tmp_path):
+    """Issue 59 item 16: compare showed neither a run's change from its own step 0 nor whether it finished,
+    regressed or aborted. The change is the final eval's where the run made one (final/change), else its last
+    periodic eval's (eval/change), with its interval; a point of several seeds shows their mean ± sample std;
+    the status is run_status.json's."""
+    from dapo_train.run.logs import write_status
+
+    def change(prefix, value, low, high):
+        return {f"{prefix}change": value, f"{prefix}change_low": low, f"{prefix}change_high": high}
+
+    root = tmp_path / "runs"
+    make_run(root / "a1", ["dapo.eps_high=0.1", "seed=1"], [
+        {"step": 0, "accuracy": 0.1},
+        train_row(1, 0.9, 0.1, 0.0, 30, 2.0, accuracy=0.2, **change("eval/", 0.1, 0.02, 0.18)),
+        train_row(2, 0.7, 0.3, 0.0, 34, 2.0, accuracy=0.3, final_accuracy=0.3, **change("eval/", 0.2, 0.1, 0.3),
+                  **change("final/", 0.05, -0.01, 0.11)),
+    ])
+    make_run(root / "a2", ["dapo.eps_high=0.1", "seed=2"], [
+        {"step": 0, "accuracy": 0.1},
+        train_row(1, 0.9, 0.1, 0.0, 30, 2.0, accuracy=0.2, **change("eval/", 0.03, -0.02, 0.08)),
+    ])
+    make_run(root / "b1", ["dapo.eps_high=0.5", "seed=1"], [
+        {"step": 0, "accuracy": 0.6},
+        train_row(1, 1.0, 0.05, 0.0, 20, 4.0, accuracy=0.3, **change("eval/", -0.3, -0.4, -0.2)),
+    ])
+    make_run(root / "c1", ["dapo.eps_high=0.9", "seed=1"], [{"step": 0, "accuracy": 0.6}])  # no change logged yet
+    for name, status, step in (("a1", "finished", 2), ("a2", "finished", 1), ("b1", "regressed", 1)):
+        write_status(root / name, status, step)
+    varied, rows = compare_rows(load_runs([str(root)]))
+    a, b, c = rows
+    assert a["status"] == ["finished", "finished"] and b["status"] == ["regressed"] and c["status"] == [None]
+    assert a["change_from_start"] == [  # a1: the final eval's, not its last periodic eval's 0.2
+        {"eval": "final", "change": 0.05, "low": -0.01, "high": 0.11},
+        {"eval": "step 1", "change": 0.03, "low": -0.02, "high": 0.08},
+    ]
+    assert b["change_from_start"] == [{"eval": "step 1", "change": -0.3, "low": -0.4, "high": -0.2}]
+    assert c["change_from_start"] == [None]
+    table = format_compare(varied, rows).splitlines()
+    assert re.split(r"\s{2,}", table[0])[:4] == ["dapo.eps_high", "seeds", "status", "Δ from start"]
+    # a: (0.05 + 0.03) / 2 = 0.04, sample std sqrt(2 * 0.01^2) = 0.014
+    assert re.split(r"\s{2,}", table[2].strip())[:4] == ["0.1", "2", "2 finished", "+0.040 ± 0.014"]
+    assert re.split(r"\s{2,}", table[3].strip())[:4] == ["0.5", "1", "regressed", "-0.300 [-0.400, -0.200]"]
+    assert re.split(r"\s{2,}", table[4].strip())[:4] == ["0.9", "1", "-", "-"]
+    assert any(line.startswith("Δ from start: each run's last eval") for line in table)
+
+
 def test_compare_json_and_run_paths(runs):
     by_folder = json.loads(compare([str(runs)], as_json=True))
     by_runs = json.loads(compare([str(runs / "b1"), str(runs / "a1"), str(runs / "a2"), str(runs)], as_json=True))
@@ -495,8 +555,12 @@ def test_a_real_sweep_trains_each_point_once(tmp_path):
     table = dapo("compare", "D", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.strip().splitlines()
-    assert len(lines) == 6 and [line.split()[0] for line in lines[2:4]] == ["0.1", "0.5"]  # + the two notes
-    assert "last answer" in lines[0] and lines[5].startswith("acc is strict")  # real runs log both accuracies
+    assert len(lines) == 7 and [line.split()[0] for line in lines[2:4]] == ["0.1", "0.5"]  # + the three notes
+    assert "last answer" in lines[0] and lines[6].startswith("acc is strict")  # real runs log both accuracies
+    # Each run recorded how it ended, and its change from step 0 (its eval at step 1) with an interval:
+    assert re.split(r"\s{2,}", lines[0])[1:4] == ["seeds", "status", "Δ from start"]
+    assert all(re.fullmatch(r"[+-]\d\.\d{3} \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]", re.split(r"\s{2,}", line)[3])
+               and re.split(r"\s{2,}", line)[2] == "finished" for line in lines[2:4]), lines
 
 
 def test_cosmetic_keys_are_no_setting_but_eps_high_is(tmp_path):

@@ -1,6 +1,7 @@
 """The optimizer step under fp16's loss scaler (train/update/optim.py), driven through accelerate's own code:
 an overflowing step is the scaler's to skip, and it lowers the scale so the next step applies."""
 
+import pytest
 import torch
 from accelerate import Accelerator
 
@@ -48,3 +49,28 @@ def test_without_a_scaler_a_non_finite_gradient_is_a_non_finite_step():
     accelerator.backward(loss)
     step = optimizer.step(model, accelerator, float(loss.detach()))
     assert (step.applied, step.scaler_skipped) == (False, False) and torch.equal(weight.detach(), torch.ones(3))
+
+
+def test_a_warmup_longer_than_the_run_is_said_at_start_with_the_rates_the_schedule_gives(caplog):
+    """Issue 59 item 13: train.warmup_steps=1000 over 8 optimizer steps trained at lr 8e-7 without a word.
+    2 steps x 4 updates x 1 iteration = 8 optimizer steps; warmup gives step s (0-based) lr * (s + 1) / 1000:
+    1e-4 * 1/1000 = 1e-7 at the first and 1e-4 * 8/1000 = 8e-7 at the last."""
+    import logging
+
+    from dapo_train.train.session import _warn_inert_settings
+    from dapo_train.train.update.optim import learning_rate
+
+    cfg = load_config(None, ["train.warmup_steps=1000", "train.max_steps=2", "train.updates_per_step=4",
+                             "train.learning_rate=1e-4"])
+    assert learning_rate(cfg, 0) == pytest.approx(1e-7) and learning_rate(cfg, 7) == pytest.approx(8e-7)
+    with caplog.at_level(logging.WARNING):
+        _warn_inert_settings(cfg)
+    assert ("train.warmup_steps=1000 is longer than the run's 8 optimizer steps (train.max_steps=2 x "
+            "train.updates_per_step=4 x dapo.num_iterations=1): the learning rate rises from 1e-07 to 8e-07 and "
+            "never reaches train.learning_rate=0.0001; set train.warmup_steps to at most 8") in caplog.text
+    caplog.clear()
+    for warmup in (8, 0):  # the last step reaches the full rate, or there is no warmup: nothing to say
+        with caplog.at_level(logging.WARNING):
+            _warn_inert_settings(load_config(None, [f"train.warmup_steps={warmup}", "train.max_steps=2",
+                                                    "train.updates_per_step=4"]))
+        assert "warmup" not in caplog.text

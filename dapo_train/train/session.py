@@ -45,6 +45,7 @@ from dapo_train.tools.turns import ToolTurns, tool_turns
 from dapo_train.train import distributed
 from dapo_train.train.collect.history import PromptHistory
 from dapo_train.train.collect.rounds import GroupBuffer, KeepRate, max_rounds
+from dapo_train.train.determinism import use_deterministic
 from dapo_train.train.health import StepHealth
 from dapo_train.train.regression import RegressionWatch, stop_note
 from dapo_train.train.update.batching import Batching
@@ -140,11 +141,10 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     """Validate cheap things first (rewards, engine, objective, budget, LoRA targets, data), then load the
     model."""
     cuda = torch.cuda.is_available()
+    use_deterministic(cfg, cuda)  # before the first CUDA matmul (cuBLAS's workspace); top-p on CUDA refused
     accelerator = start_accelerator(cfg, cuda, run_dir)
     if cfg.train.num_threads > 0:
         torch.set_num_threads(cfg.train.num_threads)
-    if cfg.train.deterministic:
-        torch.use_deterministic_algorithms(True)
     reward_set = rewards_from_config(cfg)
     engine_factory(cfg.rollout.engine)  # an unknown engine or objective fails here, before anything loads
     check_memory(cfg.rollout, cuda)  # a vllm KV cache the device cannot hold too

@@ -333,7 +333,10 @@ class TrainConfig:
         "completion: same loss, less work. auto = on when the attention kernel takes a 4-D mask (sdpa, eager).",
         ("auto", "on", "off"),
     )
-    deterministic: bool = _opt(False, "Use deterministic torch algorithms (slower; for exact resume tests).")
+    deterministic: bool = _opt(
+        False, "Use deterministic torch algorithms (slower; for exact resume tests). On CUDA it needs rollout.top_p=1 "
+        "(torch has no deterministic cumsum there) and sets CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset."
+    )
     num_threads: int = _opt(
         1,
         "CPU threads for torch (0 = torch's default). The tiny model runs fastest on 1: thread start-up costs "

@@ -15,5 +15,6 @@ that calls a collective, read by both stages; distributed.py holds the primitive
 objects once (determinism.py: train.deterministic and what it needs on CUDA), state.py saves and restores the
 run across checkpoints. health.py and regression.py are the run's own verdicts: a run broken, solved, or making
 its model worse than at step 0. memory.py is the memory model (a config's peak on a card, term by term, from the
-model's shape alone: generation and update), which update/budget.py reads for the update's token budget (train.micro_batch_tokens=auto).
+model's shape alone: generation and update), which update/budget.py reads for the update's token budget
+(train.micro_batch_tokens=auto).
 """

@@ -136,7 +136,8 @@ class RolloutConfig:
         "auto",
         "hf engine: decode with a static KV cache and a compiled step (CUDA graphs), batch rows bucketed to powers "
         "of two. auto = on for CUDA, off with rollout.tools (only the decode loop runs tools). vllm: auto = "
-        "torch.compile and CUDA graphs on CUDA, eager on a CPU.", ("auto", "on", "off"),
+        "torch.compile and CUDA graphs on CUDA, eager on a CPU. On CUDA without a C compiler (Triton's), or a "
+        "compile that fails, decoding is eager (said once).", ("auto", "on", "off"),
     )
     vllm_memory: float = _opt(
         0.3, "rollout.engine=vllm on CUDA: the share of the card's memory vLLM may take beside training (its copy of "

@@ -43,13 +43,14 @@ from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, lo
 from dapo_train.task.sources import load_split
 from dapo_train.tools.turns import ToolTurns, tool_turns
 from dapo_train.train import distributed
+from dapo_train.train.card_memory import CardMemory
 from dapo_train.train.collect.history import PromptHistory
 from dapo_train.train.collect.rounds import GroupBuffer, KeepRate, max_rounds
 from dapo_train.train.determinism import use_deterministic
 from dapo_train.train.health import StepHealth
 from dapo_train.train.regression import RegressionWatch, stop_note
 from dapo_train.train.update.batching import Batching
-from dapo_train.train.update.budget import resolve_budget
+from dapo_train.train.update.budget import estimated_peak, resolve_budget
 from dapo_train.train.update.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.update.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
 from dapo_train.train.update.optim import adamw
@@ -101,6 +102,7 @@ class Run:
     start_records: list[dict] | None = None  # step 0's eval records: every later eval's change is paired on them
     regression: RegressionWatch = field(default_factory=RegressionWatch)  # the evals against step 0 (regression.py)
     update_retry: UpdateRetry = field(default_factory=UpdateRetry)  # step 3, redone smaller out of memory
+    card_memory: CardMemory = field(default_factory=CardMemory)  # each step's peaks on CUDA (card_memory.py)
 
     @property
     def wall_seconds(self) -> float:
@@ -167,7 +169,9 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     eval_prompts = eval_subset(cfg, all_eval) if evaluating else []
     final_prompts = all_eval if final else []
     _log_final_eval_cost(cfg, len(eval_prompts), len(final_prompts))
-    budget = resolve_budget(cfg, accelerator, [len(p.input_ids) for p in train_prompts])  # before the model loads
+    lengths = [len(p.input_ids) for p in train_prompts]
+    budget = resolve_budget(cfg, accelerator, lengths)  # before the model loads
+    card_memory = CardMemory.start(accelerator.device, estimated_peak(cfg, accelerator, lengths, budget))
     model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
         enable_gradient_checkpointing(model)
@@ -189,7 +193,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         eval_prompts=eval_prompts, final_prompts=final_prompts, buffer=GroupBuffer(),
         prompts_by_uid={p.uid: p for p in train_prompts}, tool_turns=turns,
         eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
-        update_retry=UpdateRetry(enabled=distributed.world_size() == 1),
+        update_retry=UpdateRetry(enabled=distributed.world_size() == 1), card_memory=card_memory,
     )
 
 

@@ -188,3 +188,22 @@ def _check_vllm_share(cfg: Config, lines, total: int, free: int) -> None:
                           "training state (model.lora.r, model.dtype=bfloat16)")
     raise ConfigError("rollout.vllm_memory", f"{share:g} of the card for vLLM does not fit beside the training state "
                       f"(weights, AdamW state, ...) {where}: set it to at most {math.floor(room * 100) / 100:.2f}")
+
+
+def estimated_peak(cfg: Config, accelerator, prompt_lengths: list[int], budget: int | None) -> int | None:
+    """The estimated peak in bytes of this run on its card, which the first step's line sets beside the measured
+    one (train/card_memory.py): the memory model at the update's budget (`budget`: resolve_budget's, else the
+    config's; by count, the positions train.micro_batch_size rows hold), read off the lines auto chooses by,
+    so that under auto it is the number auto's line gave. None on a CPU, or for a model config the memory model
+    cannot read."""
+    if accelerator.device.type != "cuda":
+        return None
+    longest = max(prompt_lengths)
+    try:
+        lines, need = _lines(cfg, accelerator, longest, torch.cuda.mem_get_info(accelerator.device)[1])
+    except AttributeError:  # a config the memory model cannot read (GPT-2's names no intermediate_size): none
+        return None
+    tokens = budget if budget is not None else cfg.train.micro_batch_tokens
+    if not tokens:
+        tokens = Setting.from_config(cfg, cuda=True, prompt_tokens=longest).tokens
+    return peak_at(lines, need, tokens)[0]

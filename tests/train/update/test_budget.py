@@ -3,6 +3,7 @@ memory and the margin, checked here by hand at 24, 48 and 80 GB; the lines agree
 share check; the CPU's resolution; and Batching.halved, the retry's smaller budget."""
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,15 @@ from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
 from dapo_train.train.memory import ModelShape, Setting, estimate
 from dapo_train.train.update.batching import Batching
-from dapo_train.train.update.budget import Line, Need, budget_lines, choose_budget, resolve_budget, vllm_room
+from dapo_train.train.update.budget import (
+    Line,
+    Need,
+    budget_lines,
+    choose_budget,
+    estimated_peak,
+    resolve_budget,
+    vllm_room,
+)
 
 import qwen_offline
 
@@ -160,3 +169,32 @@ def test_several_processes_say_at_start_that_an_out_of_memory_update_ends_the_ru
     monkeypatch.setattr(budget.distributed, "world_size", lambda: 1)
     resolve_budget(load_config(None, ["train.micro_batch_tokens=512"]), _Accelerator("cpu"), [100])
     assert not [r for r in caplog.records if "out-of-memory update" in r.getMessage()]
+
+
+def test_the_estimate_beside_the_first_steps_peak_is_the_one_auto_said(tmp_path, monkeypatch, caplog):
+    """estimated_peak (the first step's line, train/card_memory.py): under auto the peak auto's line gave, at its
+    budget; a fixed budget or micro-batches by count read off the same lines, larger as they hold more; None on a
+    CPU (no card to estimate for)."""
+    def estimate(config: str, *overrides: str) -> tuple[int, float | None]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dapo_train"):
+            budget = _qwen_on_a_card(tmp_path, monkeypatch, config, 48 * 10**9, *overrides)
+        root = Path(__file__).resolve().parents[3]
+        cfg = load_config(str(root / "configs" / config), [f"model.name_or_path={tmp_path}", *overrides])
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train.micro_batch_tokens=auto")]
+        logged = float(said[0].split("estimated peak (")[1].split(" GiB")[0]) if said else None
+        return estimated_peak(cfg, _Accelerator("cuda"), [211], budget), logged
+
+    auto, logged = estimate("qwen1.5b-paper.yaml")
+    assert round(auto / 2**30, 1) == logged  # the same number, to the line's 0.1 GiB
+    fixed = [estimate("qwen1.5b-paper.yaml", f"train.micro_batch_tokens={n}")[0] for n in (2048, 8192)]
+    counted = [estimate("qwen1.5b-paper.yaml", "train.micro_batch_tokens=0", f"train.micro_batch_size={n}")[0]
+               for n in (2, 8)]
+    assert fixed[0] < fixed[1] <= auto and counted[0] < counted[1]
+    cfg = load_config(None, [])
+    assert estimated_peak(cfg, _Accelerator("cpu"), [100], None) is None
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=2, n_embd=64, n_head=2).save_pretrained(tmp_path / "gpt2")  # no intermediate_size to read
+    gpt2 = load_config(None, [f"model.name_or_path={tmp_path / 'gpt2'}", "train.micro_batch_tokens=2048"])
+    assert estimated_peak(gpt2, _Accelerator("cuda"), [100], None) is None  # no estimate, and no crash at start

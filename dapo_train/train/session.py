@@ -126,7 +126,7 @@ def start_accelerator(cfg: Config, cuda: bool, run_dir: Path):
     AcceleratorState._reset_state()
     accelerator = Accelerator(
         mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda, log_with=cfg.logging.trackers or None,
-        project_dir=str(run_dir),
+        project_dir=str(run_dir), fsdp_plugin=distributed.fsdp_plugin(),  # float32 gathered and reduced
     )
     distributed.check_strategy(accelerator)
     seed = distributed.rank_seed(cfg.seed, accelerator.process_index)

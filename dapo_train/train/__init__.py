@@ -16,5 +16,5 @@ objects once (determinism.py: train.deterministic and what it needs on CUDA), st
 run across checkpoints. health.py and regression.py are the run's own verdicts: a run broken, solved, or making
 its model worse than at step 0. memory.py is the memory model (a config's peak on a card, term by term, from the
 model's shape alone: generation and update), which update/budget.py reads for the update's token budget
-(train.micro_batch_tokens=auto).
+(train.micro_batch_tokens=auto); card_memory.py records what the card held each step beside that estimate.
 """

@@ -79,7 +79,7 @@ vllm_bench() {
     | tail -1
 }
 # The vllm-marked tests on the card: their engine built from a CUDA model as a run builds it, their bounds a bf16
-# engine's (tests/conftest.py vllm_bounds).
+# engine's (tests/vllm_bounds.py).
 vllm_tests() {
   python -m pytest -m vllm -q -rA tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_tools.py \
     tests/test_train_vllm.py

@@ -139,6 +139,8 @@ def _started(llm_class, settings: dict, kept_mass, setup: EngineSetup, cuda: boo
     say_fallback("the vllm engine", failure)
     settings["enforce_eager"] = True
     gc.collect()  # the failed start's engine, before the next one takes its memory
+    if cuda:
+        torch.cuda.empty_cache()
     return _started(llm_class, settings, kept_mass, setup, cuda)
 
 

@@ -136,7 +136,8 @@ class RolloutConfig:
         "auto",
         "hf engine: decode with a static KV cache and a compiled step (CUDA graphs), batch rows bucketed to powers "
         "of two. auto = on for CUDA, off with rollout.tools (only the decode loop runs tools). vllm: auto = "
-        "torch.compile and CUDA graphs on CUDA, eager on a CPU.", ("auto", "on", "off"),
+        "torch.compile and CUDA graphs on CUDA, eager on a CPU. On CUDA without a C compiler (Triton's), or a "
+        "compile that fails, decoding is eager (said once).", ("auto", "on", "off"),
     )
     vllm_memory: float = _opt(
         0.3, "rollout.engine=vllm on CUDA: the share of the card's memory vLLM may take beside training (its copy of "
@@ -336,7 +337,10 @@ class TrainConfig:
         "completion: same loss, less work. auto = on when the attention kernel takes a 4-D mask (sdpa, eager).",
         ("auto", "on", "off"),
     )
-    deterministic: bool = _opt(False, "Use deterministic torch algorithms (slower; for exact resume tests).")
+    deterministic: bool = _opt(
+        False, "Use deterministic torch algorithms (slower; for exact resume tests). On CUDA it needs rollout.top_p=1 "
+        "(torch has no deterministic cumsum there) and sets CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset."
+    )
     num_threads: int = _opt(
         1,
         "CPU threads for torch (0 = torch's default). The tiny model runs fastest on 1: thread start-up costs "

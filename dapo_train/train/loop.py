@@ -110,6 +110,7 @@ def final_eval(run: Run, stop: StopRequested, records: list[dict] | None) -> dic
 def train_step(run: Run) -> dict:
     """One step (one rollout batch), numbered as in the module docstring. -> the step's metrics."""
     start = time.perf_counter()
+    run.card_memory.begin_step()  # the card's peaks from here (CUDA; card_memory.py)
     sample = RolloutSample.for_step(run.cfg, run.step + 1)
     with distributed.full_weights(run.accelerator, run.model) as model:  # whole on this rank: generation, scoring
         batch = collect(run, sample)  # 1
@@ -128,7 +129,7 @@ def train_step(run: Run) -> dict:
     run.health.record(run.step, metrics)
     metrics["seconds_step"] = time.perf_counter() - start
     metrics["tokens_per_second"] = metrics["generated_tokens"] / max(metrics["seconds_step"], 1e-9)
-    return metrics
+    return {**metrics, **run.card_memory.step_metrics(run.step)}
 
 
 def collect(run: Run, sample: RolloutSample | None = None) -> StepBatch:

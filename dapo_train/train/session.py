@@ -44,13 +44,15 @@ from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, lo
 from dapo_train.task.sources import load_split
 from dapo_train.tools.turns import ToolTurns, tool_turns
 from dapo_train.train import distributed
+from dapo_train.train.card_memory import CardMemory
 from dapo_train.train.collect.history import PromptHistory
 from dapo_train.train.collect.rounds import GroupBuffer, KeepRate, max_rounds
+from dapo_train.train.determinism import use_deterministic
 from dapo_train.train.health import StepHealth
 from dapo_train.train.lowered_budgets import SessionBudgets, in_force
 from dapo_train.train.regression import RegressionWatch, stop_note
 from dapo_train.train.update.batching import Batching
-from dapo_train.train.update.card import resolve_budget
+from dapo_train.train.update.card import estimated_peak, resolve_budget
 from dapo_train.train.update.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.update.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
 from dapo_train.train.update.optim import adamw, warmup_note
@@ -103,6 +105,7 @@ class Run:
     regression: RegressionWatch = field(default_factory=RegressionWatch)  # the evals against step 0 (regression.py)
     update_retry: UpdateRetry = field(default_factory=UpdateRetry)  # step 3, redone smaller out of memory
     budgets: SessionBudgets = field(default_factory=SessionBudgets)  # as set up: what out of memory lowers is below
+    card_memory: CardMemory = field(default_factory=CardMemory)  # each step's peaks on CUDA (card_memory.py)
 
     @property
     def wall_seconds(self) -> float:
@@ -126,7 +129,7 @@ def start_accelerator(cfg: Config, cuda: bool, run_dir: Path):
     AcceleratorState._reset_state()
     accelerator = Accelerator(
         mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda, log_with=cfg.logging.trackers or None,
-        project_dir=str(run_dir),
+        project_dir=str(run_dir), fsdp_plugin=distributed.fsdp_plugin(),  # float32 gathered and reduced
     )
     distributed.check_strategy(accelerator)
     seed = distributed.rank_seed(cfg.seed, accelerator.process_index)
@@ -143,10 +146,9 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     """Validate cheap things first (rewards, engine, objective, budget, LoRA targets, data), then load the
     model."""
     cuda = torch.cuda.is_available()
+    use_deterministic(cfg, cuda)  # before the first CUDA matmul (cuBLAS's workspace); top-p on CUDA refused
     accelerator = start_accelerator(cfg, cuda, run_dir)
     set_cpu_threads(cfg.train.num_threads)
-    if cfg.train.deterministic:
-        torch.use_deterministic_algorithms(True)
     reward_set = rewards_from_config(cfg)
     engine_factory(cfg.rollout.engine)  # an unknown engine or objective fails here, before anything loads
     check_memory(cfg.rollout, cuda)  # a vllm KV cache the device cannot hold too
@@ -169,7 +171,9 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     eval_prompts = eval_subset(cfg, all_eval) if evaluating else []
     final_prompts = all_eval if final else []
     _log_final_eval_cost(cfg, len(eval_prompts), len(final_prompts))
-    budget = resolve_budget(cfg, accelerator, [len(p.input_ids) for p in train_prompts])  # before the model loads
+    lengths = [len(p.input_ids) for p in train_prompts]
+    budget = resolve_budget(cfg, accelerator, lengths)  # before the model loads
+    card_memory = CardMemory.start(accelerator.device, estimated_peak(cfg, accelerator, lengths, budget))
     model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
         enable_gradient_checkpointing(model)
@@ -191,7 +195,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         eval_prompts=eval_prompts, final_prompts=final_prompts, buffer=GroupBuffer(),
         prompts_by_uid={p.uid: p for p in train_prompts}, tool_turns=turns,
         eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
-        update_retry=UpdateRetry(enabled=distributed.world_size() == 1),
+        update_retry=UpdateRetry(enabled=distributed.world_size() == 1), card_memory=card_memory,
         budgets=SessionBudgets(in_force(learner.batching, engine)),
     )
 

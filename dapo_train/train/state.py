@@ -18,6 +18,7 @@ from dapo_train.config.load import config_to_dict
 from dapo_train.config.outputs import owned_bytes
 from dapo_train.errors import CheckpointNotSaved, UserError
 from dapo_train.model import checkpoint as ckpt
+from dapo_train.model.random_state import rng_state, set_rng_state
 from dapo_train.run import disk_space
 from dapo_train.run.folder import checkpoint_step, resume_command
 from dapo_train.run.layout import run_kind
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 def rank_state(run: Run) -> dict:
     """What differs between ranks: RNG streams, the dynamic-sampling carry-over, and under FSDP/ZeRO
     the optimizer shard. (The data order is the same on every rank: each takes its slice.)"""
-    state = {"buffer": run.buffer.state_dict(), "rng": ckpt.rng_state()}
+    state = {"buffer": run.buffer.state_dict(), "rng": rng_state()}
     if distributed.shards_optimizer(run.accelerator, run.model):
         state["optimizer"] = run.learner.optimizer.state_dict()
     return state
@@ -87,7 +88,7 @@ def restore(run: Run, state: dict, checkpoint: Path) -> None:
     own = state if rank == 0 else ckpt.load_rank_state(checkpoint, rank)
     if own is not None:
         run.buffer.load_state_dict(own["buffer"], run.prompts_by_uid)
-        ckpt.set_rng_state(own["rng"])
+        set_rng_state(own["rng"])
     own_optimizer = own is not None and "optimizer" in own
     run.learner.optimizer.load_state_dict(own["optimizer"] if own_optimizer else state["optimizer"])
     run.saved_step = run.step

@@ -344,3 +344,16 @@ def test_the_old_logging_tracker_key_is_read_as_trackers_with_a_notice(tmp_path,
     caplog.clear()
     assert load_config(None, ["logging.tracker=tensorboard"]).logging.trackers == ["tensorboard"]
     assert caplog.text.count("is now 'logging.trackers'") == 1
+
+
+def test_float16_weights_under_fp16_mixed_precision_are_refused_when_the_config_is_read():
+    """fp16's loss scaler unscales float32 master gradients only: over float16 weights the first optimizer step
+    raised (torch's GradScaler: "Attempting to unscale FP16 gradients"), after the model and a rollout. Each
+    setting alone, and fp16 over bfloat16 weights, stay valid."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["model.dtype=float16", "train.mixed_precision=fp16"])
+    assert info.value.key == "train.mixed_precision" and "model.dtype=float16" in str(info.value)
+    assert "\n" not in str(info.value)
+    for fine in (["model.dtype=float16"], ["train.mixed_precision=fp16"],
+                 ["model.dtype=bfloat16", "train.mixed_precision=fp16"]):
+        load_config(None, fine)

@@ -25,7 +25,7 @@ from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError
 from dapo_train.evaluation.generate import longest_sequence
 from dapo_train.train import distributed
-from dapo_train.train.memory import GIB, ModelShape, reward_model_loads
+from dapo_train.train.memory import GIB, ModelShape, Setting, reward_model_loads
 from dapo_train.train.ranks import least_free_memory
 from dapo_train.train.update.budget import (
     GENERATING,
@@ -203,3 +203,22 @@ def _bounds(shape: ModelShape, lines: list[Line], need: Need, card: Card) -> lis
         return [f"sequences of at most {most:,} tokens (the longest prompt + rollout.max_new_tokens: {need.floor:,} "
                 "here)"]
     return []
+
+
+def estimated_peak(cfg: Config, accelerator, prompt_lengths: list[int], budget: int | None) -> int | None:
+    """The estimated peak in bytes of this run on its card, which the first step's line sets beside the measured
+    one (train/card_memory.py): the memory model at the update's budget (`budget`: resolve_budget's, else the
+    config's; by count, the positions train.micro_batch_size rows hold), read off the lines auto chooses by,
+    so that under auto it is the number auto's line gave. None on a CPU, or for a model config the memory model
+    cannot read."""
+    if accelerator.device.type != "cuda":
+        return None
+    longest = max(prompt_lengths)
+    try:
+        _, lines, need = this_card(cfg, accelerator, longest).lines(cfg)
+    except AttributeError:  # a config the memory model cannot read (GPT-2's names no intermediate_size): none
+        return None
+    tokens = budget if budget is not None else cfg.train.micro_batch_tokens
+    if not tokens:
+        tokens = Setting.from_config(cfg, cuda=True, prompt_tokens=longest).tokens
+    return peak_at(lines, need, tokens)[0]

@@ -12,7 +12,7 @@ import torch
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import ConfigError
-from dapo_train.train.update.card import resolve_budget
+from dapo_train.train.update.card import estimated_peak, resolve_budget
 
 import qwen_offline
 
@@ -160,3 +160,32 @@ def test_on_48_and_80_gb_auto_takes_a_whole_mini_batch_and_says_so(tmp_path, mon
         assert _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b.yaml", card) == chosen
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train.micro_batch_tokens=auto")]
     assert len(said) == 1 and said[0].endswith("; a whole mini-batch")
+
+
+def test_the_estimate_beside_the_first_steps_peak_is_the_one_auto_said(tmp_path, monkeypatch, caplog):
+    """estimated_peak (the first step's line, train/card_memory.py): under auto the peak auto's line gave, at its
+    budget; a fixed budget or micro-batches by count read off the same lines, larger as they hold more; None on a
+    CPU (no card to estimate for)."""
+    def estimate(config: str, *overrides: str) -> tuple[int, float | None]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dapo_train"):
+            budget = _qwen_on_a_card(tmp_path, monkeypatch, config, 48 * 10**9, *overrides)
+        root = Path(__file__).resolve().parents[3]
+        cfg = load_config(str(root / "configs" / config), [f"model.name_or_path={tmp_path}", *overrides])
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train.micro_batch_tokens=auto")]
+        logged = float(said[0].split("estimated peak (")[1].split(" GiB")[0]) if said else None
+        return estimated_peak(cfg, _Accelerator("cuda"), [211], budget), logged
+
+    auto, logged = estimate("qwen1.5b-paper.yaml")
+    assert round(auto / 2**30, 1) == logged  # the same number, to the line's 0.1 GiB
+    fixed = [estimate("qwen1.5b-paper.yaml", f"train.micro_batch_tokens={n}")[0] for n in (2048, 8192)]
+    counted = [estimate("qwen1.5b-paper.yaml", "train.micro_batch_tokens=0", f"train.micro_batch_size={n}")[0]
+               for n in (2, 8)]
+    assert fixed[0] < fixed[1] <= auto and counted[0] < counted[1]
+    cfg = load_config(None, [])
+    assert estimated_peak(cfg, _Accelerator("cpu"), [100], None) is None
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=2, n_embd=64, n_head=2).save_pretrained(tmp_path / "gpt2")  # no intermediate_size to read
+    gpt2 = load_config(None, [f"model.name_or_path={tmp_path / 'gpt2'}", "train.micro_batch_tokens=2048"])
+    assert estimated_peak(gpt2, _Accelerator("cuda"), [100], None) is None  # no estimate, and no crash at start

@@ -201,8 +201,8 @@ def eval_cmd(
 ) -> None:
     """Evaluate checkpoints: greedy accuracy with its standard error and 95% interval, format rate,
     lengths, truncation; writes eval_<what>.json and completions_<what>.jsonl next to each (the config's own
-    model: in <output_dir>.eval/), <what> naming the split, limit, sampling and engine (test, test_limit100,
-    test_k8_t0.9, test_vllm)."""
+    model: in <output_dir>.eval/), <what> naming the split, limit, sampling, engine and any setting that changes
+    what is evaluated (test, test_limit100, test_k8_t0.9, test_vllm, test_system_prompt=1a2b3c)."""
     from dapo_train.evaluation.command import EvalOptions, run_eval
 
     console_logging()
@@ -250,7 +250,8 @@ def sweep_cmd(
         help="Comma lists make the grid (split outside brackets and quotes); single values apply to every run.",
     ),
     seeds: str = typer.Option(
-        None, "--seeds", help="Run each point once per seed, e.g. 1,2,3 (default: the config's seed)."
+        None, "--seeds", help="Run each point once per seed, e.g. 1,2,3 (default: the config's seed); with no comma "
+        "list, two or more seeds are the sweep."
     ),
     sweep_dir: str = typer.Option(
         None, "--dir", help="Sweep folder (default outputs/sweep_<config>_<varied keys>).", show_default=False

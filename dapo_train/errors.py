@@ -28,12 +28,19 @@ class UserError(Exception):
     verdict = "error"  # its line: `error: <message>`
 
 
+def visible(text: str) -> str:
+    """`text` with each character that prints as nothing or as a blank (a byte-order mark, a zero-width or
+    no-break space, a control character) written as its escape, so an error line shows it."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
+
+
 class ConfigError(UserError):
-    """A config key is unknown, mistyped or holds an impossible value."""
+    """A config key is unknown, mistyped or holds an impossible value; the key is shown with any invisible
+    character escaped (visible)."""
 
     def __init__(self, key: str, message: str):
         self.key = key
-        super().__init__(f"config key '{key}': {message}" if key else message)
+        super().__init__(f"config key '{visible(key)}': {message}" if key else message)
 
 
 class TrainingAborted(Exception):

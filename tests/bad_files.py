@@ -110,6 +110,10 @@ def data_cases() -> list[Case]:
         Case("parquet-wrong-columns", run, _parquet(ROWS, rename={"q": "question"})),
         Case("folder-without-split-files", ["run", *SMALL_RUN, "data.path=./data", *columns],
              _write("data/notes.txt", "nothing here\n")),
+        Case("folder-only-compressed", ["run", *SMALL_RUN, "data.path=./data", *columns],
+             _write("data/train.jsonl.gz", b"\x1f\x8b"),  # issue 59: it was not mentioned
+             expect=r"^data.path \S*data: no split files found; .*; it holds train.jsonl.gz, which is not read: "
+             r"decompress it \(gunzip\) or convert it to one of .parquet, .jsonl, .json, .csv$"),
         Case("folder-without-the-eval-split", ["run", *SMALL_RUN, "data.path=./data", *columns],
              _write("data/train.jsonl", JSONL)),
         Case("folder-mixing-formats", ["run", *SMALL_RUN, "data.path=./data", *columns], _both(
@@ -126,6 +130,10 @@ def yaml_cases() -> list[Case]:
     cases = [Case(case_id, ["run", "bad.yaml", *SMALL_RUN], _write("bad.yaml", text))
              for case_id, text in YAML_FILES.items()]
     cases.append(Case("yaml-a-folder", ["run", "conf.yaml", *SMALL_RUN], lambda folder: (folder / "conf.yaml").mkdir()))
+    cases.append(Case(  # issue 59: the mark was printed as it is, invisibly
+        "yaml-bom-in-a-key", ["run", "bad.yaml", *SMALL_RUN], _write("bad.yaml", "train:\n  \ufeffmax_steps: 1\n"),
+        expect="config key 'train.\\ufeffmax_steps': unknown key: it holds an invisible U+FEFF (a byte-order mark, "
+        "ZERO WIDTH NO-BREAK SPACE); delete it: 'train.max_steps'"))
     return cases
 
 
@@ -383,7 +391,8 @@ def message_cases() -> list[Case]:
         Case("data-every-prompt-too-long", ["run", *SMALL_RUN, "data.path=long.jsonl", *columns],
              _write("long.jsonl", LONG_ROWS), absent=("Token indices sequence length",),
              expect="no usable prompts in long.jsonl [train]: 3 rows, 0 prompts kept; dropped: 0 unreadable answer, "
-             "3 too long, 0 empty question; raise data.max_prompt_length=256 (the longest prompt has 7101 tokens)"),
+             "3 too long, 0 empty question, 0 question not text; raise data.max_prompt_length=256 (the longest prompt "
+             "has 7101 tokens)"),
     ]
 
 

@@ -128,6 +128,7 @@ IMPOSSIBLE_TOGETHER = [
     ("model.attn_implementation=flash_attention_2",),  # its package is not installed here (and it needs CUDA)
     ("rollout.tools=[calculator]", "rollout.engine=hf-generate"),  # model.generate cannot be fed a tool turn
     ("rollout.tools=[calculator]", "rollout.compile=on"),  # nor the static-cache engine
+    ("model.dtype=float16", "train.mixed_precision=fp16"),  # fp16's loss scaler needs float32 master weights
 ]
 
 

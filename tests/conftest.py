@@ -155,8 +155,8 @@ def full_distributions(model, completion, temperature: float) -> torch.Tensor:
     """log_softmax(logits / temperature) (L, V) of a plain float32 forward at the positions that predict
     each of the completion's L tokens: the untruncated training distribution, by hand."""
     ids = torch.cat([completion.prompt_ids, completion.completion_ids])[None]
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()  # (P + L, V)
+    with torch.no_grad():  # on the model's device (a card's, in the vLLM tests there), the result on the CPU's
+        logits = model(input_ids=ids.to(next(model.parameters()).device)).logits[0].float().cpu()  # (P + L, V)
     start = completion.prompt_ids.numel() - 1
     return torch.log_softmax(logits[start : start + completion.length] / temperature, dim=-1)
 

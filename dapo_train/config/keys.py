@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -106,10 +107,21 @@ def select_keys(rows: list[tuple], wanted: list[str]) -> list[tuple]:
     return [row for row in rows if not wanted or any(row[0] == n or row[0].startswith(n + ".") for n in wanted)]
 
 
+def _describe(char: str) -> str:
+    """'U+FEFF (a byte-order mark, ZERO WIDTH NO-BREAK SPACE)': an invisible character by its code and name."""
+    name = unicodedata.name(char, "unnamed")
+    return f"U+{ord(char):04X} ({'a byte-order mark, ' if char == chr(0xFEFF) else ''}{name})"
+
+
 def unknown_key(key: str, valid: list[str]) -> ConfigError:
     """A ConfigError for `key`, naming the closest of `valid` (dotted keys of the same section), or the
     key of another section with its very name (a top-level `max_steps:` belongs under `train:`); a valid
-    key written with its dots as one YAML key is shown nested."""
+    key written with its dots as one YAML key is shown nested; a valid key but for an invisible character (a
+    byte-order mark an editor saved) is named with that character."""
+    hidden = [char for char in key if not char.isprintable()]
+    if hidden and "".join(char for char in key if char.isprintable()) in valid:
+        return ConfigError(key, f"unknown key: it holds an invisible {_describe(hidden[0])}; delete it: "
+                                f"'{''.join(char for char in key if char.isprintable())}'")
     leaf = key.rsplit(".", 1)[-1]
     elsewhere = [info.key for info in schema_keys() if info.key.rsplit(".", 1)[-1] == leaf]
     if key in elsewhere:  # a valid key, unknown only as one YAML key with dots in it (`train.max_steps: 5`)

@@ -11,7 +11,8 @@ or data path names the run by its last part, and only where that differs from th
 local copy (`./Qwen2.5-1.5B-Instruct` for `Qwen/Qwen2.5-1.5B-Instruct`) is the same experiment. A
 value that is long or not plain text (a system prompt) is named by a 6-digit hash of itself, and a
 name past NAME_LENGTH keeps the parts that fit and ends in an 8-digit hash of every named setting, so
-two runs' names differ whenever their named settings do. The whole overrides are in config.yaml.
+two runs' names differ whenever their named settings do. A YAML comment after a value (`1e-4 # why`) is
+no part of it, as the config reads it. The whole overrides are in config.yaml.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import hashlib
 import os
 import re
 from pathlib import Path
+
+import yaml
 
 from dapo_train.config.keys import COSMETIC_KEYS
 from dapo_train.errors import ConfigError
@@ -56,7 +59,20 @@ def _named(key: str, value: str, configured: dict) -> bool:
     return key not in PATH_LABELS or _last_part(value) != _last_part(configured.get(key, ""))
 
 
-def _part(key: str, value: str) -> str:
+def _without_comment(value: str) -> str:
+    """The value text without a trailing YAML comment (`1e-4 # the paper's` -> `1e-4`), which the config drops
+    when it reads the value: a comment is no setting, and must not name a run. A `#` the value holds (quoted,
+    or inside a word) stays."""
+    for comment in re.finditer(r"\s#", value):
+        try:
+            if yaml.safe_load(value[: comment.start()]) == yaml.safe_load(value):
+                return value[: comment.start()].strip()
+        except yaml.YAMLError:
+            return value
+    return value
+
+
+def name_part(key: str, value: str) -> str:
     """`label=value`: a path by its last part, a value that is long or not plain text by its hash."""
     label = PATH_LABELS.get(key) or key.rsplit(".", 1)[-1]
     text = _last_part(value) if key in PATH_LABELS else value
@@ -70,9 +86,10 @@ def default_run_name(config_path: str | None, overrides: list[str], configured: 
     """The run's name from its config file and KEY=VALUE overrides (see the module docstring).
     configured: the flattened config before the overrides (defaults <- file), for the paths it names."""
     stem = Path(config_path).stem if config_path else "tiny-cpu"
-    settings = sorted((key.strip(), value) for key, _, value in (item.partition("=") for item in overrides))
+    settings = sorted((key.strip(), _without_comment(value))
+                      for key, _, value in (item.partition("=") for item in overrides))
     settings = [(key, value) for key, value in settings if _named(key, value, configured)]
-    parts = [_part(key, value) for key, value in settings]
+    parts = [name_part(key, value) for key, value in settings]
     name = "_".join([stem, *parts])
     if len(name) <= NAME_LENGTH:
         return name

@@ -136,7 +136,8 @@ class RolloutConfig:
         "auto",
         "hf engine: decode with a static KV cache and a compiled step (CUDA graphs), batch rows bucketed to powers "
         "of two. auto = on for CUDA, off with rollout.tools (only the decode loop runs tools). vllm: auto = "
-        "torch.compile and CUDA graphs on CUDA, eager on a CPU.", ("auto", "on", "off"),
+        "torch.compile and CUDA graphs on CUDA, eager on a CPU. On CUDA without a C compiler (Triton's), or a "
+        "compile that fails, decoding is eager (said once).", ("auto", "on", "off"),
     )
     vllm_memory: float = _opt(
         0.3, "rollout.engine=vllm on CUDA: the share of the card's memory vLLM may take beside training (its copy of "
@@ -316,7 +317,10 @@ class TrainConfig:
         "constant", "Schedule after warmup, over the run's optimizer steps (max_steps x updates_per_step x "
         "num_iterations).", ("constant", "cosine"),
     )
-    warmup_steps: int = _opt(0, "Linear warmup, in optimizer steps.")
+    warmup_steps: int = _opt(
+        0, "Linear warmup, in optimizer steps; one longer than the run (whose LR never reaches learning_rate) is "
+        "said at start.",
+    )
     weight_decay: float = _opt(0.0, "AdamW weight decay.")
     adam_beta1: float = _opt(0.9, "AdamW beta1.")
     adam_beta2: float = _opt(0.99, "AdamW beta2.")
@@ -333,11 +337,14 @@ class TrainConfig:
         "completion: same loss, less work. auto = on when the attention kernel takes a 4-D mask (sdpa, eager).",
         ("auto", "on", "off"),
     )
-    deterministic: bool = _opt(False, "Use deterministic torch algorithms (slower; for exact resume tests).")
+    deterministic: bool = _opt(
+        False, "Use deterministic torch algorithms (slower; for exact resume tests). On CUDA it needs rollout.top_p=1 "
+        "(torch has no deterministic cumsum there) and sets CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset."
+    )
     num_threads: int = _opt(
         1,
         "CPU threads for torch (0 = torch's default). The tiny model runs fastest on 1: thread start-up costs "
-        "more than its maths."
+        "more than its maths. More than the CPUs this process may use runs that many, said at start."
     )
     max_bad_steps: int = _opt(
         5, "Stop the run (exit code 3) after this many steps with a NaN/inf loss or gradient norm since the last step "

@@ -46,12 +46,15 @@ def _check_names(cfg: Any) -> None:
 
 
 def _check_seed_and_optimizer(cfg: Any) -> None:
-    """Values torch, numpy or AdamW refuse only once the model is built."""
+    """Values torch, numpy, AdamW or the fp16 loss scaler refuse only once the model is built or trains."""
     t = cfg.train
     _require(0 <= cfg.seed < 2**32, "seed", f"got {cfg.seed}; must be in [0, 2**32) (numpy's seed range)")
     _require(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", f"got {t.adam_beta1}; must be in [0, 1)")
     _require(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", f"got {t.adam_beta2}; must be in [0, 1)")
     _require(t.weight_decay >= 0.0, "train.weight_decay", f"got {t.weight_decay}; must be >= 0")
+    _require(not (t.mixed_precision == "fp16" and cfg.model.dtype == "float16"), "train.mixed_precision",
+             "fp16 over model.dtype=float16: fp16's loss scaler unscales float32 master gradients only (it raises at "
+             "the first optimizer step); set model.dtype=auto (float32 master weights) or train.mixed_precision=bf16")
 
 
 def _check_dapo(d: Any) -> None:

@@ -6,16 +6,18 @@ two evaluations. Then one model at a time is loaded, evaluated with evaluate.eva
 its results written next to it, and one comparison table is printed at the end.
 
 A checkpoint of a run that kept its step-0 eval records is also compared with them: the change from step 0
-on the items both evals hold, with its paired interval (when this eval decodes as the run's did).
+on the items both evals hold, with its paired interval, when this eval decodes as the run's did (greedy, no
+setting that changes what is evaluated: evaluation/settings.py); else one line says which setting differs.
 
 Where results go: eval_<what>.json (metrics, settings with the engine that generated, resolved config,
 checkpoint, time) and completions_<what>.jsonl (one line per completion) inside the checkpoint or local
 model folder; for a hub id, a builtin model, a --config-only run or a read-only folder, under
 <output_dir>.eval/<model name>/: beside the run folder, never in it, so a run of the config still starts
-there. <what> names what was evaluated (see result_name): the split, then _limit<N> for a --limit that
-left items out, _k<K>_t<T> for sampling, _len<N> for a completion budget other than the config's, _tools,
-and _<engine> for an engine other than the model's own decode loop (vllm), so evals of different kinds
-never overwrite each other.
+there. <what> names what was evaluated (settings.result_name): the split, then _limit<N> for a --limit that
+left items out, _k<K>_t<T> for sampling, _len<N> for a completion budget other than the checkpoint's own,
+_tools, _<engine> for an engine other than the model's own decode loop (vllm), and any other setting that
+changes what is evaluated (a system prompt, the data), so evals of different settings never overwrite each
+other.
 
 A bare checkpoint_N belongs to the latest run: the run under outputs/ whose training wrote last
 (rundir.latest_run), which evaluating never changes.
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -37,6 +38,7 @@ from dapo_train.config.load import config_to_dict, load_config, read_saved_confi
 from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError, UserError, folder_listing
 from dapo_train.evaluation.generate import eval_max_new_tokens, evaluate_prompts
+from dapo_train.evaluation.settings import SettingChanges, result_name, safe_name, say_inert, setting_changes
 from dapo_train.evaluation.stats import change_from_start, change_metrics
 from dapo_train.evaluation.table import format_table
 from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, best_checkpoint, checkpoint_dirs
@@ -49,6 +51,7 @@ from dapo_train.model.loading import (
     load_tokenizer,
 )
 from dapo_train.model.lora import ADAPTER_CONFIG, is_adapter_folder, require_peft
+from dapo_train.model.threads import set_cpu_threads
 from dapo_train.rollout.decoding import decode_region
 from dapo_train.rollout.engines import build_engine, engine_factory, release, rollout_tools
 from dapo_train.rollout.hf_engines import cast_as_loaded, rollout_dtype
@@ -88,6 +91,7 @@ class EvalPlan:
     result_name: str  # eval_<result_name>.json, completions_<result_name>.jsonl
     engine: str  # what generates: rollout.engine where it serves evals (vllm), else hf (the model's own loop)
     tools: ToolTurns | None = None  # the config's rollout.tools, listed in the prompts and run as in rollouts
+    changes: SettingChanges = SettingChanges()  # against the checkpoint's own config (settings.setting_changes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,8 +187,13 @@ def _with_model(cfg: Config, model: str) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=model))
 
 
-def _safe_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"
+def own_config(target: EvalTarget, config_path: str | None) -> Config:
+    """The config `target` was evaluated with in its run: its saved config.yaml (without --config or KEY=VALUE),
+    or for a target without one the --config file alone; the setting changes of an eval are counted from it."""
+    if target.saved_config is None:
+        return target_config(target, config_path, [])
+    return _with_model(load_config(None, [], base=read_saved_config(target.saved_config, notify=False)),
+                       target.model)
 
 
 def output_folder(target: EvalTarget, cfg: Config) -> Path:
@@ -194,7 +203,7 @@ def output_folder(target: EvalTarget, cfg: Config) -> Path:
         return target.folder
     run_dir = Path(cfg.output_dir)
     beside = Path(f"{run_dir if run_dir.name else run_dir.resolve()}.eval")  # output_dir=. names a folder too
-    return beside / _safe_name(target.model or cfg.model.name_or_path)
+    return beside / safe_name(target.model or cfg.model.name_or_path)
 
 
 def eval_engine_name(cfg: Config) -> str:
@@ -256,6 +265,10 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
     check_memory(cfg.rollout, torch.cuda.is_available())  # or asks for a KV cache the device cannot hold
     tokenizer = load_tokenizer(cfg.model)
     turns = tool_turns(tokenizer, tools, cfg.rollout.max_tool_calls)
+    own = own_config(resolved, options.config_path)
+    changes = setting_changes(own, cfg, options.overrides, max_new_tokens, engine, eval_engine_name(own),
+                              options.samples)
+    say_inert(changes, resolved.label)
     prompts, _ = load_prompts(cfg.data, tokenizer, split, turns and turns.schemas)
     chosen = fixed_eval_subset(prompts, options.limit or 0)
     return EvalPlan(
@@ -269,30 +282,12 @@ def plan_target(target: str | None, options: EvalOptions) -> EvalPlan:
         out_dir=output_folder(resolved, cfg),
         result_name=result_name(
             split, len(chosen) if len(chosen) < len(prompts) else None, options.samples, options.temperature,
-            max_new_tokens if max_new_tokens != eval_max_new_tokens(cfg) else None, tools=bool(tools), engine=engine,
+            changes.budget, tools=bool(tools), engine=engine, changes=changes.named(),
         ),
         engine=engine,
         tools=turns,
+        changes=changes,
     )
-
-
-def result_name(split: str, limit: int | None, samples: int, temperature: float, max_new_tokens: int | None,
-                tools: bool = False, engine: str = "hf") -> str:
-    """What an eval covered, as a file-name part, so different evals of one checkpoint coexist:
-    'test' (every item, greedy), 'test_limit100', 'test_k8_t0.9', 'test_limit100_len64', 'test_tools'
-    (with the config's rollout.tools), 'test_vllm' (generated by an engine other than hf: eval_engine_name)."""
-    parts = [_safe_name(split)]
-    if limit is not None:
-        parts.append(f"limit{limit}")
-    if samples > 1:
-        parts.append(f"k{samples}_t{temperature:g}")
-    if max_new_tokens is not None:
-        parts.append(f"len{max_new_tokens}")
-    if tools:
-        parts.append("tools")
-    if engine != "hf":
-        parts.append(_safe_name(engine))
-    return "_".join(parts)
 
 
 def _as_the_run_decodes(plan: EvalPlan, model, device: torch.device):
@@ -318,8 +313,7 @@ def _engine(plan: EvalPlan, model):
 def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) -> tuple[dict, list[Path]]:
     """Load the plan's model, evaluate, write both files; returns (metrics, paths written)."""
     started = time.monotonic()
-    if plan.cfg.train.num_threads > 0:
-        torch.set_num_threads(plan.cfg.train.num_threads)  # as the trainer does; tiny models run fastest on 1
+    set_cpu_threads(plan.cfg.train.num_threads)  # as the trainer does; tiny models run fastest on 1
     model = _as_the_run_decodes(plan, load_model(plan.cfg.model, device), device)
     engine = _engine(plan, model)
     try:
@@ -336,9 +330,11 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
     del model, engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    start = run_start(plan, options)
+    start, why_not = run_start(plan, options)
     if start is not None:
         result.metrics.update(change_metrics(change_from_start(start, result.records)))
+    elif why_not is not None:
+        print(f"{plan.target.label}: no Δ from step 0: {why_not}", flush=True)
     json_path = plan.out_dir / f"eval_{plan.result_name}.json"
     completions_path = plan.out_dir / f"completions_{plan.result_name}.jsonl"
     summary = {
@@ -350,7 +346,8 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
             "limit": options.limit or 0, "batch_size": plan.batch_size, "max_new_tokens": plan.max_new_tokens,
             "samples": options.samples, "temperature": options.temperature if options.samples > 1 else 0.0,
             "decoding": "sampling" if options.samples > 1 else "greedy", "device": device.type,
-            "tools": list(plan.cfg.rollout.tools), "engine": plan.engine,
+            "tools": list(plan.cfg.rollout.tools), "engine": plan.engine, "system_prompt": plan.cfg.data.system_prompt,
+            "changed": plan.changes.evaluated,  # against the checkpoint's own config: what the file name spells
         },
         "completions_file": completions_path.name,
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -363,16 +360,17 @@ def evaluate_plan(plan: EvalPlan, options: EvalOptions, device: torch.device) ->
     return result.metrics, [json_path, completions_path]
 
 
-def run_start(plan: EvalPlan, options: EvalOptions) -> list[dict] | None:
-    """The step-0 eval records of the run a checkpoint belongs to (its run folder's eval_items/step_0.jsonl), when
-    this eval decodes as that run's evals did (greedy, the checkpoint's own config and budget: no --config,
-    KEY=VALUE, --no-tools or --max-new-tokens); else None."""
+def run_start(plan: EvalPlan, options: EvalOptions) -> tuple[list[dict] | None, str | None]:
+    """(the step-0 eval records of the run a checkpoint belongs to (its run folder's eval_items/step_0.jsonl), why
+    they are not compared): the records when this eval decodes as that run's evals did (greedy, no setting
+    that changes what is evaluated: SettingChanges.why_not_step_0), else the reason; (None, None) for a target
+    that is no run's checkpoint or whose run kept no step-0 records."""
     folder = plan.target.folder
-    if folder is None or not CHECKPOINT_RE.match(folder.name) or options.samples > 1 or options.config_path \
-            or options.overrides or options.max_new_tokens:
-        return None
-    path = items_path(folder.parent, PERIODIC, 0)
-    return read_items(path) if path.is_file() else None
+    path = items_path(folder.parent, PERIODIC, 0) if folder is not None and CHECKPOINT_RE.match(folder.name) else None
+    if path is None or not path.is_file():
+        return None, None
+    why_not = plan.changes.why_not_step_0(options.samples)
+    return (None, why_not) if why_not else (read_items(path), None)
 
 
 def run_eval(targets: list[str], options: EvalOptions) -> list[dict]:

@@ -6,5 +6,6 @@ lora.py        adapters through peft; the base as the reference; adapter checkpo
 layout.py      a micro-batch in rows: one per completion, or packed rows sharing each group's prompt
 scoring.py     forward -> per-token log-probs and entropy, chunked LM head on valid tokens only
 checkpoint.py  checkpoint_<step>/ on disk: atomic save, discovery, pruning, the state files, the best one
+random_state.py  the random streams a checkpoint holds, restored on another count of CUDA devices too
 export.py      `dapo-train export`: a checkpoint as a folder other tools load
 """

@@ -2,7 +2,7 @@
 
 A checkpoint_<step>/ folder holds the HF model (safetensors; for a LoRA run the adapter alone,
 see lora.py) and tokenizer, the resolved config.yaml, and trainer_state.pt (step, data position,
-dynamic-sampling carry-over, RNG states, optimizer and LR schedule, `good`: whether its weights
+dynamic-sampling carry-over, RNG states (random_state.py), optimizer and LR schedule, `good`: whether its weights
 are clean, train/health.py, and `best_checkpoint`: with checkpoint.keep_best, the checkpoint of the best
 periodic eval so far; pruning never removes the newest good checkpoint nor that one; `config`: the config saved
 beside it, so that a resume can tell an edit of its config.yaml, run/config_changes.py). A run of N processes adds
@@ -23,7 +23,6 @@ import errno
 import logging
 import os
 import pickle
-import random
 import re
 import shutil
 import tempfile
@@ -31,7 +30,6 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from dapo_train.config.load import load_config, read_saved_config, save_config
@@ -78,30 +76,6 @@ def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     dirs = checkpoint_dirs(run_dir)
     return dirs[-1] if dirs else None
-
-
-def rng_state() -> dict:
-    np_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": (
-            np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
-            int(np_state[2]), int(np_state[3]), float(np_state[4]),
-        ),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _weights_finite(tensors) -> bool:

@@ -56,13 +56,39 @@ def check_lora_start(cfg: Config) -> None:
         logger.warning("%s set but model.lora.r=0 (LoRA off): they have no effect", ", ".join(inert))
 
 
+# peft's warnings for an adapter on an embedding its model ties to the LM head: that the tie "can lead to
+# complications" (wrapping, loading) and that each save holds the embedding layers. _say_tied says what they
+# mean here instead.
+_TIED_WARNING = r"Model has `tie_word_embeddings=True` and a tied layer is part of the adapter"
+_SAVE_WARNING = r"Setting `save_embedding_layers` to `True` as embedding layers found in `target_modules`"
+
+
 @contextlib.contextmanager
 def _quiet_peft():
     """peft reads transformers' deprecated `is_gradient_checkpointing` when it wraps a model; its
-    FutureWarning says nothing the user can act on."""
+    FutureWarning says nothing the user can act on. Its warning about a tied embedding is _say_tied's."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=_TIED_WARNING, category=UserWarning)
         yield
+
+
+def _say_tied(model, model_name: str) -> None:
+    """Where the adapter sits on an embedding or head the base ties into one weight (unties_embeddings), one line
+    for what peft warns of: the adapted embedding and head differ, which the trainer keeps; and each checkpoint
+    then holds the embedding's whole weight, whose save warning is left out from here on."""
+    if not unties_embeddings(model):
+        return
+    base = model.get_base_model()
+    tied = (base.get_input_embeddings(), base.get_output_embeddings())
+    adapted = [name.rsplit(".", 1)[-1] for name, module in base.named_modules() if module in tied
+               and any(module is layer for layer, _ in _adapted_layers(base).values())]
+    embedding = _weight(tied[0])
+    logger.info("LoRA on %s of %s, which ties its input embedding and LM head into one weight: the adapted embedding "
+                "and head differ (each adds its own adapter's change), which a vLLM copy keeps and `dapo-train export "
+                "--merge` writes untied; each checkpoint also holds the whole embedding weight (%.1f MB)",
+                " and ".join(adapted), model_name, embedding.numel() * embedding.element_size() / 1e6)
+    warnings.filterwarnings("ignore", message=_SAVE_WARNING, category=UserWarning)
 
 
 def is_adapter_folder(path: str | Path) -> bool:
@@ -119,6 +145,7 @@ def apply_lora(model: torch.nn.Module, lora: LoraConfig, model_name: str):
     )
     with _quiet_peft():
         wrapped = peft.get_peft_model(model, settings)
+    _say_tied(wrapped, model_name)
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     total = sum(p.numel() for p in wrapped.parameters())
     logger.info("LoRA r=%d on %s: %d trainable parameters of %d (%.2f%%)", lora.r,

@@ -27,6 +27,7 @@ import torch
 from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark, remove_own
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
+from dapo_train.model.threads import set_cpu_threads
 from dapo_train.preflight import coverage, real_run, rehearsal
 from dapo_train.preflight.export_check import check_export
 from dapo_train.preflight.report import CollectedWarnings, Report, on_main, phase
@@ -129,8 +130,7 @@ def _rehearse(cfg: Config, folder: Path, cuda: bool, report: Report, log: io.Str
     collected.ignored += tuple(f"{change.key}=" for change in changes) + (("rollout.compile=",) if static else ())
     if any(change.key.endswith("max_new_tokens") for change in changes):  # the rehearsal's budget cut its answers,
         collected.ignored += (CUT_WARNING,)  # not the real one: no advice to raise it
-    if small.train.num_threads > 0:
-        torch.set_num_threads(small.train.num_threads)  # as the run's setup does, for the rollout check too
+    set_cpu_threads(small.train.num_threads)  # as the run's setup does, for the rollout check too
     model = None
     with on_main(report, "rehearsal model", log) as main:
         if main:

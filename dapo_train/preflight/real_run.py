@@ -14,7 +14,7 @@ from dapo_train.errors import UserError
 from dapo_train.preflight import rehearsal
 from dapo_train.preflight.report import Report
 from dapo_train.train.memory import CARD_BYTES, GIB, ModelShape, Setting, estimate, reward_model_loads
-from dapo_train.train.update.budget import CARD_SIZES, MARGIN, budget_lines, choose_budget
+from dapo_train.train.update.budget import CARD_SIZES, MARGIN, budget_lines, choose_budget, describe_choice
 
 PROMPT_LINES = 12  # lines of the templated prompt shown
 
@@ -94,14 +94,15 @@ def rehearse_tool_call(cfg: Config, tokenizer) -> str:
 
 def memory_estimate(cfg: Config, shape: ModelShape, prompts: list, shards: int) -> str:
     """The real model's peak per CUDA card under this config (train/memory.py), train.micro_batch_tokens=auto
-    taken as on a 48 GB card; and the budget auto chooses on 24, 48 and 80 GB cards (train/update/budget.py)."""
+    taken as on a 48 GB card; and the budget auto chooses on 24, 48 and 80 GB cards (train/update/budget.py),
+    each with why none fits or that it is a whole mini-batch."""
     longest = max(len(p.input_ids) for p in prompts)
     reward_models = reward_model_loads(cfg, cuda=True, sequence=longest + cfg.rollout.max_new_tokens)
-    choices = auto_budgets(cfg, shape, longest, shards, reward_models)
+    cards = [budget_lines(shape, cfg, longest, shards, reward_models, card_bytes=size) for size in CARD_SIZES]
     budget = cfg.train.micro_batch_tokens
     shown = cfg
     if budget == "auto":
-        chosen = choices[CARD_SIZES.index(CARD_BYTES)]
+        chosen = choose_budget(*cards[CARD_SIZES.index(CARD_BYTES)], CARD_BYTES)
         shown = replace(cfg, train=replace(cfg.train, micro_batch_tokens=chosen or 0))
     result = estimate(shape, Setting.from_config(shown, cuda=True, prompt_tokens=longest, shards=shards,
                                                  reward_models=reward_models))
@@ -109,21 +110,12 @@ def memory_estimate(cfg: Config, shape: ModelShape, prompts: list, shards: int) 
     where = "one CUDA card" if shards == 1 else f"each of {shards} CUDA cards with FSDP/ZeRO sharding"
     at = f" at train.micro_batch_tokens={shown.train.micro_batch_tokens} (auto on a 48 GB card)" \
         if budget == "auto" else ""
-    cards = ", ".join(f"{size // 10**9} GB {choice or 'none fits'}" for size, choice in zip(CARD_SIZES, choices))
+    choices = ", ".join(f"{size // 10**9} GB {describe_choice(lines, need, size)}"
+                        for size, (lines, need) in zip(CARD_SIZES, cards))
     return (f"estimated peak on {where} for the real model as configured{at}: {result.peak / GIB:.1f} GiB (at the "
             f"{result.peak_moment}); GiB: {terms}; CUDA context not included (docs/benchmarks.md#memory); "
             f"train.micro_batch_tokens=auto would choose (the card's memory all free, less a {MARGIN:.0%} margin): "
-            f"{cards}")
-
-
-def auto_budgets(cfg: Config, shape: ModelShape, longest: int, shards: int = 1, reward_models=()) -> list[int | None]:
-    """The budget train.micro_batch_tokens=auto chooses on each of CARD_SIZES, taken as all free (None: none
-    fits)."""
-    choices = []
-    for size in CARD_SIZES:
-        lines, need = budget_lines(shape, cfg, longest, shards, reward_models, card_bytes=size)
-        choices.append(choose_budget(lines, need, size))
-    return choices
+            f"{choices}")
 
 
 def checkpoint_space(cfg: Config, shape: ModelShape) -> str:

@@ -7,6 +7,7 @@ vllm_engine.py the vllm engine, registered on import (vllm itself is imported wh
 vllm_processor.py  its logits processor (the kept mass), imported with vllm
 decoding.py    token-level decoding: the decode loop, and model.generate with the behaviour recorded
 fitting.py     a generate call out of memory, redone in halves with the same draws
+compiled.py    compiled decoding's run-time needs (a C compiler), its failures, the eager fallback
 sampling.py    the sampling distribution every engine records (the behaviour distribution), the token draw
 tool_rows.py   the decode loop's rows with tools: the tool turns fed in as forced tokens, the policy mask
 

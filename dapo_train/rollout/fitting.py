@@ -35,12 +35,12 @@ class GenerationRows:
     limit: int
 
 
-def _random_state(device: torch.device) -> tuple:
+def random_state(device: torch.device) -> tuple:
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return torch.get_rng_state(), cuda
 
 
-def _set_random_state(state: tuple, device: torch.device) -> None:
+def set_random_state(state: tuple, device: torch.device) -> None:
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)
@@ -51,7 +51,7 @@ def decode_fitting(decode: Callable, model, chunk: list[torch.Tensor], group_siz
     """decode(model, chunk, ...) -> [(chunk, Decoded)], or after out of memory [(part, Decoded), ...] of the
     chunk's prompts in order, each part at most half the failed call's groups (rows.limit lowered to it)."""
     device = next(model.parameters()).device
-    state = _random_state(device)
+    state = random_state(device)
     try:
         out_of_memory_above(DECODE_ROWS, len(chunk) * group_size)  # a test's fault (faults.py); nothing otherwise
         keyed = {} if seeds is None else {"seeds": seeds}
@@ -61,7 +61,7 @@ def decode_fitting(decode: Callable, model, chunk: list[torch.Tensor], group_siz
             raise DoesNotFit(f"one group alone ({group_size} rows) does not fit a generate call; what cuts "
                              f"generation's memory: {', '.join(GENERATION_MEMORY_SETTINGS)}") from None
     # Out of the handler: the error's frames, and the tensors they held, are gone.
-    _set_random_state(state, device)
+    set_random_state(state, device)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     half = len(chunk) // 2

@@ -2,7 +2,8 @@
 
 - `hf` (default): DecodeLoopEngine, decoding.decode_loop over the model's forward; or, when
   `rollout.compile` is on (auto: with CUDA, unless rollout.tools are named), StaticCacheEngine,
-  transformers' static-cache generate on batch rows bucketed to powers of two.
+  transformers' static-cache generate on batch rows bucketed to powers of two (the decode loop where its
+  compile cannot run: compiled.py).
 - `hf-generate`: GenerateEngine, plain `model.generate` on G copies of each prompt: the reference.
 
 On CUDA they sample from a copy of the weights in rollout.dtype (bfloat16), refreshed after every step's
@@ -19,9 +20,10 @@ from collections.abc import Sequence
 
 import torch
 
+from dapo_train.rollout.compiled import compile_failure_types, compiles, say_fallback
 from dapo_train.rollout.decoding import Decoded, decode_loop, decode_region, generate_rows
 from dapo_train.rollout.engines import Completion, EngineSetup, group_rows, register_engine, sample_completions
-from dapo_train.rollout.fitting import GenerationRows
+from dapo_train.rollout.fitting import GenerationRows, random_state, set_random_state
 from dapo_train.rollout.sampling import SamplingSettings
 
 logger = logging.getLogger(__name__)
@@ -134,9 +136,23 @@ class StaticCacheEngine(TransformersEngine):
     """transformers' static-cache `generate` (its decode step compiled into CUDA graphs on CUDA) on G
     copies of each prompt. A call's rows are padded up to a power of two (at most batch_size) with
     copies of its first row, whose outputs are dropped, and the prompt width up to a multiple of
-    BUCKET_WIDTH, so the compiled step sees few distinct shapes."""
+    BUCKET_WIDTH, so the compiled step sees few distinct shapes. A compile that fails (compiled.py) gives way,
+    once, to the decode loop over the same weights, from the random state the call began with."""
+
+    eager = False  # the compile failed: the decode loop decodes from then on
 
     def decode(self, model, prompts, group_size, settings, eos_ids, pad_id):
+        if not self.eager:
+            state = random_state(next(model.parameters()).device)
+            try:
+                return self._static_decode(model, prompts, group_size, settings, eos_ids, pad_id)
+            except compile_failure_types() as failure:
+                self.eager = True
+                say_fallback("the static-cache engine", failure)
+            set_random_state(state, next(model.parameters()).device)
+        return decode_loop(model, prompts, group_size, settings, eos_ids, pad_id)
+
+    def _static_decode(self, model, prompts, group_size, settings, eos_ids, pad_id):
         rows = group_rows(prompts, group_size)
         padded = rows + [rows[0]] * (bucket_size(len(rows), self.generation_rows.limit) - len(rows))
         decoded = generate_rows(model, padded, settings, eos_ids, pad_id, width_multiple=BUCKET_WIDTH,
@@ -159,9 +175,9 @@ def hf_engine(setup: EngineSetup) -> TransformersEngine:
     """rollout.engine=hf: the static-cache engine when rollout.compile is on (auto: on with CUDA, unless tools
     are named: only the decode loop runs them), else the decode loop. One name for both: rollout.compile is
     the switch users already have."""
-    device = next(setup.model.parameters()).device
-    compiled = setup.compile == "on" or (setup.compile == "auto" and device.type == "cuda" and setup.tools is None)
-    return StaticCacheEngine(setup) if compiled else DecodeLoopEngine(setup)
+    cuda = next(setup.model.parameters()).device.type == "cuda"
+    wanted = setup.compile == "on" or (setup.compile == "auto" and cuda and setup.tools is None)
+    return StaticCacheEngine(setup) if compiles(wanted, cuda, "the hf engine") else DecodeLoopEngine(setup)
 
 
 hf_engine.supports_tools = True  # with tools it is the decode loop (require_tool_support refuses compile=on)

@@ -40,6 +40,7 @@ import torch
 
 from dapo_train.errors import ConfigError
 from dapo_train.model.lora import merged_weights
+from dapo_train.rollout.compiled import compile_failure, say_fallback
 from dapo_train.rollout.decoding import Decoded
 from dapo_train.rollout.engines import (
     Completion,
@@ -124,6 +125,25 @@ def _import_vllm():
     return LLM, KeptMass
 
 
+def _started(llm_class, settings: dict, kept_mass, setup: EngineSetup, cuda: bool):
+    """vllm.LLM started with `settings`: a start whose compile failed (compiled.py) is started once more eager
+    (settings["enforce_eager"] set, one line saying why); any other refusal of its start is one line naming the
+    key behind it (start_refused)."""
+    try:
+        with _process_kept():
+            return llm_class(**settings, logits_processors=[kept_mass])
+    except (ValueError, RuntimeError, MemoryError) as err:  # what its start refuses, or runs out of
+        failure = None if settings["enforce_eager"] else compile_failure(err)
+        if failure is None:
+            raise start_refused(err, setup, cuda) from err
+    say_fallback("the vllm engine", failure)
+    settings["enforce_eager"] = True
+    gc.collect()  # the failed start's engine, before the next one takes its memory
+    if cuda:
+        torch.cuda.empty_cache()
+    return _started(llm_class, settings, kept_mass, setup, cuda)
+
+
 @register_engine("vllm")
 class VllmEngine:
     """rollout.engine=vllm (module docstring). serves_eval: the trainer's evals generate through it too."""
@@ -154,11 +174,7 @@ class VllmEngine:
         with contextlib.nullcontext() if verbose else warnings.catch_warnings():
             warnings.filterwarnings("ignore", module="vllm")  # its imports' deprecations: nothing to act on
             llm_class, kept_mass = _import_vllm()
-            try:
-                with _process_kept():
-                    llm = llm_class(**settings, logits_processors=[kept_mass])
-            except (ValueError, RuntimeError, MemoryError) as err:  # what its start refuses, or runs out of
-                raise start_refused(err, setup, self.cuda) from err
+            llm = _started(llm_class, settings, kept_mass, setup, self.cuda)
         logger.info("rollout: %s", started_line(settings, setup.vllm_memory, self.cuda, verbose))
         return llm
 

@@ -17,6 +17,7 @@ import torch
 
 from dapo_train.errors import ConfigError
 from dapo_train.model.lora import is_peft_model, unties_embeddings
+from dapo_train.rollout.compiled import compiles
 from dapo_train.rollout.engines import EngineSetup
 from dapo_train.rollout.hf_engines import rollout_dtype
 from dapo_train.rollout.vllm_ranks import launcher_settings, processes_on_this_machine
@@ -101,7 +102,8 @@ def llm_settings(setup: EngineSetup, cuda: bool) -> dict:
     settings = {"model": _model_folder(setup.model), "dtype": str(dtype).removeprefix("torch."),
                 "generation_config": "vllm", "seed": 0, "logprobs_mode": "processed_logprobs", "max_model_len": length,
                 "max_num_seqs": setup.batch_size, "enable_prefix_caching": True,
-                "enforce_eager": not (setup.compile == "on" or (setup.compile == "auto" and cuda))}
+                "enforce_eager": not compiles(setup.compile == "on" or (setup.compile == "auto" and cuda), cuda,
+                                              "the vllm engine")}
     kv_mib = setup.vllm_kv_cache_mib
     if cuda:
         settings.update(gpu_memory_utilization=setup.vllm_memory, enable_sleep_mode=True)

@@ -24,7 +24,7 @@ from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
 from dapo_train.model.checkpoint import CHECKPOINT_KIND, CHECKPOINT_RE, CONFIG_FILE, STATE_FILE
 from dapo_train.run.eval_items import ITEMS_DIR
-from dapo_train.run.logs import LOG_FILES, METRICS_FILE, RUN_LOG
+from dapo_train.run.logs import LOG_FILES, METRICS_FILE, RUN_LOG, RUN_STATUS
 from dapo_train.run.rollouts import ROLLOUTS_DIR
 
 # Written in output_dir when a run starts: the folder is a run's, which --overwrite may replace.
@@ -48,13 +48,14 @@ ABANDONED_KIND = OutputKind(
 
 def run_kind(cfg: Config) -> OutputKind:
     """What a run writes at the top of output_dir (config/outputs.py's rule): the marker, config.yaml, the
-    three logs and run.log, eval_items/ and rollouts/ (their record files), checkpoint_<step>/ and their temporary
-    folders, what a resume set aside, and TensorBoard's folder, named logging.project. A folder without the
-    marker is a run when an older dapo-train wrote it (_older_run)."""
+    three logs, run.log and run_status.json, eval_items/ and rollouts/ (their record files), checkpoint_<step>/
+    and their temporary folders, what a resume set aside, and TensorBoard's folder, named logging.project. A
+    folder without the marker is a run when an older dapo-train wrote it (_older_run)."""
     project = cfg.logging.project  # a name, never a pattern; none where it is a path
     return OutputKind(
         "dapo-train run folder", RUN_MARKER,
-        names=(CONFIG_FILE, *LOG_FILES.values(), RUN_LOG, *((project,) if Path(project).name == project else ())),
+        names=(CONFIG_FILE, *LOG_FILES.values(), RUN_LOG, RUN_STATUS,
+               *((project,) if Path(project).name == project else ())),
         nested=((CHECKPOINT_RE.pattern.strip("^$"), CHECKPOINT_KIND), (r"\.tmp_checkpoint_\d+_\d+", CHECKPOINT_KIND),
                 (rf"{ABANDONED_PREFIX}\d+_\d{{8}}-\d{{6}}(_\d+)?", ABANDONED_KIND), *_RECORD_FOLDERS),
         older=_older_run,

@@ -7,6 +7,9 @@ A resumed run appends to all three; their rows past the checkpoint's step were s
 (split_logs), so they never hold duplicate steps. The same rows go to the trackers (run/trackers.py).
 - run.log: what the main process says from the moment its run folder is opened (RunLog), because the
   console may not keep it: `| tee log` dies with the Ctrl-C that stops the run. A resumed run appends.
+- run_status.json: how the last session ended, as a record a study reads (`compare`'s status column):
+  {"status": ..., "step": ...}, status one of running (the session has not ended: it runs, or was killed),
+  finished, stopped, aborted, solved, regressed, out of memory, error, interrupted, crashed.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import traceback
 from pathlib import Path
 
 from dapo_train.errors import UserError
-from dapo_train.run.files import json_safe, read_jsonl
+from dapo_train.run.files import json_safe, read_jsonl, write_json_atomic
 from dapo_train.run.trackers import NullTracker
 
 METRICS_FILE = "metrics.jsonl"
 # MetricsLogger's sinks: kind -> file name in the run folder.
 LOG_FILES = {"jsonl": METRICS_FILE, "loss": "training_losses.txt", "accuracy": "accuracy_losses.txt"}
 RUN_LOG = "run.log"
+RUN_STATUS = "run_status.json"
 _RUN_LOG_FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
 
 
@@ -32,15 +36,18 @@ class RunLog:
     """run.log, a context around a training session: every log line of the process (at the level the
     command set), the end-of-run summary and the resume command (say), and how the session ended when it
     raised, in the command's words (`stopped: ...`, `aborted: ...`, `solved: ...`, `error: ...`,
-    `interrupted` for a second Ctrl-C) or, for a bug, its traceback."""
+    `interrupted` for a second Ctrl-C) or, for a bug, its traceback; and the same ending as a record,
+    run_status.json ("running" while the session runs)."""
 
     def __init__(self, run_dir: str | Path, resumed: bool) -> None:
         self.path = Path(run_dir) / RUN_LOG
         self.handler = logging.FileHandler(self.path, mode="a" if resumed else "w", encoding="utf-8")
         self.handler.setFormatter(_RUN_LOG_FORMAT)
+        self.step: int | None = None  # the step the session ended at (end)
 
     def __enter__(self) -> RunLog:
         logging.getLogger().addHandler(self.handler)
+        write_status(self.path.parent, "running")
         return self
 
     def __exit__(self, kind, exc, tb) -> None:
@@ -48,6 +55,14 @@ class RunLog:
         self.handler.close()
         if exc is not None:
             self.write(_ending(exc))
+            otherwise = "interrupted" if isinstance(exc, KeyboardInterrupt) else "crashed"
+            write_status(self.path.parent, getattr(exc, "verdict", None) or otherwise, self.step)
+
+    def end(self, status: str, step: int) -> None:
+        """How the session ended (finished, stopped, aborted, solved, regressed), at which step: run_status.json.
+        A verdict raised after it (__exit__) keeps the step."""
+        self.step = step
+        write_status(self.path.parent, status, step)
 
     def say(self, text: str, stream=None) -> None:
         """`text` on the console (stdout unless `stream`) and in run.log."""
@@ -62,6 +77,19 @@ class RunLog:
                 f.write(text + "\n")
         except OSError:
             pass
+
+
+def write_status(run_dir: Path, status: str, step: int | None = None) -> None:
+    write_json_atomic(Path(run_dir) / RUN_STATUS, {"status": status, "step": step})
+
+
+def read_status(run_dir: Path) -> dict | None:
+    """run_status.json as the run wrote it; None for a run from before it (or one whose record is damaged)."""
+    try:
+        record = json.loads((Path(run_dir) / RUN_STATUS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("status"), str) else None
 
 
 def _ending(exc: BaseException) -> str:

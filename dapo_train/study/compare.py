@@ -25,7 +25,6 @@ import statistics
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from dapo_train.errors import UserError
 from dapo_train.evaluation.stats import bootstrap_difference, mcnemar, t_interval
@@ -36,10 +35,13 @@ from dapo_train.study.runs import (
     Point,
     RunRecord,
     _show,
+    baseline_settings,
     expand,
+    find_point,
     group_points,
     key_labels,
     load_runs,
+    start_change,
     summarize_metrics,
 )
 
@@ -87,7 +89,8 @@ def point_rows(points: list[Point]) -> list[dict]:
     for point in points:
         summaries = [summarize_metrics(run.rows) for run in point.runs]
         runs = point.runs
-        row = {"point": point.values, "seeds": [r.seed for r in runs], "runs": [str(r.path) for r in runs]}
+        row = {"point": point.values, "seeds": [r.seed for r in runs], "runs": [str(r.path) for r in runs],
+               "status": [r.status for r in runs], "change_from_start": [start_change(r.rows) for r in runs]}
         row.update({key: aggregate([s[key] for s in summaries]) for key in COLUMNS})
         rows.append(row)
     return rows
@@ -118,17 +121,46 @@ def shown_columns(rows: list[dict]) -> dict[str, tuple[str, str]]:
             if (tools or key not in TOOL_COLUMNS) and (answers or key not in ANSWER_COLUMNS)}
 
 
+def _status_cell(statuses: list[str | None]) -> str:
+    """'finished', or for several runs their counts: '2 finished, 1 regressed'; '-' for a run without a record."""
+    counts = {status or MISSING: statuses.count(status) for status in statuses}
+    if len(statuses) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{count} {status}" for status, count in counts.items())
+
+
+def _change_cell(changes: list[dict | None]) -> str:
+    """One run's change with its interval, '+0.050 [-0.010, +0.110]'; several runs' mean ± sample std."""
+    if len(changes) == 1 and changes[0] is not None:
+        one = changes[0]
+        return f"{one['change']:+.3f} [{one['low']:+.3f}, {one['high']:+.3f}]"
+    stat = aggregate([change["change"] if change else None for change in changes])
+    if stat is None:
+        return MISSING
+    return f"{stat['mean']:+.3f}" + (f" ± {stat['std']:.3f}" if stat["std"] else "")
+
+
 def format_compare(varied: list[str], rows: list[dict]) -> str:
-    """The rows as an aligned text table; the point's own settings on the left."""
+    """The rows as an aligned text table; the point's own settings on the left, then its seeds, their status
+    and change from start where some run has them, then COLUMNS."""
     left = varied or ["run"]
     columns = shown_columns(rows)
-    headers = [*left, "seeds", *(header for header, _ in columns.values())]
+    status = any(any(row["status"]) for row in rows)
+    change = any(any(row["change_from_start"]) for row in rows)
+    headers = [*left, "seeds", *(["status"] if status else []), *(["Δ from start"] if change else []),
+               *(header for header, _ in columns.values())]
     body = [
         [*(_show(row["point"][k]) if varied else Path(row["runs"][0]).name for k in left), str(len(row["seeds"])),
+         *([_status_cell(row["status"])] if status else []),
+         *([_change_cell(row["change_from_start"])] if change else []),
          *(_cell(row[key], fmt) for key, (_, fmt) in columns.items())]
         for row in rows
     ]
     table = aligned_table(headers, body, left=len(left))
+    if change or status:
+        table.append("Δ from start: each run's last eval (its final one where it made one) against its own step 0 on "
+                     "the same items, with the 95% paired interval; status: how its last session ended "
+                     "(run_status.json; running: not ended, or killed)")
     table.append("final acc: the whole eval split at the end (eval.final_full); last / best acc: the periodic evals "
                  "of eval.num_items items, best leaving out step 0 (before training)")
     if "last_answer_accuracy" in columns:
@@ -152,45 +184,6 @@ def compare(paths: list[str], as_json: bool = False) -> str:
 RUN_OUTCOMES = {"entropy_last": "entropy last", "tool_calls_per_completion": "calls/completion",
                 "tool_error_rate": "call errors", "generated_per_trained_token": "gen tok/trained",
                 "wall_seconds": "wall s"}
-
-
-# --------------------------------------------------------------------------------------------
-# Naming the baseline.
-
-
-def _value(text: str) -> object:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-def find_point(points: list[Point], varied: list[str], name: str, named: set[Path] | None) -> Point:
-    """The point `name` names: the one holding a run of a given folder (named: its run folders,
-    resolved), else the one whose settings match every KEY=VALUE of name (short or dotted keys, values
-    compared as YAML)."""
-    if named is not None:
-        found = [p for p in points if any(run.path.resolve() in named for run in p.runs)]
-    else:
-        labels = key_labels(varied)
-        by_name = {**{labels[key]: key for key in varied}, **{key: key for key in varied}}
-        wanted = {}
-        for part in name.split():
-            key, equals, value = part.partition("=")
-            if not equals:
-                raise UserError(f"--baseline {name}: neither a run or sweep folder nor KEY=VALUE settings "
-                                "(e.g. eps_high=0.28)")
-            if key not in by_name:
-                raise UserError(f"--baseline {name}: {key!r} is not a setting that differs between the points "
-                                f"(those are: {', '.join(labels.values()) or 'none'}); or give a run folder")
-            wanted[by_name[key]] = _value(value)
-        found = [p for p in points if all(_value(p.settings[k]) == v for k, v in wanted.items())]
-    if len(found) != 1:
-        shown = "; ".join(p.label(key_labels(varied)) for p in (found or points))
-        narrow = "give one run folder" if named is not None else "name more settings"
-        problem = f"matches {len(found)} points ({shown}); {narrow}" if found else f"names none of the points ({shown})"
-        raise UserError(f"--baseline {name}: {problem}")
-    return found[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,6 +363,8 @@ def compare_with_baseline(paths: list[str], baseline: str, as_json: bool = False
     """`dapo-train compare PATHS --baseline POINT`: the compare table, then every point against it."""
     given = Path(baseline).is_dir()
     named = {run.resolve() for run in expand(Path(baseline))} if given else None
+    if not given:
+        baseline_settings(baseline)  # a baseline that names nothing, before the runs are read
     runs = load_runs(paths + ([baseline] if given else []))  # a baseline outside PATHS joins them
     varied, points = group_points(runs)
     if len(points) < 2:

@@ -2,6 +2,9 @@
 loaded; this works while a sweep is still running), a sweep folder's runs, and runs grouped into
 points.
 
+A run's own numbers (summarize_metrics), its change from its own step 0 (start_change) and how it ended
+(run_status.json) are read here; a point is named by its settings or a run folder (find_point).
+
 A point is a set of settings: runs whose configs agree on everything but seed and the cosmetic keys
 (config.keys.COSMETIC_KEYS: output_dir, run_name, the progress bar, trackers, what is logged or kept)
 are seeds of one point. The varied keys are the dotted keys whose values differ between
@@ -14,13 +17,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from dapo_train.config.keys import COSMETIC_KEYS
 from dapo_train.config.load import config_to_dict, flatten_config
-from dapo_train.errors import UserError
+from dapo_train.errors import UserError, folder_listing
 from dapo_train.model.checkpoint import CONFIG_FILE
 from dapo_train.run.eval_items import FINAL, PERIODIC
 from dapo_train.run.folder import saved_run_config
-from dapo_train.run.logs import generation_cost, read_metrics
+from dapo_train.run.logs import generation_cost, read_metrics, read_status
 
 SWEEP_FILE = "sweep.json"
 
@@ -38,11 +43,13 @@ MISSING = "-"
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One run folder read back. config: flattened dotted config; rows: metrics.jsonl by step."""
+    """One run folder read back. config: flattened dotted config; rows: metrics.jsonl by step; status: how its
+    last session ended (run_status.json's status; None for a run from before the record)."""
 
     path: Path
     config: dict
     rows: list[dict]
+    status: str | None = None
 
     @property
     def seed(self) -> object:
@@ -110,7 +117,9 @@ def load_run(path: Path) -> RunRecord:
         rows = sorted(read_metrics(path), key=lambda row: row["step"])
     except (ValueError, KeyError) as exc:
         raise UserError(f"{path / 'metrics.jsonl'}: a line is not a metrics row ({exc})") from None
-    return RunRecord(path, flatten_config(config_to_dict(saved_run_config(path))), rows)
+    status = read_status(path)
+    return RunRecord(path, flatten_config(config_to_dict(saved_run_config(path))), rows,
+                     status["status"] if status else None)
 
 
 def load_runs(paths: list[str]) -> list[RunRecord]:
@@ -170,6 +179,18 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def start_change(rows: list[dict]) -> dict | None:
+    """A run's change from its own step 0: its end-of-run eval's (final/change) where it made one, else its last
+    periodic eval's (eval/change), with the 95% paired interval; None before its first eval after step 0."""
+    for kind in (FINAL, PERIODIC):
+        row = next((row for row in reversed(rows) if _number(row.get(f"{kind.prefix}change")) is not None), None)
+        if row is not None:
+            return {"eval": "final" if kind is FINAL else f"step {row['step']}",
+                    **{name: _number(row.get(f"{kind.prefix}{key}")) for name, key in
+                       (("change", "change"), ("low", "change_low"), ("high", "change_high"))}}
+    return None
+
+
 def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
     """One run's metrics rows -> its numbers in the compare table (COLUMNS). The final accuracy is
     the end-of-run eval on the whole split (`final_accuracy`, eval.final_full); periodic eval rows
@@ -208,3 +229,49 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
         "wall_seconds": sum(_values(train, "seconds_step")) + sum(_values(rows, PERIODIC.seconds))
         + sum(_values(rows, FINAL.seconds)),
     }
+
+
+# --------------------------------------------------------------------------------------------
+# Naming a point: compare --baseline's argument.
+
+
+def _value(text: str) -> object:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def baseline_settings(name: str) -> dict[str, object]:
+    """--baseline's KEY=VALUE settings (values read as YAML), checked before any run is read: a name that is
+    neither a folder nor settings is said as such, not as a fault of the runs."""
+    parts = name.split()
+    if parts and all("=" in part for part in parts):
+        return {key: _value(value) for key, _, value in (part.partition("=") for part in parts)}
+    if "/" in name or name.startswith((".", "~")):  # no hub ids here: any slash is a path
+        raise UserError(f"--baseline {name}: no such run or sweep folder; {folder_listing(Path(name))}")
+    raise UserError(f"--baseline {name}: neither a run or sweep folder nor KEY=VALUE settings (e.g. eps_high=0.28)")
+
+
+def find_point(points: list[Point], varied: list[str], name: str, named: set[Path] | None) -> Point:
+    """The point `name` names: the one holding a run of a given folder (named: its run folders,
+    resolved), else the one whose settings match every KEY=VALUE of name (short or dotted keys, values
+    compared as YAML)."""
+    if named is not None:
+        found = [p for p in points if any(run.path.resolve() in named for run in p.runs)]
+    else:
+        labels = key_labels(varied)
+        by_name = {**{labels[key]: key for key in varied}, **{key: key for key in varied}}
+        wanted = {}
+        for key, value in baseline_settings(name).items():
+            if key not in by_name:
+                raise UserError(f"--baseline {name}: {key!r} is not a setting that differs between the points "
+                                f"(those are: {', '.join(labels.values()) or 'none'}); or give a run folder")
+            wanted[by_name[key]] = value
+        found = [p for p in points if all(_value(p.settings[k]) == v for k, v in wanted.items())]
+    if len(found) != 1:
+        shown = "; ".join(p.label(key_labels(varied)) for p in (found or points))
+        narrow = "give one run folder" if named is not None else "name more settings"
+        problem = f"matches {len(found)} points ({shown}); {narrow}" if found else f"names none of the points ({shown})"
+        raise UserError(f"--baseline {name}: {problem}")
+    return found[0]

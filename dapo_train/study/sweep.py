@@ -23,7 +23,7 @@ from pathlib import Path
 from dapo_train.config.load import is_override, load_config
 from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark
 from dapo_train.config.schema import Config
-from dapo_train.errors import RunRegressed, TaskSolved, TrainingAborted, UserError
+from dapo_train.errors import DoesNotFit, RunRegressed, TaskSolved, TrainingAborted, UserError
 from dapo_train.model.checkpoint import CONFIG_FILE, latest_checkpoint
 from dapo_train.rewards.scoring import rewards_from_config
 from dapo_train.run.files import write_json_atomic
@@ -117,13 +117,14 @@ def _safe(text: str) -> str:
 
 
 def default_sweep_name(config_path: str, varied: dict[str, list[str]], plain: list[str]) -> str:
-    """`sweep_<config>_<key>=<v1>-<v2>[_<key>=<value> ...]`: the grid and the fixed overrides, so two
-    sweeps of one config differ in folder unless they run the same grid (seeds aside: more seeds of
-    a grid belong with it). A name past 100 characters is cut and ends in a hash of the whole."""
+    """`sweep_<config>_<key>=<v1>-<v2>[_<key>=<value> ...]` (`sweep_<config>` for seeds alone): the grid and
+    the fixed overrides, so two sweeps of one config differ in folder unless they run the same grid (seeds
+    aside: more seeds of a grid belong with it). A name past 100 characters is cut and ends in a hash of the
+    whole."""
     fixed = dict(item.split("=", 1) for item in plain)
     labels = key_labels([*varied, *fixed])
     parts = [f"{labels[k]}={','.join(v)}" for k, v in varied.items()] + [f"{labels[k]}={v}" for k, v in fixed.items()]
-    name = _safe(f"sweep_{Path(config_path).stem}_{'_'.join(parts)}")  # the commas become -
+    name = _safe("_".join(["sweep", Path(config_path).stem, *parts]))  # the commas become -
     if len(name) > 100:
         name = f"{name[:90]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
     return name
@@ -140,7 +141,7 @@ class SweepPoint:
     # pending / running / done / solved (exit 5 of the run: a result) / regressed (exit 6, eval.stop_on_regression: a
     # result) / interrupted / failed
     status: str = "pending"
-    reason: str = ""  # why a failed point stopped (its TrainingAborted line)
+    reason: str = ""  # why a failed point stopped (its TrainingAborted or DoesNotFit line)
 
     @property
     def run_dir(self) -> Path:
@@ -209,10 +210,10 @@ def _split_args(args: list[str], seeds: list[int] | None) -> tuple[dict[str, lis
             varied[key] = values
         else:
             plain.append(arg)
-    if not varied:
-        raise UserError(
-            "nothing to sweep: give at least one KEY=V1,V2 (values split on commas outside brackets and quotes)"
-        )
+    if not varied and len(seeds or []) < 2:
+        given = f"; --seeds {','.join(map(str, seeds))} is one" if seeds else ""
+        raise UserError("nothing to sweep: give at least one KEY=V1,V2 (values split on commas outside brackets and "
+                        f"quotes), or two or more seeds (--seeds 1,2,3){given}")
     return varied, plain
 
 
@@ -231,7 +232,7 @@ def plan_sweep(config_path: str, args: list[str], seeds_text: str | None = None,
     for values in itertools.product(*varied.values()):
         chosen = dict(zip(varied, values))
         for seed in seeds if seeds is not None else [base.seed]:
-            name = "_".join(_safe(f"{labels[k]}={v}") for k, v in chosen.items()) + f"_seed{seed}"
+            name = "_".join([*(_safe(f"{labels[k]}={v}") for k, v in chosen.items()), f"seed{seed}"])
             run_dir = folder / name
             cfg = load_config(config_path, [
                 *(f"{k}={v}" for k, v in chosen.items()), *plain, f"seed={seed}", f"output_dir={run_dir}",
@@ -280,8 +281,9 @@ def _earlier_statuses(sweep_dir: Path) -> dict[str, str]:
 
 def run_sweep(sweep: Sweep, stop: StopRequested) -> int:
     """Train every unfinished point in order. -> exit code: 0, TrainingAborted.exit_code (3) when a point
-    stopped on its own (the others still ran; sweep.json says why), or stop.exit_code when a signal
-    stopped the sweep (the run in progress saved)."""
+    stopped on its own, diverged or out of memory with nothing left to halve (the others still ran; sweep.json
+    says why; running the sweep again tries it again), or stop.exit_code when a signal stopped the sweep (the
+    run in progress saved)."""
     with hold_folder(sweep.sweep_dir, "--dir"):  # a second sweep into this folder refuses until this one ends
         mark(sweep.sweep_dir, SWEEP_KIND)
         sweep.save()
@@ -296,7 +298,8 @@ def _run_points(sweep: Sweep, stop: StopRequested) -> int:
     for index, point in enumerate(sweep.points, 1):
         if stop.requested:
             return _stopped(sweep, stop)
-        head = f"[{index}/{total}] {' '.join(f'{labels[k]}={v}' for k, v in point.overrides.items())} seed={point.seed}"
+        head = f"[{index}/{total}] " + " ".join([*(f"{labels[k]}={v}" for k, v in point.overrides.items()),
+                                                  f"seed={point.seed}"])
         if point.finished():
             print(f"{head}: done, skipped", flush=True)
             continue
@@ -305,9 +308,9 @@ def _run_points(sweep: Sweep, stop: StopRequested) -> int:
         sweep.set_status(point, "running")
         try:
             train(point.cfg, resume=True if resume else None, overwrite=not resume, stop=stop)
-        except TrainingAborted as exc:
+        except (TrainingAborted, DoesNotFit) as exc:  # this point's own end: the next may fit, or not diverge
             sweep.set_status(point, "failed", str(exc))
-            print(f"{head}: aborted: {exc}", file=sys.stderr, flush=True)
+            print(f"{head}: {exc.verdict}: {exc}", file=sys.stderr, flush=True)
             continue
         except (TaskSolved, RunRegressed) as exc:  # a result, kept: its last checkpoint
             sweep.set_status(point, exc.verdict, str(exc))

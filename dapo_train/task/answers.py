@@ -172,8 +172,8 @@ def to_value(value: object) -> Fraction | None:
     """Exact value of a gold or predicted answer of any accepted type; None if unreadable.
 
     int / numpy integer, float / numpy float (by its shortest repr, so 0.1 is 1/10), Decimal,
-    Fraction, or a string: a GSM8K solution is read after its last "####", any other string by
-    its last number. bool and non-finite floats are unreadable.
+    Fraction, or a string that is one number: a GSM8K solution's after its last "####", any other
+    string's whole text (_only_number). bool and non-finite floats are unreadable.
     """
     if isinstance(value, bool):
         return None
@@ -187,8 +187,21 @@ def to_value(value: object) -> Fraction | None:
         number = float(value)
         return Fraction(repr(number)) if math.isfinite(number) else None
     if isinstance(value, str):
-        return last_number(value.rpartition(_GSM8K_MARK)[2])
+        return _only_number(value.rpartition(_GSM8K_MARK)[2])
     return None
+
+
+def _only_number(text: str) -> Fraction | None:
+    """The value of a text that is one number and nothing else but spaces, signs, currency or percent;
+    None for anything more: "1e3" is not 3, "0x10" not 10, "5 apples and 3 pears" not 3 (a gold read as its
+    last number would train on a wrong answer without a word)."""
+    prepared = _prepare(text)
+    matches = list(_NUMBER.finditer(prepared))
+    if len(matches) != 1:
+        return None
+    match = matches[0]
+    rest = prepared[: match.start()] + prepared[match.end() :]
+    return None if any(char.isalnum() for char in rest) else _token_value(match)
 
 
 def normalize_gold(value: object) -> str | None:

@@ -62,12 +62,14 @@ class PromptStats:
     dropped_unreadable_answer: int = 0
     dropped_too_long: int = 0
     dropped_empty_question: int = 0
+    dropped_question_not_text: int = 0  # a number, an object, a list: not a question to template
     lengths: list[int] = field(default_factory=list)  # prompt tokens of every readable row, dropped ones included
 
     def summary(self) -> str:
         return (
             f"{self.rows} rows, {self.kept} prompts kept; dropped: {self.dropped_unreadable_answer} "
-            f"unreadable answer, {self.dropped_too_long} too long, {self.dropped_empty_question} empty question"
+            f"unreadable answer, {self.dropped_too_long} too long, {self.dropped_empty_question} empty question, "
+            f"{self.dropped_question_not_text} question not text"
         )
 
 
@@ -96,24 +98,29 @@ def chat_prompt(tokenizer: Any, question: str, system_prompt: str, tools: list[d
 
 
 def _readable_rows(dataset: datasets.Dataset, data_cfg: DataConfig, stats: PromptStats) -> list[tuple[int, str, str]]:
-    """(row index, question, gold) of rows with a question and a readable answer; counts the rest."""
+    """(row index, question, gold) of rows with a question and a readable answer; counts the rest, and says
+    which row was the first of each kind that names a cell (an unreadable answer, a question that is not text)."""
     normalize_gold = answer_check(data_cfg.correctness).normalize_gold
     rows = []
-    first_unreadable: tuple[int, Any] | None = None
+    first: dict[str, tuple[int, Any]] = {}
     for index, (question, answer) in enumerate(zip(dataset[data_cfg.prompt_field], dataset[data_cfg.answer_field])):
         gold = normalize_gold(answer)
         if gold is None:
             stats.dropped_unreadable_answer += 1
-            first_unreadable = first_unreadable or (index, answer)
-        elif not isinstance(question, str) or not question.strip():
+            first.setdefault("answer", (index, answer))
+        elif not isinstance(question, str):
+            stats.dropped_question_not_text += 1
+            first.setdefault("question", (index, question))
+        elif not question.strip():
             stats.dropped_empty_question += 1
         else:
             rows.append((index, question, gold))
-    if first_unreadable is not None:
-        logger.warning(
-            "%d rows have an unreadable %s and are dropped (first: row %d, %r)",
-            stats.dropped_unreadable_answer, data_cfg.answer_field, *first_unreadable,
-        )
+    if "answer" in first:
+        logger.warning("%d rows have an unreadable %s and are dropped (first: row %d, %r)",
+                       stats.dropped_unreadable_answer, data_cfg.answer_field, *first["answer"])
+    if "question" in first:
+        logger.warning("%d rows have a %s that is not text and are dropped (first: row %d, %r)",
+                       stats.dropped_question_not_text, data_cfg.prompt_field, *first["question"])
     return rows
 
 
@@ -155,8 +162,8 @@ def _nothing_left(stats: PromptStats, data_cfg: DataConfig, where: str, longest:
     hints = []
     if stats.dropped_unreadable_answer:
         hints.append(f"check that data.answer_field '{data_cfg.answer_field}' holds numbers or '#### N' solutions")
-    if stats.dropped_empty_question:
-        hints.append(f"check that data.prompt_field '{data_cfg.prompt_field}' holds the questions")
+    if stats.dropped_empty_question or stats.dropped_question_not_text:
+        hints.append(f"check that data.prompt_field '{data_cfg.prompt_field}' holds the questions, as text")
     if stats.dropped_too_long:
         hints.append(
             f"raise data.max_prompt_length={data_cfg.max_prompt_length} (the longest prompt has {longest} tokens)"

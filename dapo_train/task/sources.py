@@ -63,18 +63,34 @@ def split_of_name(name: str) -> str | None:
     return None
 
 
-def _available(splits: list[str], where: str, split: str) -> UserError:
+def _available(splits: list[str], where: str, split: str, note: str = "") -> UserError:
     return UserError(
         f"split '{split}' not found in {where}; splits: {', '.join(splits) or 'none'} "
         "(set data.train_split / data.eval_split to one of them; the eval split is read when eval.every_steps > 0 "
-        "or eval.final_full is on)"
+        f"or eval.final_full is on){note}"
     )
 
 
-def _load_files(files: dict[str, list[Path]], split: str, where: str) -> datasets.Dataset:
-    """Read one split's files with the builder their suffix names (all must share one)."""
+# A compressed file's suffix -> the command that decompresses it.
+DECOMPRESS = {".gz": "gunzip", ".bz2": "bunzip2", ".xz": "unxz", ".zst": "unzstd", ".zip": "unzip"}
+
+
+def _unread_note(paths: list[Path], folder: Path) -> str:
+    """'; it holds <file>, which is not read: ...' for split files of a type no builder reads (train.jsonl.gz):
+    the folder is not empty of data, it holds data in a form to change."""
+    if not paths:
+        return ""
+    shown = ", ".join(str(path.relative_to(folder)) for path in paths[:3]) + (" ..." if len(paths) > 3 else "")
+    tool = DECOMPRESS.get(paths[0].suffix.lower())
+    fix = f"decompress it ({tool}) or convert it" if tool else "convert it"
+    return f"; it holds {shown}, which is not read: {fix} to one of {', '.join(FILE_BUILDERS)}"
+
+
+def _load_files(files: dict[str, list[Path]], split: str, where: str, note: str = "") -> datasets.Dataset:
+    """Read one split's files with the builder their suffix names (all must share one); note: what the error
+    of a missing split adds (_unread_note)."""
     if split not in files:
-        raise _available(sorted(files), where, split)
+        raise _available(sorted(files), where, split, note)
     builders = {FILE_BUILDERS[f.suffix.lower()] for f in files[split]}
     if len(builders) > 1:
         raise UserError(f"split '{split}' of {where} mixes file formats ({', '.join(sorted(builders))}); keep one")
@@ -101,23 +117,25 @@ def _load_file(path: Path, split: str) -> datasets.Dataset:
 
 
 def _load_folder(folder: Path, split: str) -> datasets.Dataset:
-    """Split files anywhere below `folder`, grouped by the split their path states."""
+    """Split files anywhere below `folder`, grouped by the split their path states; split files of a type no
+    builder reads (train.jsonl.gz) are named in the error of a split that is missing."""
     files: dict[str, list[Path]] = {}
+    unread: dict[str, list[Path]] = {}
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder)
-        if not path.is_file() or path.suffix.lower() not in FILE_BUILDERS:
-            continue
-        if any(part.startswith(".") for part in relative.parts):
+        if not path.is_file() or any(part.startswith(".") for part in relative.parts):
             continue
         name_split = split_of_name(str(relative))
         if name_split is not None:
-            files.setdefault(name_split, []).append(path)
+            found = files if path.suffix.lower() in FILE_BUILDERS else unread
+            found.setdefault(name_split, []).append(path)
     if not files:
         raise UserError(
             f"data.path {folder}: no split files found; expected names with train/test/validation "
             f"(e.g. data/train-00000-of-00001.parquet, test.jsonl) of type {', '.join(FILE_BUILDERS)}"
+            + _unread_note([path for paths in unread.values() for path in paths], folder)
         )
-    return _load_files(files, split, str(folder))
+    return _load_files(files, split, str(folder), _unread_note(unread.get(split, []), folder))
 
 
 def _is_saved(path: Path) -> bool:

@@ -12,8 +12,9 @@
 Around the steps: evals.py the greedy evals and their change from step 0. records.py holds the typed records
 the stages pass each other, ranks.py everything a step agrees on across processes (the one module of a step
 that calls a collective, read by both stages; distributed.py holds the primitives), session.py builds the
-objects once, state.py saves and restores the run across checkpoints. health.py and regression.py are the
-run's own verdicts: a run broken, solved, or making its model worse than at step 0. memory.py is the memory
-model (a config's peak on a card, term by term, from the model's shape alone: generation and update), which
-update/budget.py reads for the update's token budget (train.micro_batch_tokens=auto).
+objects once (determinism.py: train.deterministic and what it needs on CUDA), state.py saves and restores the
+run across checkpoints. health.py and regression.py are the run's own verdicts: a run broken, solved, or making
+its model worse than at step 0. memory.py is the memory model (a config's peak on a card, term by term, from the
+model's shape alone: generation and update), which update/budget.py and update/card.py read for the update's
+token budget (train.micro_batch_tokens=auto); card_memory.py records what the card held each step beside that estimate.
 """

@@ -159,6 +159,23 @@ def full_weights(accelerator, model):
         yield unwrapped
 
 
+def fsdp_plugin():
+    """accelerate's FSDP plugin for an FSDP launch (None for any other), read from the same environment as its
+    own, with FSDP's mixed precision off and the gradients reduced in float32. accelerate's own, under bf16,
+    casts to bfloat16 both what FSDP gathers (every forward's weights, and generation's: full_weights) and what
+    it reduces; here each weight is gathered in its own dtype (float32 for the master weights that train), the
+    reduction is float32, and the forward's bf16 is accelerate's autocast, as on one card."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
+        return None
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    if os.environ.get("FSDP_VERSION", "1") == "2":  # accelerate's own default is 1
+        from torch.distributed.fsdp import MixedPrecisionPolicy as Policy
+    else:
+        from torch.distributed.fsdp import MixedPrecision as Policy
+    return FullyShardedDataParallelPlugin(mixed_precision_policy=Policy(reduce_dtype=torch.float32))
+
+
 def check_strategy(accelerator) -> None:
     """Refuse what generation cannot run under (ZeRO-3 shards weights without a gather used here), and
     say when accelerate ignored an FSDP or DeepSpeed config (it runs them on GPUs only)."""

@@ -117,7 +117,7 @@ class StepHealth:
                    f"{self.last_trained}, the last that trained, after an optimizer step applied")
         if why is None:
             return None
-        return f"{why}; {self.last_good(run_dir)}; lower train.learning_rate or check the data and rewards"
+        return f"{why}; {self.last_good(run_dir)}; {_advice(cfg)}"
 
     def _starved_abort(self, cfg: Config) -> str | None:
         """Why a starved streak means a broken run, or None (then it is solved or said once)."""
@@ -240,6 +240,19 @@ def _unseen(streak: dict, cfg: Config) -> str:
              "or screen fell, dapo.skip_history"]
     parts = [part for part, n in zip(parts, (streak["screened"], streak["skipped"])) if n]
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _advice(cfg: Config) -> str:
+    """What to change after a bad run. float16 weights go non-finite at AdamW's first step whatever the learning
+    rate: its eps (1e-8) rounds to 0 in float16, so a weight whose gradient is 0 (or underflows) gets 0/0. LoRA's
+    adapters train in float32 (peft casts them), but the float16 forward still overflows past 65,504."""
+    if cfg.model.dtype != "float16":
+        return "lower train.learning_rate or check the data and rewards"
+    if cfg.model.lora.r > 0:
+        return ("model.dtype=float16 may be the cause: its forward overflows past 65,504; set model.dtype=bfloat16, "
+                "or lower train.learning_rate")
+    return ("model.dtype=float16 is the likely cause, not the learning rate: AdamW's eps (1e-8) is 0 in float16, so "
+            "its steps divide by 0; set model.dtype=bfloat16 or auto (float32 master weights)")
 
 
 def fell_by_chance(hits_before: int, n_before: int, hits_after: int, n_after: int) -> float:

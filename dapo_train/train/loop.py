@@ -39,7 +39,6 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.config.load import save_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import DoesNotFit, RunRegressed, TaskSolved, TrainingAborted
 from dapo_train.evaluation.generate import EvalStopped
@@ -112,6 +111,7 @@ def final_eval(run: Run, stop: StopRequested, records: list[dict] | None) -> dic
 def train_step(run: Run) -> dict:
     """One step (one rollout batch), numbered as in the module docstring. -> the step's metrics."""
     start = time.perf_counter()
+    run.card_memory.begin_step()  # the card's peaks from here (CUDA; card_memory.py)
     sample = RolloutSample.for_step(run.cfg, run.step + 1)
     with distributed.full_weights(run.accelerator, run.model) as model:  # whole on this rank: generation, scoring
         batch = collect(run, sample)  # 1
@@ -130,7 +130,7 @@ def train_step(run: Run) -> dict:
     run.health.record(run.step, metrics)
     metrics["seconds_step"] = time.perf_counter() - start
     metrics["tokens_per_second"] = metrics["generated_tokens"] / max(metrics["seconds_step"], 1e-9)
-    return metrics
+    return {**metrics, **run.card_memory.step_metrics(run.step)}
 
 
 def collect(run: Run, sample: RolloutSample | None = None) -> StepBatch:
@@ -265,7 +265,7 @@ def _open_session(run: Run, resume_from: Path | None) -> None:
             drop_rollouts(run.run_dir)
         else:
             set_aside_abandoned(run.run_dir, run.step)  # what came after the checkpoint (evals too): moved, not lost
-        save_config(run.cfg, run.run_dir / ckpt.CONFIG_FILE)
+        run.budgets.save_config(run.cfg, run.learner.batching, run.engine, run.run_dir / ckpt.CONFIG_FILE)
 
 
 def _train_steps(run: Run, stop: StopRequested, resumed: bool) -> Ending:
@@ -349,6 +349,7 @@ def _report(run: Run, run_log: RunLog, stop: StopRequested, ending: Ending, sess
     checkpoint: on the console and in run.log."""
     trained = run.step >= run.cfg.train.max_steps  # a stop after the last step stops nothing of the training
     name = ending.name or ("stopped" if stop.requested and not trained else "finished")
+    run_log.end(name, run.step)
     run_log.say(end_of_run_summary(run.run_dir, run.step, run.cfg.train.max_steps, run.wall_seconds, name,
                                    session_s, run.eval_split_missing, run.best, run.cfg.checkpoint.keep_best))
     if name == "stopped":

@@ -1,6 +1,7 @@
 """What crosses ranks in one step, agreed in one place: when the batch is full (Eq. 11), which
 buffered groups the step trains, the update plan (mini-batches, Eq. 12 normalisers, forward/backward
-calls, token totals) and, after the update, its metric sums and the step's sampled rollout records.
+calls, token totals) and, after the update, its metric sums and the step's sampled rollout records; at
+start, the least free card memory auto's budget is sized by.
 collect/rounds.py and update/passes.py work on this rank's groups and records alone and make no collective call of
 their own: they ask this module; with one process every function here is arithmetic on this
 process's own counts.
@@ -166,6 +167,12 @@ def gather_rollouts(sampled: list) -> list[list]:
     """Every rank's sampled groups of the step (rollout_sample.SampledGroup: plain records), in rank
     order, for the main process to merge and write: one file per step holds every rank's groups once."""
     return distributed.gather(sampled)
+
+
+def least_free_memory(free_bytes: int) -> int:
+    """The least free memory of any rank's card, from this rank's: train.micro_batch_tokens=auto sizes every
+    rank's budget (the same on all) by it (update/card.py)."""
+    return int(-distributed.all_reduce([-free_bytes], op="max")[0])
 
 
 def total(count: float) -> float:

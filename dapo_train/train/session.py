@@ -37,6 +37,7 @@ from dapo_train.model.loading import (
     reference_policy,
     trainable_parameters,
 )
+from dapo_train.model.threads import set_cpu_threads
 from dapo_train.rewards.scoring import RewardSet, rewards_from_config
 from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id, rollout_tools
 from dapo_train.rollout.vllm_settings import check_memory, inert_settings
@@ -44,15 +45,18 @@ from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, lo
 from dapo_train.task.sources import load_split
 from dapo_train.tools.turns import ToolTurns, tool_turns
 from dapo_train.train import distributed
+from dapo_train.train.card_memory import CardMemory
 from dapo_train.train.collect.history import PromptHistory
 from dapo_train.train.collect.rounds import GroupBuffer, KeepRate, max_rounds
+from dapo_train.train.determinism import use_deterministic
 from dapo_train.train.health import StepHealth
+from dapo_train.train.lowered_budgets import SessionBudgets, in_force
 from dapo_train.train.regression import RegressionWatch, stop_note
 from dapo_train.train.update.batching import Batching
-from dapo_train.train.update.budget import resolve_budget
+from dapo_train.train.update.card import estimated_peak, resolve_budget
 from dapo_train.train.update.objective import OBJECTIVE_KEYS, clip_bound_keys, inert_objective_keys, loss_settings
 from dapo_train.train.update.old_policy import clip_can_act, log_behaviour, resolve, rollout_differences, truncation
-from dapo_train.train.update.optim import adamw, allocate_state
+from dapo_train.train.update.optim import adamw, allocate_state, warmup_note
 from dapo_train.train.update.out_of_memory import OutOfMemoryGuard, guard_note
 from dapo_train.train.update.passes import Learner, Reference
 
@@ -102,6 +106,8 @@ class Run:
     regression: RegressionWatch = field(default_factory=RegressionWatch)  # the evals against step 0 (regression.py)
     guard: OutOfMemoryGuard = field(default_factory=OutOfMemoryGuard)  # steps 2-3 out of memory: redone smaller
     engine_stale: bool = False  # the engine ran out of memory taking the last step's weights (loop.sync_weights)
+    budgets: SessionBudgets = field(default_factory=SessionBudgets)  # as set up: what out of memory lowers is below
+    card_memory: CardMemory = field(default_factory=CardMemory)  # each step's peaks on CUDA (card_memory.py)
 
     @property
     def wall_seconds(self) -> float:
@@ -125,7 +131,7 @@ def start_accelerator(cfg: Config, cuda: bool, run_dir: Path):
     AcceleratorState._reset_state()
     accelerator = Accelerator(
         mixed_precision=mixed_precision(cfg, cuda), cpu=not cuda, log_with=cfg.logging.trackers or None,
-        project_dir=str(run_dir),
+        project_dir=str(run_dir), fsdp_plugin=distributed.fsdp_plugin(),  # float32 gathered and reduced
     )
     distributed.check_strategy(accelerator)
     seed = distributed.rank_seed(cfg.seed, accelerator.process_index)
@@ -142,11 +148,9 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     """Validate cheap things first (rewards, engine, objective, budget, LoRA targets, data), then load the
     model."""
     cuda = torch.cuda.is_available()
+    use_deterministic(cfg, cuda)  # before the first CUDA matmul (cuBLAS's workspace); top-p on CUDA refused
     accelerator = start_accelerator(cfg, cuda, run_dir)
-    if cfg.train.num_threads > 0:
-        torch.set_num_threads(cfg.train.num_threads)
-    if cfg.train.deterministic:
-        torch.use_deterministic_algorithms(True)
+    set_cpu_threads(cfg.train.num_threads)
     reward_set = rewards_from_config(cfg)
     engine_factory(cfg.rollout.engine)  # an unknown engine or objective fails here, before anything loads
     check_memory(cfg.rollout, cuda)  # a vllm KV cache the device cannot hold too
@@ -169,7 +173,9 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
     eval_prompts = eval_subset(cfg, all_eval) if evaluating else []
     final_prompts = all_eval if final else []
     _log_final_eval_cost(cfg, len(eval_prompts), len(final_prompts))
-    budget = resolve_budget(cfg, accelerator, [len(p.input_ids) for p in train_prompts])  # before the model loads
+    lengths = [len(p.input_ids) for p in train_prompts]
+    budget = resolve_budget(cfg, accelerator, lengths)  # before the model loads
+    card_memory = CardMemory.start(accelerator.device, estimated_peak(cfg, accelerator, lengths, budget))
     model = load_policy(cfg, accelerator.device, resume_from)
     if gradient_checkpointing(cfg, cuda):
         enable_gradient_checkpointing(model)
@@ -197,6 +203,7 @@ def setup(cfg: Config, run_dir: Path, resume_from: Path | None) -> Run:
         eval_split_missing=None if evaluating or final else missing_split(cfg.data, cfg.data.eval_split),
         guard=OutOfMemoryGuard(enabled=alone, longest_prompt=max(len(p.input_ids) for p in train_prompts),
                                completion_tokens=cfg.rollout.max_new_tokens, group_size=cfg.rollout.group_size),
+        card_memory=card_memory, budgets=SessionBudgets(in_force(learner.batching, engine)),
     )
 
 
@@ -304,7 +311,7 @@ def _warn_inert_settings(cfg: Config) -> None:
     if not cfg.rollout.tools and any(spec.name == "tool_format" for spec in cfg.rewards):
         logger.warning("the reward tool_format cannot act: rollout.tools names no tool, so no completion makes a "
                        "call and it scores 0")
-    for note in (keep_best_note(cfg), stop_note(cfg)):
+    for note in (keep_best_note(cfg), stop_note(cfg), warmup_note(cfg)):
         if note is not None:
             logger.warning("%s", note)
     for message in inert_settings(cfg.rollout, torch.cuda.is_available()):

@@ -3,29 +3,30 @@ run takes it back, so that resume equals the uninterrupted run.
 
 checkpoint_<step>/trainer_state.pt holds the run's position (step, optimizer steps, the prompt
 order's state, the keep rate that sizes generation rounds, the prompt history, wall time, the best
-checkpoint so far under checkpoint.keep_best, the memory budgets an out-of-memory retry lowered) and
-rank 0's own state; each rank r > 0 adds
-trainer_state_rank<r>.pt (its RNG streams, its carried-over groups and, under FSDP/ZeRO, its
-optimizer shard). The folder's format (atomic save, discovery,
-pruning) is model/checkpoint.py's.
+checkpoint so far under checkpoint.keep_best, the memory budgets an out-of-memory error lowered:
+lowered_budgets.py) and rank 0's own state; each rank r > 0 adds trainer_state_rank<r>.pt (its RNG
+streams, its carried-over groups and, under FSDP/ZeRO, its optimizer shard). The folder's format
+(atomic save, discovery, pruning) is model/checkpoint.py's.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_train.config.load import config_to_dict
 from dapo_train.config.outputs import owned_bytes
 from dapo_train.errors import CheckpointNotSaved, UserError
 from dapo_train.model import checkpoint as ckpt
+from dapo_train.model.random_state import rng_state, set_rng_state
 from dapo_train.run import disk_space
 from dapo_train.run.folder import checkpoint_step, resume_command
 from dapo_train.run.layout import run_kind
 from dapo_train.train import distributed
 from dapo_train.train.health import StepHealth
+from dapo_train.train.lowered_budgets import LOWERED_KEY, keep_lowered
 from dapo_train.train.session import Run
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
 def rank_state(run: Run) -> dict:
     """What differs between ranks: RNG streams, the dynamic-sampling carry-over, and under FSDP/ZeRO
     the optimizer shard. (The data order is the same on every rank: each takes its slice.)"""
-    state = {"buffer": run.buffer.state_dict(), "rng": ckpt.rng_state()}
+    state = {"buffer": run.buffer.state_dict(), "rng": rng_state()}
     if distributed.shards_optimizer(run.accelerator, run.model):
         state["optimizer"] = run.learner.optimizer.state_dict()
     return state
@@ -55,7 +56,7 @@ def trainer_state(run: Run) -> dict:
         "wall_seconds": run.wall_seconds,
         ckpt.BEST_KEY: run.best.state() if run.best is not None else None,  # pruning keeps it
         ckpt.SAVED_CONFIG_KEY: config_to_dict(run.cfg),  # what config.yaml said at the save: a resume names edits
-        "budgets": budgets(run),  # lowered by out-of-memory retries: a resume keeps them
+        LOWERED_KEY: run.budgets.state(run.cfg, run.learner.batching, run.engine),  # a resume keeps them
         **rank_state(run),
     }
     state.setdefault("optimizer", run.learner.optimizer.state_dict())  # replicated under DDP: one copy, here
@@ -73,7 +74,7 @@ def restore(run: Run, state: dict, checkpoint: Path) -> None:
     run.keep_rate.load_state_dict(state.get("keep_rate"))
     run.history.load_state_dict(state.get("history"))
     run.best = _still_there(run, ckpt.recorded_best(state)) if run.cfg.checkpoint.keep_best else None
-    keep_budgets(run, state.get("budgets"))
+    keep_lowered(state, run.cfg, run.learner, run.engine, checkpoint.name)
     saved, ranks, rank = int(state.get("num_processes", 1)), distributed.world_size(), distributed.rank()
     if saved != ranks:
         if distributed.shards_optimizer(run.accelerator, run.model):
@@ -89,7 +90,7 @@ def restore(run: Run, state: dict, checkpoint: Path) -> None:
     own = state if rank == 0 else ckpt.load_rank_state(checkpoint, rank)
     if own is not None:
         run.buffer.load_state_dict(own["buffer"], run.prompts_by_uid)
-        ckpt.set_rng_state(own["rng"])
+        set_rng_state(own["rng"])
     own_optimizer = own is not None and "optimizer" in own
     run.learner.optimizer.load_state_dict(own["optimizer"] if own_optimizer else state["optimizer"])
     run.saved_step = run.step
@@ -108,7 +109,7 @@ class StepStart:
     def take(cls, run: Run) -> StepStart:
         return cls(copy.deepcopy({"sampler": run.prompt_sampler.state_dict(), "keep_rate": run.keep_rate.state_dict(),
                                   "history": run.history.state_dict(), "buffer": run.buffer.state_dict(),
-                                  "rng": ckpt.rng_state()}))
+                                  "rng": rng_state()}))
 
     def rewind(self, run: Run) -> None:
         state = copy.deepcopy(self.state)
@@ -116,37 +117,8 @@ class StepStart:
         run.keep_rate.load_state_dict(state["keep_rate"])
         run.history.load_state_dict(state["history"])
         run.buffer.load_state_dict(state["buffer"], run.prompts_by_uid)
-        ckpt.set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
 
-
-def budgets(run: Run) -> dict:
-    """The memory budgets in force: the update's (train.micro_batch_tokens, or micro_batch_size without one)
-    and an hf engine's rows per generate call; an out-of-memory retry lowers them (update/out_of_memory.py,
-    rollout/fitting.py)."""
-    batching, rows = run.learner.batching, getattr(run.engine, "generation_rows", None)
-    return {"micro_batch_tokens": batching.max_tokens, "micro_batch_size": batching.max_count,
-            "generation_batch_size": None if rows is None else rows.limit}
-
-
-def keep_budgets(run: Run, saved: dict | None) -> None:
-    """A resumed run keeps a budget its checkpoint had lowered below this session's (one line each); a smaller
-    one set for this session stands. A budget of the other kind (a token budget set or turned off) starts anew."""
-    if not saved:
-        return
-    batching, rows = run.learner.batching, getattr(run.engine, "generation_rows", None)
-    tokens, count, generation = saved["micro_batch_tokens"], saved["micro_batch_size"], saved["generation_batch_size"]
-    if batching.max_tokens > 0 and 0 < tokens < batching.max_tokens:
-        run.learner.batching = replace(batching, max_tokens=tokens)
-        logger.info("train.micro_batch_tokens=%d, as the checkpoint's run lowered it out of memory (this session's "
-                    "is %d)", tokens, batching.max_tokens)
-    elif batching.max_tokens == tokens == 0 and count < batching.max_count:
-        run.learner.batching = replace(batching, max_count=count)
-        logger.info("train.micro_batch_size=%d, as the checkpoint's run lowered it out of memory (this session's "
-                    "is %d)", count, batching.max_count)
-    if rows is not None and generation is not None and generation < rows.limit:
-        logger.info("rollout.generation_batch_size=%d, as the checkpoint's run lowered it out of memory (this "
-                    "session's is %d)", generation, rows.limit)
-        rows.limit = generation
 
 
 def save(run: Run) -> Path:
@@ -176,6 +148,7 @@ def save(run: Run) -> Path:
                 tmp=tmp,
             )
             logger.info("saved %s", path)
+            run.budgets.note(run.cfg, run.learner.batching, run.engine, run.run_dir / ckpt.CONFIG_FILE)
         except CheckpointNotSaved as exc:
             problem = str(exc)
     _stop_if(run, distributed.broadcast(problem))  # every rank waits here, as at a barrier

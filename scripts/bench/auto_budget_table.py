@@ -28,21 +28,14 @@ def row(path: Path, folder: Path) -> str:
     from transformers import AutoConfig
 
     from dapo_train.config.load import load_config
-    from dapo_train.train.memory import GIB, ModelShape
-    from dapo_train.train.update.budget import CARD_SIZES, budget_lines, choose_budget
+    from dapo_train.train.memory import ModelShape
+    from dapo_train.train.update.budget import CARD_SIZES, budget_lines, describe_choice
 
     cfg = load_config(str(path), [f"model.name_or_path={folder}"])
     shape = ModelShape.from_config(AutoConfig.from_pretrained(folder), cfg.model.lora)
     shards = FSDP_CARDS.get(path.name, 1)
-    cells = []
-    for size in CARD_SIZES:
-        lines, need = budget_lines(shape, cfg, cfg.data.max_prompt_length, shards, card_bytes=size)
-        budget = choose_budget(lines, need, size)
-        if budget is None:
-            fixed = max((line for line in lines if line.per_token == 0), key=lambda line: line.fixed)
-            cells.append(f"none (the {fixed.name} moment alone: {fixed.fixed / GIB:.1f} GiB)")
-        else:
-            cells.append(f"{budget:,}" + (" (a whole mini-batch)" if budget == need.cap else ""))
+    cells = [describe_choice(*budget_lines(shape, cfg, cfg.data.max_prompt_length, shards, card_bytes=size), size)
+             for size in CARD_SIZES]
     setting = str(cfg.train.micro_batch_tokens)
     return f"| `configs/{path.name}` | {setting} | " + " | ".join(cells) + " |"
 

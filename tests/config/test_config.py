@@ -61,6 +61,23 @@ def test_unknown_key_names_the_closest_valid_key():
         load_config(None, ["rollot.group_size=2"])
 
 
+def test_an_invisible_character_in_a_key_is_shown_and_named(tmp_path):
+    """Issue 59 item 15: a byte-order mark in a key printed invisibly: "config key 'train.max_steps': unknown key;
+    did you mean 'train.max_steps'?"."""
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["\ufefftrain.max_steps=3"])
+    assert str(error.value) == ("config key '\\ufefftrain': unknown key: it holds an invisible U+FEFF "
+                                "(a byte-order mark, ZERO WIDTH NO-BREAK SPACE); delete it: 'train'")
+    path = tmp_path / "bom.yaml"
+    path.write_text("train:\n  max_steps: 2\n  warm\u200bup_steps: 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^config key 'train.warm\\u200bup_steps': unknown key: it holds an "
+                                          r"invisible U\+200B \(ZERO WIDTH SPACE\); delete it: "
+                                          r"'train.warmup_steps'$"):
+        load_config(str(path), [])
+    with pytest.raises(ConfigError, match=r"^config key 'train.max_ste\\u200bpz': unknown key; did you mean"):
+        load_config(None, ["train.max_ste\u200bpz=3"])  # not a key even without it: the usual hint, shown
+
+
 @pytest.mark.parametrize(
     "override, key",
     [
@@ -326,3 +343,16 @@ def test_the_old_logging_tracker_key_is_read_as_trackers_with_a_notice(tmp_path,
     caplog.clear()
     assert load_config(None, ["logging.tracker=tensorboard"]).logging.trackers == ["tensorboard"]
     assert caplog.text.count("is now 'logging.trackers'") == 1
+
+
+def test_float16_weights_under_fp16_mixed_precision_are_refused_when_the_config_is_read():
+    """fp16's loss scaler unscales float32 master gradients only: over float16 weights the first optimizer step
+    raised (torch's GradScaler: "Attempting to unscale FP16 gradients"), after the model and a rollout. Each
+    setting alone, and fp16 over bfloat16 weights, stay valid."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["model.dtype=float16", "train.mixed_precision=fp16"])
+    assert info.value.key == "train.mixed_precision" and "model.dtype=float16" in str(info.value)
+    assert "\n" not in str(info.value)
+    for fine in (["model.dtype=float16"], ["train.mixed_precision=fp16"],
+                 ["model.dtype=bfloat16", "train.mixed_precision=fp16"]):
+        load_config(None, fine)

@@ -26,6 +26,17 @@ def test_a_setting_that_changes_training_names_the_run_whatever_the_order():
     assert name("seed=3") == "tiny-cpu_seed=3"  # seeds of one setting are runs of their own
 
 
+def test_a_yaml_comment_in_a_value_names_nothing():
+    """Issue 59 item 15: `train.learning_rate='1e-4 # comment'` trained at 1e-4 in tiny-cpu_learning_rate=1e-4-comment
+    (YAML drops the comment; the name kept it). A '#' that is part of the value (quoted) still names it."""
+    cfg = load_config(None, ["train.learning_rate=1e-4 # comment"])
+    assert cfg.train.learning_rate == 1e-4 and cfg.run_name == "tiny-cpu_learning_rate=1e-4"
+    assert name("train.learning_rate=1e-4") == cfg.run_name  # the same experiment, the same folder
+    assert name("dapo.eps_high=0.4   # the paper's", "train.max_steps=7  #") == "tiny-cpu_eps_high=0.4_max_steps=7"
+    quoted = load_config(None, ["data.system_prompt='answer # with care'"])
+    assert quoted.data.system_prompt == "answer # with care" and quoted.run_name != "tiny-cpu_system_prompt=answer"
+
+
 def test_paths_cadences_and_speed_settings_leave_the_name_alone():
     """Where the data's columns are, when to evaluate or save, what to show, how many rows a forward
     takes: the same experiment, so the same folder (and bare --resume finds it)."""

@@ -14,6 +14,7 @@ import pytest
 from dapo_train.config.load import load_config
 from dapo_train.evaluation import command as eval_command
 from dapo_train.evaluation.command import EvalOptions, run_eval
+from dapo_train.evaluation.settings import result_name
 from dapo_train.train import loop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ NAME = "train_limit4_len4"
     (("test", None, 1, 1.0, None), "pkg.engines:Fast", "test_pkg.engines-Fast"),  # a plugin, as a file name part
 ])
 def test_result_names_say_which_engine_generated(args, engine, name):
-    assert eval_command.result_name(*args, engine=engine) == name
+    assert result_name(*args, engine=engine) == name
 
 
 def test_evals_of_two_engines_coexist_and_say_which(tmp_path, monkeypatch):

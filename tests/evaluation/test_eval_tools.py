@@ -108,10 +108,11 @@ def test_the_evals_reward_models_score_the_policys_own_text():
 
 
 def test_a_checkpoint_is_compared_with_its_runs_step_0_only_when_it_decodes_as_the_run_did(tmp_path):
-    """run_start: the run folder's step-0 records for a checkpoint evaluated with its own config, greedy; nothing
-    for another budget, config, override (--no-tools is one), sampling, or a folder that is no run's checkpoint."""
+    """run_start: the run folder's step-0 records for a checkpoint evaluated as its run evaluated (greedy, no
+    setting that changes what is evaluated), else the reason; nothing for a folder that is no run's checkpoint."""
     from types import SimpleNamespace
 
+    from dapo_train.evaluation.settings import SettingChanges
     from dapo_train.run.eval_items import PERIODIC, write_items
 
     start = [{"uid": "test:0", "gold": "1", "correct": True, "answer_correct": True}]
@@ -119,13 +120,20 @@ def test_a_checkpoint_is_compared_with_its_runs_step_0_only_when_it_decodes_as_t
     (tmp_path / "run" / "checkpoint_3").mkdir()
     (tmp_path / "model").mkdir()
 
-    def plan(folder):
-        return SimpleNamespace(target=SimpleNamespace(folder=folder))
+    def plan(folder, changes=SettingChanges()):
+        return SimpleNamespace(target=SimpleNamespace(folder=folder), changes=changes)
 
-    checkpoint = plan(tmp_path / "run" / "checkpoint_3")
-    assert eval_command.run_start(checkpoint, eval_command.EvalOptions()) == start
-    for options in (eval_command.EvalOptions(max_new_tokens=64), eval_command.EvalOptions(config_path="c.yaml"),
-                    eval_command.EvalOptions(overrides=("rollout.tools=[]",)), eval_command.EvalOptions(samples=4)):
-        assert eval_command.run_start(checkpoint, options) is None, options
-    assert eval_command.run_start(plan(tmp_path / "model"), eval_command.EvalOptions()) is None
-    assert eval_command.run_start(plan(None), eval_command.EvalOptions()) is None
+    checkpoint = tmp_path / "run" / "checkpoint_3"
+    assert eval_command.run_start(plan(checkpoint), eval_command.EvalOptions()) == (start, None)
+    for changes, samples, why in (
+        (SettingChanges(budget=64), 1, "a completion budget of 64 differs"),
+        (SettingChanges({"rollout.tools": []}), 1, "rollout.tools=[] differs"),  # --no-tools
+        (SettingChanges(engine="vllm"), 1, "the vllm engine differs"),
+        (SettingChanges(), 4, "4 samples per item differs"),
+        (SettingChanges({"data.max_prompt_length": 9}, 12), 1, "data.max_prompt_length=9, a completion budget of 12 "
+                                                               "differ from how the run evaluated step 0"),
+    ):
+        records, reason = eval_command.run_start(plan(checkpoint, changes), eval_command.EvalOptions(samples=samples))
+        assert records is None and why in reason, reason
+    assert eval_command.run_start(plan(tmp_path / "model"), eval_command.EvalOptions()) == (None, None)
+    assert eval_command.run_start(plan(None), eval_command.EvalOptions()) == (None, None)

@@ -19,6 +19,7 @@ from dapo_train.errors import UserError
 from dapo_train.evaluation import command as eval_command
 from dapo_train.evaluation.command import EvalOptions, run_eval
 from dapo_train.evaluation.generate import completion_records, evaluate_prompts
+from dapo_train.evaluation.settings import result_name
 from dapo_train.evaluation.stats import majority_answer, mean_stderr, pass_at_k, summarize_records, wilson_interval
 from dapo_train.model.loading import load_model, load_tokenizer
 from dapo_train.rollout import Completion
@@ -381,7 +382,7 @@ def test_an_old_checkpoint_with_a_retired_key_still_evaluates_and_resumes(run_fo
     ],
 )
 def test_result_names_say_what_was_evaluated(args, name):
-    assert eval_command.result_name(*args) == name
+    assert result_name(*args) == name
 
 
 def test_evals_of_different_kinds_coexist(run_folder, monkeypatch):

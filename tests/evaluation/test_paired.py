@@ -273,6 +273,11 @@ def test_the_baseline_must_name_one_point(tmp_path):
     assert [row["paired"].get("is_baseline", False) for row in rows] == [False, True, False]
     with pytest.raises(UserError, match="at least two points"):
         compare_with_baseline([str(tmp_path / "a")], str(tmp_path / "a"))
+    # Issue 59 item 15: a baseline that names nothing said "needs at least two points" of one run.
+    with pytest.raises(UserError, match=r"^--baseline nope: neither a run or sweep folder nor KEY=VALUE settings"):
+        compare_with_baseline([str(tmp_path / "a")], "nope")
+    with pytest.raises(UserError, match=r"^--baseline runs/a2: no such run or sweep folder"):
+        compare_with_baseline([str(tmp_path / "a")], "runs/a2")
 
 
 def test_compare_a_b_baseline_a_on_the_command_line(tmp_path):

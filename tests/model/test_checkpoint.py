@@ -8,6 +8,7 @@ import torch
 from dapo_train.config.load import load_config
 from dapo_train.errors import CheckpointNotSaved, UserError
 from dapo_train.model import checkpoint as ckpt
+from dapo_train.model.random_state import rng_state
 
 from conftest import make_random_model
 
@@ -19,7 +20,7 @@ class NoTokenizer:
 
 def _save(run_dir, step, model, good=True, best=None, overrides=(), **kw):
     # The keys every trainer state holds (load_state refuses a file without them); empty where unused here.
-    state = {"step": step, "bad_steps": 0, "sampler": {}, "buffer": {}, "rng": ckpt.rng_state(), "optimizer": {},
+    state = {"step": step, "bad_steps": 0, "sampler": {}, "buffer": {}, "rng": rng_state(), "optimizer": {},
              "good": good, ckpt.BEST_KEY: best}
     return ckpt.save_checkpoint(
         run_dir, step, model=model, tokenizer=NoTokenizer(), cfg=load_config(None, list(overrides)), state=state, **kw
@@ -149,18 +150,6 @@ def test_a_keep_best_run_without_a_ranked_checkpoint_says_why(tmp_path):
                                         r"at a periodic eval's step \(eval.every_steps=5\), and none of its "
                                         r"checkpoints was saved at one; its checkpoints: checkpoint_3; name one$"):
         ckpt.best_checkpoint(tmp_path / "early")
-
-
-def test_rng_state_round_trips(tmp_path):
-    import random
-
-    import numpy as np
-
-    state = ckpt.rng_state()
-    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
-    torch.save(state, tmp_path / "rng.pt")
-    ckpt.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
-    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
 
 
 def test_missing_state_file_is_a_user_error(tmp_path):

@@ -145,6 +145,35 @@ def test_without_peft_a_lora_run_fails_in_one_line_before_the_run_folder(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+def test_an_adapter_on_a_tied_embedding_says_what_peft_warns_of_in_its_own_words(tmp_path, caplog):
+    """Issue 59 item 16: an adapter on embed_tokens of a model that ties it to its head (the tiny model) printed
+    peft's two UserWarnings (weight tying "can lead to complications"; save_embedding_layers set to True) with
+    no word on what they mean here. One line says it: the adapted embedding and head differ, which a vLLM copy
+    and a merged export keep, and each checkpoint holds the embedding's whole weight (553 x 128 float32 numbers
+    of the tiny model's embedding, its config.json: 283,136 bytes)."""
+    import logging
+    import warnings
+
+    from dapo_train.config.schema import LoraConfig
+
+    settings = LoraConfig(r=4, target_modules=["embed_tokens", "q_proj"])
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
+        wrapped = lora.apply_lora(load_model(ModelConfig(), torch.device("cpu")), settings, "builtin:tiny")
+        wrapped.save_pretrained(tmp_path / "adapter")
+        lora.attach_adapter(load_model(ModelConfig(), torch.device("cpu")), str(tmp_path / "adapter"),
+                            torch.device("cpu"))
+    peft_said = [str(w.message)[:80] for w in caught if "embedding" in str(w.message) or "tie" in str(w.message)]
+    assert peft_said == []
+    assert ("LoRA on embed_tokens of builtin:tiny, which ties its input embedding and LM head into one weight: the "
+            "adapted embedding and head differ (each adds its own adapter's change), which a vLLM copy keeps and "
+            "`dapo-train export --merge` writes untied; each checkpoint also holds the whole embedding weight "
+            "(0.3 MB)") in caplog.text
+    assert caplog.text.count("ties its input embedding and LM head") == 1  # said once, not at each load
+    with warnings.catch_warnings(record=True) as caught:
+        lora.apply_lora(load_model(ModelConfig(), torch.device("cpu")), LoraConfig(r=4), "builtin:tiny")
+    assert not [w for w in caught if "tie" in str(w.message)]  # the default targets: nothing tied, nothing to say
+
+
 def test_lora_settings_with_rank_0_say_they_cannot_act(caplog):
     lora.check_lora_start(load_config(None, ["model.lora.alpha=32", "model.lora.target_modules=[q_proj]"]))
     assert "model.lora.alpha, model.lora.target_modules set but model.lora.r=0 (LoRA off): they have no effect" in (

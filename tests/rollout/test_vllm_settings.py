@@ -41,7 +41,8 @@ def test_on_a_cpu_the_kv_cache_is_sized_to_the_run_and_prefills_are_whole(tiny):
     assert settings(tiny, cuda=False, max_length=0)["max_model_len"] == 512  # the model's positions
 
 
-def test_on_cuda_it_takes_its_share_of_the_card_sleeps_and_compiles(tiny):
+def test_on_cuda_it_takes_its_share_of_the_card_sleeps_and_compiles(tiny, monkeypatch):
+    monkeypatch.setenv("CC", "cc")  # a C compiler, which Triton needs to compile (rollout/compiled.py)
     card = settings(tiny, cuda=True, vllm_memory=0.45)
     assert (card["gpu_memory_utilization"], card["enable_sleep_mode"]) == (0.45, True)
     assert "kv_cache_memory_bytes" not in card and "enable_chunked_prefill" not in card  # vLLM sizes and chunks
@@ -49,6 +50,62 @@ def test_on_cuda_it_takes_its_share_of_the_card_sleeps_and_compiles(tiny):
     assert settings(tiny, cuda=True, dtype="float32", compile="off")["dtype"] == "float32"
     assert settings(tiny, cuda=True, compile="off")["enforce_eager"] is True
     assert settings(tiny, cuda=True, vllm_kv_cache_mib=2048)["kv_cache_memory_bytes"] == 2048 * 2**20
+
+
+def test_on_cuda_without_a_c_compiler_it_starts_eager(tiny, monkeypatch, tmp_path):
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gcc, no clang
+    assert settings(tiny, cuda=True)["enforce_eager"] is True
+    assert settings(tiny, cuda=False, compile="on")["enforce_eager"] is False  # vLLM's CPU compile: no Triton
+
+
+class FailingCompile:
+    """vllm.LLM whose compiled start fails as a compile does (InductorError, raised inside vLLM's start): the
+    settings of each start recorded."""
+
+    starts: list[dict] = []
+    eager_too = False  # an eager start fails so too (no retry is left)
+
+    def __init__(self, **settings) -> None:
+        from torch._inductor.exc import InductorError, InvalidCxxCompiler
+
+        FailingCompile.starts.append(dict(settings))
+        if not settings["enforce_eager"] or FailingCompile.eager_too:
+            try:
+                raise InductorError(InvalidCxxCompiler(), None)
+            except InductorError as error:
+                raise RuntimeError("Engine core initialization failed. See root cause above.") from error
+
+
+def test_a_start_whose_compile_fails_starts_again_eager_once(tiny, caplog):
+    from dapo_train.rollout.vllm_engine import _started
+
+    model, tokenizer = tiny
+    FailingCompile.starts = []
+    options = {"enforce_eager": False, "dtype": "bfloat16"}
+    _started(FailingCompile, options, None, EngineSetup(model, tokenizer, 8, "auto", "auto"), cuda=True)
+    assert [start["enforce_eager"] for start in FailingCompile.starts] == [False, True]
+    assert options["enforce_eager"] is True  # what the start line then says: eager
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(said) == 1 and said[0].startswith("rollout: compiling the decode step failed (InvalidCxxCompiler: ")
+    assert "the vllm engine decodes eagerly from now on" in said[0]
+    FailingCompile.starts, FailingCompile.eager_too = [], True
+    with pytest.raises(ConfigError, match="^config key 'rollout.engine': vLLM could not start with this run's "
+                                          "settings: Engine core initialization failed"):
+        _started(FailingCompile, {"enforce_eager": False}, None, EngineSetup(model, tokenizer, 8, "auto", "auto"),
+                 cuda=True)
+    assert [start["enforce_eager"] for start in FailingCompile.starts] == [False, True]  # one retry, no more
+    with pytest.raises(ConfigError, match="unsupported head size 16"):  # no compile failure: refused, not retried
+        _started(Refusing, {"enforce_eager": False}, None, EngineSetup(model, tokenizer, 8, "auto", "auto"), cuda=True)
+    assert len(Refusing.starts) == 1
+
+
+class Refusing:
+    starts: list[dict] = []
+
+    def __init__(self, **settings) -> None:
+        Refusing.starts.append(settings)
+        raise RuntimeError("unsupported head size 16")
 
 
 class FakeLLM:

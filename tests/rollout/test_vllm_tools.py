@@ -2,7 +2,8 @@
 configs/tiny-tools-cpu.yaml: its multi-turn transcripts, policy masks, calls, truncation, texts and
 tool-turn spans are the hf decode loop's, token for token, greedily (with the default limits, a budget
 that ends inside a tool turn, and one call allowed: a turn past it ends over_calls), and its behaviour
-log-probs after a tool turn are the training forward's."""
+log-probs after a tool turn are the training forward's; on a card, the engine a run builds there (bfloat16,
+compiled), within its bounds (vllm_bounds.py: a few transcripts may part at a tie)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from dapo_train.rollout.hf_engines import DecodeLoopEngine
 from dapo_train.task.prompts import fixed_eval_subset, load_prompts
 from dapo_train.tools.turns import ToolTurns
 
+from vllm_bounds import bounds, device, first_mismatch_is_a_tie
+
 pytestmark = pytest.mark.vllm
 
 CONFIG = "configs/tiny-tools-cpu.yaml"
@@ -32,7 +35,7 @@ def tools_run():
     tokenizer = load_tokenizer(cfg.model)
     turns = ToolTurns(tokenizer, rollout_tools(cfg.rollout), cfg.rollout.max_tool_calls)
     prompts, _ = load_prompts(cfg.data, tokenizer, cfg.data.eval_split, turns.schemas)
-    model = load_model(cfg.model, torch.device("cpu")).eval()
+    model = load_model(cfg.model, device()).eval()
     chosen = [p.input_ids for p in fixed_eval_subset(prompts, 16)]
     return model, tokenizer, turns, chosen, cfg.rollout.max_new_tokens
 
@@ -40,8 +43,10 @@ def tools_run():
 @pytest.fixture(scope="module")
 def engine(tools_run):
     model, tokenizer, turns, _, budget = tools_run
-    return engine_factory("vllm")(EngineSetup(model, tokenizer, 64, "float32", "auto", tools=turns,
-                                              max_length=512 + budget))
+    rollout = load_config(CONFIG, ["rollout.engine=vllm"]).rollout  # as a run builds it on this device
+    return engine_factory("vllm")(EngineSetup(model, tokenizer, 64, rollout.dtype, rollout.compile, tools=turns,
+                                              max_length=512 + budget, vllm_memory=rollout.vllm_memory,
+                                              vllm_kv_cache_mib=rollout.vllm_kv_cache_mib))
 
 
 def transcript(completion) -> tuple:
@@ -68,7 +73,10 @@ def test_greedy_tool_transcripts_are_the_hf_decode_loops(tools_run, engine, budg
     finally:
         engine.tools = turns
     theirs = hf_greedy(tools_run, limited, budget)
-    assert ours == theirs
+    parted = [(prompt, a[0], b[0]) for prompt, a, b in zip(prompts, ours, theirs) if a[0] != b[0]]
+    assert len(parted) <= bounds().differing(len(prompts)), len(parted)  # on a CPU: none
+    assert all(first_mismatch_is_a_tie(model, *case, tie=bounds().tie) for case in parted)
+    assert [a for a, b in zip(ours, theirs) if a[0] == b[0]] == [b for a, b in zip(ours, theirs) if a[0] == b[0]]
     assert sum(len(t[3]) for t in ours) >= len(prompts)  # they call the calculator
     assert sum(not all(t[1]) for t in ours) >= len(prompts) // 2  # tool turns masked in most
     if budget == 40:
@@ -86,7 +94,8 @@ def test_sampled_behaviour_logprobs_after_tool_turns_are_the_training_forwards(t
     batch = collate([c.prompt_ids for c in completions], [c.completion_ids for c in completions],
                     tokenizer.pad_token_id, False, policy_masks=[c.policy_mask for c in completions])
     with torch.no_grad():
-        training, _ = score_tokens(model, batch, temperature=1.0, chunk_mib=4.0)  # (N, T)
+        training, _ = score_tokens(model, batch.to(device()), temperature=1.0, chunk_mib=4.0)  # (N, T)
+    training = training.cpu()
     checked = 0
     for row, completion in enumerate(completions):
         mask = completion.policy_mask
@@ -95,7 +104,7 @@ def test_sampled_behaviour_logprobs_after_tool_turns_are_the_training_forwards(t
             after_tools[int((~mask).nonzero()[0]):] = True  # positions after the first tool turn began
         policy = mask & after_tools
         assert torch.allclose(completion.behaviour_logprobs[policy], training[row, : completion.length][policy],
-                              atol=1e-5)
+                              atol=bounds().logprob)
         assert bool((completion.behaviour_logprobs[~mask] == 0).all())
         checked += int(policy.sum())
     assert checked > 100

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from dapo_train.errors import CheckpointNotSaved
-from dapo_train.run.logs import RUN_LOG, RunLog
+from dapo_train.errors import CheckpointNotSaved, RunRegressed
+from dapo_train.run.logs import RUN_LOG, RUN_STATUS, RunLog, read_status
 
 # Writes to stdout and stderr, a log line and a flush at exit, all after the pipe's reader is gone; exits 130
 # as a run stopped by Ctrl-C does. 100,000 characters: more than Python's buffer and the pipe's.
@@ -80,3 +80,23 @@ def test_the_run_log_keeps_log_lines_what_the_run_says_and_how_it_ended(tmp_path
                          "finished at step 3"]
     said = capsys.readouterr()
     assert said.out == "stopped at step 2\n" and said.err.endswith("finished at step 3\n")
+
+
+def test_the_run_status_says_how_the_last_session_ended(tmp_path):
+    """Issue 59 item 16: `compare`'s status column reads run_status.json, a record, not run.log's prose."""
+    assert read_status(tmp_path) is None  # a run from before the record
+    with RunLog(tmp_path, resumed=False) as run_log:
+        assert read_status(tmp_path) == {"status": "running", "step": None}  # a kill leaves it so
+        run_log.end("finished", 40)
+    assert read_status(tmp_path) == {"status": "finished", "step": 40}
+    with pytest.raises(RunRegressed), RunLog(tmp_path, resumed=True) as run_log:
+        run_log.end("regressed", 12)  # the summary first, then the verdict raised: the step stays
+        raise RunRegressed("step 12: worse than at step 0")
+    assert read_status(tmp_path) == {"status": "regressed", "step": 12}
+    for error, status in ((CheckpointNotSaved("disk full"), "stopped"), (KeyboardInterrupt(), "interrupted"),
+                          (RuntimeError("a bug"), "crashed")):
+        with pytest.raises(type(error)), RunLog(tmp_path, resumed=True):
+            raise error
+        assert read_status(tmp_path) == {"status": status, "step": None}
+    (tmp_path / RUN_STATUS).write_text("{not json")
+    assert read_status(tmp_path) is None

@@ -254,11 +254,11 @@ def test_overwrite_still_replaces_a_real_run_and_says_what_it_removed(real_run, 
     (run / "dapo-train").mkdir()  # TensorBoard's folder: logging.project's default name
     assert sorted(p.name for p in run.iterdir()) == [
         ".dapo-train-run", "accuracy_losses.txt", "checkpoint_1", "checkpoint_7", "config.yaml", "dapo-train",
-        "metrics.jsonl", "run.log", "training_losses.txt"]
+        "metrics.jsonl", "run.log", "run_status.json", "training_losses.txt"]
     loop.train(load_config(None, [*SMALL, f"output_dir={run}"]), overwrite=True)
-    # Issue 47, item 3: each top-level entry it removed, by name (9: the first 6 named, then the count).
-    assert (f"--overwrite: removed what the earlier run wrote in {run}: 9 entries: .dapo-train-run, "
-            "accuracy_losses.txt, checkpoint_1/, checkpoint_7/, config.yaml, dapo-train/ and 3 more") in caplog.text
+    # Issue 47, item 3: each top-level entry it removed, by name (10: the first 6 named, then the count).
+    assert (f"--overwrite: removed what the earlier run wrote in {run}: 10 entries: .dapo-train-run, "
+            "accuracy_losses.txt, checkpoint_1/, checkpoint_7/, config.yaml, dapo-train/ and 4 more") in caplog.text
     assert [row["step"] for row in read_metrics(run)] == [1] and "old" not in read_metrics(run)[0]
     assert sorted(p.name for p in run.glob("checkpoint_*")) == ["checkpoint_1"]
     assert (run / RUN_MARKER).is_file()

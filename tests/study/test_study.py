@@ -14,7 +14,7 @@ import pytest
 
 from dapo_train.config.keys import COSMETIC_KEYS, schema_keys
 from dapo_train.config.load import load_config, save_config
-from dapo_train.errors import TaskSolved, TrainingAborted, UserError
+from dapo_train.errors import DoesNotFit, TaskSolved, TrainingAborted, UserError
 from dapo_train.run.signals import StopRequested
 from dapo_train.study.compare import _run_outcomes, compare, compare_rows, format_compare
 from dapo_train.study.plot import make_figure, plot
@@ -84,6 +84,20 @@ def test_without_seeds_each_point_runs_once_with_the_configs_seed(tmp_path, monk
     assert [p.cfg.seed for p in sweep.points] == [7, 7]
 
 
+def test_a_sweep_of_seeds_alone_runs_the_config_once_per_seed(tmp_path, monkeypatch):
+    """Issue 59 item 15: `sweep CONFIG --seeds 1,2,3` was refused with "give at least one KEY=V1,V2", without a
+    word about --seeds; seeds are a sweep of their own (compare averages over them)."""
+    monkeypatch.chdir(tmp_path)
+    sweep = plan_sweep(CONFIG, ["train.max_steps=2"], "1,2,3")
+    assert sweep.sweep_dir == Path("outputs/sweep_tiny-cpu_max_steps=2")
+    assert sweep.varied_keys == [] and [p.name for p in sweep.points] == ["seed1", "seed2", "seed3"]
+    assert [(p.cfg.seed, p.cfg.train.max_steps) for p in sweep.points] == [(1, 2), (2, 2), (3, 2)]
+    assert plan_sweep(CONFIG, [], "4,5").sweep_dir == Path("outputs/sweep_tiny-cpu")
+    with pytest.raises(UserError, match=r"nothing to sweep: give at least one KEY=V1,V2 .* or two or more seeds "
+                                        r"\(--seeds 1,2,3\); --seeds 7 is one"):
+        plan_sweep(CONFIG, [], "7")
+
+
 @pytest.mark.parametrize(
     ("args", "seeds", "needle"),
     [
@@ -127,11 +141,12 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path):
 class FakeTrain:
     """Records its calls; writes config.yaml, metrics.jsonl and checkpoint_<max_steps>/ like train.
     `interrupt`: a run name that receives Ctrl-C mid-run (saves checkpoint_1, not the final one);
-    `abort`: a run name that raises TrainingAborted; `solve`: one that saves checkpoint_1 and raises TaskSolved."""
+    `abort`: a run name that raises TrainingAborted; `solve`: one that saves checkpoint_1 and raises TaskSolved;
+    `no_fit`: one that saves checkpoint_1 and raises DoesNotFit (out of memory with nothing left to halve)."""
 
-    def __init__(self, interrupt=None, abort=None, solve=None):
+    def __init__(self, interrupt=None, abort=None, solve=None, no_fit=None):
         self.calls = []
-        self.interrupt, self.abort, self.solve = interrupt, abort, solve
+        self.interrupt, self.abort, self.solve, self.no_fit = interrupt, abort, solve, no_fit
 
     def __call__(self, cfg, *, resume=None, overwrite=False, stop=None):
         run_dir = Path(cfg.output_dir)
@@ -146,6 +161,9 @@ class FakeTrain:
         if run_dir.name == self.solve:
             (run_dir / "checkpoint_1").mkdir()
             raise TaskSolved("step 1: the model answers every prompt correctly")
+        if run_dir.name == self.no_fit:
+            (run_dir / "checkpoint_1").mkdir(exist_ok=True)
+            raise DoesNotFit("step 2's update: one completion alone (900 positions) does not fit the card")
         if run_dir.name == self.interrupt:
             self.interrupt = None
             stop.request(signal.SIGINT)
@@ -220,6 +238,23 @@ def test_an_aborted_point_fails_alone(tmp_path, monkeypatch):
     assert _statuses(tmp_path / "s") == ["failed", "done", "done", "done"]
     points = json.loads((tmp_path / "s" / SWEEP_FILE).read_text())["points"]
     assert points[0]["reason"] == "2 non-finite steps in a row" and "reason" not in points[1]
+
+
+def test_a_point_that_does_not_fit_the_card_fails_alone_and_the_rerun_goes_past_it(tmp_path, monkeypatch, capsys):
+    """Issue 59 item 3: a point that ran out of memory with nothing left to halve (exit 7 of its run) stopped the
+    whole sweep, and running it again stopped at the same point. It fails alone, as a diverging point does."""
+    fake = FakeTrain(no_fit=NAMES[1])
+    assert _sweep(tmp_path, monkeypatch, fake) == 3  # a point failed, once the others ran
+    assert [name for name, _, _ in fake.calls] == NAMES
+    assert _statuses(tmp_path / "s") == ["done", "failed", "done", "done"]
+    reason = json.loads((tmp_path / "s" / SWEEP_FILE).read_text())["points"][1]["reason"]
+    assert reason.startswith("step 2's update: one completion alone")
+    err = capsys.readouterr().err
+    assert "[2/4] eps_high=0.1 seed=2: out of memory: step 2's update" in err and "Traceback" not in err
+    again = FakeTrain(no_fit=NAMES[1])
+    assert _sweep(tmp_path, monkeypatch, again) == 3
+    assert again.calls == [(NAMES[1], True, False)]  # tried again from its checkpoint; the done points skipped
+    assert _statuses(tmp_path / "s") == ["done", "failed", "done", "done"]
 
 
 def test_a_solved_point_is_a_result_kept_and_not_trained_again(tmp_path, monkeypatch):
@@ -366,6 +401,52 @@ def test_compare_shows_the_answer_accuracy_beside_the_strict_one(tmp_path):
     assert any(line.startswith("acc is strict (the answer block, as the reward grades)") for line in table)
 
 
+def test_compare_shows_each_runs_change_from_its_start_and_how_it_ended(tmp_path):
+    """Issue 59 item 16: compare showed neither a run's change from its own step 0 nor whether it finished,
+    regressed or aborted. The change is the final eval's where the run made one (final/change), else its last
+    periodic eval's (eval/change), with its interval; a point of several seeds shows their mean ± sample std;
+    the status is run_status.json's."""
+    from dapo_train.run.logs import write_status
+
+    def change(prefix, value, low, high):
+        return {f"{prefix}change": value, f"{prefix}change_low": low, f"{prefix}change_high": high}
+
+    root = tmp_path / "runs"
+    make_run(root / "a1", ["dapo.eps_high=0.1", "seed=1"], [
+        {"step": 0, "accuracy": 0.1},
+        train_row(1, 0.9, 0.1, 0.0, 30, 2.0, accuracy=0.2, **change("eval/", 0.1, 0.02, 0.18)),
+        train_row(2, 0.7, 0.3, 0.0, 34, 2.0, accuracy=0.3, final_accuracy=0.3, **change("eval/", 0.2, 0.1, 0.3),
+                  **change("final/", 0.05, -0.01, 0.11)),
+    ])
+    make_run(root / "a2", ["dapo.eps_high=0.1", "seed=2"], [
+        {"step": 0, "accuracy": 0.1},
+        train_row(1, 0.9, 0.1, 0.0, 30, 2.0, accuracy=0.2, **change("eval/", 0.03, -0.02, 0.08)),
+    ])
+    make_run(root / "b1", ["dapo.eps_high=0.5", "seed=1"], [
+        {"step": 0, "accuracy": 0.6},
+        train_row(1, 1.0, 0.05, 0.0, 20, 4.0, accuracy=0.3, **change("eval/", -0.3, -0.4, -0.2)),
+    ])
+    make_run(root / "c1", ["dapo.eps_high=0.9", "seed=1"], [{"step": 0, "accuracy": 0.6}])  # no change logged yet
+    for name, status, step in (("a1", "finished", 2), ("a2", "finished", 1), ("b1", "regressed", 1)):
+        write_status(root / name, status, step)
+    varied, rows = compare_rows(load_runs([str(root)]))
+    a, b, c = rows
+    assert a["status"] == ["finished", "finished"] and b["status"] == ["regressed"] and c["status"] == [None]
+    assert a["change_from_start"] == [  # a1: the final eval's, not its last periodic eval's 0.2
+        {"eval": "final", "change": 0.05, "low": -0.01, "high": 0.11},
+        {"eval": "step 1", "change": 0.03, "low": -0.02, "high": 0.08},
+    ]
+    assert b["change_from_start"] == [{"eval": "step 1", "change": -0.3, "low": -0.4, "high": -0.2}]
+    assert c["change_from_start"] == [None]
+    table = format_compare(varied, rows).splitlines()
+    assert re.split(r"\s{2,}", table[0])[:4] == ["dapo.eps_high", "seeds", "status", "Δ from start"]
+    # a: (0.05 + 0.03) / 2 = 0.04, sample std sqrt(2 * 0.01^2) = 0.014
+    assert re.split(r"\s{2,}", table[2].strip())[:4] == ["0.1", "2", "2 finished", "+0.040 ± 0.014"]
+    assert re.split(r"\s{2,}", table[3].strip())[:4] == ["0.5", "1", "regressed", "-0.300 [-0.400, -0.200]"]
+    assert re.split(r"\s{2,}", table[4].strip())[:4] == ["0.9", "1", "-", "-"]
+    assert any(line.startswith("Δ from start: each run's last eval") for line in table)
+
+
 def test_compare_json_and_run_paths(runs):
     by_folder = json.loads(compare([str(runs)], as_json=True))
     by_runs = json.loads(compare([str(runs / "b1"), str(runs / "a1"), str(runs / "a2"), str(runs)], as_json=True))
@@ -474,8 +555,12 @@ def test_a_real_sweep_trains_each_point_once(tmp_path):
     table = dapo("compare", "D", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.strip().splitlines()
-    assert len(lines) == 6 and [line.split()[0] for line in lines[2:4]] == ["0.1", "0.5"]  # + the two notes
-    assert "last answer" in lines[0] and lines[5].startswith("acc is strict")  # real runs log both accuracies
+    assert len(lines) == 7 and [line.split()[0] for line in lines[2:4]] == ["0.1", "0.5"]  # + the three notes
+    assert "last answer" in lines[0] and lines[6].startswith("acc is strict")  # real runs log both accuracies
+    # Each run recorded how it ended, and its change from step 0 (its eval at step 1) with an interval:
+    assert re.split(r"\s{2,}", lines[0])[1:4] == ["seeds", "status", "Δ from start"]
+    assert all(re.fullmatch(r"[+-]\d\.\d{3} \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]", re.split(r"\s{2,}", line)[3])
+               and re.split(r"\s{2,}", line)[2] == "finished" for line in lines[2:4]), lines
 
 
 def test_cosmetic_keys_are_no_setting_but_eps_high_is(tmp_path):

@@ -29,7 +29,8 @@ ANY, ASSERT, ASSERT_NOT, BRANCH, IN, MAXREPEAT, MAX_REPEAT, MIN_REPEAT, NEGATE, 
 )
 REPEATS = (MAX_REPEAT, MIN_REPEAT, getattr(sre_constants, "POSSESSIVE_REPEAT", MAX_REPEAT))  # possessive: 3.11+
 
-GSM8K = Path(__file__).resolve().parents[2] / "data" / "gsm8k"  # shipped in the repository (data/gsm8k/README.md)
+ROOT = Path(__file__).resolve().parents[2]
+GSM8K = ROOT / "data" / "gsm8k"  # shipped in the repository (data/gsm8k/README.md)
 SOLVERS = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
 
 
@@ -130,6 +131,20 @@ def test_extract_strict_and_fallback(text, strict, expected):
         ([72], None),
         ("", None),
         ("#### ", None),
+        # Issue 59 item 10: a gold that is not one number is unreadable, not its last number.
+        ("1e3", None),  # scientific notation: read as 3
+        ("0x10", None),  # hex: read as 10
+        ("0xFF", None),  # one digit and letters: read as 0
+        ("5 apples and 3 pears", None),  # two numbers: read as 3
+        ("#### 12 or 13", None),
+        ("#### 1,0000", None),  # a comma that groups no thousands: 1 and 0000
+        ("18 dollars", None),  # words beside the number
+        ("A: 18", None),
+        ("five", None),
+        ("$18", "18"),  # currency, percent and signs are not words
+        ("#### -1,234.5", "-1234.5"),
+        ("#### 3/4", "0.75"),
+        (" 72 \n", "72"),
     ],
 )
 def test_normalize_gold(value, expected):
@@ -349,3 +364,20 @@ def test_labelled_model_solutions_agree_with_openai_labels():
                 disagreements.append((final.strip(), gold[-12:], label))
     assert total == 5276 and labelled_correct > 0  # the file holds both labels
     assert disagreements == []
+
+
+@pytest.mark.parametrize("path, column", [
+    (GSM8K / "test.jsonl", "answer"),
+    *[(ROOT / "dapo_train" / "assets" / task / "data" / f"{split}.jsonl", column)
+      for task in ("tiny", "tiny-long") for split in ("train", "test") for column in ("answer", "answer_only")],
+])
+def test_every_shipped_gold_still_reads_as_the_number_it_writes(path, column):
+    """Issue 59 item 10: golds are read as one number now; no real gold of the shipped data is newly dropped.
+    Expected: the text after the last "####" (the whole number of answer_only) as written, thousands commas removed,
+    parsed by Fraction, not by the module under test."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) > 0
+    for row in rows:
+        cell = row[column]
+        written = str(cell).rpartition("####")[2].strip().replace(",", "")
+        assert normalize_gold(cell) == canonical(Fraction(written)), (path.name, cell)

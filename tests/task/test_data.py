@@ -185,6 +185,20 @@ def test_a_folder_without_split_files_says_what_names_it_expects(tmp_path):
         load_split(DataConfig(path=str(tmp_path)), "train")
 
 
+def test_a_split_file_of_a_type_not_read_is_named(tmp_path):
+    """Issue 59 item 15: a folder holding only train.jsonl.gz said "no split files found", as if it were empty."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl.gz").write_bytes(b"\x1f\x8b")
+    with pytest.raises(UserError, match=r"no split files found;.*; it holds data/train.jsonl.gz, which is not read: "
+                                        r"decompress it \(gunzip\) or convert it to one of .parquet, .jsonl"):
+        load_split(DataConfig(path=str(tmp_path)), "train")
+    write_table(ROWS, tmp_path / "train.jsonl")  # the train split is there; the test split is only compressed
+    (tmp_path / "test.csv.xz").write_bytes(b"\xfd7zXZ")
+    with pytest.raises(UserError, match=r"split 'test' not found in .*; splits: train .*; it holds test.csv.xz, "
+                                        r"which is not read: decompress it \(unxz\)"):
+        load_split(DataConfig(path=str(tmp_path)), "test")
+
+
 def test_a_truncated_json_lines_row_names_its_file_and_line(tmp_path):
     rows = [{"q": "1+1=?", "a": 2}, {"q": "2+2=?", "a": 4}]
     path = tmp_path / "train.jsonl"
@@ -229,6 +243,31 @@ def test_gold_answers_are_canonical_and_unreadable_rows_are_counted(tmp_path, to
     assert [(p.uid, p.gold) for p in prompts] == [("train:0", "5"), ("train:1", "2125"), ("train:3", "-10")]
     assert (stats.rows, stats.kept, stats.dropped_unreadable_answer, stats.dropped_too_long) == (4, 3, 1, 0)
     assert [p.question for p in prompts] == ["2加3等于多少？", "一共有多少个？", "亏了多少？"]
+
+
+def test_golds_that_are_not_one_number_and_questions_that_are_not_text_are_counted_as_such(tokenizer, caplog):
+    """Issue 59 items 10 and 15: "1e3" trained as 3, "0x10" as 10 and "5 apples and 3 pears" as 3, with 0
+    unreadable in the data line; a question that is a number or an object was counted as an empty question."""
+    rows = datasets.Dataset.from_dict({
+        "question_zh-cn": ["一？", "二？", "三？", "四？", "", "   ", "七？"],
+        "answer_only": ["1e3", "0x10", "5 apples and 3 pears", "#### 1,000", "2", "3", "4"],
+    })
+    prompts, stats = build_prompts(rows, tokenizer, DataConfig(max_prompt_length=10_000), "train")
+    assert [(p.uid, p.gold) for p in prompts] == [("train:3", "1000"), ("train:6", "4")]
+    assert (stats.dropped_unreadable_answer, stats.dropped_empty_question, stats.dropped_question_not_text) == (3, 2, 0)
+    assert "3 rows have an unreadable answer_only and are dropped (first: row 0, '1e3')" in caplog.text
+    assert stats.summary() == ("7 rows, 2 prompts kept; dropped: 3 unreadable answer, 0 too long, 2 empty question, "
+                               "0 question not text")
+    odd = datasets.Dataset.from_dict({"question_zh-cn": ['{"a": 1}', "六？"], "answer_only": ["1", "2"]})  # text
+    assert build_prompts(odd, tokenizer, DataConfig(max_prompt_length=10_000), "train")[1].kept == 2
+    for questions in ([7, 8, 9], [{"x": 1}, {"x": 2}, {"x": 3}]):  # one type per column, as arrow stores it
+        not_text = datasets.Dataset.from_dict({"question_zh-cn": questions, "answer_only": ["1", "2", "3"]})
+        with pytest.raises(UserError, match=r"3 rows, 0 prompts kept; dropped: 0 unreadable answer, 0 too long, "
+                                            r"0 empty question, 3 question not text; check that data.prompt_field "
+                                            r"'question_zh-cn' holds the questions, as text$"):
+            build_prompts(not_text, tokenizer, DataConfig(max_prompt_length=10_000), "train")
+        assert f"3 rows have a question_zh-cn that is not text and are dropped (first: row 0, {questions[0]!r})" \
+            in caplog.text
 
 
 def test_prompts_are_chat_templated_and_tokenized_without_extra_special_tokens(tmp_path, tokenizer):

@@ -342,3 +342,21 @@ def test_solved_only_when_every_prompt_is_answered_right_skipped_ones_included(b
     else:
         assert len(warned) == 1 and said in warned[0] and skipped in warned[0], warned
         assert "of the 18 prompts (" in warned[0], warned
+
+
+@pytest.mark.parametrize("overrides, named, lower_rate", [
+    (["model.dtype=float16"], "is the likely cause, not the learning rate", False),
+    (["model.dtype=float16", "model.lora.r=8"], "may be the cause: its forward overflows", True),
+    (["model.dtype=bfloat16"], None, True), ([], None, True)])
+def test_an_abort_of_a_float16_run_names_the_dtype(tmp_path, overrides, named, lower_rate):
+    """float16 weights go non-finite at the first AdamW step whatever the learning rate: its eps (1e-8) rounds to 0
+    in float16, so a weight whose gradient is 0 gets 0/0 (a CPU run of the demo aborted at step 6 even at
+    train.learning_rate=1e-8, told to lower it). Such a run's abort names the dtype; LoRA's float32 adapters leave
+    the float16 forward as the suspect; other runs keep their advice."""
+    cfg = load_config(None, ["train.max_bad_steps=1", *overrides])
+    health = StepHealth()
+    health.record(1, NONFINITE)
+    reason = health.abort_reason(cfg, 1, tmp_path)
+    assert (named is not None and f"model.dtype=float16 {named}" in reason) or \
+        (named is None and "float16" not in reason), reason
+    assert ("lower train.learning_rate" in reason) is lower_rate, reason

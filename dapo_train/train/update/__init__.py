@@ -6,6 +6,7 @@
   batching.py    how completions become micro- and mini-batches (packed rows, the token budget)
   objective.py   the config's policy objective resolved (algo.objectives' registry)
   optim.py       AdamW and the learning-rate schedule
-  budget.py      the update's token budget a card holds (train.micro_batch_tokens=auto), vLLM's share checked
+  budget.py      the arithmetic of the update's token budget a card holds (train.micro_batch_tokens=auto)
+  card.py        the budget on this run's card at start, vLLM's share checked; a refusal advises what fits
   out_of_memory.py  an update (or a decode) out of memory redone at half the budget on the same groups
 """

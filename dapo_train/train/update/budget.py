@@ -1,5 +1,5 @@
 """The update's token budget a card holds (train.micro_batch_tokens=auto): the largest budget whose estimated
-peak (memory.py) fits the card's free memory less a margin; rollout.vllm_memory checked against the same.
+peak (memory.py) fits the card's free memory less a margin; the room left for rollout.vllm_memory.
 
 At a fixed packed-row width every moment of the estimate is linear in the micro-batch's tokens: the
 backward's two branches grow with them (what the forward saves, the attention mask, the LM head's
@@ -7,25 +7,14 @@ positions, the recomputed layer), generation, the eval, reward scoring and the o
 the choice needs each moment's fixed bytes and bytes per token (`Line`, from `budget_lines`), and
 `choose_budget` is arithmetic on those, the free memory and the margin: pure, checked by hand in
 tests/train/update/test_budget.py. The row width is held at the widest the largest budget makes, so a smaller
-budget's estimate is over, never under, its own.
-
-At start (resolve_budget), once, before the model loads: the card's free memory (the least over the ranks)
-against the estimate of the real run (its config.json, no weights; the longest training prompt). On a CPU
-there is no card to size a budget from: auto is micro_batch_size's count, as a budget of 0 is. Several
-processes: the out-of-memory retry (out_of_memory.py) is off, and the run says so here.
+budget's estimate is over, never under, its own. What a run does with it at start, on its card: card.py.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 from dataclasses import dataclass, replace
 
-import torch
-
 from dapo_train.config.schema import Config
-from dapo_train.errors import ConfigError
-from dapo_train.train import distributed
 from dapo_train.train.memory import (
     CARD_BYTES,
     GIB,
@@ -34,10 +23,7 @@ from dapo_train.train.memory import (
     Setting,
     estimate,
     mini_batch_tokens,
-    reward_model_loads,
 )
-
-logger = logging.getLogger(__name__)
 
 MARGIN = 0.10  # of the free memory, kept back for what the estimate leaves out (fragmentation, kernels' workspaces)
 BUDGET_STEP = 1024  # budgets are multiples of 1,024 tokens (or one sequence, when that is more)
@@ -67,14 +53,31 @@ class Need:
     cap: int
 
 
+def usable(free_bytes: int, margin: float = MARGIN) -> int:
+    """The free memory less the margin: what the estimate's moments must fit."""
+    return int(free_bytes * (1 - margin))
+
+
+def over_fixed(lines: list[Line], free_bytes: int, margin: float = MARGIN) -> Line | None:
+    """The largest moment that no budget moves (per_token 0), when it is over the usable memory; else None."""
+    fixed = [line for line in lines if line.per_token == 0]
+    top = max(fixed, key=lambda line: line.fixed, default=None)
+    return top if top is not None and top.fixed > usable(free_bytes, margin) else None
+
+
+def most_tokens(lines: list[Line], free_bytes: int, margin: float = MARGIN) -> int:
+    """The most tokens a micro-batch may hold before a growing moment is over the usable memory."""
+    room = usable(free_bytes, margin)
+    return min((room - line.fixed) // line.per_token for line in lines if line.per_token > 0)
+
+
 def choose_budget(lines: list[Line], need: Need, free_bytes: int, margin: float = MARGIN) -> int | None:
     """The largest budget whose every line fits free_bytes x (1 - margin): a multiple of BUDGET_STEP (or the
     floor, when that is more), at most need.cap; None when nothing fits: a fixed line is over, or one sequence
     alone is."""
-    usable = int(free_bytes * (1 - margin))
-    if any(line.fixed > usable for line in lines if line.per_token == 0):
+    if over_fixed(lines, free_bytes, margin) is not None:
         return None
-    most = min((usable - line.fixed) // line.per_token for line in lines if line.per_token > 0)
+    most = most_tokens(lines, free_bytes, margin)
     if most < need.floor:
         return None
     return min(max(most // BUDGET_STEP * BUDGET_STEP, need.floor), need.cap)
@@ -85,6 +88,24 @@ def peak_at(lines: list[Line], need: Need, budget: int) -> tuple[int, str]:
     tokens = max(budget, need.floor)
     top = max(lines, key=lambda line: line.at(tokens))
     return top.at(tokens), top.name
+
+
+def no_fit_reason(lines: list[Line], need: Need, free_bytes: int, margin: float = MARGIN) -> str:
+    """Why choose_budget found none: the fixed moment over the card, or one sequence's peak."""
+    fixed = over_fixed(lines, free_bytes, margin)
+    if fixed is not None:
+        return f"the {fixed.name} moment alone: {fixed.fixed / GIB:.1f} GiB"
+    peak, moment = peak_at(lines, need, need.floor)
+    return f"one sequence of {need.floor:,} tokens alone: {peak / GIB:.1f} GiB at the {moment}"
+
+
+def describe_choice(lines: list[Line], need: Need, free_bytes: int, margin: float = MARGIN) -> str:
+    """auto's choice on a card of free_bytes, as preflight and docs/training.md's table show it: '9,216 (a whole
+    mini-batch)', '27,648', or 'none fits (why)'."""
+    budget = choose_budget(lines, need, free_bytes, margin)
+    if budget is None:
+        return f"none fits ({no_fit_reason(lines, need, free_bytes, margin)})"
+    return f"{budget:,}" + (" (a whole mini-batch)" if budget == need.cap else "")
 
 
 def budget_lines(shape: ModelShape, cfg: Config, prompt_tokens: int, shards: int = 1,
@@ -110,81 +131,14 @@ def budget_lines(shape: ModelShape, cfg: Config, prompt_tokens: int, shards: int
     return lines, need
 
 
+GENERATING = ("generate", "eval")  # the moments vLLM is awake in, its share of the card among their fixed bytes
+
+
 def vllm_room(lines: list[Line], share: float, total_bytes: int, free_bytes: int, margin: float = MARGIN) -> float:
     """rollout.engine=vllm on CUDA: the largest rollout.vllm_memory (a share of the card's total_bytes, as
     vLLM's gpu_memory_utilization is) that fits beside the training state while it generates, when the lines
     were made with `share`: free_bytes x (1 - margin) less the generation moments without the engine's share
     (it sleeps through the update), over the total."""
-    usable = int(free_bytes * (1 - margin))
     engine = int(share * total_bytes)
-    beside = max(line.fixed - engine for line in lines if line.name in ("generate", "eval"))
-    return (usable - beside) / total_bytes
-
-
-def resolve_budget(cfg: Config, accelerator, prompt_lengths: list[int]) -> int | None:
-    """The update's token budget for the Learner: auto's choice (one line with its numbers), or None for the
-    config's own number. On CUDA with rollout.engine=vllm, refuses (one line) a share of the card that does
-    not fit beside the training state. prompt_lengths: the training prompts' token counts."""
-    auto = cfg.train.micro_batch_tokens == "auto"
-    cuda = accelerator.device.type == "cuda"
-    if distributed.world_size() > 1:
-        logger.warning("%d processes: an out-of-memory update is not redone smaller (every rank would have to "
-                       "agree on it) and ends the run; %s", distributed.world_size(),
-                       "train.micro_batch_tokens=auto sizes the budget from the card with the least free memory"
-                       if auto else "train.micro_batch_tokens=auto would size the budget from the cards")
-    vllm = cuda and cfg.rollout.engine == "vllm"
-    if not auto and not vllm:
-        return None
-    if not cuda:
-        logger.info("train.micro_batch_tokens=auto on a CPU: no card's free memory to size a token budget from; "
-                    "micro-batches of train.micro_batch_size=%d completions, as with 0", cfg.train.micro_batch_size)
-        return 0
-    free, total = torch.cuda.mem_get_info(accelerator.device)
-    free = int(-distributed.all_reduce([-free], op="max")[0])  # the least free memory of any rank
-    lines, need = _lines(cfg, accelerator, max(prompt_lengths), total)
-    if vllm:
-        _check_vllm_share(cfg, lines, total, free)
-    if not auto:
-        return None
-    budget = choose_budget(lines, need, free)
-    if budget is None:
-        fixed = max((line for line in lines if line.per_token == 0), key=lambda line: line.fixed)
-        over = f"the {fixed.name} moment alone is estimated at {fixed.fixed / GIB:.1f} GiB" \
-            if fixed.fixed > free * (1 - MARGIN) else f"one sequence of {need.floor} tokens alone is over it"
-        raise ConfigError("train.micro_batch_tokens", f"auto: no budget fits the {free / GIB:.1f} GiB free on this "
-                          f"card less a {MARGIN:.0%} margin ({over}); cut memory (model.lora.r, "
-                          "model.gradient_checkpointing=on, rollout.generation_batch_size, rollout.max_new_tokens) or "
-                          "set a number to try anyway")
-    peak, moment = peak_at(lines, need, budget)
-    logger.info("train.micro_batch_tokens=auto: %d, the largest budget whose estimated peak (%.1f GiB, at the %s) "
-                "fits the %.1f GiB free on this card less a %.0f%% margin (%.1f GiB)%s", budget, peak / GIB, moment,
-                free / GIB, MARGIN * 100, free * (1 - MARGIN) / GIB,
-                "; a whole mini-batch" if budget == need.cap else "")
-    return budget
-
-
-def _lines(cfg: Config, accelerator, longest: int, total: int):
-    """budget.budget_lines for the real model (its config.json, no weights) and this run's ranks."""
-    from accelerate.utils import DistributedType
-
-    from dapo_train.model.loading import load_model_config
-
-    shape = ModelShape.from_config(load_model_config(cfg.model)[0], cfg.model.lora)
-    sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
-    shards = distributed.world_size() if sharded else 1
-    rewards = reward_model_loads(cfg, cuda=True, sequence=longest + cfg.rollout.max_new_tokens)
-    return budget_lines(shape, cfg, longest, shards, rewards, card_bytes=total, processes=distributed.world_size())
-
-
-def _check_vllm_share(cfg: Config, lines, total: int, free: int) -> None:
-    """rollout.vllm_memory against the training state beside it while vLLM generates (budget.vllm_room)."""
-    share = cfg.rollout.vllm_memory
-    room = vllm_room(lines, share, total, free)
-    if share <= room:
-        return
-    where = f"in the {free / GIB:.1f} GiB free on this {total / GIB:.1f} GiB card less a {MARGIN:.0%} margin"
-    if room <= 0:
-        raise ConfigError("rollout.vllm_memory", f"vLLM has no room beside the training state {where}: cut the "
-                          "training state (model.lora.r, model.dtype=bfloat16)")
-    raise ConfigError("rollout.vllm_memory", f"{share:g} of the card for vLLM does not fit beside the training state "
-                      f"(weights, AdamW state, ...) {where}: set it to at most {math.floor(room * 100) / 100:.2f}")
+    beside = max(line.fixed - engine for line in lines if line.name in GENERATING)
+    return (usable(free_bytes, margin) - beside) / total_bytes

@@ -51,6 +51,19 @@ def learning_rate(cfg: Config, step: int) -> float:
     return t.learning_rate * LR_SCHEDULES[t.lr_scheduler](progress)
 
 
+def warmup_note(cfg: Config) -> str | None:
+    """What to say at start when the warmup outlasts the run: its LR never reaches train.learning_rate (1000
+    warmup steps over 8 optimizer steps train at 8e-7 of 1e-4); None when it does."""
+    t, total = cfg.train, total_optimizer_steps(cfg)
+    if t.warmup_steps <= total:
+        return None
+    return (f"train.warmup_steps={t.warmup_steps} is longer than the run's {total} optimizer steps (train.max_steps="
+            f"{t.max_steps} x train.updates_per_step={t.updates_per_step} x dapo.num_iterations="
+            f"{cfg.dapo.num_iterations}): the learning rate rises from {learning_rate(cfg, 0):.3g} to "
+            f"{learning_rate(cfg, total - 1):.3g} and never reaches train.learning_rate={t.learning_rate:g}; set "
+            f"train.warmup_steps to at most {total}")
+
+
 def adamw(cfg: Config, parameters: list[torch.nn.Parameter], fused: bool = False) -> torch.optim.AdamW:
     """AdamW over `parameters` (every weight, or the LoRA adapters alone) with train.* settings. fused: torch's
     fused kernel (CUDA, one process: the module docstring), else its default (foreach)."""

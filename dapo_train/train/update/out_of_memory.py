@@ -32,7 +32,7 @@ step's (train/loop.py then saves them as its checkpoint, at that step's data pos
 moved (the loop keeps the last checkpoint on disk and says which steps that loses).
 
 One process only: under several, the ranks' collective calls would have to agree on a probe and a retry; the run
-says at start that an out-of-memory error ends it there (budget.py).
+says at start that an out-of-memory error ends it there (card.py).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class Learner:
         """The learner of `cfg` for a prepared model and optimizer (on the accelerator's device).
         behaviour: resolved for the run's engine (session.setup); None = as for an engine not known to
         be the training forward. micro_batch_tokens: the budget train.micro_batch_tokens=auto resolved to
-        (train/update/budget.py); None = the config's number."""
+        (train/update/card.py); None = the config's number."""
         behaviour = behaviour or resolve(cfg, UNKNOWN_ROLLOUT)
         batching = Batching.from_config(cfg, model, pad_id, accelerator.device, behaviour.correction,
                                         micro_batch_tokens)

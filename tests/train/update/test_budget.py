@@ -1,20 +1,17 @@
-"""train.micro_batch_tokens=auto (train/update/budget.py): the choice is arithmetic on the estimate's lines, the free
-memory and the margin, checked here by hand at 24, 48 and 80 GB; the lines agree with the estimate; the vLLM
-share check; the CPU's resolution; and Batching.halved, the retry's smaller budget."""
+"""train.micro_batch_tokens=auto's arithmetic (train/update/budget.py): the choice is arithmetic on the estimate's
+lines, the free memory and the margin, checked here by hand at 24, 48 and 80 GB; the lines agree with the estimate;
+the vLLM share's room; what a card's choice is called; Batching.halved, the retry's smaller budget; and no stage
+of a step calls across ranks itself. The choice at start on a card: test_card.py."""
 
-import logging
 
 import pytest
 import torch
 from transformers import Qwen2Config
 
 from dapo_train.config.load import load_config
-from dapo_train.errors import ConfigError
 from dapo_train.train.memory import ModelShape, Setting, estimate
 from dapo_train.train.update.batching import Batching
-from dapo_train.train.update.budget import Line, Need, budget_lines, choose_budget, resolve_budget, vllm_room
-
-import qwen_offline
+from dapo_train.train.update.budget import Line, Need, budget_lines, choose_budget, describe_choice, vllm_room
 
 # Bytes: generation and the optimizer step do not grow with the micro-batch; the backward's two branches do,
 # 1 MB and 2 MB per token (the second with a smaller fixed part, as the recomputed layer's).
@@ -85,6 +82,22 @@ def test_the_vllm_share_is_refused_when_it_does_not_fit_beside_the_training_stat
     assert vllm_room(lines, 0.3, 80 * 10**9, 30 * 10**9) == pytest.approx(0.1125)
 
 
+@pytest.mark.parametrize(("card", "need", "said"), [
+    (80 * 10**9, NEED, "32,768"),  # 32 x 1,024 (above), under the cap of 65,536
+    (80 * 10**9, Need(600, 16384), "16,384 (a whole mini-batch)"),  # the cap: a larger budget changes nothing
+    # generation's fixed 14e9 bytes = 13.04 GiB over 15e9 x 0.9 = 13.5e9: no budget can lower it
+    (15 * 10**9, NEED, "none fits (the generate moment alone: 13.0 GiB)"),
+    # every fixed line fits 21.6e9, but one sequence of 8,000 tokens peaks at the recomputing branch:
+    # 6e9 + 2e6 x 8,000 = 22e9 bytes = 20.5 GiB (the backward: 10e9 + 1e6 x 8,000 = 18e9)
+    (24 * 10**9, Need(8000, 64 * 1024), "none fits (one sequence of 8,000 tokens alone: 20.5 GiB at the backward, "
+                                        "recomputing a layer)"),
+])
+def test_a_cards_choice_says_why_none_fits_and_when_it_is_a_whole_mini_batch(card, need, said):
+    """Issue 59 (item 16): preflight's "24 GB none fits" gave no reason, and its 80 GB 9216 did not say it was a
+    whole mini-batch."""
+    assert describe_choice(LINES, need, card) == said
+
+
 @pytest.mark.parametrize(("batching", "failed", "expected"), [
     (Batching(0, torch.device("cpu"), True, 4, max_tokens=1024), (4, 235), (117, 4)),  # half the micro-batch
     (Batching(0, torch.device("cpu"), True, 4, max_tokens=100), (3, 300), (50, 4)),  # half the budget, the less
@@ -98,66 +111,18 @@ def test_an_out_of_memory_micro_batch_halves_the_budget_from_its_own_size(batchi
     assert (None if smaller is None else (smaller.max_tokens, smaller.max_count)) == expected
 
 
-class _Accelerator:
-    def __init__(self, device: str) -> None:
-        self.device = torch.device(device)
-        self.distributed_type = "NO"
-
-
-def test_auto_on_a_cpu_is_micro_batch_size_and_says_so_once(caplog):
-    cfg = load_config(None, ["train.micro_batch_tokens=auto", "train.micro_batch_size=4"])
-    with caplog.at_level(logging.INFO, logger="dapo_train"):
-        assert resolve_budget(cfg, _Accelerator("cpu"), [100]) == 0
-    said = [r.getMessage() for r in caplog.records if "micro_batch_tokens=auto" in r.getMessage()]
-    assert len(said) == 1 and "micro_batch_size=4" in said[0] and "CPU" in said[0]
-    assert resolve_budget(load_config(None, ["train.micro_batch_tokens=512"]), _Accelerator("cpu"), [100]) is None
-
-
-def _qwen_on_a_card(tmp_path, monkeypatch, config: str, free: int, *overrides: str):
-    """A shipped Qwen config's model config (no weights), resolved as on a card of `free` bytes, all free."""
+def test_the_steps_stages_make_no_collective_call_of_their_own():
+    """Ranks cross only through train/ranks.py (its docstring): no module under train/update/ or train/collect/
+    calls distributed's collectives itself (update/budget.py all-reduced the cards' free memory)."""
+    import ast
     from pathlib import Path
 
-    qwen_offline.write_model_configs(tmp_path, "1.5b")
-    root = Path(__file__).resolve().parents[3]
-    cfg = load_config(str(root / "configs" / config), [f"model.name_or_path={tmp_path}", *overrides])
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, free))
-    return resolve_budget(cfg, _Accelerator("cuda"), [211])  # a device object only: nothing runs on it
-
-
-def test_auto_on_a_card_follows_its_free_memory_and_logs_its_numbers(tmp_path, monkeypatch, caplog):
-    """qwen1.5b-paper.yaml (a 64 x 512-token mini-batch, 33,792 tokens at most): on 80 GB the whole mini-batch,
-    on 48 GB less, on 24 GB nothing (float32 weights, AdamW state, the rollout copy and generation alone are over):
-    refused in one line."""
-    with caplog.at_level(logging.INFO, logger="dapo_train"):
-        on_48 = _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-paper.yaml", 48 * 10**9)
-        on_80 = _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-paper.yaml", 80 * 10**9)
-    assert on_80 == 33 * 1024 and 0 < on_48 < on_80 and on_48 % 1024 == 0
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train.micro_batch_tokens=auto")]
-    assert said[0].startswith(f"train.micro_batch_tokens=auto: {on_48}, ") and "44.7 GiB free" in said[0]
-    assert "10% margin (40.2 GiB)" in said[0] and "\n" not in said[0] and "whole mini-batch" in said[1]
-    with pytest.raises(ConfigError, match="train.micro_batch_tokens.*the generate moment alone"):
-        _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-paper.yaml", 24 * 10**9)
-
-
-def test_a_vllm_share_that_does_not_fit_beside_training_is_refused_at_start(tmp_path, monkeypatch):
-    # a whole mini-batch fits beside vLLM's 0.3: 2 groups x (8 x 512 + a prompt of 211) = 8,614 -> 9,216 tokens
-    assert _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-vllm.yaml", 48 * 10**9) == 9216
-    with pytest.raises(ConfigError, match=r"rollout.vllm_memory.*set it to at most 0\.[0-9]+$"):
-        _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-vllm.yaml", 48 * 10**9, "rollout.vllm_memory=0.6")
-    # a number, not auto: the share is still checked
-    with pytest.raises(ConfigError, match="rollout.vllm_memory"):
-        _qwen_on_a_card(tmp_path, monkeypatch, "qwen1.5b-vllm.yaml", 24 * 10**9, "train.micro_batch_tokens=1024")
-
-
-def test_several_processes_say_at_start_that_an_out_of_memory_update_ends_the_run(monkeypatch, caplog):
-    from dapo_train.train.update import budget as budget
-
-    monkeypatch.setattr(budget.distributed, "world_size", lambda: 4)
-    with caplog.at_level(logging.INFO, logger="dapo_train"):
-        assert resolve_budget(load_config(None, ["train.micro_batch_tokens=512"]), _Accelerator("cpu"), [100]) is None
-    said = [r.getMessage() for r in caplog.records if "out-of-memory update" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith("4 processes: an out-of-memory update is not redone")
-    caplog.clear()
-    monkeypatch.setattr(budget.distributed, "world_size", lambda: 1)
-    resolve_budget(load_config(None, ["train.micro_batch_tokens=512"]), _Accelerator("cpu"), [100])
-    assert not [r for r in caplog.records if "out-of-memory update" in r.getMessage()]
+    collectives = {"all_reduce", "gather", "broadcast", "barrier"}
+    package = Path(__file__).resolve().parents[3] / "dapo_train" / "train"
+    calls = []
+    for path in sorted([*(package / "update").glob("*.py"), *(package / "collect").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in collectives \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in ("distributed", "dist"):
+                calls.append(f"{path.name}:{node.lineno}")
+    assert calls == []

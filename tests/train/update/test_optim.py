@@ -73,3 +73,28 @@ def test_adamw_state_made_before_the_first_step_changes_nothing_that_follows(fus
 
     for lazy, early in zip(steps(False), steps(True)):
         assert torch.equal(lazy, early)
+
+
+def test_a_warmup_longer_than_the_run_is_said_at_start_with_the_rates_the_schedule_gives(caplog):
+    """Issue 59 item 13: train.warmup_steps=1000 over 8 optimizer steps trained at lr 8e-7 without a word.
+    2 steps x 4 updates x 1 iteration = 8 optimizer steps; warmup gives step s (0-based) lr * (s + 1) / 1000:
+    1e-4 * 1/1000 = 1e-7 at the first and 1e-4 * 8/1000 = 8e-7 at the last."""
+    import logging
+
+    from dapo_train.train.session import _warn_inert_settings
+    from dapo_train.train.update.optim import learning_rate
+
+    cfg = load_config(None, ["train.warmup_steps=1000", "train.max_steps=2", "train.updates_per_step=4",
+                             "train.learning_rate=1e-4"])
+    assert learning_rate(cfg, 0) == pytest.approx(1e-7) and learning_rate(cfg, 7) == pytest.approx(8e-7)
+    with caplog.at_level(logging.WARNING):
+        _warn_inert_settings(cfg)
+    assert ("train.warmup_steps=1000 is longer than the run's 8 optimizer steps (train.max_steps=2 x "
+            "train.updates_per_step=4 x dapo.num_iterations=1): the learning rate rises from 1e-07 to 8e-07 and "
+            "never reaches train.learning_rate=0.0001; set train.warmup_steps to at most 8") in caplog.text
+    caplog.clear()
+    for warmup in (8, 0):  # the last step reaches the full rate, or there is no warmup: nothing to say
+        with caplog.at_level(logging.WARNING):
+            _warn_inert_settings(load_config(None, [f"train.warmup_steps={warmup}", "train.max_steps=2",
+                                                    "train.updates_per_step=4"]))
+        assert "warmup" not in caplog.text

@@ -69,8 +69,10 @@ def _same_steps(a, b, weights: str = "model.safetensors", rel: float = 0.0) -> N
         torch.testing.assert_close(weights[name], expected[name], atol=1e-6, rtol=rel)
 
 
-def _budgets(run_dir, step: int) -> dict:
-    return torch.load(run_dir / f"checkpoint_{step}" / "trainer_state.pt", weights_only=False)["budgets"]
+def _lowered(run_dir, step: int) -> dict:
+    """The budgets checkpoint_<step> records as lowered out of memory: key -> (value, the value it replaced)."""
+    state = torch.load(run_dir / f"checkpoint_{step}" / "trainer_state.pt", weights_only=False)
+    return {entry["key"]: (entry["value"], entry["replaced"]) for entry in state["lowered_budgets"]}
 
 
 def _halvings(caplog, where: str = "the update") -> list[tuple[int, int]]:
@@ -96,7 +98,7 @@ def test_an_update_out_of_memory_is_redone_at_half_the_micro_batch_and_equals_th
     assert halvings and all(positions > 400 and budget == min(positions, 1024) // 2 for positions, budget in halvings)
     assert all(line.startswith("step 1: ") for line in _lines(caplog, "out of memory in the update"))
     halved = halvings[-1][1]
-    assert _budgets(failed, 2)["micro_batch_tokens"] == halved
+    assert _lowered(failed, 2) == {"train.micro_batch_tokens": (halved, 1024)}
     generated_once, generated[0] = generated[0], 0
 
     monkeypatch.delenv(UPDATE_TOKENS)
@@ -111,7 +113,7 @@ def test_an_update_out_of_memory_is_redone_at_half_the_micro_batch_and_equals_th
         _run(tmp_path / "failed", "train.max_steps=3", "train.micro_batch_tokens=1024", resume=True)
     assert _lines(caplog, f"train.micro_batch_tokens={halved}, as the checkpoint's run lowered it")
     assert not _lines(caplog, "out of memory in the update")
-    assert _budgets(failed, 3)["micro_batch_tokens"] == halved
+    assert _lowered(failed, 3) == {"train.micro_batch_tokens": (halved, 1024)}
 
 
 LORA_DROPOUT = ("model.lora.r=4", "model.lora.alpha=8", "model.lora.dropout=0.3", "train.learning_rate=1e-3",
@@ -164,8 +166,8 @@ def test_out_of_memory_in_the_old_log_prob_pass_is_redone_smaller(tmp_path, monk
         failed = _run(tmp_path / "failed", "train.max_steps=2", "train.micro_batch_tokens=1024", recompute)
     halvings = _halvings(caplog, "the old-log-prob pass")
     assert halvings and all(line.startswith("step 1: ") for line in _lines(caplog, "old-log-prob pass"))
-    halved = _budgets(failed, 2)["micro_batch_tokens"]
-    assert halved == halvings[-1][1] < 1024
+    halved = halvings[-1][1]
+    assert _lowered(failed, 2) == {"train.micro_batch_tokens": (halved, 1024)} and halved < 1024
     monkeypatch.delenv(OLD_LOGPROB_TOKENS)
     _same_steps(failed, _run(tmp_path / "smaller", "train.max_steps=2", f"train.micro_batch_tokens={halved}",
                              recompute))
@@ -190,7 +192,7 @@ def test_a_decode_out_of_memory_is_redone_in_halves_and_equals_that_batch_from_t
         failed = _run(tmp_path / "failed", "train.max_steps=2", "rollout.generation_batch_size=8")
     said = _lines(caplog, "out of memory in a generate call")
     assert len(said) == 1 and "\n" not in said[0] and "of 8 rows" in said[0] and "at most 4 rows" in said[0]
-    assert _budgets(failed, 2)["generation_batch_size"] == 4
+    assert _lowered(failed, 2) == {"rollout.generation_batch_size": (4, 8)}
     generated_once, generated[0] = generated[0], 0
 
     monkeypatch.delenv(DECODE_ROWS)

@@ -233,7 +233,7 @@ def export_cmd(
     transformers folder (weights, config, generation_config, tokenizer) that from_pretrained and vLLM
     load without peft; without it, the adapter alone; a full checkpoint, its model without the
     trainer state."""
-    from dapo_train.model.export import export_checkpoint
+    from dapo_train.run.export import export_checkpoint
 
     console_logging()
     export_checkpoint(checkpoint, out, merge=merge, dtype=dtype)

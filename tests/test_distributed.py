@@ -21,8 +21,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from dapo_train.config.load import load_config
-from dapo_train.model import checkpoint as ckpt
 from dapo_train.rollout import Completion
+from dapo_train.run import checkpoint as ckpt
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import Prompt
 from dapo_train.train import distributed, ranks

@@ -31,6 +31,8 @@ from dapo_train.errors import ConfigError, UserError, special_file
 
 logger = logging.getLogger(__name__)
 
+CONFIG_FILE = "config.yaml"  # the resolved config a run saves in its folder and in each checkpoint (save_config)
+
 
 # --------------------------------------------------------------------------------------------
 # Earlier runs' configs.

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.config.load import read_saved_config
+from dapo_train.config.load import CONFIG_FILE, read_saved_config
 from dapo_train.config.schema import Config, LoraConfig
 from dapo_train.errors import ConfigError, UserError
-from dapo_train.model.checkpoint import CONFIG_FILE
 from dapo_train.task.locations import looks_like_path, resolve_model_path
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark, remove_own
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
 from dapo_train.preflight import coverage, real_run, rehearsal
@@ -33,6 +32,7 @@ from dapo_train.preflight.report import CollectedWarnings, Report, on_main, phas
 from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.run.layout import run_kind
 from dapo_train.run.lock import hold_folder
+from dapo_train.run.outputs import OutputKind, holds_own, local_inputs, mark, remove_own
 from dapo_train.train import distributed
 from dapo_train.train.memory import ModelShape
 from dapo_train.train.progress import CUT_WARNING
@@ -45,10 +45,10 @@ EXPORT_DIR = "export"
 
 
 def kept_kind(cfg: Config) -> OutputKind:
-    """What a rehearsal writes in its folder (config/outputs.py), which --keep may replace: its log, the
+    """What a rehearsal writes in its folder (run/outputs.py), which --keep may replace: its log, the
     rehearsal model and reward models' stand-ins, the run and the export (each holding only their own), and
     an export's temporary folder that a kill left."""
-    from dapo_train.model.export import EXPORTED
+    from dapo_train.run.export import EXPORTED
 
     return OutputKind("dapo-train preflight folder", ".dapo-train-preflight", names=("preflight.log",),
                       patterns=(rf"\.{EXPORT_DIR}\.tmp\d+",),
@@ -276,8 +276,8 @@ def _export_and_check(run_dir: Path, out: Path, merge: bool) -> int:
     trained tensors (export_check.py). -> tensors compared."""
     from transformers import AutoTokenizer
 
-    from dapo_train.model.checkpoint import latest_checkpoint
-    from dapo_train.model.export import export_checkpoint
+    from dapo_train.run.checkpoint import latest_checkpoint
+    from dapo_train.run.export import export_checkpoint
 
     checkpoint = latest_checkpoint(run_dir)
     exported = export_checkpoint(str(checkpoint), str(out), merge=merge)

@@ -1,7 +1,7 @@
 """Disk space for a run's checkpoints: one checkpoint's size, how many the run holds at once, and the
 free space of output_dir's file system, checked before the first step (check_disk_space: too little
 for one is refused, for all of them warned) and reported by preflight for the real model (disk_plan).
-The checkpoints themselves, and the steps they are saved at, are model/checkpoint.py's.
+The checkpoints themselves, and the steps they are saved at, are run/checkpoint.py's.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.model.checkpoint import save_steps
+from dapo_train.run.checkpoint import save_steps
 
 logger = logging.getLogger(__name__)
 

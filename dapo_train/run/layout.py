@@ -1,4 +1,4 @@
-"""What a run writes in its folder, by the exact names it writes: the kinds config/outputs.py's rule reads
+"""What a run writes in its folder, by the exact names it writes: the kinds run/outputs.py's rule reads
 (a run folder is the run's when it holds the marker; --overwrite and preflight --keep remove only these), and
 the run's files that must not be links.
 
@@ -18,13 +18,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dapo_train.config.load import config_from_dict, read_saved_config
-from dapo_train.config.outputs import OutputKind
+from dapo_train.config.load import CONFIG_FILE, config_from_dict, read_saved_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.model.checkpoint import CHECKPOINT_KIND, CHECKPOINT_RE, CONFIG_FILE, STATE_FILE
+from dapo_train.run.checkpoint import CHECKPOINT_KIND, CHECKPOINT_RE, STATE_FILE
 from dapo_train.run.eval_items import ITEMS_DIR
 from dapo_train.run.logs import LOG_FILES, METRICS_FILE, RUN_LOG
+from dapo_train.run.outputs import OutputKind
 from dapo_train.run.rollouts import ROLLOUTS_DIR
 
 # Written in output_dir when a run starts: the folder is a run's, which --overwrite may replace.
@@ -47,7 +47,7 @@ ABANDONED_KIND = OutputKind(
 
 
 def run_kind(cfg: Config) -> OutputKind:
-    """What a run writes at the top of output_dir (config/outputs.py's rule): the marker, config.yaml, the
+    """What a run writes at the top of output_dir (run/outputs.py's rule): the marker, config.yaml, the
     three logs and run.log, eval_items/ and rollouts/ (their record files), checkpoint_<step>/ and their temporary
     folders, what a resume set aside, and TensorBoard's folder, named logging.project. A folder without the
     marker is a run when an older dapo-train wrote it (_older_run)."""

@@ -6,7 +6,7 @@ folder holds an OS lock on LOCK_FILE inside it (fcntl.flock, which the kernel re
 ends, however it ends) for as long as it writes there; the file says who holds it (pid, host, start), for
 the line that refuses a second command. A lock file whose holder is gone (a kill -9) is taken over, saying
 whose it was. Under several ranks (torchrun, accelerate launch) only the main process (RANK 0) takes it:
-the other ranks write into the folder only what the main one asks them to. config/outputs.py counts the
+the other ranks write into the folder only what the main one asks them to. run/outputs.py counts the
 file as every output folder's own, which --overwrite never removes; released, it is removed, and so is the
 folder when the command made it and left it empty (a start that failed in its setup).
 """
@@ -23,8 +23,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from dapo_train.config.outputs import LOCK_FILE
 from dapo_train.errors import UserError
+from dapo_train.run.outputs import LOCK_FILE
 
 logger = logging.getLogger(__name__)
 

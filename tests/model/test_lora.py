@@ -17,9 +17,9 @@ from dapo_train.config.schema import ModelConfig
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluation.command import EvalOptions, run_eval
 from dapo_train.model import lora
-from dapo_train.model.export import export_checkpoint
 from dapo_train.model.layout import collate
 from dapo_train.model.loading import load_model
+from dapo_train.run.export import export_checkpoint
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.locations import TINY_MODEL_DIR
 from dapo_train.train import loop

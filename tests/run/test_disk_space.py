@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import CheckpointNotSaved, UserError
-from dapo_train.model import checkpoint as ckpt
+from dapo_train.run import checkpoint as ckpt
 from dapo_train.run import disk_space
 from dapo_train.run.logs import read_metrics
 from dapo_train.train import loop

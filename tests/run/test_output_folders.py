@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from dapo_train.config.load import load_config
-from dapo_train.config.outputs import holds_own
 from dapo_train.errors import UserError
 from dapo_train.run.folder import prepare_run_dir, resume_config
 from dapo_train.run.layout import RUN_MARKER, run_kind
 from dapo_train.run.logs import read_metrics
+from dapo_train.run.outputs import holds_own
 from dapo_train.train import loop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -317,7 +317,7 @@ def test_a_sweep_json_of_the_users_is_not_a_sweep(tmp_path):
 
 
 def test_export_output_is_refused_where_run_would_be(real_run, tmp_path, monkeypatch):
-    from dapo_train.model.export import export_checkpoint
+    from dapo_train.run.export import export_checkpoint
 
     checkpoint = real_run / "checkpoint_1"
     mywork = user_folder(tmp_path / "mywork")

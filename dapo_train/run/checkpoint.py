@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dapo_train.config.load import load_config, read_saved_config, save_config
-from dapo_train.config.outputs import OutputKind, remove_folder
+from dapo_train.config.load import CONFIG_FILE, load_config, read_saved_config, save_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import CheckpointNotSaved, UserError
+from dapo_train.run.outputs import OutputKind, remove_folder
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,6 @@ STATE_FILE = "trainer_state.pt"
 
 BEST_KEY = "best_checkpoint"  # trainer_state.pt's record of the best checkpoint (checkpoint.keep_best)
 SAVED_CONFIG_KEY = "config"  # trainer_state.pt's copy of the config the checkpoint was saved with (its config.yaml's)
-CONFIG_FILE = "config.yaml"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 TEMPORARY_RE = re.compile(r"^\.tmp_checkpoint_(\d+)_(\d+)$")  # temporary_dir's: the step, the saving process's pid
 _PROBE_BYTES = 1 << 20  # a failed write is the disk's when the folder then refuses this much too

@@ -7,7 +7,7 @@ import torch
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import CheckpointNotSaved, UserError
-from dapo_train.model import checkpoint as ckpt
+from dapo_train.run import checkpoint as ckpt
 
 from conftest import make_random_model
 

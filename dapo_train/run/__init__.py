@@ -16,7 +16,7 @@ trackers.py    TensorBoard, W&B and the others through accelerate; the no-op tra
 eval_items.py  per-item eval records (eval_items/), so runs compare item by item
 rollouts.py    rollout records (rollouts/): what the policy wrote in training, each reward, the fate
 files.py       JSON and JSON Lines written atomically; the JSON Lines reader
-signals.py     SIGINT/SIGTERM: finish the step, save, say how to resume
+signals.py     SIGINT/SIGTERM/SIGHUP: finish the step, save, say how to resume
 console.py     log lines printed once; a console that cannot be written (`| tee` ended by the same Ctrl-C)
                never stops the run
 """

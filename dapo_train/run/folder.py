@@ -43,9 +43,9 @@ from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.model.lora import check_lora_start, check_resume
 from dapo_train.run.checkpoint import (
-    CHECKPOINT_RE,
     STATE_FILE,
     checkpoint_dirs,
+    checkpoint_step,
     latest_checkpoint,
     load_state,
 )
@@ -67,11 +67,6 @@ CHECKPOINT_TRAINING_FILES = ("config.json", STATE_FILE)
 
 def resume_command(run_dir: str | Path) -> str:
     return f"dapo-train run --resume {shlex.quote(str(run_dir))}"
-
-
-def checkpoint_step(checkpoint: Path) -> int | None:
-    match = CHECKPOINT_RE.match(checkpoint.name)
-    return int(match.group(1)) if match else None
 
 
 # --------------------------------------------------------------------------------------------

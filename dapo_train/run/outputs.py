@@ -160,7 +160,8 @@ def _not_marked(folder: Path, kind: OutputKind) -> str | None:
 
 def _foreign(folder: Path, kind: OutputKind, prefix: str = "") -> list[str]:
     """What `folder` holds that `kind` did not write, as paths from the folder checked first: 'notes.txt',
-    'plots/', 'run/notes.txt', and 'run/ without .dapo-train-run' for a nested folder it did not mark."""
+    'plots/', 'run/notes.txt', and 'run/ without .dapo-train-run' for a nested folder it did not mark (with why it
+    is not one from before the marker either, where its kind can tell: 'checkpoint_9/ without ...: its ...')."""
     found = []
     for name in sorted(os.listdir(folder)):
         path, inner = folder / name, kind.inner(name)
@@ -170,11 +171,21 @@ def _foreign(folder: Path, kind: OutputKind, prefix: str = "") -> list[str]:
             continue
         elif not path.is_dir() or path.is_symlink():
             found.append(f"{prefix}{name} (not a folder)")
-        elif inner.marker is not None and not (path / inner.marker).is_file():
-            found.append(f"{prefix}{name}/ without {inner.marker}")
+        elif inner.marker is not None and (unmarked := _unmarked(path, inner)) is not None:
+            found.append(f"{prefix}{name}/ {unmarked}")
         else:
             found += _foreign(path, inner, f"{prefix}{name}/")
     return found
+
+
+def _unmarked(folder: Path, kind: OutputKind) -> str | None:
+    """'without .dapo-train-run' for a nested `folder` that `kind` did not mark, with why it is not one from before
+    the marker either where the kind can tell ('without .dapo-train-checkpoint: its trainer_state.pt is step 1's');
+    None: it is the kind's."""
+    if (folder / kind.marker).is_file():
+        return None
+    why = f"no {kind.marker}" if kind.older is None else kind.older(folder)
+    return None if why is None else f"without {kind.marker}" + ("" if kind.older is None else f": {why}")
 
 
 def _shown(folder: Path, name: str) -> str:

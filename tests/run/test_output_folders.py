@@ -249,7 +249,7 @@ def test_overwrite_refuses_a_run_folder_holding_foreign_files_and_names_them(rea
 def test_overwrite_still_replaces_a_real_run_and_says_what_it_removed(real_run, tmp_path, caplog):
     run = tmp_path / "run"
     shutil.copytree(real_run, run)
-    (run / "checkpoint_7").mkdir()  # a checkpoint the new run will not write: removed with the old run
+    shutil.copytree(run / "checkpoint_1", run / "checkpoint_7")  # the old run's, which the new one will not write
     (run / "metrics.jsonl").write_text('{"step": 9, "old": true}\n')
     (run / "dapo-train").mkdir()  # TensorBoard's folder: logging.project's default name
     assert sorted(p.name for p in run.iterdir()) == [

@@ -9,8 +9,9 @@ that kind writes, and inside the folders it writes into (`OutputKind.nested`: a 
 they hold of theirs; it is refused while the folder holds anything else, named, and it names what it removed.
 Never a folder to write into, whatever it holds: the current folder, a parent of it, the home folder, the
 root, or a folder that is, contains or lies inside one of the command's inputs (data.path,
-model.name_or_path, a reward model's path, the checkpoint it reads). Every check runs before anything is
-written or loaded, and a refusal is one line that says nothing was changed.
+model.name_or_path, a reward model's path, the checkpoint it reads); nor one that is, or lies under, a
+symbolic link to nothing (making it would fail there). Every check runs before anything is written or loaded,
+and a refusal is one line that says nothing was changed.
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ def holds_own(folder: Path, kind: OutputKind, *, option: str, inputs: dict[str, 
         if problem is not None:
             raise UserError(f"{where} {problem}: writing there could overwrite it; choose a folder apart from the "
                             "command's inputs (nothing was changed)")
+    dangling = _dangling_link(folder)
+    if dangling is not None:
+        raise UserError(f"{where}{'' if dangling == folder else f': {dangling}'} is a symbolic link to "
+                        f"{os.readlink(dangling)}, which does not exist; make its target, remove the link, or choose "
+                        "another folder (nothing was changed)")
     if not folder.exists():
         return False
     if not folder.is_dir():
@@ -146,6 +152,11 @@ def holds_own(folder: Path, kind: OutputKind, *, option: str, inputs: dict[str, 
         raise UserError(f"{where} is a {kind.name} but also holds what no {kind.name} writes ({_listing(foreign)}); "
                         "move that out, or choose another folder (nothing was changed)")
     return True
+
+
+def _dangling_link(folder: Path) -> Path | None:
+    """`folder`, or the parent of it, that is a symbolic link to nothing: making the folder would fail there."""
+    return next((path for path in (folder, *folder.parents) if path.is_symlink() and not path.exists()), None)
 
 
 def _not_marked(folder: Path, kind: OutputKind) -> str | None:

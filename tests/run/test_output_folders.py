@@ -329,3 +329,36 @@ def test_export_output_is_refused_where_run_would_be(real_run, tmp_path, monkeyp
         with pytest.raises(UserError, match=f"-o .*{said}.*nothing was changed"):
             export_checkpoint(str(checkpoint), out)
     assert tree(mywork) == before and tree(checkpoint) == saved
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 59, item 8: a symbolic link to nothing, where a command would make its folder.
+
+
+def test_a_dangling_link_as_output_dir_is_one_line_and_exit_2(tmp_path):
+    """Reproduced: a 44-line traceback and exit 1 (FileExistsError where the lock made the folder)."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone")
+    result = subprocess.run([sys.executable, "-m", "dapo_train", "run", f"output_dir={link}", "train.max_steps=1"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert f"output_dir {link} is a symbolic link to {tmp_path / 'gone'}, which does not exist" in lines[0], lines[0]
+    assert link.is_symlink() and not (tmp_path / "gone").exists()
+
+
+@pytest.mark.parametrize("option", ["--dir", "--keep", "-o"])
+@pytest.mark.parametrize("where", ["the folder", "a parent"])
+def test_every_output_folder_refuses_a_dangling_link(tmp_path, option, where):
+    """The same rule for sweep --dir, preflight --keep and export -o; a dangling link above the folder too (making
+    the folder's parents would fail on it)."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone")
+    folder = link if where == "the folder" else link / "run"
+    cfg = load_config(None, SMALL)
+    with pytest.raises(UserError) as caught:
+        holds_own(folder, run_kind(cfg), option=option)
+    said = f"{option} {folder}" + ("" if folder == link else f": {link}")
+    assert f"{said} is a symbolic link to {tmp_path / 'gone'}, which does not exist" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert link.is_symlink() and not (tmp_path / "gone").exists()

@@ -321,7 +321,8 @@ def show_cmd(
 @app.command("plot")
 def plot_cmd(
     paths: list[str] = typer.Argument(..., metavar="RUN_OR_SWEEP_DIR...", help=_PATHS_HELP),
-    out: str = typer.Option(..., "-o", "--output", help="Image file to write, e.g. sweep.png."),
+    out: str = typer.Option(..., "-o", "--output", help="Image file to write, e.g. sweep.png (a new file: one "
+                            "already there is never replaced)."),
 ) -> None:
     """Eval accuracy, reward, entropy, clip fractions, completion length and kept/carried groups over
     steps, one colour per point (seeds as a mean line with a min-max band). Needs matplotlib."""

@@ -311,7 +311,8 @@ def expand_home(data: dict) -> None:
     quoted 'output_dir=~/x' or a YAML file made a folder named ~. One that names no home folder is refused."""
     places = [(data if section is None else data.get(section), name, ".".join(filter(None, (section, name))))
               for section, name in PATH_KEYS]
-    for index, reward in enumerate(data.get("rewards") or []):
+    rewards = data.get("rewards")
+    for index, reward in enumerate(rewards if isinstance(rewards, list) else []):  # a wrong type: its key's error
         args = reward.get("args") if isinstance(reward, dict) else None
         places += [(args, name, f"rewards.{index}.args.{name}") for name in REWARD_PATH_ARGS]
     for holder, name, key in places:

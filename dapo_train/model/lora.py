@@ -91,7 +91,7 @@ def _base_as_recorded(base: str, checkpoint: Path, output_dir: str | None, saved
     in (_run_start), and read from there wherever the checkpoint is read; else from here, as given. A builtin, a
     hub id or an absolute path is as recorded."""
     path = Path(base).expanduser()
-    if not looks_like_path(resolve_model_path(base)) or path.is_absolute():
+    if not looks_like_path(base) or path.is_absolute():
         return base
     start = _run_start(checkpoint.parent, output_dir)
     if start is not None and (start / path).exists():

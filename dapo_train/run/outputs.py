@@ -155,7 +155,7 @@ def holds_own(folder: Path, kind: OutputKind, *, option: str, inputs: dict[str, 
 
 
 def _dangling_link(folder: Path) -> Path | None:
-    """`folder`, or the parent of it, that is a symbolic link to nothing: making the folder would fail there."""
+    """`folder`, or a parent of it, that is a symbolic link to nothing: making the folder would fail there."""
     return next((path for path in (folder, *folder.parents) if path.is_symlink() and not path.exists()), None)
 
 
@@ -195,8 +195,10 @@ def _unmarked(folder: Path, kind: OutputKind) -> str | None:
     None: it is the kind's."""
     if (folder / kind.marker).is_file():
         return None
-    why = f"no {kind.marker}" if kind.older is None else kind.older(folder)
-    return None if why is None else f"without {kind.marker}" + ("" if kind.older is None else f": {why}")
+    if kind.older is None:
+        return f"without {kind.marker}"
+    why = kind.older(folder)
+    return None if why is None else f"without {kind.marker}: {why}"
 
 
 def _shown(folder: Path, name: str) -> str:

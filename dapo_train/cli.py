@@ -1,7 +1,8 @@
 """Command line: parses arguments, builds the config, calls one function. No logic lives here.
 
 How each error ends a command (one line on stderr, its exit code, the traceback only under `--debug`) is
-errors.py's; the console's log lines and a console that goes away are run/console.py's.
+errors.py's; the console's log lines, a console that goes away and a result that cannot be printed
+(print_result: exit 2, never 0 having written nothing) are run/console.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import typer
 from dapo_train.config.keys import describe_keys, select_keys
 from dapo_train.config.load import dump_config, is_override, load_config, refuse_repeated_keys
 from dapo_train.errors import UserError, one_line_exits
-from dapo_train.run.console import console_logging, steady_console
+from dapo_train.run.console import console_logging, print_result, steady_console
 
 app = typer.Typer(
     add_completion=False,
@@ -27,7 +28,7 @@ def _print_version(asked: bool) -> None:
     if asked:
         from importlib.metadata import version
 
-        typer.echo(f"dapo-train {version('dapo-train')}")
+        print_result(f"dapo-train {version('dapo-train')}")
         raise typer.Exit()
 
 
@@ -77,11 +78,11 @@ def config_cmd(
     loads no model or data."""
     if keys:
         for key, default, text, allowed in select_keys(describe_keys(with_choices=True), args or []):
-            typer.echo(f"{key} = {default}{f'  (allowed: {allowed})' if allowed else ''}\n    {text}")
+            print_result(f"{key} = {default}{f'  (allowed: {allowed})' if allowed else ''}\n    {text}")
             if key == "rewards":
                 from dapo_train.rewards.catalogue import reward_lines
 
-                typer.echo("\n".join(f"    {line}" for line in reward_lines()))
+                print_result("\n".join(f"    {line}" for line in reward_lines()))
         return
     config_path, overrides = split_config_args(args or [])
     cfg = load_config(config_path, overrides)
@@ -92,7 +93,7 @@ def config_cmd(
     rewards_from_config(cfg)
     loss_settings(cfg)
     rollout_tools(cfg.rollout)
-    typer.echo(dump_config(cfg).rstrip())
+    print_result(dump_config(cfg).rstrip())
 
 
 @app.command("run")
@@ -164,7 +165,7 @@ def preflight_cmd(
         raise UserError(f"--shards must be at least 1, got {shards}")
     report = preflight(cfg, config_path or "the embedded demo", keep, shards)
     if distributed.is_main():
-        typer.echo(report.render())
+        print_result(report.render())
 
 
 @app.command("eval")
@@ -233,7 +234,7 @@ def export_cmd(
     transformers folder (weights, config, generation_config, tokenizer) that from_pretrained and vLLM
     load without peft; without it, the adapter alone; a full checkpoint, its model without the
     trainer state."""
-    from dapo_train.model.export import export_checkpoint
+    from dapo_train.run.export import export_checkpoint
 
     console_logging()
     export_checkpoint(checkpoint, out, merge=merge, dtype=dtype)
@@ -288,11 +289,11 @@ def compare_cmd(
     if baseline is not None:
         from dapo_train.study.compare import compare_with_baseline
 
-        typer.echo(compare_with_baseline(paths, baseline, as_json))
+        print_result(compare_with_baseline(paths, baseline, as_json))
         return
     from dapo_train.study.compare import compare
 
-    typer.echo(compare(paths, as_json))
+    print_result(compare(paths, as_json))
 
 
 @app.command("show")
@@ -315,19 +316,20 @@ def show_cmd(
     reward's value, advantage, ratios and its group's fate."""
     from dapo_train.study.show import show
 
-    typer.echo(show(run, step, where, limit, as_json))
+    print_result(show(run, step, where, limit, as_json))
 
 
 @app.command("plot")
 def plot_cmd(
     paths: list[str] = typer.Argument(..., metavar="RUN_OR_SWEEP_DIR...", help=_PATHS_HELP),
-    out: str = typer.Option(..., "-o", "--output", help="Image file to write, e.g. sweep.png."),
+    out: str = typer.Option(..., "-o", "--output", help="Image file to write, e.g. sweep.png (a new file: one "
+                            "already there is never replaced)."),
 ) -> None:
     """Eval accuracy, reward, entropy, clip fractions, completion length and kept/carried groups over
     steps, one colour per point (seeds as a mean line with a min-max band). Needs matplotlib."""
     from dapo_train.study.plot import plot
 
-    typer.echo(f"wrote {plot(paths, out)}")
+    print_result(f"wrote {plot(paths, out)}")
 
 
 def bare_resume_to_latest(argv: list[str]) -> list[str]:

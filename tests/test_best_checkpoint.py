@@ -10,7 +10,7 @@ import pytest
 from dapo_train.config.load import load_config
 from dapo_train.errors import UserError
 from dapo_train.evaluation.command import EvalOptions, run_eval
-from dapo_train.model import checkpoint as ckpt
+from dapo_train.run import checkpoint as ckpt
 from dapo_train.run.eval_items import PERIODIC
 from dapo_train.train import evals
 from dapo_train.train.loop import train

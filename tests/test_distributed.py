@@ -21,8 +21,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from dapo_train.config.load import load_config
-from dapo_train.model import checkpoint as ckpt
 from dapo_train.rollout import Completion
+from dapo_train.run import checkpoint as ckpt
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import Prompt
 from dapo_train.train import distributed, ranks
@@ -553,6 +553,27 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint
     resumed = rows[-1]
     assert resumed["num_processes"] == 2 and resumed["tool_calls"] > 0 and resumed["trained_tokens"] > 0, resumed
     assert (run / f"checkpoint_{step + 1}" / "trainer_state_rank1.pt").is_file()
+
+
+def test_a_hangup_of_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path):
+    """Issue 59, item 6, under torchrun: the launcher passes a SIGHUP (its terminal closed) on to the ranks, which
+    killed them at once, no checkpoint; now they stop as for Ctrl-C, with one checkpoint and the resume line."""
+    run = tmp_path / "run"
+    # a terminal's session hands its processes SIGHUP's default action (a test runner may have it ignored)
+    proc = _torchrun(*TINY, "train.max_steps=200", "eval.every_steps=0", f"output_dir={run}",
+                     preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text()):
+        assert proc.poll() is None, _finish(proc)
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGHUP)
+    log = _finish(proc)
+    assert "SIGHUP received: finishing this step and saving a checkpoint" in log, log
+    assert f"resume with: torchrun --nproc_per_node 2 -m dapo_train run --resume {run}" in log, log
+    checkpoints = [p for p in run.iterdir() if p.name.startswith("checkpoint_")]
+    assert len(checkpoints) == 1 and (checkpoints[0] / "trainer_state_rank1.pt").is_file(), log
+    assert read_metrics(run)[-1]["step"] == int(checkpoints[0].name.split("_")[1])
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import RunRegressed, one_line_exits
-from dapo_train.model import checkpoint as ckpt
+from dapo_train.run import checkpoint as ckpt
 from dapo_train.run.logs import read_status
 from dapo_train.train.loop import train
 

@@ -92,6 +92,27 @@ def test_sigterm_saves_a_checkpoint_and_says_how_to_resume(tmp_path):
     assert read_metrics(out)[-1]["step"] == step  # the checkpoint matches the last logged step
 
 
+def test_a_hangup_saves_a_checkpoint_and_writes_the_resume_line_to_the_run_log(tmp_path):
+    """Issue 59, item 6: a SIGHUP (the terminal closed, the SSH session dropped) killed the run at once: no
+    checkpoint, no line in run.log, the steps since the last save lost. It is a stop as SIGTERM is: the step ends,
+    the checkpoint is written, run.log says how to resume, and the status is 128 + SIGHUP = 129."""
+    out = tmp_path / "run"
+    args = [*SMALL, f"output_dir={out}", "train.max_steps=200"]
+    # a terminal's session hands its processes SIGHUP's default action (a test runner may have it ignored)
+    proc = subprocess.Popen([sys.executable, "-m", "dapo_train", "run", *args], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    deadline = time.time() + 240
+    while time.time() < deadline and not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 129, stderr
+    checkpoints = sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint_"))
+    assert len(checkpoints) == 1 and read_metrics(out)[-1]["step"] == int(checkpoints[0].split("_")[1]), checkpoints
+    assert f"stopped early; resume with: dapo-train run --resume {out}" in (out / "run.log").read_text()
+
+
 @pytest.mark.skipif(shutil.which("tee") is None, reason="needs tee, as in `dapo-train run ... 2>&1 | tee log`")
 def test_ctrl_c_of_a_run_piped_into_tee_still_saves_and_writes_the_resume_command_to_the_run_log(tmp_path):
     """`dapo-train run ... 2>&1 | tee log`, then Ctrl-C: the terminal sends SIGINT to the whole foreground

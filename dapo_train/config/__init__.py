@@ -7,5 +7,4 @@ load.py      reading YAML and KEY=VALUE overrides into the schema; saving and re
 keys.py      every dotted key as the user sees it (`dapo-train config --keys`, docs/configuration.md)
 retired.py   removed or renamed keys, still readable in old run folders
 naming.py    the automatic run name, and the run folder's name against the file system's limit
-outputs.py   the folders a command may write into or replace (run, sweep, preflight --keep, export -o)
 """

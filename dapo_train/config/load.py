@@ -13,6 +13,7 @@ import collections.abc
 import dataclasses
 import logging
 import math
+import os
 import re
 import types
 import typing
@@ -30,6 +31,8 @@ from dapo_train.config.schema import (
 from dapo_train.errors import ConfigError, UserError, special_file
 
 logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"  # the resolved config a run saves in its folder and in each checkpoint (save_config)
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,6 +284,7 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
     for item in overrides:
         apply_override(data, item)
     upgrade_retired(data, "KEY=VALUE")
+    expand_home(data)
     automatic = data.get("run_name") in (None, "")  # anything else is the user's, and its type is checked
     if automatic:
         data["run_name"] = default_run_name(config_path, overrides, configured)
@@ -294,6 +298,29 @@ def load_config(config_path: str | None = None, overrides: list[str] | None = No
     else:
         check_folder_name(cfg.output_dir, "output_dir", "choose a shorter output_dir")
     return cfg
+
+
+# Keys that hold a local path, and the args of a reward that do (a reward model's): a leading ~ is a home folder.
+# Keys that hold a local path, as (section or None, name), and the args of a reward that do (a reward model's).
+PATH_KEYS = ((None, "output_dir"), ("model", "name_or_path"), ("data", "path"))
+REWARD_PATH_ARGS = ("path", "tokenizer_path")
+
+
+def expand_home(data: dict) -> None:
+    """A leading ~ in every path key read as a shell reads it (the home folder, ~user's), where no shell did: a
+    quoted 'output_dir=~/x' or a YAML file made a folder named ~. One that names no home folder is refused."""
+    places = [(data if section is None else data.get(section), name, ".".join(filter(None, (section, name))))
+              for section, name in PATH_KEYS]
+    rewards = data.get("rewards")
+    for index, reward in enumerate(rewards if isinstance(rewards, list) else []):  # a wrong type: its key's error
+        args = reward.get("args") if isinstance(reward, dict) else None
+        places += [(args, name, f"rewards.{index}.args.{name}") for name in REWARD_PATH_ARGS]
+    for holder, name, key in places:
+        value = holder.get(name) if isinstance(holder, dict) else None
+        if isinstance(value, str) and value.startswith("~"):
+            holder[name] = os.path.expanduser(value)  # unchanged where ~user names no one
+            if holder[name].startswith("~"):
+                raise ConfigError(key, f"{value!r}: {value.split('/')[0]} is no home folder here; give the whole path")
 
 
 def deep_merge(base: dict, update: dict, prefix: str) -> None:

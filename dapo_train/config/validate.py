@@ -6,6 +6,7 @@ built; the functions take the Config duck-typed because schema imports this modu
 from __future__ import annotations
 
 import dataclasses
+from pathlib import PurePosixPath
 from typing import Any
 
 from dapo_train.errors import ConfigError
@@ -43,6 +44,22 @@ def _check_names(cfg: Any) -> None:
     for key in NON_EMPTY:
         section, name = key.split(".")
         _require(bool(getattr(getattr(cfg, section), name).strip()), key, "must not be empty")
+
+
+def _leaves(name: str) -> bool:
+    """Whether a path made by joining `name` to a folder lies outside that folder: absolute, through '..', or
+    under a home folder (~)."""
+    return PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts or name.startswith("~")
+
+
+def _check_run_paths(cfg: Any) -> None:
+    """What the run derives inside a folder stays there: its folder outputs/<run_name> (output_dir, the user's own
+    choice, may be anywhere) and TensorBoard's, <output_dir>/<logging.project>, where the run's checks and
+    --overwrite look for it."""
+    _require(not _leaves(cfg.run_name), "run_name", f"{cfg.run_name!r} leaves outputs/ (the run's folder is "
+             "outputs/<run_name>); give a name, or set output_dir=... for a folder elsewhere")
+    _require(not _leaves(cfg.logging.project), "logging.project", f"{cfg.logging.project!r} leaves the run folder "
+             "(TensorBoard writes its folder at <output_dir>/<logging.project>); give a name")
 
 
 def _check_seed_and_optimizer(cfg: Any) -> None:
@@ -175,6 +192,7 @@ def validate(cfg: Any) -> None:
     call, before anything heavy loads."""
     _check_choices(cfg, "")
     _check_names(cfg)
+    _check_run_paths(cfg)
     _check_seed_and_optimizer(cfg)
     _check_dapo(cfg.dapo)
     _check_screen(cfg)

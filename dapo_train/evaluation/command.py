@@ -34,14 +34,13 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.config.load import config_to_dict, load_config, read_saved_config
+from dapo_train.config.load import CONFIG_FILE, config_to_dict, load_config, read_saved_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError, UserError, folder_listing
 from dapo_train.evaluation.generate import eval_max_new_tokens, evaluate_prompts
 from dapo_train.evaluation.settings import SettingChanges, result_name, safe_name, say_inert, setting_changes
 from dapo_train.evaluation.stats import change_from_start, change_metrics
 from dapo_train.evaluation.table import format_table
-from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, best_checkpoint, checkpoint_dirs
 from dapo_train.model.loading import (
     MODEL_FILES,
     check_model_path,
@@ -56,6 +55,7 @@ from dapo_train.rollout.decoding import decode_region
 from dapo_train.rollout.engines import build_engine, engine_factory, release, rollout_tools
 from dapo_train.rollout.hf_engines import cast_as_loaded, rollout_dtype
 from dapo_train.rollout.vllm_settings import check_memory
+from dapo_train.run.checkpoint import CHECKPOINT_RE, best_checkpoint, checkpoint_dirs
 from dapo_train.run.eval_items import PERIODIC, items_path, read_items
 from dapo_train.run.files import write_json_atomic, write_jsonl_atomic
 from dapo_train.run.folder import RUNS_ROOT, describe_runs, latest_run

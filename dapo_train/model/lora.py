@@ -6,7 +6,8 @@ dapo.beta > 0 the reference policy is the same model inside `disable_adapter()`:
 weights, already in memory, instead of a second copy of them.
 
 A LoRA run's checkpoint holds the adapter (adapter_model.safetensors, adapter_config.json), the
-tokenizer, config.yaml and trainer_state.pt; its base model is config.yaml's model.name_or_path.
+tokenizer, config.yaml and trainer_state.pt; its base model is config.yaml's model.name_or_path (a relative
+path there is the folder the run started in's, found from wherever the checkpoint is read: _base_as_recorded).
 Resume rebuilds the adapters from the config and loads their weights; eval loads base + adapter;
 `dapo-train export --merge` folds them into a plain transformers folder.
 
@@ -19,15 +20,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 
 import torch
 
-from dapo_train.config.load import read_saved_config
+from dapo_train.config.load import CONFIG_FILE, read_saved_config
 from dapo_train.config.schema import Config, LoraConfig
 from dapo_train.errors import ConfigError, UserError
-from dapo_train.model.checkpoint import CONFIG_FILE
 from dapo_train.task.locations import looks_like_path, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -101,13 +102,44 @@ def adapter_base(folder: str | Path) -> str:
     folder = Path(folder)
     saved = folder / CONFIG_FILE
     if saved.is_file():
-        base = read_saved_config(saved, notify=False).get("model", {}).get("name_or_path")
+        config = read_saved_config(saved, notify=False)
+        base = config.get("model", {}).get("name_or_path")
         if base:
-            return base
+            return _base_as_recorded(base, folder, config.get("output_dir"), saved)
     base = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
     if not base:
         raise UserError(f"{folder}: {ADAPTER_CONFIG} does not name its base model (base_model_name_or_path)")
     return base
+
+
+def _base_as_recorded(base: str, checkpoint: Path, output_dir: str | None, saved: Path) -> str:
+    """`base` as a run's config.yaml records it. A relative local path is relative to the folder the run started
+    in (_run_start), and read from there wherever the checkpoint is read; else from here, as given. A builtin, a
+    hub id or an absolute path is as recorded."""
+    path = Path(base).expanduser()
+    if not looks_like_path(base) or path.is_absolute():
+        return base
+    start = _run_start(checkpoint.parent, output_dir)
+    if start is not None and (start / path).exists():
+        return str(start / path)
+    if path.exists():
+        return base
+    where = f"the folder the run started in ({start}) nor " if start is not None else ""
+    raise UserError(f"{saved} records the base model as {base!r}, a path relative to the folder the run started "
+                    f"in, and neither {where}the current folder holds it; evaluate from that folder, or put the "
+                    "base model's whole path in that config.yaml's model.name_or_path")
+
+
+def _run_start(run_dir: Path, output_dir: str | None) -> Path | None:
+    """The folder a run started in: its folder less the parts of its relative output_dir (outputs/run/ of a run
+    with output_dir outputs/run started in the folder holding outputs/). None: output_dir is absolute, or no
+    longer names the end of where the run is (the folder moved)."""
+    if not output_dir or Path(output_dir).is_absolute():
+        return None
+    relative, here = Path(os.path.normpath(output_dir)).parts, Path(os.path.abspath(run_dir)).parts
+    if ".." in relative or here[len(here) - len(relative):] != relative:
+        return None
+    return Path(*here[: len(here) - len(relative)])
 
 
 def adaptable_layers(model: torch.nn.Module) -> list[str]:

@@ -15,6 +15,7 @@ afterwards unless --keep names one. What it proves and what it does not: docs/tr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import shutil
@@ -24,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark, remove_own
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
 from dapo_train.model.threads import set_cpu_threads
@@ -34,6 +34,7 @@ from dapo_train.preflight.report import CollectedWarnings, Report, on_main, phas
 from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.run.layout import run_kind
 from dapo_train.run.lock import hold_folder
+from dapo_train.run.outputs import OutputKind, holds_own, local_inputs, mark, remove_own
 from dapo_train.train import distributed
 from dapo_train.train.memory import ModelShape
 from dapo_train.train.progress import CUT_WARNING
@@ -46,15 +47,15 @@ EXPORT_DIR = "export"
 
 
 def kept_kind(cfg: Config) -> OutputKind:
-    """What a rehearsal writes in its folder (config/outputs.py), which --keep may replace: its log, the
-    rehearsal model and reward models' stand-ins, the run and the export (each holding only their own), and
-    an export's temporary folder that a kill left."""
-    from dapo_train.model.export import EXPORTED
+    """What a rehearsal writes in its folder (run/outputs.py), which --keep may replace: its log, the
+    rehearsal model and reward models' stand-ins, the run and the export (each holding only their own, and each
+    marked: a run/ without its marker is no rehearsal's), and an export's temporary folder that a kill left."""
+    from dapo_train.run.export import EXPORTED
 
     return OutputKind("dapo-train preflight folder", ".dapo-train-preflight", names=("preflight.log",),
                       patterns=(rf"\.{EXPORT_DIR}\.tmp\d+",),
                       nested=(("model", REHEARSAL_MODEL), (rf"{rehearsal.STAND_IN_PREFIX}\d+", REHEARSAL_MODEL),
-                              ("run", run_kind(cfg)), (EXPORT_DIR, EXPORTED)))
+                              ("run", dataclasses.replace(run_kind(cfg), older=None)), (EXPORT_DIR, EXPORTED)))
 
 
 def preflight(cfg: Config, config_name: str, keep: str | None = None, shards: int = 1) -> Report:
@@ -173,8 +174,6 @@ def _engines_start_together(cfg: Config) -> bool:
 def _rollout_check_config(small: Config, cfg: Config, cuda: bool) -> Config:
     """The rollout check's config: the rehearsal's, with the configured reward models on a card, and the
     static-cache engine on a CPU where a card would run it (rehearsal.static_cache_check)."""
-    import dataclasses
-
     checked = _real_reward_models(small, cfg) if cuda else small
     if rehearsal.static_cache_check(cfg, cuda):
         checked = dataclasses.replace(checked, rollout=dataclasses.replace(checked.rollout, compile="on"))
@@ -183,8 +182,6 @@ def _rollout_check_config(small: Config, cfg: Config, cuda: bool) -> Config:
 
 def _real_reward_models(small: Config, cfg: Config) -> Config:
     """The rehearsal's config with each reward model's own path and tokenizer instead of its stand-in."""
-    import dataclasses
-
     rewards = [dataclasses.replace(spec, args={**spec.args, "path": mine.args["path"],
                                                "tokenizer_path": mine.args.get("tokenizer_path")})
                if spec.name == rehearsal.REWARD_MODEL else spec for spec, mine in zip(small.rewards, cfg.rewards)]
@@ -276,8 +273,8 @@ def _export_and_check(run_dir: Path, out: Path, merge: bool) -> int:
     trained tensors (export_check.py). -> tensors compared."""
     from transformers import AutoTokenizer
 
-    from dapo_train.model.checkpoint import latest_checkpoint
-    from dapo_train.model.export import export_checkpoint
+    from dapo_train.run.checkpoint import latest_checkpoint
+    from dapo_train.run.export import export_checkpoint
 
     checkpoint = latest_checkpoint(run_dir)
     exported = export_checkpoint(str(checkpoint), str(out), merge=merge)

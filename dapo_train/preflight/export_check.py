@@ -6,7 +6,7 @@ The expected values are read from the checkpoint's own files, not through the lo
 a full checkpoint's tensors as saved; a LoRA checkpoint's base tensors with each adapted weight
 W + scaling x B A (scaling alpha / r, or alpha / sqrt(r) with rsLoRA; an embedding's (B A)^T), from
 adapter_model.safetensors and adapter_config.json; an adapted head that the base ties to its embedding is
-its own tensor (the export unties it: model/export.py). A tensor the export lacks would otherwise load as a
+its own tensor (the export unties it: run/export.py). A tensor the export lacks would otherwise load as a
 fresh random one.
 """
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import yaml
 
-from dapo_train.config.load import load_config, read_saved_config
+from dapo_train.config.load import CONFIG_FILE, load_config, read_saved_config
 from dapo_train.config.retired import upgrade_retired
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.model.checkpoint import CONFIG_FILE, SAVED_CONFIG_KEY, STATE_FILE, load_state
+from dapo_train.run.checkpoint import SAVED_CONFIG_KEY, STATE_FILE, load_state
 from dapo_train.run.folder import config_differences, resume_command
 
 logger = logging.getLogger(__name__)

@@ -10,6 +10,10 @@ without a reader. A closed terminal or a full disk under `> log` does the same. 
 sys.stdout and sys.stderr so that the first write or flush that fails points the stream at os.devnull
 and the run goes on, saves and exits with its own code; what it says from then on is still in its
 folder's run.log (run/logs.py).
+
+A command whose result is what it prints (config, compare, show, ...) has no such copy: print_result writes it
+past that forgiveness, and a result that cannot be written (`> /dev/full`, a full disk, a closed stdout) ends the
+command with one line and exit 2 instead of 0 having written nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+
+from dapo_train.errors import UserError
 
 # A pipe without a reader (BrokenPipeError), an I/O error or a full disk (OSError), a closed file (ValueError).
 _LOST = (OSError, ValueError)
@@ -27,6 +33,7 @@ class SteadyStream:
 
     def __init__(self, stream) -> None:
         self._stream = stream
+        self.lost = False  # a write or flush failed: the stream goes to os.devnull from then on
 
     def write(self, text: str) -> int:
         try:
@@ -63,6 +70,21 @@ class SteadyStream:
         except _LOST:  # no descriptor (closed, or not a file): nothing else can write through it
             pass
         self._stream = open(os.devnull, "w", encoding="utf-8")  # the stream for the rest of the process
+        self.lost = True
+
+    def write_result(self, text: str) -> None:
+        """Write and flush `text` as a result must be: a failure raises (the stream still goes to os.devnull, so
+        that the exit's flush does not fail again)."""
+        if self.lost:
+            raise OSError("an earlier write to it failed")
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except UnicodeError:
+            raise
+        except _LOST:
+            self._to_devnull()
+            raise
 
 
 def steady_console() -> None:
@@ -73,6 +95,25 @@ def steady_console() -> None:
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, SteadyStream):
             setattr(sys, name, SteadyStream(stream))
+
+
+def print_result(text: str) -> None:
+    """Print a command's result and a newline on stdout, or end the command (UserError, exit 2) naming why it
+    could not be written: a result has no copy a reader could turn to, as a run's console has run.log."""
+    stream = sys.stdout
+    try:
+        if stream is None:  # closed before the start (`>&-`)
+            raise OSError("it is closed")
+        if isinstance(stream, SteadyStream):
+            stream.write_result(text + "\n")
+        else:
+            stream.write(text + "\n")
+            stream.flush()
+    except UnicodeError:
+        raise
+    except _LOST as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise UserError(f"standard output cannot be written ({reason}): the result was not printed whole") from None
 
 
 def console_logging(level: str = "INFO") -> None:

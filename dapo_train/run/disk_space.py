@@ -1,23 +1,35 @@
-"""Disk space for a run's checkpoints: one checkpoint's size, how many the run holds at once, and the
-free space of output_dir's file system, checked before the first step (check_disk_space: too little
-for one is refused, for all of them warned) and reported by preflight for the real model (disk_plan).
-The checkpoints themselves, and the steps they are saved at, are model/checkpoint.py's.
+"""Disk space for a run's checkpoints: the steps it saves at, one checkpoint's size, how many the run holds
+at once, and the free space of output_dir's file system, checked before the first step (check_disk_space: too
+little for one is refused, for all of them warned) and reported by preflight for the real model (disk_plan);
+and, when a save fails, whether the disk refused the write (disk_reason, write_refused), which stops the run
+with its last checkpoint rather than as a bug. The checkpoints themselves are run/checkpoint.py's.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
 
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.model.checkpoint import save_steps
 
 logger = logging.getLogger(__name__)
 
 GB = 10**9
 TOKENIZER_ALLOWANCE = 16 * 10**6  # tokenizer, config and generation_config files (Qwen2.5's: about 11.5 MB)
+_PROBE_BYTES = 1 << 20  # a failed write is the disk's when the folder then refuses this much too
+
+
+def save_steps(cfg: Config, done_step: int) -> list[int]:
+    """The steps after `done_step` this run saves at: every checkpoint.every_steps and the last."""
+    every, last = cfg.checkpoint.every_steps, cfg.train.max_steps
+    periodic = range(every, last, every) if every > 0 else range(0)
+    return [step for step in [*periodic, last] if step > done_step]
 
 
 def checkpoint_bytes(weights: int, trainable: int) -> int:
@@ -79,3 +91,38 @@ def check_disk_space(cfg: Config, run_dir: Path, one: int, done_step: int = 0, e
             "(exit code 4)", run_dir, size_text(free), count, size_text(one), cfg.checkpoint.every_steps,
             cfg.checkpoint.keep_last, size_text(count * one),
         )
+
+
+# The errnos of a write the disk refused, when one is only the cause of the error raised: no space, over
+# quota, an I/O error, a read-only file system, a file past the system's size limit.
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG}
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors' writer names the errno in its message
+
+
+def write_refused(folder: Path) -> str | None:
+    """Why `folder` refuses a small write now (No space left on device, Read-only file system...), or None."""
+    try:
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(b"\0" * _PROBE_BYTES)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def disk_reason(exc: BaseException) -> str | None:
+    """Why a failed write was the disk's, read from the error: an OSError, or an error caused by one of the
+    disk's (torch.save raises a RuntimeError over the file's OSError; safetensors a SafetensorError naming
+    `(os error 28)`). None: the error does not say."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        code = exc.errno if isinstance(exc, OSError) else next(
+            (int(found) for found in _RUST_OS_ERROR.findall(str(exc))), None)
+        if code in _DISK_ERRNOS:
+            return os.strerror(code)
+        exc = exc.__cause__ or exc.__context__
+    return None

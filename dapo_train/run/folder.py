@@ -2,7 +2,7 @@
 
 - A fresh start checks, before anything loads or is created, that output_dir can be written and
   that the packages the trackers and LoRA need are installed; it refuses a folder that is not a run
-  (config/outputs.py's rule: not empty and no run's marker or files, the current folder, a parent,
+  (run/outputs.py's rule: not empty and no run's marker or files, the current folder, a parent,
   home, the root, or sharing files with the data, the model or a reward model), refuses to replace a
   run that saved a checkpoint unless told (--overwrite, which removes only what a run writes and
   refuses while the folder holds anything else), and starts again over one that never saved any
@@ -31,23 +31,29 @@ import tempfile
 import time
 from pathlib import Path
 
-from dapo_train.config.load import config_from_dict, config_to_dict, flatten_config, load_config, read_saved_config
-from dapo_train.config.outputs import holds_own, local_inputs, mark, remove_own
+from dapo_train.config.load import (
+    CONFIG_FILE,
+    config_from_dict,
+    config_to_dict,
+    flatten_config,
+    load_config,
+    read_saved_config,
+)
 from dapo_train.config.schema import Config
 from dapo_train.errors import ConfigError, UserError
-from dapo_train.model.checkpoint import (
-    CHECKPOINT_RE,
-    CONFIG_FILE,
+from dapo_train.model.lora import check_lora_start, check_resume
+from dapo_train.run.checkpoint import (
     STATE_FILE,
     checkpoint_dirs,
+    checkpoint_step,
     latest_checkpoint,
     load_state,
 )
-from dapo_train.model.lora import check_lora_start, check_resume
 from dapo_train.run.eval_items import ITEMS_DIR, items_after
 from dapo_train.run.layout import ABANDONED_PREFIX, refuse_links, run_kind
 from dapo_train.run.lock import check_free
 from dapo_train.run.logs import METRICS_FILE, split_logs
+from dapo_train.run.outputs import holds_own, local_inputs, mark, remove_own
 from dapo_train.run.rollouts import ROLLOUTS_DIR, rollouts_after
 from dapo_train.run.trackers import check_trackers
 
@@ -61,11 +67,6 @@ CHECKPOINT_TRAINING_FILES = ("config.json", STATE_FILE)
 
 def resume_command(run_dir: str | Path) -> str:
     return f"dapo-train run --resume {shlex.quote(str(run_dir))}"
-
-
-def checkpoint_step(checkpoint: Path) -> int | None:
-    match = CHECKPOINT_RE.match(checkpoint.name)
-    return int(match.group(1)) if match else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,13 +96,15 @@ def check_writable(run_dir: Path) -> None:
         raise UserError(f"output_dir {run_dir}: {problem}; set output_dir=... to a writable folder")
 
 
-def check_start(cfg: Config, overwrite: bool) -> bool:
+def check_start(cfg: Config, overwrite: bool, source: Path | None = None) -> bool:
     """A fresh start in output_dir, checked before anything is written or loaded: refused where the
     folder is not empty and not a run, is the current folder, a parent of it, home or the root, or
-    shares files with the config's inputs; with --overwrite, also while the run holds foreign files.
-    -> whether output_dir holds a run."""
-    return holds_own(Path(cfg.output_dir), run_kind(cfg), option="output_dir", inputs=local_inputs(cfg),
-                     replace=overwrite)
+    shares files with the config's inputs (and the checkpoint `source` a run continued elsewhere starts
+    from); with --overwrite, also while the run holds foreign files. -> whether output_dir holds a run."""
+    kind, inputs = run_kind(cfg), local_inputs(cfg)
+    if source is not None:
+        inputs[f"the resume checkpoint {source}"] = source
+    return holds_own(Path(cfg.output_dir), kind, option="output_dir", inputs=inputs, replace=overwrite)
 
 
 def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bool) -> tuple[Path, Path | None]:
@@ -114,8 +117,7 @@ def prepare_run_dir(cfg: Config, resume: str | Path | bool | None, overwrite: bo
     check_free(run_dir, "output_dir")  # a run writing there now: say so, not what its folder looks like meanwhile
     source = _resume_source(run_dir, resume) if resume else None
     if source is not None and source.resolve().parent != run_dir.resolve():  # continued elsewhere: a start there
-        holds_own(run_dir, run_kind(cfg), option="output_dir",
-                  inputs={**local_inputs(cfg), f"the resume checkpoint {source}": source})
+        check_start(cfg, overwrite=False, source=source)
     held = check_start(cfg, overwrite) if source is None else True
     refuse_links(run_dir, cfg)
     check_writable(run_dir)

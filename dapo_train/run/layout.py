@@ -1,8 +1,9 @@
-"""What a run writes in its folder, by the exact names it writes: the kinds config/outputs.py's rule reads
+"""What a run writes in its folder, by the exact names it writes: the kinds run/outputs.py's rule reads
 (a run folder is the run's when it holds the marker; --overwrite and preflight --keep remove only these), and
 the run's files that must not be links.
 
-An entry is the run's only in the exact form the run writes it: checkpoint_<N>/, .tmp_checkpoint_<N>_<pid>/,
+An entry is the run's only in the exact form the run writes it: checkpoint_<N>/ (and only one it wrote:
+run/checkpoint.py), .tmp_checkpoint_<N>_<pid>/,
 abandoned_after_step<N>_<YYYYmmdd-HHMMSS>[_<n>]/, eval_items/ and rollouts/ (their record files), and fixed
 names. Inside a checkpoint: the files transformers, peft and the trainer save there, and the results
 `dapo-train eval` adds. A user's checkpoint_1.tar.gz or checkpoint_1_notes.md is not the run's, nor are the
@@ -18,13 +19,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dapo_train.config.load import config_from_dict, read_saved_config
-from dapo_train.config.outputs import OutputKind
+from dapo_train.config.load import CONFIG_FILE, config_from_dict, read_saved_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import UserError
-from dapo_train.model.checkpoint import CHECKPOINT_KIND, CHECKPOINT_RE, CONFIG_FILE, STATE_FILE
+from dapo_train.run.checkpoint import CHECKPOINT_KIND, CHECKPOINT_RE, PARTIAL_CHECKPOINT_KIND, STATE_FILE, TEMPORARY_RE
 from dapo_train.run.eval_items import ITEMS_DIR
 from dapo_train.run.logs import LOG_FILES, METRICS_FILE, RUN_LOG, RUN_STATUS
+from dapo_train.run.outputs import OutputKind
 from dapo_train.run.rollouts import ROLLOUTS_DIR
 
 # Written in output_dir when a run starts: the folder is a run's, which --overwrite may replace.
@@ -47,7 +48,7 @@ ABANDONED_KIND = OutputKind(
 
 
 def run_kind(cfg: Config) -> OutputKind:
-    """What a run writes at the top of output_dir (config/outputs.py's rule): the marker, config.yaml, the
+    """What a run writes at the top of output_dir (run/outputs.py's rule): the marker, config.yaml, the
     three logs, run.log and run_status.json, eval_items/ and rollouts/ (their record files), checkpoint_<step>/
     and their temporary folders, what a resume set aside, and TensorBoard's folder, named logging.project. A
     folder without the marker is a run when an older dapo-train wrote it (_older_run)."""
@@ -56,7 +57,8 @@ def run_kind(cfg: Config) -> OutputKind:
         "dapo-train run folder", RUN_MARKER,
         names=(CONFIG_FILE, *LOG_FILES.values(), RUN_LOG, RUN_STATUS,
                *((project,) if Path(project).name == project else ())),
-        nested=((CHECKPOINT_RE.pattern.strip("^$"), CHECKPOINT_KIND), (r"\.tmp_checkpoint_\d+_\d+", CHECKPOINT_KIND),
+        nested=((CHECKPOINT_RE.pattern.strip("^$"), CHECKPOINT_KIND),
+                (TEMPORARY_RE.pattern.strip("^$"), PARTIAL_CHECKPOINT_KIND),
                 (rf"{ABANDONED_PREFIX}\d+_\d{{8}}-\d{{6}}(_\d+)?", ABANDONED_KIND), *_RECORD_FOLDERS),
         older=_older_run,
     )

@@ -10,7 +10,7 @@ another host's processes. A file system that refuses flock itself (NFS without a
 cluster file systems) stops the command in one line naming NO_LOCK_ENV, the switch that runs without the
 lock there (nothing then refuses a second command into the folder). Under several ranks (torchrun,
 accelerate launch) only the main process (RANK 0) takes it: the other ranks write into the folder only what
-the main one asks them to. config/outputs.py counts the file as every output folder's own, which
+the main one asks them to. run/outputs.py counts the file as every output folder's own, which
 --overwrite never removes; released, it is removed, and so is the folder when the command made it and left
 it empty (a start that failed in its setup).
 """
@@ -27,8 +27,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from dapo_train.config.outputs import LOCK_FILE
 from dapo_train.errors import UserError
+from dapo_train.run.outputs import LOCK_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,8 @@
-"""Graceful stop on SIGINT/SIGTERM: the first signal lets the current step finish, then the
+"""Graceful stop on SIGINT/SIGTERM/SIGHUP: the first signal lets the current step finish, then the
 trainer writes a checkpoint and exits non-zero with the command that resumes; a second SIGINT
-stops at once (KeyboardInterrupt). After the last step the checkpoint is already written: a signal
+stops at once (KeyboardInterrupt). A hangup (the terminal closed, the SSH session dropped) would
+otherwise kill the process on the spot, its steps since the last checkpoint lost; under nohup it stays
+ignored, as asked. After the last step the checkpoint is already written: a signal
 during the end-of-run eval ends that eval, and the process still exits with the signal's status
 (128 + its number: what was asked of it, the eval, was cut short), naming the command that evaluates
 the checkpoint instead of a resume."""
@@ -13,6 +15,10 @@ import shlex
 import signal
 import sys
 from pathlib import Path
+
+# The signals that ask a run to stop: Ctrl-C, a scheduler's or kill's TERM, a hangup. Under torchrun the launcher
+# passes each of them on to the ranks.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class StopRequested:
@@ -39,7 +45,9 @@ class StopRequested:
             self.notice = before
 
     def install(self) -> StopRequested:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
+            if signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN:
+                continue  # nohup: the user asked that a hangup not stop the run at all
             signal.signal(signum, self._handle)
         return self
 

@@ -112,14 +112,25 @@ def _draw(ax, point: Point, key: str, style: str, colour: str) -> None:
         ax.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
 
 
+def _unwritable_target(target: Path) -> str | None:
+    """Why the figure cannot be written to `target`: a folder, a file already there (the user's: plot never
+    replaces one), or a place that refuses a write; None: it can be."""
+    if target.is_dir():
+        return f"{target} is a folder"
+    if target.exists() or target.is_symlink():
+        return f"{target} exists, and plot never replaces a file"
+    return unwritable(target.parent)
+
+
 def plot(paths: list[str], out: str) -> Path:
-    """Write the figure of `paths` to `out`; where it cannot be written is found before anything is read."""
+    """Write the figure of `paths` to `out`, a new file (one already there is the user's, never replaced); where it
+    cannot be written is found before anything is read."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UserError("dapo-train plot needs matplotlib: pip install 'dapo-train[plot]'") from None
     target = Path(out)
-    problem = f"{target} is a folder" if target.is_dir() else unwritable(target.parent)
+    problem = _unwritable_target(target)
     if problem is not None:
         raise UserError(f"-o {out}: {problem}; choose another file")
     fig = make_figure(*group_points(load_runs(paths)))
@@ -128,7 +139,10 @@ def plot(paths: list[str], out: str) -> Path:
         raise UserError(f"-o {out}: unknown image type; end the name in one of .{', .'.join(sorted(supported))}")
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fig.savefig(target, dpi=110)
+        with open(target, "xb") as image:  # created here: a file that appeared since the check is not replaced
+            fig.savefig(image, format=target.suffix.lstrip(".").lower(), dpi=110)
+    except FileExistsError:
+        raise UserError(f"-o {out}: {target} exists, and plot never replaces a file; choose another file") from None
     except OSError as exc:
         raise UserError(f"-o {out}: could not write it ({exc.strerror or exc})") from None
     return target

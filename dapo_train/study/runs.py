@@ -20,9 +20,8 @@ from pathlib import Path
 import yaml
 
 from dapo_train.config.keys import COSMETIC_KEYS
-from dapo_train.config.load import config_to_dict, flatten_config
+from dapo_train.config.load import CONFIG_FILE, config_to_dict, flatten_config
 from dapo_train.errors import UserError, folder_listing
-from dapo_train.model.checkpoint import CONFIG_FILE
 from dapo_train.run.eval_items import FINAL, PERIODIC
 from dapo_train.run.folder import saved_run_config
 from dapo_train.run.logs import generation_cost, read_metrics, read_status

@@ -31,8 +31,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from dapo_train.config.load import CONFIG_FILE
 from dapo_train.errors import UserError
-from dapo_train.model.checkpoint import CHECKPOINT_RE, CONFIG_FILE, STATE_FILE
+from dapo_train.run.checkpoint import CHECKPOINT_RE, STATE_FILE
 from dapo_train.run.rollouts import (
     FATES,
     RECORD_KEYS,

@@ -20,15 +20,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dapo_train.config.load import is_override, load_config
-from dapo_train.config.outputs import OutputKind, holds_own, local_inputs, mark
+from dapo_train.config.load import CONFIG_FILE, is_override, load_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import DoesNotFit, RunRegressed, TaskSolved, TrainingAborted, UserError
-from dapo_train.model.checkpoint import CONFIG_FILE, latest_checkpoint
 from dapo_train.rewards.scoring import rewards_from_config
+from dapo_train.run.checkpoint import latest_checkpoint
 from dapo_train.run.files import write_json_atomic
 from dapo_train.run.folder import check_start, config_differences, saved_run_config
 from dapo_train.run.lock import hold_folder
+from dapo_train.run.outputs import OutputKind, holds_own, local_inputs, mark
 from dapo_train.run.signals import StopRequested
 from dapo_train.study.runs import SWEEP_FILE, key_labels
 
@@ -54,7 +54,7 @@ def _older_sweep(folder: Path) -> str | None:
     return None if problem is None else f"{SWEEP_FILE} is not one a sweep wrote ({problem})"
 
 
-# What a sweep writes at the top of its folder (config/outputs.py): sweep.json, and a run folder per point
+# What a sweep writes at the top of its folder (run/outputs.py): sweep.json, and a run folder per point
 # (each checked as a run's before the first point trains). A sweep replaces nothing itself.
 SWEEP_KIND = OutputKind("dapo-train sweep folder", ".dapo-train-sweep", names=(SWEEP_FILE,), older=_older_sweep)
 # The sweep sets these itself for every run; --seeds is how seeds vary.

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dapo_train.config.schema import Config
-from dapo_train.model.checkpoint import CHECKPOINT_RE, checkpoint_dirs
+from dapo_train.run.checkpoint import CHECKPOINT_RE, checkpoint_dirs
 
 logger = logging.getLogger(__name__)
 

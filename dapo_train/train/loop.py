@@ -19,7 +19,7 @@ on the whole eval split (eval.final_full), each eval's per-item records in eval_
 (evaluation/generate.py, run/eval_items.py) and every eval after step 0 paired with step 0's (its change,
 strict and answer accuracy, with intervals), a run below step 0 twice in a row said, or stopped with
 eval.stop_on_regression (regression.py); checkpoint_<step>/ atomically every checkpoint.every_steps and at
-the end, before the whole-split eval (state.py, model/checkpoint.py). The Run the loop works on is built by
+the end, before the whole-split eval (state.py, run/checkpoint.py). The Run the loop works on is built by
 session.setup.
 
 Where this departs from the paper's recipe, on purpose: dynamic sampling runs a bounded number of
@@ -43,8 +43,8 @@ from dapo_train.config.schema import Config
 from dapo_train.errors import DoesNotFit, RunRegressed, TaskSolved, TrainingAborted
 from dapo_train.evaluation.generate import EvalStopped
 from dapo_train.faults import SYNC_STEP, out_of_memory_at
-from dapo_train.model import checkpoint as ckpt
 from dapo_train.rollout.engines import pause, release
+from dapo_train.run import checkpoint as ckpt
 from dapo_train.run.config_changes import warn_config_changes
 from dapo_train.run.eval_items import FINAL, drop_items
 from dapo_train.run.folder import (

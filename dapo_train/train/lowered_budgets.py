@@ -27,7 +27,7 @@ from pathlib import Path
 
 from dapo_train.config.load import dump_config
 from dapo_train.config.schema import Config
-from dapo_train.model.checkpoint import SAVED_CONFIG_KEY
+from dapo_train.run.checkpoint import SAVED_CONFIG_KEY
 
 logger = logging.getLogger(__name__)
 

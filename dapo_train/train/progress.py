@@ -36,7 +36,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from dapo_train.config.schema import Config
 from dapo_train.evaluation.generate import eval_max_new_tokens
-from dapo_train.model.checkpoint import CheckpointScore, checkpoint_dirs
+from dapo_train.run.checkpoint import CheckpointScore, checkpoint_dirs
 from dapo_train.run.eval_items import FINAL
 from dapo_train.run.logs import generation_cost, read_metrics
 from dapo_train.run.rollouts import brief, saved_rollouts

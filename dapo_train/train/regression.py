@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dapo_train.config.schema import Config
-from dapo_train.model.checkpoint import CheckpointScore
+from dapo_train.run.checkpoint import CheckpointScore
 from dapo_train.run.eval_items import PERIODIC
 
 REGRESSED_EVALS = 2  # evals in a row whose interval lies below 0

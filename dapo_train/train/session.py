@@ -22,7 +22,6 @@ import torch
 from dapo_train.config.schema import Config, DataConfig
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluation.generate import eval_max_new_tokens, longest_sequence
-from dapo_train.model.checkpoint import CheckpointScore, keep_best_note
 from dapo_train.model.loading import (
     check_attention_kernel,
     check_lora_targets,
@@ -41,6 +40,7 @@ from dapo_train.model.threads import set_cpu_threads
 from dapo_train.rewards.scoring import RewardSet, rewards_from_config
 from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id, rollout_tools
 from dapo_train.rollout.vllm_settings import check_memory, inert_settings
+from dapo_train.run.checkpoint import CheckpointScore, keep_best_note
 from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits
 from dapo_train.task.sources import load_split
 from dapo_train.tools.turns import ToolTurns, tool_turns

@@ -6,7 +6,7 @@ order's state, the keep rate that sizes generation rounds, the prompt history, w
 checkpoint so far under checkpoint.keep_best, the memory budgets an out-of-memory error lowered:
 lowered_budgets.py) and rank 0's own state; each rank r > 0 adds trainer_state_rank<r>.pt (its RNG
 streams, its carried-over groups and, under FSDP/ZeRO, its optimizer shard). The folder's format
-(atomic save, discovery, pruning) is model/checkpoint.py's.
+(atomic save, discovery, pruning) is run/checkpoint.py's.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_train.config.load import config_to_dict
-from dapo_train.config.outputs import owned_bytes
 from dapo_train.errors import CheckpointNotSaved, UserError
-from dapo_train.model import checkpoint as ckpt
 from dapo_train.model.random_state import rng_state, set_rng_state
+from dapo_train.run import checkpoint as ckpt
 from dapo_train.run import disk_space
 from dapo_train.run.folder import checkpoint_step, resume_command
 from dapo_train.run.layout import run_kind
+from dapo_train.run.outputs import owned_bytes
 from dapo_train.train import distributed
 from dapo_train.train.health import StepHealth
 from dapo_train.train.lowered_budgets import LOWERED_KEY, keep_lowered
@@ -47,7 +47,7 @@ def trainer_state(run: Run) -> dict:
         "step": run.step,
         "bad_steps": run.health.nonfinite,  # what checkpoints before the health record read
         "health": run.health.state_dict(),
-        "good": not run.health.suspect,  # model/checkpoint.py's pruning keeps the newest good checkpoint
+        "good": not run.health.suspect,  # run/checkpoint.py's pruning keeps the newest good checkpoint
         "optimizer_steps": run.learner.optimizer.steps,
         "sampler": run.prompt_sampler.state_dict(),
         "keep_rate": run.keep_rate.state_dict(),  # the same on every rank: saved once, read by all

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from dapo_train.config.load import config_to_dict, load_config, save_config
 from dapo_train.config.schema import Config
-from dapo_train.model.checkpoint import checkpoint_dirs
+from dapo_train.run.checkpoint import checkpoint_dirs
 from dapo_train.study.compare import format_delta, paired_comparison
 from dapo_train.study.runs import Point, RunRecord, load_run, summarize_metrics
 

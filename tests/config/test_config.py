@@ -356,3 +356,58 @@ def test_float16_weights_under_fp16_mixed_precision_are_refused_when_the_config_
     for fine in (["model.dtype=float16"], ["train.mixed_precision=fp16"],
                  ["model.dtype=bfloat16", "train.mixed_precision=fp16"]):
         load_config(None, fine)
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 59, item 12: what a run derives inside its folder stays there, and a leading ~ is the home folder.
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/../../escape", "/tmp/escape", "~/escape"])
+def test_a_run_name_that_leaves_outputs_is_refused(name):
+    """run_name=../escape wrote the run beside outputs/, not in it (output_dir, the user's own choice, may be
+    anywhere; the name only picks a folder under outputs/)."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, [f"run_name={name}"])
+    assert caught.value.key == "run_name" and "outputs/" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_run_name_with_a_subfolder_stays_under_outputs():
+    assert load_config(None, ["run_name=study/seed1"]).output_dir == "outputs/study/seed1"
+
+
+@pytest.mark.parametrize("project", ["../x", "a/../../x", "/tmp/x", "~/x"])
+def test_a_logging_project_that_leaves_the_run_folder_is_refused(project):
+    """TensorBoard writes its folder at <output_dir>/<logging.project>: ../x or an absolute path put it outside the
+    run, where the run's checks and --overwrite never look."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, [f"logging.project={project}"])
+    assert caught.value.key == "logging.project" and "run folder" in str(caught.value)
+
+
+# key -> (the override that sets it to a path under ~, that path below the home folder)
+HOME_PATHS = {
+    "output_dir": ("output_dir=~/runs/a", "runs/a"),
+    "data.path": ("data.path=~/data/gsm8k", "data/gsm8k"),
+    "model.name_or_path": ("model.name_or_path=~/models/qwen", "models/qwen"),
+    "rewards.0.args.path": ("rewards=[{name: reward_model, args: {path: ~/rm, tokenizer_path: ~/rm_tok}}]", "rm"),
+}
+
+
+@pytest.mark.parametrize("key", list(HOME_PATHS))
+def test_a_leading_tilde_is_the_home_folder_in_every_path_key(key, tmp_path, monkeypatch):
+    """'output_dir=~/x' (quoted, so no shell expanded it) made a folder named ~ in the current folder; every key
+    that holds a path now reads a leading ~ as the shell does."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    override, below_home = HOME_PATHS[key]
+    cfg = load_config(None, [override])
+    values = {"output_dir": cfg.output_dir, "data.path": cfg.data.path, "model.name_or_path": cfg.model.name_or_path,
+              "rewards.0.args.path": cfg.rewards[0].args.get("path")}
+    assert values[key] == str(tmp_path / below_home), values
+    if key.startswith("rewards"):
+        assert cfg.rewards[0].args["tokenizer_path"] == str(tmp_path / "rm_tok")
+
+
+def test_a_tilde_no_home_expands_is_refused_naming_the_key():
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, ["output_dir=~no-such-user-59/x"])
+    assert caught.value.key == "output_dir" and "~no-such-user-59" in str(caught.value)

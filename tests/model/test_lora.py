@@ -17,9 +17,9 @@ from dapo_train.config.schema import ModelConfig
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluation.command import EvalOptions, run_eval
 from dapo_train.model import lora
-from dapo_train.model.export import export_checkpoint
 from dapo_train.model.layout import collate
 from dapo_train.model.loading import load_model
+from dapo_train.run.export import export_checkpoint
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.locations import TINY_MODEL_DIR
 from dapo_train.train import loop
@@ -402,3 +402,43 @@ def test_resume_refuses_another_model_unless_the_saved_folder_is_gone(tmp_path):
     lora.check_resume(load_config(None, ["train.max_steps=80"]), checkpoint)  # other keys may change
     save_config(load_config(None, [f"model.name_or_path={tmp_path / 'moved-away'}"]), checkpoint / "config.yaml")
     lora.check_resume(load_config(None, ["model.name_or_path=builtin:tiny"]), checkpoint)
+
+
+def test_an_adapter_checkpoint_with_a_relative_base_evaluates_from_another_folder(tmp_path, monkeypatch):
+    """Issue 59, item 15: a LoRA run started with model.name_or_path=./base records that path as given, relative to
+    the folder the run started in; `eval` of its checkpoint from any other folder failed, naming model.name_or_path,
+    a key the eval's user never set. The run folder says where it started (its output_dir, outputs/run, is this
+    checkpoint's parent), so the base is read from there."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoTokenizer
+
+    from dapo_train.config.load import save_config
+
+    work = tmp_path / "work"
+    shutil.copytree(TINY_MODEL_DIR, work / "base")
+    checkpoint = work / "outputs" / "run" / "checkpoint_2"
+    base = load_model(ModelConfig(name_or_path=str(work / "base")), torch.device("cpu"))
+    get_peft_model(base, peft_config=LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(checkpoint)
+    AutoTokenizer.from_pretrained(work / "base").save_pretrained(checkpoint)
+    save_config(load_config(None, ["model.name_or_path=./base", "model.lora.r=2", "output_dir=outputs/run"]),
+                checkpoint / "config.yaml")
+    monkeypatch.chdir(tmp_path)  # not the folder the run started in
+    assert lora.adapter_base(checkpoint) == str(work / "base")
+    [metrics] = run_eval([str(checkpoint)], EvalOptions(limit=2))
+    assert metrics["num_items"] == 2, metrics
+
+
+def test_a_relative_base_found_nowhere_names_the_checkpoint_that_records_it(tmp_path, monkeypatch):
+    """Where neither the run's start folder nor the current one holds the base (the run folder was moved), the one
+    line names the checkpoint's config.yaml and the path it records, not a key of the eval's own."""
+    from dapo_train.config.load import save_config
+
+    checkpoint = tmp_path / "moved" / "checkpoint_2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "adapter_config.json").write_text('{"base_model_name_or_path": "./base"}')
+    save_config(load_config(None, ["model.name_or_path=./base", "model.lora.r=2", "output_dir=outputs/run"]),
+                checkpoint / "config.yaml")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as caught:
+        lora.adapter_base(checkpoint)
+    assert f"{checkpoint / 'config.yaml'} records the base model as './base'" in str(caught.value), caught.value

@@ -73,7 +73,7 @@ def test_a_merged_export_computes_the_adapted_models_logits(targets, tmp_path, c
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dapo_train.model.export import export_checkpoint
+    from dapo_train.run.export import export_checkpoint
     from dapo_train.task.locations import TINY_MODEL_DIR
 
     plain = AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR, dtype=torch.float32)

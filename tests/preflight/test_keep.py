@@ -49,6 +49,8 @@ def earlier_rehearsal(kept: Path) -> Path:
                  "checkpoint_2/trainer_state.pt", "checkpoint_3/trainer_state.pt", "eval_items/step_0.jsonl",
                  "eval_items/final_3.jsonl", "rollouts/step_1.jsonl"):
         write(run / name)
+    for checkpoint in ("checkpoint_2", "checkpoint_3"):
+        marker(run / checkpoint / ".dapo-train-checkpoint", "checkpoint folder")
     for name in ("config.json", "model.safetensors"):
         write(kept / "export" / name)
     marker(kept / "export" / ".dapo-train-export", "dapo-train export folder", ["config.json", "model.safetensors"])

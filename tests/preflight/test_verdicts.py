@@ -11,11 +11,11 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, Qwen2Config
 
 from dapo_train.config.load import load_config
-from dapo_train.config.outputs import holds_own
 from dapo_train.errors import UserError
 from dapo_train.preflight import command, rehearsal
 from dapo_train.preflight.command import preflight
 from dapo_train.preflight.report import Report
+from dapo_train.run.outputs import holds_own
 from dapo_train.task.locations import TINY_MODEL_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -249,8 +249,8 @@ def test_the_check_takes_adapters_on_the_embedding_and_the_tied_head(tmp_path):
 
     from dapo_train.config.schema import LoraConfig
     from dapo_train.model import lora
-    from dapo_train.model.export import export_checkpoint
     from dapo_train.preflight.export_check import check_export
+    from dapo_train.run.export import export_checkpoint
 
     settings = LoraConfig(r=4, alpha=8, target_modules=["embed_tokens", "lm_head", "q_proj"])
     adapted = lora.apply_lora(AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR), settings, "tiny")

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import CheckpointNotSaved, UserError
-from dapo_train.model import checkpoint as ckpt
+from dapo_train.run import checkpoint as ckpt
 from dapo_train.run import disk_space
 from dapo_train.run.logs import read_metrics
 from dapo_train.train import loop
@@ -93,7 +93,7 @@ def test_a_write_error_that_is_not_the_disks_stays_a_bug(tmp_path, monkeypatch, 
     save = {"model": random_model, "tokenizer": tokenizer, "cfg": cfg, "state": {"step": 1}}
     with pytest.raises(RuntimeError, match="unexpected pos"):
         ckpt.save_checkpoint(tmp_path, 1, **save)
-    monkeypatch.setattr(ckpt, "_write_refused", lambda folder: "No space left on device")
+    monkeypatch.setattr(disk_space, "write_refused", lambda folder: "No space left on device")
     with pytest.raises(CheckpointNotSaved, match=r"could not write checkpoint_1 in .* \(No space left on device\)"):
         ckpt.save_checkpoint(tmp_path, 1, **save)
     assert list(tmp_path.iterdir()) == []

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from dapo_train.config.load import load_config
-from dapo_train.config.outputs import holds_own, remove_own
 from dapo_train.errors import UserError, one_line_exits
 from dapo_train.run.layout import RUN_MARKER, run_kind
 from dapo_train.run.lock import check_free, hold_folder
 from dapo_train.run.logs import read_metrics
+from dapo_train.run.outputs import holds_own, remove_own
 from dapo_train.train import loop
 
 ROOT = Path(__file__).resolve().parents[2]

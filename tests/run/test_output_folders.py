@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from dapo_train.config.load import load_config
-from dapo_train.config.outputs import holds_own
 from dapo_train.errors import UserError
 from dapo_train.run.folder import prepare_run_dir, resume_config
 from dapo_train.run.layout import RUN_MARKER, run_kind
 from dapo_train.run.logs import read_metrics
+from dapo_train.run.outputs import holds_own
 from dapo_train.train import loop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -249,7 +249,7 @@ def test_overwrite_refuses_a_run_folder_holding_foreign_files_and_names_them(rea
 def test_overwrite_still_replaces_a_real_run_and_says_what_it_removed(real_run, tmp_path, caplog):
     run = tmp_path / "run"
     shutil.copytree(real_run, run)
-    (run / "checkpoint_7").mkdir()  # a checkpoint the new run will not write: removed with the old run
+    shutil.copytree(run / "checkpoint_1", run / "checkpoint_7")  # the old run's, which the new one will not write
     (run / "metrics.jsonl").write_text('{"step": 9, "old": true}\n')
     (run / "dapo-train").mkdir()  # TensorBoard's folder: logging.project's default name
     assert sorted(p.name for p in run.iterdir()) == [
@@ -317,7 +317,7 @@ def test_a_sweep_json_of_the_users_is_not_a_sweep(tmp_path):
 
 
 def test_export_output_is_refused_where_run_would_be(real_run, tmp_path, monkeypatch):
-    from dapo_train.model.export import export_checkpoint
+    from dapo_train.run.export import export_checkpoint
 
     checkpoint = real_run / "checkpoint_1"
     mywork = user_folder(tmp_path / "mywork")
@@ -329,3 +329,36 @@ def test_export_output_is_refused_where_run_would_be(real_run, tmp_path, monkeyp
         with pytest.raises(UserError, match=f"-o .*{said}.*nothing was changed"):
             export_checkpoint(str(checkpoint), out)
     assert tree(mywork) == before and tree(checkpoint) == saved
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 59, item 8: a symbolic link to nothing, where a command would make its folder.
+
+
+def test_a_dangling_link_as_output_dir_is_one_line_and_exit_2(tmp_path):
+    """Reproduced: a 44-line traceback and exit 1 (FileExistsError where the lock made the folder)."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone")
+    result = subprocess.run([sys.executable, "-m", "dapo_train", "run", f"output_dir={link}", "train.max_steps=1"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert f"output_dir {link} is a symbolic link to {tmp_path / 'gone'}, which does not exist" in lines[0], lines[0]
+    assert link.is_symlink() and not (tmp_path / "gone").exists()
+
+
+@pytest.mark.parametrize("option", ["--dir", "--keep", "-o"])
+@pytest.mark.parametrize("where", ["the folder", "a parent"])
+def test_every_output_folder_refuses_a_dangling_link(tmp_path, option, where):
+    """The same rule for sweep --dir, preflight --keep and export -o; a dangling link above the folder too (making
+    the folder's parents would fail on it)."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone")
+    folder = link if where == "the folder" else link / "run"
+    cfg = load_config(None, SMALL)
+    with pytest.raises(UserError) as caught:
+        holds_own(folder, run_kind(cfg), option=option)
+    said = f"{option} {folder}" + ("" if folder == link else f": {link}")
+    assert f"{said} is a symbolic link to {tmp_path / 'gone'}, which does not exist" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert link.is_symlink() and not (tmp_path / "gone").exists()

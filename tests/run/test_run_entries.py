@@ -92,7 +92,8 @@ def test_names_that_only_look_like_the_runs_survive(real_run, tmp_path, no_setup
 
 
 def test_notes_inside_a_checkpoint_refuse_the_overwrite(real_run, tmp_path, no_setup):
-    """A run-owned folder holding what the run never writes is not deleted whole: --overwrite refuses, naming it."""
+    """A run-owned folder holding what the run never writes is not deleted whole: --overwrite refuses, naming it; a
+    checkpoint_<N>/ the run never wrote (issue 59, item 7) is named whole."""
     run = copy_run(real_run, tmp_path)
     (run / "checkpoint_3").mkdir()
     (run / "checkpoint_3" / "notes.md").write_text("step 3 looked odd\n")
@@ -101,8 +102,8 @@ def test_notes_inside_a_checkpoint_refuse_the_overwrite(real_run, tmp_path, no_s
     (abandoned / "checkpoint_2").mkdir(parents=True)
     (abandoned / "checkpoint_2" / "review.md").write_text("why I went back\n")
     before = tree(run)
-    train_refused(load_config(None, [*SMALL, f"output_dir={run}"]), "checkpoint_3/notes.md",
-                  "checkpoint_1/eval_notes.txt", "abandoned_after_step1_20261206-051500/checkpoint_2/review.md",
+    train_refused(load_config(None, [*SMALL, f"output_dir={run}"]), "checkpoint_3/ without .dapo-train-checkpoint",
+                  "checkpoint_1/eval_notes.txt", "abandoned_after_step1_20261206-051500/checkpoint_2/ without",
                   overwrite=True)
     assert tree(run) == before
 
@@ -110,15 +111,20 @@ def test_notes_inside_a_checkpoint_refuse_the_overwrite(real_run, tmp_path, no_s
 def test_overwrite_removes_every_exact_form_the_run_writes(real_run, tmp_path, caplog):
     """What the run does write, in each of its forms, still goes: a kill's temporary checkpoint, what a resume set
     aside (two in one second: _2), the eval files `dapo-train eval` put in a checkpoint, and a LoRA checkpoint's
-    files as the installed peft and transformers save them."""
+    files as the installed peft and transformers save them (each checkpoint marked, as the run marks the ones it
+    writes)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dapo_train.run.checkpoint import CHECKPOINT_KIND
+    from dapo_train.run.outputs import mark
 
     run = copy_run(real_run, tmp_path)
     shutil.copytree(run / "checkpoint_1", run / "checkpoint_5")  # every file a checkpoint holds, in one the new run
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(TINY_MODEL), LoraConfig(r=2, target_modules=["q_proj"]))
     model.save_pretrained(run / "checkpoint_6")
     AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(run / "checkpoint_6")
+    mark(run / "checkpoint_6", CHECKPOINT_KIND)
     for name in (".tmp_checkpoint_2_4242/model.safetensors", "checkpoint_5/eval_test_limit8.json",  # will not write
                  "checkpoint_5/completions_test_limit8.jsonl", "checkpoint_5/.eval_test.json.4242.tmp",
                  "abandoned_after_step0_20261206-051500/metrics.jsonl",
@@ -126,6 +132,7 @@ def test_overwrite_removes_every_exact_form_the_run_writes(real_run, tmp_path, c
                  "abandoned_after_step0_20261206-051500_2/eval_items/step_1.jsonl"):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_text("the run's\n")
+    mark(run / "abandoned_after_step0_20261206-051500_2" / "checkpoint_1", CHECKPOINT_KIND)
     loop.train(load_config(None, [*SMALL, f"output_dir={run}"]), overwrite=True)
     assert sorted(p.name for p in run.iterdir() if p.name.startswith((".tmp", "abandoned", "checkpoint"))) == [
         "checkpoint_1"]
@@ -201,3 +208,50 @@ def test_a_linked_marker_or_records_folder_is_refused(tmp_path, no_setup):
     (run / "rollouts").symlink_to(mine)
     train_refused(cfg, f"{run / 'rollouts'} is a symbolic link")
     assert (tmp_path / "marker_of_mine").read_text() == "mine\n" and sorted(os.listdir(mine)) == ["notes.txt"]
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 59, items 7 and 15: a checkpoint_<N>/ is the run's only when the run wrote it, in the exact form it writes.
+
+
+def test_overwrite_keeps_a_checkpoint_folder_the_run_never_wrote(real_run, tmp_path, no_setup):
+    """Item 7, as reproduced: --overwrite deleted the user's 5-byte text file checkpoint_9/trainer_state.pt from a
+    run whose steps end before 9 (here at 1). Refused now, naming the folder; the file keeps its bytes."""
+    run = copy_run(real_run, tmp_path)
+    mine = run / "checkpoint_9" / "trainer_state.pt"
+    mine.parent.mkdir()
+    mine.write_text("mine\n")
+    before, digest = tree(run), sha(mine)
+    train_refused(load_config(None, [*SMALL, f"output_dir={run}"]), "checkpoint_9/", overwrite=True)
+    assert tree(run) == before and sha(mine) == digest
+
+
+def test_a_checkpoint_from_before_its_marker_is_the_runs_when_its_state_says_its_step(real_run, tmp_path, caplog):
+    """Old run folders: a checkpoint written before checkpoints were marked is the run's when its trainer_state.pt
+    is a trainer state of the step its name says; --overwrite replaces such a run as before. A copy under another
+    step's name (the state says 1, the name 4) is not one the run wrote: refused, named."""
+    from dapo_train.run.checkpoint import CHECKPOINT_MARKER
+
+    run = copy_run(real_run, tmp_path)
+    (run / "checkpoint_1" / CHECKPOINT_MARKER).unlink()  # as an older dapo-train left it
+    shutil.copytree(run / "checkpoint_1", run / "checkpoint_4")
+    before = tree(run)
+    cfg = load_config(None, [*SMALL, f"output_dir={run}"])
+    train_refused(cfg, "checkpoint_4/", overwrite=True)
+    assert tree(run) == before
+    shutil.rmtree(run / "checkpoint_4")
+    loop.train(cfg, overwrite=True)
+    assert "removed what the earlier run wrote" in caplog.text and "checkpoint_1/" in caplog.text
+    assert (run / "checkpoint_1" / CHECKPOINT_MARKER).is_file() and [r["step"] for r in read_metrics(run)] == [1]
+
+
+def test_a_checkpoint_name_with_leading_zeros_is_not_the_runs(real_run, tmp_path, no_setup):
+    """Item 15: checkpoint_007/ was read as step 7 from its name: `--resume RUN` took it for the latest checkpoint
+    and --overwrite deleted it. The run writes checkpoint_7/: checkpoint_007/ is the user's, whatever it holds."""
+    run = copy_run(real_run, tmp_path)
+    shutil.copytree(run / "checkpoint_1", run / "checkpoint_007")
+    before = tree(run)
+    cfg, checkpoint = resume_config(str(run), None, [])
+    assert checkpoint == run / "checkpoint_1"
+    train_refused(load_config(None, [*SMALL, f"output_dir={run}"]), "checkpoint_007/", overwrite=True)
+    assert tree(run) == before

@@ -10,7 +10,7 @@ from dapo_train.run.signals import StopRequested
 
 @pytest.fixture
 def restore_handlers():
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     yield
     for signum, handler in saved.items():
         signal.signal(signum, handler)
@@ -47,3 +47,22 @@ def test_a_notice_holds_only_while_its_phase_lasts(restore_handlers, capsys):
         assert stop.notice == "ending the final eval"
     os.kill(os.getpid(), signal.SIGTERM)
     assert "SIGTERM received: finishing this step and saving a checkpoint" in capsys.readouterr().err
+
+
+def test_a_hangup_is_a_graceful_stop_as_sigterm_is(restore_handlers, capsys):
+    """Issue 59, item 6: a closed terminal or a dropped SSH session (SIGHUP) killed the run at once, its steps since
+    the last checkpoint lost; now it finishes the step and saves, and the exit status is 128 + 1 = 129."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a run started from a terminal has it
+    stop = StopRequested().install()
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert stop.requested and stop.exit_code == 129
+    assert "SIGHUP received: finishing this step and saving a checkpoint" in capsys.readouterr().err
+
+
+def test_a_hangup_ignored_at_start_stays_ignored(restore_handlers):
+    """`nohup dapo-train run ...` asks that a closed terminal not stop the run at all: that choice stands."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    stop = StopRequested().install()
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert not stop.requested

@@ -519,6 +519,19 @@ def test_plot_writes_a_png(runs, tmp_path):
         plot([str(runs)], str(tmp_path / "p.nope"))
 
 
+def test_plot_never_replaces_a_file(runs, tmp_path):
+    """Issue 59, item 15: `plot -o mine.pdf` replaced the user's file without a word. A file already there is refused
+    in one line naming it, and keeps its bytes."""
+    pytest.importorskip("matplotlib")
+    mine = tmp_path / "mine.pdf"
+    mine.write_bytes(b"%PDF-1.4 the user's paper\n")
+    with pytest.raises(UserError) as caught:
+        plot([str(runs)], str(mine))
+    message = str(caught.value)
+    assert "\n" not in message and f"-o {mine}" in message and "exists" in message, message
+    assert mine.read_bytes() == b"%PDF-1.4 the user's paper\n"
+
+
 def test_plot_without_matplotlib_names_the_install_command(runs, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(UserError, match=r"pip install 'dapo-train\[plot\]'"):

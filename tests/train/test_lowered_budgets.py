@@ -15,7 +15,7 @@ from test_train import SMALL
 
 from dapo_train.config.load import load_config
 from dapo_train.faults import UPDATE_TOKENS
-from dapo_train.model.checkpoint import SAVED_CONFIG_KEY
+from dapo_train.run.checkpoint import SAVED_CONFIG_KEY
 from dapo_train.train.loop import train
 from dapo_train.train.lowered_budgets import LOWERED_KEY, OLD_KEY, keep_lowered
 from dapo_train.train.update.batching import Batching

@@ -6,7 +6,7 @@ where eval.stop_on_regression cannot act."""
 import pytest
 
 from dapo_train.config.load import load_config
-from dapo_train.model.checkpoint import CheckpointScore
+from dapo_train.run.checkpoint import CheckpointScore
 from dapo_train.train.regression import (
     Change,
     EvalOutcome,

@@ -10,32 +10,37 @@ trainer_state_rank<r>.pt for each rank r > 0 (its RNG states and carry-over, and
 shard under FSDP/ZeRO). It is written to a temporary sibling folder and renamed into place, so a
 crash or kill during a save leaves the previous checkpoint intact and never a half one (the partial folder of
 a kill -9 is removed when the run next starts, remove_dead_saves); a write the
-disk refuses (full, I/O error, read-only) removes the half one and raises CheckpointNotSaved (_disk_reason
-says which failures are the disk's). The
-state files hold only tensors and plain containers: they load with weights_only=True. The steps a run
-saves at (save_steps) and whether checkpoint.keep_best can rank them (keep_best_note) are here; whether
-they fit on the disk is run/disk_space.py's.
+disk refuses (full, I/O error, read-only) removes the half one and raises CheckpointNotSaved (which failures
+are the disk's, and whether checkpoints fit on it, is run/disk_space.py's). The
+state files hold only tensors and plain containers: they load with weights_only=True. Whether
+checkpoint.keep_best can rank the checkpoints (keep_best_note) is here.
+
+A checkpoint_<N>/ is the run's only when the run wrote it: the run marks each one it saves (CHECKPOINT_MARKER,
+written last, before the rename), and one from before the marker is the run's when its trainer_state.pt is a
+trainer state of step N (_older_checkpoint). A folder of the user's under that name (their own
+checkpoint_9/trainer_state.pt, a copy under another step's name, checkpoint_007/) is never pruned, and
+--overwrite refuses while it is there, naming it.
 """
 
 from __future__ import annotations
 
-import errno
+import dataclasses
 import logging
 import os
 import pickle
 import re
 import shutil
-import tempfile
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from dapo_train.config.load import load_config, read_saved_config, save_config
-from dapo_train.config.outputs import OutputKind, remove_folder
+from dapo_train.config.load import CONFIG_FILE, load_config, read_saved_config, save_config
 from dapo_train.config.schema import Config
 from dapo_train.errors import CheckpointNotSaved, UserError
+from dapo_train.run import disk_space
+from dapo_train.run.outputs import OutputKind, mark, remove_folder
 
 logger = logging.getLogger(__name__)
 
@@ -43,18 +48,19 @@ STATE_FILE = "trainer_state.pt"
 
 BEST_KEY = "best_checkpoint"  # trainer_state.pt's record of the best checkpoint (checkpoint.keep_best)
 SAVED_CONFIG_KEY = "config"  # trainer_state.pt's copy of the config the checkpoint was saved with (its config.yaml's)
-CONFIG_FILE = "config.yaml"
-CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
+# checkpoint_<step> as the run writes it, the step in decimal without leading zeros (checkpoint_007 is not one)
+CHECKPOINT_RE = re.compile(r"^checkpoint_(0|[1-9]\d*)$")
 TEMPORARY_RE = re.compile(r"^\.tmp_checkpoint_(\d+)_(\d+)$")  # temporary_dir's: the step, the saving process's pid
-_PROBE_BYTES = 1 << 20  # a failed write is the disk's when the folder then refuses this much too
+CHECKPOINT_MARKER = ".dapo-train-checkpoint"  # written in each checkpoint the run saves: the run wrote it
 # checkpoint_<N>/: the model's files as transformers and peft name them (a full model,
 # sharded or not, or a LoRA adapter with peft's README.md), the tokenizer's (the names of the tokenizer
 # classes transformers ships: one or more of them), our config and trainer state (one per rank); then the
 # eval_<what>.json and completions_<what>.jsonl that `dapo-train eval` writes beside them, atomically.
-CHECKPOINT_KIND = OutputKind(
-    "checkpoint folder", None,
-    names=("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
-           "adapter_config.json", "adapter_model.safetensors", "README.md",
+# A save's temporary folder (.tmp_checkpoint_<N>_<pid>/) holds the same files, the marker last.
+PARTIAL_CHECKPOINT_KIND = OutputKind(
+    "partial checkpoint folder", None,
+    names=(CHECKPOINT_MARKER, "config.json", "generation_config.json", "model.safetensors",
+           "model.safetensors.index.json", "adapter_config.json", "adapter_model.safetensors", "README.md",
            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
            "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "vocab.txt",
            "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", CONFIG_FILE, STATE_FILE),
@@ -82,41 +88,6 @@ def _weights_finite(tensors) -> bool:
     return all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())
 
 
-# The errnos of a write the disk refused, when one is only the cause of the error raised: no space, over
-# quota, an I/O error, a read-only file system, a file past the system's size limit.
-_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG}
-_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors' writer names the errno in its message
-
-
-def _write_refused(folder: Path) -> str | None:
-    """Why `folder` refuses a small write now (No space left on device, Read-only file system...), or None."""
-    try:
-        with tempfile.TemporaryFile(dir=folder) as probe:
-            probe.write(b"\0" * _PROBE_BYTES)
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
-
-
-def _disk_reason(exc: BaseException) -> str | None:
-    """Why a failed write was the disk's, read from the error: an OSError, or an error caused by one of the
-    disk's (torch.save raises a RuntimeError over the file's OSError; safetensors a SafetensorError naming
-    `(os error 28)`). None: the error does not say."""
-    if isinstance(exc, OSError):
-        return exc.strerror or str(exc)
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        code = exc.errno if isinstance(exc, OSError) else next(
-            (int(found) for found in _RUST_OS_ERROR.findall(str(exc))), None)
-        if code in _DISK_ERRNOS:
-            return os.strerror(code)
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
 def _not_saved(run_dir: Path, step: int, exc: BaseException) -> CheckpointNotSaved | None:
     """The stop for a write that failed because of the disk, or None: a bug (or a KeyboardInterrupt). Called
     while the partial folder is still there: an error that does not name the disk (torch.save into a path
@@ -124,7 +95,7 @@ def _not_saved(run_dir: Path, step: int, exc: BaseException) -> CheckpointNotSav
     write, which it would not once the partial folder's room was given back."""
     if not isinstance(exc, Exception):
         return None
-    reason = _disk_reason(exc) or _write_refused(run_dir)
+    reason = disk_space.disk_reason(exc) or disk_space.write_refused(run_dir)
     if reason is None:
         return None
     return CheckpointNotSaved(f"could not write checkpoint_{step} in {run_dir} ({reason}); its partial folder was "
@@ -216,6 +187,7 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp)
         save_config(cfg, tmp / CONFIG_FILE)
         _save_state(state, tmp / STATE_FILE)
+        mark(tmp, CHECKPOINT_KIND)  # last: the run wrote this checkpoint, whole
         usual_file_modes(tmp)
         if final.exists():
             shutil.rmtree(final)
@@ -245,7 +217,7 @@ def _prune(run_dir: Path, keep_last: int, best: CheckpointScore | None = None) -
     and the `best` (checkpoint.keep_best)."""
     if keep_last <= 0:
         return
-    dirs = [path for path in checkpoint_dirs(run_dir) if (path / STATE_FILE).is_file()]  # not one pruned already
+    dirs = [path for path in checkpoint_dirs(run_dir) if written_by_run(path)]  # not one pruned already, nor the user's
     older, kept = [p for p in dirs[:-keep_last] if best is None or p.name != best.name], dirs[-keep_last:]
     if older and not any(_good(path) for path in kept):
         older = [path for path in older if path != next((p for p in reversed(older) if _good(p)), None)]
@@ -323,18 +295,11 @@ def _why_no_best(checkpoint: Path) -> str:
         f"{cfg.eval.every_steps}), and none of its checkpoints was saved at one")
 
 
-def save_steps(cfg: Config, done_step: int) -> list[int]:
-    """The steps after `done_step` this run saves at: every checkpoint.every_steps and the last."""
-    every, last = cfg.checkpoint.every_steps, cfg.train.max_steps
-    periodic = range(every, last, every) if every > 0 else range(0)
-    return [step for step in [*periodic, last] if step > done_step]
-
-
 def keep_best_note(cfg: Config) -> str | None:
     """Why checkpoint.keep_best cannot act as configured, or ranks only some checkpoints (said at start);
     None when it ranks every one. It ranks a checkpoint by the periodic eval at its step, and the last
     step always has one."""
-    every, steps = cfg.eval.every_steps, save_steps(cfg, 0)
+    every, steps = cfg.eval.every_steps, disk_space.save_steps(cfg, 0)
     if not cfg.checkpoint.keep_best:
         return None
     if every <= 0:
@@ -373,3 +338,28 @@ def load_state(checkpoint: str | Path, mmap: bool = False) -> dict:
     if missing:
         raise UserError(f"{path} is not a trainer state (no {', '.join(missing)}); resume from another checkpoint")
     return state
+
+
+def _older_checkpoint(folder: Path) -> str | None:
+    """Why `folder`, a checkpoint_<N>/ without CHECKPOINT_MARKER, is not one a dapo-train from before the marker
+    saved (None: it is one): such a checkpoint holds the trainer state of step N."""
+    try:
+        step = load_state(folder, mmap=True)["step"]
+    except UserError:
+        return f"its {STATE_FILE} is missing or not a trainer state"
+    return None if step == checkpoint_step(folder) else f"its {STATE_FILE} is step {step}'s"
+
+
+CHECKPOINT_KIND = dataclasses.replace(PARTIAL_CHECKPOINT_KIND, name="checkpoint folder", marker=CHECKPOINT_MARKER,
+                                      older=_older_checkpoint)
+
+
+def checkpoint_step(checkpoint: Path) -> int | None:
+    """The step of checkpoint_<step>/, from its name (None: not a name the run writes)."""
+    match = CHECKPOINT_RE.match(checkpoint.name)
+    return int(match.group(1)) if match else None
+
+
+def written_by_run(checkpoint: Path) -> bool:
+    """Whether the run wrote `checkpoint` (its marker, or a trainer state of its step from before the marker)."""
+    return (checkpoint / CHECKPOINT_MARKER).is_file() or _older_checkpoint(checkpoint) is None

@@ -7,8 +7,8 @@ import torch
 
 from dapo_train.config.load import load_config
 from dapo_train.errors import CheckpointNotSaved, UserError
-from dapo_train.model import checkpoint as ckpt
 from dapo_train.model.random_state import rng_state
+from dapo_train.run import checkpoint as ckpt
 
 from conftest import make_random_model
 
@@ -89,6 +89,19 @@ def test_keep_last_prunes_the_oldest(tmp_path):
     for step in (1, 2, 3, 4):
         _save(tmp_path, step, model, keep_last=2)
     assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint_3", "checkpoint_4"]
+
+
+def test_keep_last_prunes_only_the_checkpoints_the_run_wrote(tmp_path):
+    """Issue 59, item 7, in pruning: a checkpoint_1/ of the user's (its trainer_state.pt a 5-byte text file) lost that
+    file to keep_last as a checkpoint of the run's would. It is not the run's: pruning leaves it whole."""
+    mine = tmp_path / "checkpoint_1" / "trainer_state.pt"
+    mine.parent.mkdir()
+    mine.write_text("mine\n")
+    model = make_random_model()
+    for step in (2, 3):
+        _save(tmp_path, step, model, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1", "checkpoint_3"]
+    assert mine.read_text() == "mine\n"
 
 
 def test_keep_last_never_prunes_the_last_checkpoint_of_good_weights(tmp_path):

@@ -11,7 +11,7 @@
 Weights are written in --dtype: float32 (the training master weights, exact) unless told
 otherwise; bfloat16 halves the folder. The folder is written beside DIR and renamed into place,
 and an existing, non-empty DIR is never replaced (nor is DIR the current folder, home, the root, or
-around or inside the checkpoint: config/outputs.py).
+around or inside the checkpoint: run/outputs.py).
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ from pathlib import Path
 
 import torch
 
-from dapo_train.config.load import load_config, read_saved_config
-from dapo_train.config.outputs import OutputKind, holds_own, mark
+from dapo_train.config.load import CONFIG_FILE, load_config, read_saved_config
 from dapo_train.config.schema import ModelConfig
 from dapo_train.errors import UserError
-from dapo_train.model.checkpoint import CONFIG_FILE, usual_file_modes
 from dapo_train.model.loading import DTYPES, load_model
 from dapo_train.model.lora import is_adapter_folder, merged_weights, require_peft, unties_embeddings
+from dapo_train.run.checkpoint import usual_file_modes
+from dapo_train.run.outputs import OutputKind, holds_own, mark
 
 logger = logging.getLogger(__name__)
 
-# An export's folder (config/outputs.py): written whole or not at all, never replaced; its marker says so and
+# An export's folder (run/outputs.py): written whole or not at all, never replaced; its marker says so and
 # lists what it holds (all that a `preflight --keep` may remove of its own export).
 EXPORTED = OutputKind("dapo-train export folder", ".dapo-train-export", listed=True)
 

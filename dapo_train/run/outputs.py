@@ -9,8 +9,9 @@ that kind writes, and inside the folders it writes into (`OutputKind.nested`: a 
 they hold of theirs; it is refused while the folder holds anything else, named, and it names what it removed.
 Never a folder to write into, whatever it holds: the current folder, a parent of it, the home folder, the
 root, or a folder that is, contains or lies inside one of the command's inputs (data.path,
-model.name_or_path, a reward model's path, the checkpoint it reads). Every check runs before anything is
-written or loaded, and a refusal is one line that says nothing was changed.
+model.name_or_path, a reward model's path, the checkpoint it reads); nor one that is, or lies under, a
+symbolic link to nothing (making it would fail there). Every check runs before anything is written or loaded,
+and a refusal is one line that says nothing was changed.
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ def holds_own(folder: Path, kind: OutputKind, *, option: str, inputs: dict[str, 
         if problem is not None:
             raise UserError(f"{where} {problem}: writing there could overwrite it; choose a folder apart from the "
                             "command's inputs (nothing was changed)")
+    dangling = _dangling_link(folder)
+    if dangling is not None:
+        raise UserError(f"{where}{'' if dangling == folder else f': {dangling}'} is a symbolic link to "
+                        f"{os.readlink(dangling)}, which does not exist; make its target, remove the link, or choose "
+                        "another folder (nothing was changed)")
     if not folder.exists():
         return False
     if not folder.is_dir():
@@ -148,6 +154,11 @@ def holds_own(folder: Path, kind: OutputKind, *, option: str, inputs: dict[str, 
     return True
 
 
+def _dangling_link(folder: Path) -> Path | None:
+    """`folder`, or a parent of it, that is a symbolic link to nothing: making the folder would fail there."""
+    return next((path for path in (folder, *folder.parents) if path.is_symlink() and not path.exists()), None)
+
+
 def _not_marked(folder: Path, kind: OutputKind) -> str | None:
     """Why `folder` is not an output of `kind` (no marker, and not one from before the marker), or None."""
     if (folder / kind.marker).is_file():
@@ -160,7 +171,8 @@ def _not_marked(folder: Path, kind: OutputKind) -> str | None:
 
 def _foreign(folder: Path, kind: OutputKind, prefix: str = "") -> list[str]:
     """What `folder` holds that `kind` did not write, as paths from the folder checked first: 'notes.txt',
-    'plots/', 'run/notes.txt', and 'run/ without .dapo-train-run' for a nested folder it did not mark."""
+    'plots/', 'run/notes.txt', and 'run/ without .dapo-train-run' for a nested folder it did not mark (with why it
+    is not one from before the marker either, where its kind can tell: 'checkpoint_9/ without ...: its ...')."""
     found = []
     for name in sorted(os.listdir(folder)):
         path, inner = folder / name, kind.inner(name)
@@ -170,11 +182,23 @@ def _foreign(folder: Path, kind: OutputKind, prefix: str = "") -> list[str]:
             continue
         elif not path.is_dir() or path.is_symlink():
             found.append(f"{prefix}{name} (not a folder)")
-        elif inner.marker is not None and not (path / inner.marker).is_file():
-            found.append(f"{prefix}{name}/ without {inner.marker}")
+        elif inner.marker is not None and (unmarked := _unmarked(path, inner)) is not None:
+            found.append(f"{prefix}{name}/ {unmarked}")
         else:
             found += _foreign(path, inner, f"{prefix}{name}/")
     return found
+
+
+def _unmarked(folder: Path, kind: OutputKind) -> str | None:
+    """'without .dapo-train-run' for a nested `folder` that `kind` did not mark, with why it is not one from before
+    the marker either where the kind can tell ('without .dapo-train-checkpoint: its trainer_state.pt is step 1's');
+    None: it is the kind's."""
+    if (folder / kind.marker).is_file():
+        return None
+    if kind.older is None:
+        return f"without {kind.marker}"
+    why = kind.older(folder)
+    return None if why is None else f"without {kind.marker}: {why}"
 
 
 def _shown(folder: Path, name: str) -> str:

@@ -112,10 +112,10 @@ def eval_test(step: int, metrics: dict, prefix: str = PERIODIC.prefix) -> EvalTe
         values = [metrics.get(f"{prefix}{key}_{end}") for end in ("lost", "gained", "p")]
         if all(isinstance(value, (int, float)) for value in values):
             tests[name] = SignTest(int(values[0]), int(values[1]), float(values[2]))
-    bound = metrics.get(f"{prefix}regression_bound")
-    if not tests or not isinstance(bound, (int, float)):
+    bound, items = metrics.get(f"{prefix}regression_bound"), metrics.get(f"{prefix}change_items")
+    if not tests or not isinstance(bound, (int, float)) or not isinstance(items, (int, float)):
         return None
-    return EvalTest(step, tests, int(metrics.get(f"{prefix}change_items", 0)), float(bound))
+    return EvalTest(step, tests, int(items), float(bound))
 
 
 def regression_line(test: EvalTest, rule: Rule) -> str:

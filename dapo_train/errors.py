@@ -69,9 +69,9 @@ class TaskSolved(Exception):
 
 
 class RunRegressed(Exception):
-    """The run stopped because its eval accuracy fell below step 0's at two evals in a row, the paired
-    interval below 0 (eval.stop_on_regression; train/regression.py): its checkpoint is saved and the
-    summary names the best. One line, exit code 6."""
+    """The run stopped because an eval's accuracy was worse than step 0's by the regression test, whose false
+    alarms over a run are bounded (eval.stop_on_regression; train/regression.py): its checkpoint is saved and
+    the summary names the best. One line, exit code 6, the one place a stopped run says its verdict."""
 
     exit_code = 6
     verdict = "regressed"  # its line: `regressed: <message>`

@@ -104,6 +104,8 @@ def test_the_shipped_qwen_job_is_ready_from_the_command_line(offline, tmp_path):
     assert "at train.micro_batch_tokens=9216 (auto on a 48 GB card)" in flat
     # the rehearsal's own 16-token budget cuts its random model's answers: no advice to raise the real budget
     assert "the token budget cut" not in flat and "raise rollout.max_new_tokens" not in flat
+    # nor about its own 2 steps on 4 eval items, where the real run's regression stop could not act
+    assert "eval.stop_on_regression True -> False" in flat and "stop_on_regression cannot act" not in flat
     assert not list(tmp_path.glob("dapo-preflight-*"))  # the rehearsal's folder is removed afterwards
 
 

@@ -378,10 +378,17 @@ class EvalConfig:
         "eval.num_items items. false: no end-of-run eval beyond those.",
     )
     stop_on_regression: bool = _opt(
-        False, "Stop the run when the strict or the answer eval accuracy lies below step 0's, its 95% paired "
-        "interval under 0, at two periodic evals in a row (the run says so in one line either way, with the "
-        "best checkpoint, checkpoint.keep_best): the checkpoint of that step is saved, the summary names the best "
-        "and the exit code is 6. false: the run says so and goes on.",
+        False, "Stop the run at the first periodic eval whose strict or answer accuracy is worse than step 0's by "
+        "the exact one-sided sign test on the items the two grade differently, at p <= eval.regression_alpha / "
+        "(2 x the run's periodic evals): the run says so in one line either way; stopping, the checkpoint of that "
+        "step is saved, the summary names the best (checkpoint.keep_best) and the exit code is 6. false: the run "
+        "says so and goes on.",
+    )
+    regression_alpha: float = _opt(
+        0.01, "The regression test's chance of a false alarm over a whole run (eval.stop_on_regression): a run "
+        "whose accuracy does not change is called worse than step 0, at any eval in either accuracy, with chance "
+        "at most this, however many evals it makes (Bonferroni: each eval's test is held to alpha / (2 x the "
+        "periodic evals)). Larger flags smaller drops sooner and healthy runs more often.",
     )
 
 

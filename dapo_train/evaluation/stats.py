@@ -22,11 +22,14 @@ suggest.
 - `t_interval`: a per-run outcome (entropy) paired seed by seed: mean difference and Student's t
   95% interval over the seed pairs.
 - `change_from_start`: a run's eval against its own step-0 eval on the items both cover, strict and
-  answer accuracy, by the same paired bootstrap (one seed a side): what a run has done to its model.
+  answer accuracy, by the same paired bootstrap (one seed a side): what a run has done to its model; and
+  beside each, `sign_test` on the items the two evals grade differently (lost, gained): the exact one-sided
+  p-value of "no worse than step 0" that a run's regression stop reads (train/regression.py).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -228,6 +231,31 @@ def mcnemar(baseline_only: int, other_only: int) -> McNemar:
 
 
 @dataclass(frozen=True)
+class SignTest:
+    """A later eval against a baseline on the same items, read on the items the two grade differently: lost
+    (the baseline right, the later wrong), gained (the reverse), and p, the exact one-sided p-value of 'the
+    later eval is no worse'."""
+
+    lost: int
+    gained: int
+    p: float
+
+
+def sign_test(lost: int, gained: int) -> SignTest:
+    """The exact one-sided sign test (McNemar's test on the discordant items, one-sided and exact): when
+    the later eval is no worse, each of the n = lost + gained discordant items is lost at most as often as
+    gained, so p = P(X >= lost), X ~ Bin(n, 1/2). Exact, so under 'no worse' P(p <= level) <= level for any n
+    (less, as the binomial is discrete); no normal approximation for the handful of items a run flips."""
+    return SignTest(lost, gained, _upper_tail(lost, lost + gained))
+
+
+@functools.lru_cache(maxsize=4096)  # the same few counts recur eval after eval (and in the simulations)
+def _upper_tail(k: int, n: int) -> float:
+    """P(X >= k), X ~ Bin(n, 1/2), from exact integers."""
+    return float(Fraction(sum(math.comb(n, j) for j in range(k, n + 1)), 2**n))
+
+
+@dataclass(frozen=True)
 class MeanInterval:
     """Mean of paired differences with its 95% interval (None with one pair) over n pairs."""
 
@@ -280,18 +308,33 @@ def _t_central(t: float, df: int) -> float:
 @dataclass(frozen=True)
 class StartChange:
     """An eval against its run's step-0 eval, paired on the items both cover: strict accuracy (`correct`) and
-    answer accuracy (`answer_correct`; None when a side's records predate it), each a PairedDifference."""
+    answer accuracy (`answer_correct`; None when a side's records predate it), each a PairedDifference and the
+    sign test on its discordant items."""
 
     strict: PairedDifference
     answer: PairedDifference | None
+    strict_test: SignTest
+    answer_test: SignTest | None
+
+
+def shared_items(start: Sequence[dict], records: Sequence[dict]) -> list[tuple[dict, dict]]:
+    """(start record, later record) for the items both hold (the same uid and gold answer), in `records`' order."""
+    before = {(r["uid"], r["gold"]): r for r in start}
+    return [(before[r["uid"], r["gold"]], r) for r in records if (r["uid"], r["gold"]) in before]
+
+
+def discordant_test(shared: Sequence[tuple[dict, dict]], key: str) -> SignTest:
+    """sign_test on the pairs whose `key` (correct, answer_correct) differs: lost right -> wrong, gained the reverse."""
+    lost = sum(bool(before[key]) and not after[key] for before, after in shared)
+    gained = sum(not before[key] and bool(after[key]) for before, after in shared)
+    return sign_test(lost, gained)
 
 
 def change_from_start(start: Sequence[dict], records: Sequence[dict]) -> StartChange | None:
     """The paired difference records - start (greedy, one record per item) on the items both hold (the same uid
     and gold answer), with the 95% paired bootstrap interval `compare` gives two runs (bootstrap_difference, one
-    seed on each side); None when they share no item."""
-    before = {(r["uid"], r["gold"]): r for r in start}
-    shared = [(before[r["uid"], r["gold"]], r) for r in records if (r["uid"], r["gold"]) in before]
+    seed on each side) and the sign test of its discordant items; None when they share no item."""
+    shared = shared_items(start, records)
     if not shared:
         return None
 
@@ -300,16 +343,19 @@ def change_from_start(start: Sequence[dict], records: Sequence[dict]) -> StartCh
         return bootstrap_difference(table[0], table[1], seeds_paired=True)
 
     lenient = all("answer_correct" in r for pair in shared for r in pair)
-    return StartChange(paired("correct"), paired("answer_correct") if lenient else None)
+    answer = (paired("answer_correct"), discordant_test(shared, "answer_correct")) if lenient else (None, None)
+    return StartChange(paired("correct"), answer[0], discordant_test(shared, "correct"), answer[1])
 
 
 def change_metrics(change: StartChange | None) -> dict[str, float]:
-    """The metrics of a change from step 0: change, change_low, change_high (strict), the same as answer_change*,
-    and change_items (the items paired); {} for None."""
+    """The metrics of a change from step 0: change, change_low, change_high (strict), change_lost, change_gained and
+    change_p (its sign test), the same as answer_change*, and change_items (the items paired); {} for None."""
     if change is None:
         return {}
     metrics = {"change_items": change.strict.items}
-    for name, diff in (("change", change.strict), ("answer_change", change.answer)):
+    for name, diff, test in (("change", change.strict, change.strict_test),
+                             ("answer_change", change.answer, change.answer_test)):
         if diff is not None:
-            metrics.update({name: diff.difference, f"{name}_low": diff.low, f"{name}_high": diff.high})
+            metrics.update({name: diff.difference, f"{name}_low": diff.low, f"{name}_high": diff.high,
+                            f"{name}_lost": test.lost, f"{name}_gained": test.gained, f"{name}_p": test.p})
     return metrics

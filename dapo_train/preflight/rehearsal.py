@@ -338,6 +338,7 @@ def _shrink_eval(cfg: Config, put, eval_split: str | None) -> None:
     put("eval.num_items", min(cfg.eval.num_items or EVAL_ITEMS, EVAL_ITEMS), "a few eval items")
     put("eval.batch_size", min(cfg.eval.batch_size, EVAL_ITEMS), "a few eval items")
     put("eval.final_full", False, "no eval of the whole split")
+    put("eval.stop_on_regression", False, "one eval of a few items after step 0 cannot judge a regression")
     if cfg.eval.max_new_tokens:
         put("eval.max_new_tokens", min(cfg.eval.max_new_tokens, COMPLETION_TOKENS), "a short budget")
     put("eval.print_samples", min(cfg.eval.print_samples, 1), "one sample", show=False)

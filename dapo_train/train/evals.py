@@ -1,7 +1,7 @@
 """The greedy evals around a run's steps (loop.py decides when): every rank generates its slice of the fixed
 items, the main process writes the per-item records, and every eval after step 0 is paired with step 0's (the
-change, strict and answer accuracy, with its interval; evaluation/stats.change_from_start), which
-regression.py watches for a run that makes its model worse."""
+change, strict and answer accuracy, with its interval and the sign test of the items lost and gained;
+evaluation/stats.change_from_start), which regression.py tests for a run that makes its model worse."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from dapo_train.run.signals import StopRequested
 from dapo_train.task.answers import answer_check
 from dapo_train.task.prompts import Prompt
 from dapo_train.train import distributed
-from dapo_train.train.regression import RegressionWatch
+from dapo_train.train.regression import RegressionWatch, Rule, best_text
 from dapo_train.train.session import Run
 
 logger = logging.getLogger(__name__)
@@ -34,8 +34,9 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
     prompts, already generated) and scoring it with the reward models; the main process writes the per-item records
     (eval_items/<kind>_<step>.jsonl) and prints a few sample completions of a periodic eval. Step 0's periodic
     records are kept (run.start_records); every later eval adds its change from them, paired on the items both
-    hold (stats.change_from_start). A `stop` requested on any rank before its last chunk raises EvalStopped on
-    every rank, nothing written. -> (metrics under the kind's keys, records in item order)."""
+    hold (stats.change_from_start), and a periodic one the bound its regression test is held to. A `stop`
+    requested on any rank before its last chunk raises EvalStopped on every rank, nothing written. -> (metrics
+    under the kind's keys, records in item order)."""
     cfg = run.cfg
     start = time.perf_counter()
     if records is None:
@@ -53,6 +54,8 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
         run.start_records = records  # every later eval is paired with these
     elif run.start_records is not None:
         summary.update(change_metrics(change_from_start(run.start_records, records)))
+        if kind is PERIODIC and "change_p" in summary:
+            summary["regression_bound"] = Rule.of(cfg).bound  # what regression.py holds this eval's tests to
     metrics = {kind.accuracy if key == "accuracy" else f"{kind.prefix}{key}": value
                for key, value in summary.items() if key != "samples"}
     metrics[kind.seconds] = time.perf_counter() - start
@@ -97,12 +100,13 @@ def resume_start(run: Run) -> None:
 
 
 def regression(run: Run, metrics: dict) -> str | None:
-    """Step `run.step`'s eval against step 0 (train/regression.py): the line, said once, the first time the run
-    has regressed. -> that line when eval.stop_on_regression stops the run here, else None."""
-    line = run.regression.record(run.step, metrics, run.best, run.cfg.checkpoint.keep_best)
-    if line is None:
-        return None
+    """Step `run.step`'s eval against step 0 (train/regression.py), said once, the first time the run has
+    regressed: -> the line when eval.stop_on_regression stops the run here (its exit line says it), else None,
+    the line then a warning naming the best checkpoint as the run goes on."""
+    line = run.regression.record(run.step, metrics, Rule.of(run.cfg))
+    if line is None or run.cfg.eval.stop_on_regression:
+        return line
     if distributed.is_main():
-        logger.warning("%s%s", line, "; stopping (eval.stop_on_regression)" if run.cfg.eval.stop_on_regression
-                       else "; going on (eval.stop_on_regression=false)")
-    return line if run.cfg.eval.stop_on_regression else None
+        logger.warning("%s; %s; going on (eval.stop_on_regression=false)", line,
+                       best_text(run.best, run.cfg.checkpoint.keep_best))
+    return None

@@ -17,8 +17,8 @@ Each step (one rollout batch; train.max_steps counts these), in train_step:
 Around the steps: greedy eval on a fixed subset every eval.every_steps, step 0 first, and at the end
 on the whole eval split (eval.final_full), each eval's per-item records in eval_items/
 (evaluation/generate.py, run/eval_items.py) and every eval after step 0 paired with step 0's (its change,
-strict and answer accuracy, with intervals), a run below step 0 twice in a row said, or stopped with
-eval.stop_on_regression (regression.py); checkpoint_<step>/ atomically every checkpoint.every_steps and at
+strict and answer accuracy, with intervals), a run worse than step 0 by the regression test said, or stopped
+with eval.stop_on_regression (regression.py); checkpoint_<step>/ atomically every checkpoint.every_steps and at
 the end, before the whole-split eval (state.py, run/checkpoint.py). The Run the loop works on is built by
 session.setup.
 

@@ -40,7 +40,7 @@ from dapo_train.run.checkpoint import CheckpointScore, checkpoint_dirs
 from dapo_train.run.eval_items import FINAL
 from dapo_train.run.logs import generation_cost, read_metrics
 from dapo_train.run.rollouts import brief, saved_rollouts
-from dapo_train.train.regression import best_text, eval_outcome
+from dapo_train.train.regression import best_text, start_changes
 
 logger = logging.getLogger(__name__)
 
@@ -94,10 +94,10 @@ def accuracy_text(metrics: dict, prefix: str) -> str:
     if f"{prefix}answer_accuracy" in metrics:
         text = f", answer accuracy {metrics[f'{prefix}answer_accuracy']:.3f} (format gap " \
             f"{metrics[f'{prefix}format_gap']:+.3f})"
-    outcome = eval_outcome(0, metrics, prefix)
-    if outcome is not None and "strict" in outcome.changes:
-        answer = outcome.changes.get("answer")
-        text += f"; {outcome.changes['strict'].text()} over step 0" + (f" (answer {answer.text()})" if answer else "")
+    changes = start_changes(metrics, prefix)
+    if "strict" in changes:
+        answer = changes.get("answer")
+        text += f"; {changes['strict'].text()} over step 0" + (f" (answer {answer.text()})" if answer else "")
     return text
 
 
@@ -267,10 +267,10 @@ def answer_lines(evals: list[dict]) -> list[str]:
         lines.append(f"  answer accuracy (the gold number wherever the final answer is read): first "
                      f"{first['eval/answer_accuracy']:.3f} -> last {last['eval/answer_accuracy']:.3f}; format gap "
                      f"(answer - strict) {first['eval/format_gap']:+.3f} -> {last['eval/format_gap']:+.3f}")
-    outcome = eval_outcome(last["step"], last)
-    if outcome is not None and "strict" in outcome.changes:
-        answer = outcome.changes.get("answer")
-        lines.append(f"  change from step 0 at step {last['step']}: {outcome.changes['strict'].text()}"
+    changes = start_changes(last)
+    if "strict" in changes:
+        answer = changes.get("answer")
+        lines.append(f"  change from step 0 at step {last['step']}: {changes['strict'].text()}"
                      + (f" (answer {answer.text()})" if answer else "")
                      + f", 95% interval, paired on the {int(last['eval/change_items'])} eval items")
     return lines

@@ -1,71 +1,130 @@
-"""Whether a run is making its model worse than it started, judged at its periodic evals.
+"""Whether a run is making its model worse than it started: a test at each periodic eval, whose chance of a
+false alarm over the whole run is bounded, however many evals the run makes.
 
-Each periodic eval after step 0 is compared with step 0 on the same fixed items: the paired change of the
-strict and of the answer accuracy, each with its 95% interval (evaluation/stats.change_from_start, the
-metrics `eval/change*` and `eval/answer_change*`). One accuracy whose whole interval lies below 0 (its
-upper bound under 0) at REGRESSED_EVALS evals in a row has regressed: the run says so in one line, once,
-with the figures and the best checkpoint (checkpoint.keep_best), and with eval.stop_on_regression it stops
-there (RunRegressed, exit code 6; its checkpoint is saved). One such eval alone is not enough (a 95%
-interval lies wholly below the truth one time in forty by chance), nor is an interval that reaches 0: a
-flat or improving run, or one noisy around where it started, does not trip it on one unlucky eval
-(tests/train/test_regression.py drives it through these cases).
+The rule (docs/training.md states it too). Each periodic eval after step 0 grades the same fixed items step 0
+graded; only the items the two grade differently inform the comparison: lost (right at step 0, wrong now) and
+gained (the reverse). If the model is no worse than at step 0, each of them is lost at most as often as gained,
+so the exact one-sided sign test's p = P(X >= lost), X ~ Bin(lost + gained, 1/2) (evaluation/stats.sign_test).
+The run has regressed at the first eval where the strict or the answer accuracy has p <= alpha / (2 m): alpha is
+eval.regression_alpha, m the periodic evals after step 0 the config makes (train.max_steps / eval.every_steps,
+rounded up), 2 the accuracies. By Bonferroni's inequality a run whose accuracy does not change is called
+regressed, at any of its evals in either accuracy, with chance at most alpha, however the evals depend on one
+another (they share step 0, and each checkpoint follows the last) and however many there are. One eval past the
+bound is enough: the bound, not a run of bad evals, keeps the false alarms rare, and a collapse stops at its
+first eval. The price is power: on 100 items over 30 evals the bound (1.7e-4) needs at least 13 items lost and
+none gained, so a drop of a few points goes unflagged (docs/studies.md, "The regression stop", measures both).
+
+The run says so once, in one line (the counts, p and the bound): with eval.stop_on_regression that line ends
+the run (RunRegressed, exit code 6, the checkpoint of that step saved, the summary naming the best); without,
+it is a warning naming the best checkpoint (checkpoint.keep_best) and the run goes on. Every eval's test is in
+metrics.jsonl (eval/change_lost, _gained, _p, the same for answer_change, eval/regression_bound), so a resumed
+run knows whether it had said so; older rows, with the interval alone, are no test.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dapo_train.config.schema import Config
+from dapo_train.evaluation.stats import SignTest
 from dapo_train.run.checkpoint import CheckpointScore
 from dapo_train.run.eval_items import PERIODIC
 
-REGRESSED_EVALS = 2  # evals in a row whose interval lies below 0
-# The two accuracies: name in the line -> the metric prefix of its change (eval/<prefix>, _low, _high).
+# The two accuracies: name in the line -> the metric prefix of its change (eval/<prefix>, _low, _high, _lost, ...).
 ACCURACIES = {"strict": "change", "answer": "answer_change"}
 
 
 @dataclass(frozen=True)
 class Change:
-    """A paired change from step 0 and its 95% interval."""
+    """A paired change from step 0 and its 95% bootstrap interval: what the eval lines show, not the test."""
 
     difference: float
     low: float
     high: float
-
-    def below(self) -> bool:
-        return self.high < 0
 
     def text(self) -> str:
         """'+0.070 [+0.040, +0.100]'."""
         return f"{self.difference:+.3f} [{self.low:+.3f}, {self.high:+.3f}]"
 
 
-@dataclass(frozen=True)
-class EvalOutcome:
-    """One periodic eval against step 0: accuracy name (ACCURACIES) -> its Change (absent: not measured)."""
-
-    step: int
-    changes: dict[str, Change]
-
-
-def eval_outcome(step: int, metrics: dict, prefix: str = PERIODIC.prefix) -> EvalOutcome | None:
-    """The outcome an eval's metrics hold (`eval/change`, `eval/change_low`, ...); None without a change."""
+def start_changes(metrics: dict, prefix: str = PERIODIC.prefix) -> dict[str, Change]:
+    """The changes from step 0 an eval's metrics hold (`eval/change`, `eval/change_low`, ...), by accuracy name;
+    {} for step 0, or an eval without a start to pair with."""
     changes = {}
     for name, key in ACCURACIES.items():
         values = [metrics.get(f"{prefix}{key}{end}") for end in ("", "_low", "_high")]
         if all(isinstance(value, (int, float)) for value in values):
             changes[name] = Change(*map(float, values))
-    return EvalOutcome(step, changes) if changes else None
+    return changes
 
 
-def regressed(outcomes: Sequence[EvalOutcome]) -> list[str]:
-    """The accuracies (ACCURACIES names) below step 0, interval and all, at each of the last REGRESSED_EVALS
-    evals; [] when none (the run has not regressed)."""
-    last = outcomes[-REGRESSED_EVALS:]
-    if len(last) < REGRESSED_EVALS:
-        return []
-    return [name for name in ACCURACIES if all(name in o.changes and o.changes[name].below() for o in last)]
+@dataclass(frozen=True)
+class Rule:
+    """The bound each test is held to: eval.regression_alpha spread evenly (Bonferroni) over the run's tests,
+    its `evals` periodic evals after step 0 times the accuracies."""
+
+    alpha: float
+    evals: int
+
+    @classmethod
+    def of(cls, cfg: Config) -> Rule:
+        every, steps = cfg.eval.every_steps, cfg.train.max_steps
+        return cls(cfg.eval.regression_alpha, 0 if every <= 0 else math.ceil(steps / every))
+
+    @property
+    def bound(self) -> float:
+        return self.alpha / (len(ACCURACIES) * max(self.evals, 1))
+
+    def fewest_lost(self) -> int:
+        """The fewest items an eval must lose, gaining none, to reach the bound: the smallest k with 2^-k <= it."""
+        lost = 0
+        while 0.5**lost > self.bound:
+            lost += 1
+        return lost
+
+    def text(self) -> str:
+        evals = f"{self.evals} eval" + ("s" if self.evals != 1 else "")
+        return f"{self.alpha:g} over its {evals} x {len(ACCURACIES)} accuracies (eval.regression_alpha)"
+
+
+@dataclass(frozen=True)
+class EvalTest:
+    """One periodic eval against step 0: accuracy name -> its sign test (absent: not measured), over `items`
+    paired items, each held to `bound`."""
+
+    step: int
+    tests: dict[str, SignTest]
+    items: int
+    bound: float
+
+    def fell(self) -> list[str]:
+        """The accuracies past the bound: this eval says the run regressed."""
+        return [name for name, test in self.tests.items() if test.p <= self.bound]
+
+
+def eval_test(step: int, metrics: dict, prefix: str = PERIODIC.prefix) -> EvalTest | None:
+    """The test an eval's metrics hold; None for a row without one (step 0, a step without an eval, an older
+    run's row with the interval alone)."""
+    tests = {}
+    for name, key in ACCURACIES.items():
+        values = [metrics.get(f"{prefix}{key}_{end}") for end in ("lost", "gained", "p")]
+        if all(isinstance(value, (int, float)) for value in values):
+            tests[name] = SignTest(int(values[0]), int(values[1]), float(values[2]))
+    bound, items = metrics.get(f"{prefix}regression_bound"), metrics.get(f"{prefix}change_items")
+    if not tests or not isinstance(bound, (int, float)) or not isinstance(items, (int, float)):
+        return None
+    return EvalTest(step, tests, int(items), float(bound))
+
+
+def regression_line(test: EvalTest, rule: Rule) -> str:
+    """The verdict in one line: which accuracy fell, its counts and p, and the bound it passed."""
+    fell = "; ".join(f"{name} accuracy {t.lost} lost, {t.gained} gained ({(t.gained - t.lost) / test.items:+.3f}), "
+                     f"p = {t.p:.1e} <= {test.bound:.1e}" for name, t in test.tests.items() if name in test.fell())
+    return (f"step {test.step}: the model is worse than at step 0 on the same {test.items} eval items, by the exact "
+            f"one-sided sign test on the items graded differently: {fell}, the bound that holds a run's chance of a "
+            f"false alarm to {rule.text()}")
 
 
 def best_text(best: CheckpointScore | None, keep_best: bool) -> str:
@@ -77,52 +136,38 @@ def best_text(best: CheckpointScore | None, keep_best: bool) -> str:
     return "no best checkpoint is kept (checkpoint.keep_best=false)"
 
 
-def regression_line(outcomes: Sequence[EvalOutcome], names: list[str], best: CheckpointScore | None,
-                    keep_best: bool) -> str:
-    """The warning: which accuracy fell, its change at each of the evals that show it, and the best checkpoint."""
-    last = outcomes[-REGRESSED_EVALS:]
-    fell = "; ".join(f"{name} accuracy " + ", ".join(f"{o.changes[name].text()} at step {o.step}" for o in last)
-                     for name in names)
-    keep = best_text(best, keep_best)
-    return (f"step {last[-1].step}: the model is worse than at step 0 at {REGRESSED_EVALS} evals in a row, the "
-            f"95% interval below 0 (change from step 0 on the same eval items): {fell}; {keep}")
-
-
 def stop_note(cfg: Config) -> str | None:
     """Why eval.stop_on_regression cannot act as configured (said at start), or None."""
-    every, steps = cfg.eval.every_steps, cfg.train.max_steps
     if not cfg.eval.stop_on_regression:
         return None
-    evals = 0 if every <= 0 else steps // every + (steps % every > 0)  # the periodic evals after step 0
-    if evals < REGRESSED_EVALS:
-        return (f"eval.stop_on_regression cannot act: it needs {REGRESSED_EVALS} periodic evals after step 0 and "
-                f"eval.every_steps={every} with train.max_steps={steps} makes {evals}")
+    rule, items = Rule.of(cfg), cfg.eval.num_items
+    if rule.evals == 0:
+        return (f"eval.stop_on_regression cannot act: eval.every_steps={cfg.eval.every_steps} with "
+                f"train.max_steps={cfg.train.max_steps} makes no periodic eval after step 0")
+    if 0 < items < rule.fewest_lost():
+        return (f"eval.stop_on_regression cannot act: its test reaches its bound {rule.bound:.1e} ({rule.text()}) "
+                f"only with at least {rule.fewest_lost()} eval items lost and none gained, and eval.num_items={items}; "
+                "raise eval.num_items or eval.regression_alpha")
     return None
 
 
 @dataclass
 class RegressionWatch:
-    """The run's periodic evals against step 0, and whether it has said it regressed (once per run)."""
+    """Whether the run has said it regressed (once per run)."""
 
-    outcomes: list[EvalOutcome] = field(default_factory=list)
     said: bool = False
 
     @classmethod
     def from_rows(cls, rows: Sequence[dict]) -> RegressionWatch:
-        """From metrics.jsonl's rows (a resumed run's, up to its checkpoint): its evals so far; said when they
-        already show a regression."""
-        outcomes = [o for row in rows if (o := eval_outcome(int(row["step"]), row)) is not None]
-        return cls(outcomes, any(regressed(outcomes[: i + 1]) for i in range(len(outcomes))))
+        """From metrics.jsonl's rows (a resumed run's, up to its checkpoint): said when an eval's test fell."""
+        tests = (eval_test(int(row["step"]), row) for row in rows)
+        return cls(any(test.fell() for test in tests if test is not None))
 
-    def record(self, step: int, metrics: dict, best: CheckpointScore | None, keep_best: bool) -> str | None:
-        """Count an eval's metrics (a step without a periodic eval changes nothing). -> the warning line the
-        first time the run regressed, else None."""
-        outcome = eval_outcome(step, metrics)
-        if outcome is None:
-            return None
-        self.outcomes.append(outcome)
-        names = regressed(self.outcomes)
-        if not names or self.said:
+    def record(self, step: int, metrics: dict, rule: Rule) -> str | None:
+        """An eval's metrics (a step without a periodic eval changes nothing). -> the line the first time the run
+        regressed, else None."""
+        test = eval_test(step, metrics)
+        if self.said or test is None or not test.fell():
             return None
         self.said = True
-        return regression_line(self.outcomes, names, best, keep_best)
+        return regression_line(test, rule)

@@ -9,7 +9,8 @@ is each recipe's change from the start, strict and answer accuracy, paired item 
 one, every run's start being the same model): the project's paired bootstrap over seeds and items
 (evaluation/stats.bootstrap_difference). The second is each recipe against the baseline recipe, paired seed by
 seed and item by item. The last columns count the runs that warned they made the model worse (the run's own
-check at its periodic evals: 100 items, two evals in a row below step 0, `is worse than at step 0` in its log),
+check at its periodic evals on 100 items, `is worse than at step 0` in its log: the interval below 0 at two evals
+in a row in the study's runs, the sign test of train/regression.py since issue 59),
 the runs whose own 500-item change from the start has an interval below 0, and the runs that warned although
 their own interval holds 0.
 """

@@ -319,6 +319,8 @@ def test_a_nested_section_and_list_values_from_yaml_and_overrides(tmp_path):
         ("model.lora.dropout=1.0", "model.lora.dropout", "[0, 1)"),
         ("logging.trackers=[tensorbord]", "logging.trackers", "allowed: tensorboard, wandb"),
         ("logging.trackers=[wandb, wandb]", "logging.trackers", "named twice"),
+        ("eval.regression_alpha=0", "eval.regression_alpha", "must be in (0, 1)"),
+        ("eval.regression_alpha=1.0", "eval.regression_alpha", "must be in (0, 1)"),
     ],
 )
 def test_bad_nested_and_list_values_name_their_key(override, key, message):

@@ -16,6 +16,7 @@ from dapo_train.evaluation.stats import (
     change_from_start,
     change_metrics,
     mcnemar,
+    sign_test,
     student_t_quantile,
     t_interval,
 )
@@ -133,6 +134,32 @@ def test_mcnemar_by_hand(b, c, p, method):
     result = mcnemar(b, c)
     assert (result.baseline_only, result.other_only, result.method) == (b, c, method)
     assert result.p == pytest.approx(p, abs=1e-4 if method == "chi2" else 1e-12)
+
+
+@pytest.mark.parametrize(
+    ("lost", "gained", "p"),
+    [
+        (4, 0, 1 / 16),  # P(X >= 4), X ~ Bin(4, 1/2): all four lost, the issue's case (two-sided it is 1/8)
+        (0, 4, 1.0),  # all gained: no evidence of worse
+        (2, 2, (6 + 4 + 1) / 16),  # P(X >= 2) over C(4, 2..4) = 6, 4, 1
+        (8, 2, (45 + 10 + 1) / 1024),  # P(X >= 8), X ~ Bin(10, 1/2): C(10, 8..10) = 45, 10, 1
+        (13, 0, 2**-13),  # the fewest losses that pass 0.01 / 60 with nothing gained (2^-12 = 2.4e-4 does not)
+        (0, 0, 1.0),  # no discordant item: no evidence either way
+    ],
+)
+def test_the_one_sided_sign_test_by_hand(lost, gained, p):
+    result = sign_test(lost, gained)
+    assert (result.lost, result.gained) == (lost, gained)
+    assert result.p == pytest.approx(p, rel=1e-12)
+
+
+def test_the_sign_test_never_rejects_more_often_than_its_level():
+    """Its size, computed here from the binomial law on its own: under 'no worse' every discordant item is a fair
+    coin, and for every count of them the chance that p <= level is at most the level (exact, not asymptotic)."""
+    for n in range(0, 121):
+        for level in (0.05, 0.01, 0.01 / 8, 0.01 / 60):
+            size = sum(math.comb(n, k) for k in range(n + 1) if sign_test(k, n - k).p <= level) / 2**n
+            assert size <= level
 
 
 def test_student_t_quantiles_and_interval():
@@ -317,7 +344,9 @@ def test_compare_pairs_the_answer_accuracy_too(tmp_path):
 def test_the_change_from_step_0_pairs_the_items_both_evals_hold():
     """Step 0 on items 0-2; the later eval on items 2, 1, 0 (another order), item 3 (not at step 0) and item 1 with
     another gold (another item under the same uid): three pairs. Strict: 0, 0, 0 -> 1, 0, 0 on items 0-2, the
-    exactly known distribution above: +1/3 in [0, 1]. Answer: 1, 1, 1 -> 1, 1, 0: -1/3 in [-1, 0]."""
+    exactly known distribution above: +1/3 in [0, 1]. Answer: 1, 1, 1 -> 1, 1, 0: -1/3 in [-1, 0]. The sign test
+    reads only the items graded differently: strict 0 lost, 1 gained (p = P(X >= 0) = 1); answer 1 lost, 0 gained
+    (p = P(X >= 1), X ~ Bin(1, 1/2) = 1/2)."""
     def record(uid, gold, correct, answer):
         return {"uid": uid, "gold": gold, "correct": correct, "answer_correct": answer}
 
@@ -330,7 +359,9 @@ def test_the_change_from_step_0_pairs_the_items_both_evals_hold():
     assert (change.answer.difference, change.answer.low, change.answer.high) == (pytest.approx(-1 / 3), -1.0, 0.0)
     assert change_metrics(change) == {
         "change_items": 3, "change": change.strict.difference, "change_low": 0.0, "change_high": 1.0,
-        "answer_change": change.answer.difference, "answer_change_low": -1.0, "answer_change_high": 0.0}
+        "change_lost": 0, "change_gained": 1, "change_p": 1.0,
+        "answer_change": change.answer.difference, "answer_change_low": -1.0, "answer_change_high": 0.0,
+        "answer_change_lost": 1, "answer_change_gained": 0, "answer_change_p": 0.5}
     assert change_from_start(start, [record("test:7", "1", True, True)]) is None  # no item in common
     assert change_metrics(None) == {}
     old = [{key: value for key, value in r.items() if key != "answer_correct"} for r in start]  # before answer_correct

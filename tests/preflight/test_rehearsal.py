@@ -38,6 +38,17 @@ def test_the_shrink_changes_counts_only_and_says_why(tmp_path, monkeypatch):
     assert screened.dapo.screen_size == 2 and screened.dapo.screen_drop == ["all_right"]  # screens, then continues
 
 
+def test_the_rehearsal_does_not_warn_about_its_own_regression_stop(tmp_path):
+    """qwen1.5b.yaml stops a run that gets worse; the rehearsal's 2 steps on 4 eval items cannot judge one, so it
+    rehearses without the stop (and says why in its changes) instead of warning that the stop cannot act."""
+    from dapo_train.train.regression import stop_note
+
+    cfg = load_config("configs/qwen1.5b.yaml", [])
+    small, changes = rehearsal.shrink(cfg, tmp_path / "model", tmp_path / "run", cuda=False)
+    assert stop_note(cfg) is None and stop_note(small) is None
+    assert {change.key: change.new for change in changes}["eval.stop_on_regression"] is False
+
+
 @pytest.mark.parametrize("tied, top_k", [(True, 0), (False, 50)])
 def test_the_rehearsal_model_stops_at_each_eos_id_at_the_calibrated_rate(tmp_path, tied, top_k):
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)

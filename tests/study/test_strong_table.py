@@ -28,7 +28,7 @@ def test_a_recipe_is_paired_with_the_start_and_its_warnings_counted(tmp_path):
     -0.125; answer: seed 1 keeps the start's three (0.75), seed 2 loses item 1 (0.5): 0.625 - 0.75 = -0.125."""
     _write(tmp_path / "start" / "completions_test.jsonl", START)
     _run(tmp_path, "demo_seed1", [(1, 1), (0, 1), (0, 1), (0, 0)],
-         log="step 20: the model is worse than at step 0 at 2 evals in a row, ...\n")
+         log="step 20: the model is worse than at step 0 on the same 100 eval items, ...\n")
     _run(tmp_path, "demo_seed2", [(1, 1), (0, 0), (1, 1), (0, 0)])
     (tmp_path / "demo_seed3").mkdir()  # not finished: no final eval
     _run(tmp_path, "demo_seed4", [(1, 1)] * 4, time_line="")  # its final eval written, the process not yet ended

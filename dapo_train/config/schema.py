@@ -369,7 +369,8 @@ class EvalConfig:
         "samples (rollout.temperature, top_p, top_k; seeded by seed, the training's random streams untouched): "
         "sampled pass@1 (the mean share of the K right), maj@K and pass@K (eval/sampled/* in metrics.jsonl, "
         "maj@k and pass@k whatever K), each with its paired change from step 0 and 95% interval; per-item records "
-        "in eval_items/sampled_<N>.jsonl. Costs K greedy evals' generation (COST); 0 = off.",
+        "in eval_items/sampled_<N>.jsonl. 0 = off: it costs about 3.5x the greedy eval at K = 8 on the tiny demo "
+        "(100 items, one thread: 5.3-6.1 s of CPU against 1.6 s), a quarter more CPU for the demo's 40-step run.",
     )
     final_full: bool = _opt(
         True,

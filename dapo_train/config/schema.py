@@ -367,10 +367,10 @@ class EvalConfig:
     samples: int = _opt(
         0, "K >= 2: each periodic eval also draws K completions per item of its eval.num_items as the rollout "
         "samples (rollout.temperature, top_p, top_k; seeded by seed, the training's random streams untouched): "
-        "sampled pass@1 (the mean share of the K right), maj@K and pass@K (eval/sampled/* in metrics.jsonl, "
-        "maj@k and pass@k whatever K), each with its paired change from step 0 and 95% interval; per-item records "
-        "in eval_items/sampled_<N>.jsonl. 0 = off: it costs about 3.5x the greedy eval at K = 8 on the tiny demo "
-        "(100 items, one thread: 5.3-6.1 s of CPU against 1.6 s), a quarter more CPU for the demo's 40-step run.",
+        "sampled pass@1 (the mean share of the K right), maj@K and pass@K (eval/sampled/pass_at_1, maj_at_k and "
+        "pass_at_k in metrics.jsonl, whatever K), each with its paired change from step 0 and 95% interval; "
+        "per-item records in eval_items/sampled_<N>.jsonl. 0 = off: at K = 8 it costs about 3.5x the greedy eval "
+        "(the tiny demo's 100 items on one thread: 5.3-6.1 s of CPU against 1.6 s).",
     )
     final_full: bool = _opt(
         True,

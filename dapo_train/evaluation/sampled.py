@@ -3,16 +3,16 @@ them, scored per item and paired with step 0's.
 
 Reinforcement learning on a strong start sharpens sampling before it moves greedy decoding, so a run that reads
 only its greedy accuracy cannot tell that it is working (docs/training.md: Sampled accuracy). Per item, from its K
-records: pass@1 = the share of the K graded correct (strict, as the reward grades; answer_pass@1 the same of the
-answer accuracy), maj@k = 1 if the majority answer is right (stats.majority_answer's tie rule), pass@k = 1 if
+records: pass@1 = the share of the K graded correct (strict, as the reward grades; answer pass@1 the same of the
+answer accuracy), maj@K = 1 if the majority answer is right (stats.majority_answer's tie rule), pass@K = 1 if
 any of the K is (Chen et al.'s estimator at n = k). Every score is a number per item, so a later eval is paired
 with step 0's item by item, with the paired bootstrap of the greedy change (stats.bootstrap_difference, one seed
-a side): pass@1 rising while pass@k stays is sharpening; pass@k falling is a model that has stopped reaching
+a side): pass@1 rising while pass@K stays is sharpening; pass@K falling is a model that has stopped reaching
 answers it reached.
 
-The keys are stable whatever K (the metrics name `maj@k`, `samples` holds K; the lines say maj@8): SCORES,
-each with `_change`, `_change_low`, `_change_high` after step 0, and change_items, num_items, samples,
-completion_length_mean, truncated_rate.
+The keys are stable whatever K, and every tracker takes them (no `@`, which MLflow refuses): SCORES, pass_at_1
+for pass@1 and maj_at_k for maj@K (`samples` holds K; the lines say maj@8), each with `_change`, `_change_low`,
+`_change_high` after step 0; and change_items, num_items, samples, completion_length_mean, truncated_rate.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import numpy as np
 from dapo_train.config.schema import Config
 from dapo_train.evaluation.stats import PairedDifference, bootstrap_difference, majority_correct
 
-SCORES = ("pass@1", "answer_pass@1", "maj@k", "pass@k")
-SHOWN = ("pass@1", "maj@k", "pass@k")  # what the progress lines and the summary say
+SCORES = ("pass_at_1", "answer_pass_at_1", "maj_at_k", "pass_at_k")
+SHOWN = ("pass_at_1", "maj_at_k", "pass_at_k")  # what the progress lines and the summary say
 
 
 def item_scores(records: Sequence[dict], samples: int) -> dict[tuple[str, str], dict[str, float]]:
@@ -37,10 +37,10 @@ def item_scores(records: Sequence[dict], samples: int) -> dict[tuple[str, str], 
     for start in range(0, len(records), samples):
         item = records[start : start + samples]
         scores[item[0]["uid"], item[0]["gold"]] = {
-            "pass@1": sum(r["correct"] for r in item) / samples,
-            "answer_pass@1": sum(r["answer_correct"] for r in item) / samples,
-            "maj@k": float(majority_correct(item)),
-            "pass@k": float(any(r["correct"] for r in item)),
+            "pass_at_1": sum(r["correct"] for r in item) / samples,
+            "answer_pass_at_1": sum(r["answer_correct"] for r in item) / samples,
+            "maj_at_k": float(majority_correct(item)),
+            "pass_at_k": float(any(r["correct"] for r in item)),
         }
     return scores
 
@@ -52,7 +52,7 @@ def samples_per_item(records: Sequence[dict]) -> int:
 
 def sampled_change(start: Sequence[dict], records: Sequence[dict], samples: int) -> dict[str, PairedDifference]:
     """Each of SCORES, records - start, paired on the items both hold (the same uid and gold); {} when they share
-    no item or step 0 drew another K (a resume that changed eval.samples: maj@k and pass@k mean something else)."""
+    no item or step 0 drew another K (a resume that changed eval.samples: maj@K and pass@K mean something else)."""
     if samples_per_item(start) != samples:
         return {}
     before, after = item_scores(start, samples), item_scores(records, samples)
@@ -77,13 +77,13 @@ def sampled_metrics(records: Sequence[dict], samples: int, start: Sequence[dict]
         metrics.update({f"{name}_change": diff.difference, f"{name}_change_low": diff.low,
                         f"{name}_change_high": diff.high})
     if changes:
-        metrics["change_items"] = changes["pass@1"].items
+        metrics["change_items"] = changes["pass_at_1"].items
     return metrics
 
 
 def score_label(name: str, samples: int) -> str:
-    """'maj@k' -> 'maj@8' for K = 8."""
-    return name.replace("@k", f"@{samples}")
+    """'maj_at_k' -> 'maj@8' for K = 8, 'pass_at_1' -> 'pass@1'."""
+    return name.replace("_at_", "@").replace("@k", f"@{samples}")
 
 
 def sampled_text(metrics: dict, prefix: str) -> str:

@@ -45,7 +45,7 @@ class EvalKind:
 
 PERIODIC = EvalKind("step", "accuracy", "eval/", "seconds_eval")
 FINAL = EvalKind("final", "final_accuracy", "final/", "seconds_final_eval")
-SAMPLED = EvalKind("sampled", "eval/sampled/pass@1", "eval/sampled/", "seconds_eval_sampled")
+SAMPLED = EvalKind("sampled", "eval/sampled/pass_at_1", "eval/sampled/", "seconds_eval_sampled")
 
 
 def items_path(run_dir: Path, kind: EvalKind, step: int) -> Path:

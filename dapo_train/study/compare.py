@@ -50,12 +50,12 @@ COLUMNS = {
     "last_accuracy": ("last acc", ".3f"),
     "last_answer_accuracy": ("last answer", ".3f"),
     "best_accuracy": ("best acc", ".3f"),
-    "sampled_pass@1": ("sampled pass@1", ".3f"),
-    "sampled_pass@1_change": ("Δ pass@1", ".3f"),
-    "sampled_maj@k": ("maj@K", ".3f"),
-    "sampled_maj@k_change": ("Δ maj@K", ".3f"),
-    "sampled_pass@k": ("pass@K", ".3f"),
-    "sampled_pass@k_change": ("Δ pass@K", ".3f"),
+    "sampled_pass_at_1": ("sampled pass@1", ".3f"),
+    "sampled_pass_at_1_change": ("Δ pass@1", ".3f"),
+    "sampled_maj_at_k": ("maj@K", ".3f"),
+    "sampled_maj_at_k_change": ("Δ maj@K", ".3f"),
+    "sampled_pass_at_k": ("pass@K", ".3f"),
+    "sampled_pass_at_k_change": ("Δ pass@K", ".3f"),
     "clip_frac_high": ("clip high", ".4f"),
     "clip_frac_low": ("clip low", ".4f"),
     "entropy_first": ("entropy first", ".3f"),
@@ -143,7 +143,7 @@ def format_compare(varied: list[str], rows: list[dict]) -> str:
         table.append("acc is strict (the answer block, as the reward grades); answer: the gold number wherever the "
                      "final answer is read (the answer block, else the last \\boxed{}, else the last number); their "
                      "gap is format")
-    if "sampled_pass@1" in columns:
+    if "sampled_pass_at_1" in columns:
         table.append("sampled pass@1, maj@K, pass@K: the last periodic eval's K samples an item (eval.samples); Δ: "
                      "its change from step 0 on the same items")
     if any(len(row["seeds"]) > 1 for row in rows):

@@ -34,9 +34,10 @@ PANELS = {
                                                             ("rollout_is_clipped_frac", "--")),
     "generated tokens per trained token": (("generated_per_trained_token", "-"),),
     "generation seconds per trained group": (("seconds_generate_per_group", "-"),),
-    "sampled eval (solid maj@K, dashed pass@K)": ((f"{SAMPLED.prefix}maj@k", "-"), (f"{SAMPLED.prefix}pass@k", "--")),
+    "sampled eval (solid maj@K, dashed pass@K)": ((f"{SAMPLED.prefix}maj_at_k", "-"),
+                                                  (f"{SAMPLED.prefix}pass_at_k", "--")),
 }
-EVAL_KEYS = ("accuracy", SAMPLED.accuracy, f"{SAMPLED.prefix}maj@k", f"{SAMPLED.prefix}pass@k")  # marked points
+EVAL_KEYS = ("accuracy", SAMPLED.accuracy, f"{SAMPLED.prefix}maj_at_k", f"{SAMPLED.prefix}pass_at_k")  # marked
 
 
 # The series that measure the rollout's numeric gap to the training forward: rounding alone for an exact point.

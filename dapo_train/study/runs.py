@@ -176,7 +176,7 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
     the end-of-run eval on the whole split (`final_accuracy`, eval.final_full); periodic eval rows
     carry `accuracy` on the fixed subset (step 0 = before training; best counts only steps after
     it); each has its answer accuracy beside it (None for runs from before it); the last sampled eval's
-    (eval.samples) pass@1, maj@k and pass@k, each with its change from step 0 (sampled_<name>, None without one);
+    (eval.samples) pass@1, maj@K and pass@K, each with its change from step 0 (sampled_<name>, None without one);
     training rows are steps >= 1; wall time is training plus every eval's seconds. The tool numbers (rollout.tools) are
     ratios of sums over the steps: calls per completion generated and the share of calls answered with
     an error, and the share of completions that called a tool at the first and last step."""

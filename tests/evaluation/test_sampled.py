@@ -28,9 +28,9 @@ LATER = [*item("test:2", "7", ["6", "8", None, None], answer_right=(0,)),
 
 def test_each_item_is_scored_from_its_k_samples():
     assert item_scores(START, 4) == {
-        ("test:0", "1"): {"pass@1": 0.5, "answer_pass@1": 0.5, "maj@k": 1.0, "pass@k": 1.0},
-        ("test:1", "5"): {"pass@1": 0.25, "answer_pass@1": 0.25, "maj@k": 0.0, "pass@k": 1.0},
-        ("test:2", "7"): {"pass@1": 0.0, "answer_pass@1": 0.0, "maj@k": 0.0, "pass@k": 0.0},
+        ("test:0", "1"): {"pass_at_1": 0.5, "answer_pass_at_1": 0.5, "maj_at_k": 1.0, "pass_at_k": 1.0},
+        ("test:1", "5"): {"pass_at_1": 0.25, "answer_pass_at_1": 0.25, "maj_at_k": 0.0, "pass_at_k": 1.0},
+        ("test:2", "7"): {"pass_at_1": 0.0, "answer_pass_at_1": 0.0, "maj_at_k": 0.0, "pass_at_k": 0.0},
     }
     with pytest.raises(ValueError, match="N x 4 records"):
         item_scores(START[:-1], 4)
@@ -40,9 +40,9 @@ def test_the_metrics_of_step_0_are_the_means_over_items():
     metrics = sampled_metrics(START, 4)
     # pass@1 (.5 + .25 + 0) / 3; maj@k 1/3; pass@k 2/3; lengths 10-13 on each item: mean 11.5; 3 of 12 have no
     # answer (truncated in these records).
-    assert metrics == {"pass@1": pytest.approx(0.25), "answer_pass@1": pytest.approx(0.25),
-                       "maj@k": pytest.approx(1 / 3), "pass@k": pytest.approx(2 / 3), "samples": 4, "num_items": 3,
-                       "completion_length_mean": 11.5, "truncated_rate": 0.25}
+    assert metrics == {"pass_at_1": pytest.approx(0.25), "answer_pass_at_1": pytest.approx(0.25),
+                       "maj_at_k": pytest.approx(1 / 3), "pass_at_k": pytest.approx(2 / 3), "samples": 4,
+                       "num_items": 3, "completion_length_mean": 11.5, "truncated_rate": 0.25}
     assert sampled_text({f"eval/sampled/{k}": v for k, v in metrics.items()}, "eval/sampled/") == \
         "sampled x4: pass@1 0.250, maj@4 0.333, pass@4 0.667"
 
@@ -54,10 +54,10 @@ def test_a_later_eval_is_paired_with_step_0_item_by_item():
     95% interval runs from the smallest item change to the largest: pass@1 [0, .5], maj [0, 1], pass@k [0, 0],
     answer [.25, .5]."""
     metrics = sampled_metrics(LATER, 4, START)
-    assert (metrics["pass@1"], metrics["maj@k"], metrics["pass@k"]) == (0.5, pytest.approx(2 / 3),
+    assert (metrics["pass_at_1"], metrics["maj_at_k"], metrics["pass_at_k"]) == (0.5, pytest.approx(2 / 3),
                                                                          pytest.approx(2 / 3))
-    expected = {"pass@1": (0.25, 0.0, 0.5), "maj@k": (1 / 3, 0.0, 1.0), "pass@k": (0.0, 0.0, 0.0),
-                "answer_pass@1": (1 / 3, 0.25, 0.5)}
+    expected = {"pass_at_1": (0.25, 0.0, 0.5), "maj_at_k": (1 / 3, 0.0, 1.0), "pass_at_k": (0.0, 0.0, 0.0),
+                "answer_pass_at_1": (1 / 3, 0.25, 0.5)}
     for name, (change, low, high) in expected.items():
         assert metrics[f"{name}_change"] == pytest.approx(change), name
         assert (metrics[f"{name}_change_low"], metrics[f"{name}_change_high"]) == (pytest.approx(low),
@@ -73,7 +73,7 @@ def test_only_the_items_both_hold_are_paired_and_another_k_is_not():
     other = [*item("test:3", "2", ["2", "2", "2", "2"]), *item("test:1", "9", ["9", "9", "9", "9"]),
              *item("test:0", "1", ["1", "1", "1", "1"])]
     change = sampled_change(START, other, 4)
-    assert change["pass@1"].items == 1 and change["pass@1"].difference == 0.5  # 1 - .5 on item 0 alone
+    assert change["pass_at_1"].items == 1 and change["pass_at_1"].difference == 0.5  # 1 - .5 on item 0 alone
     assert sampled_change(START, item("test:9", "1", ["1"] * 4), 4) == {}  # no item in common
     two = [r for r in LATER if r["sample"] < 2]  # K = 2 against step 0's K = 4 (a resume changed eval.samples)
     two.sort(key=lambda r: r["uid"])

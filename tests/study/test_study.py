@@ -368,9 +368,9 @@ def test_compare_shows_the_answer_accuracy_beside_the_strict_one(tmp_path):
 
 def _sampled(pass1, maj, passk, changes=None):
     """A row's sampled eval (eval.samples=8): its keys, with changes (pass@1, maj@k, pass@k) after step 0."""
-    row = {"eval/sampled/samples": 8, "eval/sampled/pass@1": pass1, "eval/sampled/maj@k": maj,
-           "eval/sampled/pass@k": passk, "seconds_eval_sampled": 4.0}
-    for name, change in zip(("pass@1", "maj@k", "pass@k"), changes or ()):
+    row = {"eval/sampled/samples": 8, "eval/sampled/pass_at_1": pass1, "eval/sampled/maj_at_k": maj,
+           "eval/sampled/pass_at_k": passk, "seconds_eval_sampled": 4.0}
+    for name, change in zip(("pass_at_1", "maj_at_k", "pass_at_k"), changes or ()):
         row[f"eval/sampled/{name}_change"] = change
     return row
 
@@ -387,9 +387,9 @@ def test_compare_and_plot_show_the_sampled_eval(tmp_path, runs):
         ])
     varied, rows = compare_rows(load_runs([str(root)]))
     row = rows[0]
-    assert row["sampled_pass@1"]["mean"] == pytest.approx(0.65)  # (0.6 + 0.7) / 2, the last eval's
-    assert row["sampled_pass@1_change"]["mean"] == pytest.approx(0.03)  # (0.02 + 0.04) / 2
-    assert (row["sampled_maj@k"]["mean"], row["sampled_pass@k_change"]["mean"]) == (pytest.approx(0.65), 0.0)
+    assert row["sampled_pass_at_1"]["mean"] == pytest.approx(0.65)  # (0.6 + 0.7) / 2, the last eval's
+    assert row["sampled_pass_at_1_change"]["mean"] == pytest.approx(0.03)  # (0.02 + 0.04) / 2
+    assert (row["sampled_maj_at_k"]["mean"], row["sampled_pass_at_k_change"]["mean"]) == (pytest.approx(0.65), 0.0)
     assert row["wall_seconds"]["mean"] == pytest.approx(11.0)  # 2 s training + 1 s greedy eval + 2 x 4 s sampled
     table = format_compare(varied, rows).splitlines()
     headers, cells = re.split(r"\s{2,}", table[0]), re.split(r"\s{2,}", table[2])

@@ -18,7 +18,7 @@ SMALL = [
     "eval.final_full=false", "logging.rollout_groups=0",
 ]
 STEP_KEYS = ("reward_mean", "train_accuracy", "loss", "grad_norm", "entropy", "completion_length_mean")
-SCORES = ("pass@1", "answer_pass@1", "maj@k", "pass@k")
+SCORES = ("pass_at_1", "answer_pass_at_1", "maj_at_k", "pass_at_k")
 
 
 def _train(out, *overrides):
@@ -51,12 +51,12 @@ def test_every_periodic_eval_adds_k_samples_per_item_and_their_scores(runs):
         row = on[step]
         assert (row["eval/sampled/samples"], row["eval/sampled/num_items"]) == (4, 8)
         # pass@1: the share of the 32 completions graded correct (4 per item, so the mean of item means)
-        assert row["eval/sampled/pass@1"] == pytest.approx(sum(r["correct"] for r in records) / 32)
+        assert row["eval/sampled/pass_at_1"] == pytest.approx(sum(r["correct"] for r in records) / 32)
         right = [sum(r["correct"] for r in records[i : i + 4]) for i in range(0, 32, 4)]
-        assert row["eval/sampled/pass@k"] == pytest.approx(sum(c > 0 for c in right) / 8)  # any of the 4
-        assert row["eval/sampled/pass@1"] <= row["eval/sampled/pass@k"]
+        assert row["eval/sampled/pass_at_k"] == pytest.approx(sum(c > 0 for c in right) / 8)  # any of the 4
+        assert row["eval/sampled/pass_at_1"] <= row["eval/sampled/pass_at_k"]
         assert row["seconds_eval_sampled"] > 0
-    assert 0 < on[0]["eval/sampled/pass@1"] < 1  # the strong start: some right, some wrong
+    assert 0 < on[0]["eval/sampled/pass_at_1"] < 1  # the strong start: some right, some wrong
     assert not any(key.endswith("_change") for key in on[0] if key.startswith("eval/sampled/"))  # step 0 is the start
     for step in (1, 2):
         for name in SCORES:
@@ -81,12 +81,14 @@ def test_the_setting_leaves_training_and_the_greedy_eval_as_they_were(runs):
 
 
 def test_a_resumed_run_pairs_its_sampled_evals_with_step_0s(runs):
-    """The resumed run (1 step, then resumed to 2) finds step 0's sampled records again and its step-2 eval is
-    the uninterrupted run's, its change from step 0 included."""
+    """The resumed run (1 step, then resumed with train.max_steps raised to 2: a study's legs,
+    scripts/studies/strong_study.sh HORIZONS) finds step 0's sampled records again, and its step-2 eval and
+    training are the uninterrupted run's, the change from step 0 included."""
     root, on, _, resumed = runs
     sampled = {key: value for key, value in resumed[2].items() if key.startswith("eval/sampled/")}
-    assert "eval/sampled/pass@1_change" in sampled
+    assert "eval/sampled/pass_at_1_change" in sampled
     assert sampled == {key: value for key, value in on[2].items() if key.startswith("eval/sampled/")}
+    assert {key: resumed[2][key] for key in STEP_KEYS} == {key: on[2][key] for key in STEP_KEYS}
 
 
 def test_the_sampled_eval_samples_from_the_rollouts_distribution(tmp_path, monkeypatch):
@@ -112,4 +114,4 @@ def test_without_periodic_evals_the_setting_says_it_cannot_act(tmp_path, caplog)
     _train(out, "train.max_steps=1", "eval.samples=4", "eval.every_steps=0")
     assert "eval.samples cannot act: eval.every_steps=0" in caplog.text
     assert saved_evals(out) == {}
-    assert not any("eval/sampled/pass@1" in json.dumps(row) for row in read_metrics(out))
+    assert not any("eval/sampled/pass_at_1" in json.dumps(row) for row in read_metrics(out))

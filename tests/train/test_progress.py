@@ -98,13 +98,13 @@ def test_the_summary_shows_the_answer_accuracy_and_the_change_from_step_0(tmp_pa
 
 
 # The sampled eval's keys (evaluation/sampled.py) at step 0 and at a later eval with its change from step 0.
-SAMPLED_0 = {"eval/sampled/samples": 8, "eval/sampled/pass@1": 0.613, "eval/sampled/maj@k": 0.655,
-             "eval/sampled/pass@k": 0.81, "seconds_eval_sampled": 12.34, "seconds_eval": 2.06}
-SAMPLED_40 = {"eval/sampled/samples": 8, "eval/sampled/pass@1": 0.64, "eval/sampled/maj@k": 0.66,
-              "eval/sampled/pass@k": 0.8, "eval/sampled/change_items": 100,
+SAMPLED_0 = {"eval/sampled/samples": 8, "eval/sampled/pass_at_1": 0.613, "eval/sampled/maj_at_k": 0.655,
+             "eval/sampled/pass_at_k": 0.81, "seconds_eval_sampled": 12.34, "seconds_eval": 2.06}
+SAMPLED_40 = {"eval/sampled/samples": 8, "eval/sampled/pass_at_1": 0.64, "eval/sampled/maj_at_k": 0.66,
+              "eval/sampled/pass_at_k": 0.8, "eval/sampled/change_items": 100,
               **{f"eval/sampled/{name}_change{end}": value for name, values in (
-                  ("pass@1", (0.027, 0.004, 0.05)), ("maj@k", (0.005, -0.03, 0.04)), ("pass@k", (-0.01, -0.05, 0.03)))
-                 for end, value in zip(("", "_low", "_high"), values)}}
+                  ("pass_at_1", (0.027, 0.004, 0.05)), ("maj_at_k", (0.005, -0.03, 0.04)),
+                  ("pass_at_k", (-0.01, -0.05, 0.03))) for end, value in zip(("", "_low", "_high"), values)}}
 
 
 def test_eval_line_shows_the_sampled_eval_and_at_step_0_its_cost():

@@ -2,6 +2,7 @@
 eval, its change from step 0 (found again on resume), the rollout's distribution, and training left as it was."""
 
 import json
+import re
 
 import pytest
 
@@ -57,6 +58,8 @@ def test_every_periodic_eval_adds_k_samples_per_item_and_their_scores(runs):
         assert row["eval/sampled/pass_at_1"] <= row["eval/sampled/pass_at_k"]
         assert row["seconds_eval_sampled"] > 0
     assert 0 < on[0]["eval/sampled/pass_at_1"] < 1  # the strong start: some right, some wrong
+    # every tracker takes the names: MLflow's rule (letters, digits, _ - . space /) is the narrowest
+    assert [key for row in on.values() for key in row if not re.fullmatch(r"[/\w.\- ]+", key)] == []
     assert not any(key.endswith("_change") for key in on[0] if key.startswith("eval/sampled/"))  # step 0 is the start
     for step in (1, 2):
         for name in SCORES:

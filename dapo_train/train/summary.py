@@ -46,7 +46,7 @@ def answer_lines(evals: list[dict]) -> list[str]:
 def sampled_line(evals: list[dict]) -> str | None:
     """'  sampled eval (eval.samples, 8 an item): pass@1 0.613 -> 0.640, +0.027 [+0.004, +0.050]; maj@8 ...; pass@8
     ...': first -> last sampled eval, with the last one's change from step 0; None without a sampled eval."""
-    rows = [row for row in evals if f"{SAMPLED.prefix}samples" in row]
+    rows = [row for row in evals if SAMPLED.accuracy in row]
     if not rows:
         return None
     first, last = rows[0], rows[-1]

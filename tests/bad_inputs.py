@@ -112,6 +112,7 @@ IMPOSSIBLE: dict[str, list[str]] = {
     "eval.batch_size": ["0"],
     "eval.max_new_tokens": ["-1"],
     "eval.print_samples": ["-1"],
+    "eval.samples": ["1", "-1"],
     "checkpoint.every_steps": ["-1"],
     "checkpoint.keep_last": ["-1"],
     "logging.trackers": ["[tensorboard, tensorboard]"],

@@ -115,7 +115,7 @@ def test_summary_pairs_runs_by_repeat():
 
     # dapo-train's work over two steps: 1,000 + 500 positions (100 + 50 padding), 300 + 100 head rows for
     # 200 + 100 trained tokens -> 5.00 forward, 10.0% padding, 1.33 head per trained token.
-    from dapo_train.train.progress import update_work
+    from dapo_train.train.summary import update_work
 
     work = update_work([{"update_forward_tokens": 1000, "update_padding_tokens": 100, "update_head_tokens": 300,
                                "update_trained_tokens": 200},

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from dapo_train.config.load import load_config
 from dapo_train.rollout import Completion
 from dapo_train.run import checkpoint as ckpt
+from dapo_train.run.eval_items import PERIODIC, SAMPLED, items_path, read_items
 from dapo_train.run.logs import read_metrics
 from dapo_train.task.prompts import Prompt
 from dapo_train.train import distributed, ranks
@@ -480,13 +481,17 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
 def test_two_ranks_train_write_once_and_resume_exactly(tmp_path):
     run = tmp_path / "run"
     proc = _torchrun(*TINY, "train.max_steps=3", "checkpoint.every_steps=1", "eval.every_steps=3", "eval.num_items=6",
-                     "eval.print_samples=0", "logging.rollout_groups=-1", f"output_dir={run}")
+                     "eval.print_samples=0", "logging.rollout_groups=-1", "eval.samples=3", f"output_dir={run}")
     log = _finish(proc)
     assert proc.returncode == 0, log
     assert "[rank 0/2] at work" in log and "[rank 1/2] at work" in log
     rows = read_metrics(run)
     assert [row["step"] for row in rows] == [0, 1, 2, 3] and {row["num_processes"] for row in rows} == {2}
     assert rows[0]["eval/num_items"] == rows[-1]["eval/num_items"] == 6  # each rank evaluated 3, gathered
+    for step in (0, 3):  # the sampled eval's 3 samples an item gathered whole, in the greedy eval's item order
+        greedy, sampled = (read_items(items_path(run, kind, step)) for kind in (PERIODIC, SAMPLED))
+        assert [(r["uid"], r["sample"]) for r in sampled] == [(g["uid"], k) for g in greedy for k in range(3)]
+    assert rows[-1]["eval/sampled/num_items"] == 6 and "eval/sampled/pass_at_1_change" in rows[-1]
     assert all(row["groups_kept"] > 0 for row in rows[1:])
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint_")) == [
         "checkpoint_1", "checkpoint_2", "checkpoint_3"]

@@ -371,6 +371,14 @@ class EvalConfig:
     batch_size: int = _opt(128, "Prompts per greedy generate call.")
     max_new_tokens: int = _opt(0, "Completion budget for eval (0 = rollout.max_new_tokens).")
     print_samples: int = _opt(2, "Sample completions printed at each eval.")
+    samples: int = _opt(
+        0, "K >= 2: each periodic eval also draws K completions per item of its eval.num_items as the rollout "
+        "samples (rollout.temperature, top_p, top_k; seeded by seed, the training's random streams untouched): "
+        "sampled pass@1 (the mean share of the K right), maj@K and pass@K (eval/sampled/pass_at_1, maj_at_k and "
+        "pass_at_k in metrics.jsonl, whatever K), each with its paired change from step 0 and 95% interval; "
+        "per-item records in eval_items/sampled_<N>.jsonl. 0 = off: at K = 8 it costs about 3.5x the greedy eval "
+        "(the tiny demo's 100 items on one thread: 5.3-6.1 s of CPU against 1.6 s).",
+    )
     final_full: bool = _opt(
         True,
         "At the end of a run, greedy accuracy on the whole eval split (final_accuracy and final/* in the last "

@@ -165,6 +165,8 @@ def _check_eval_checkpoint_lora_logging(cfg: Any) -> None:
     _require(cfg.eval.every_steps >= 0, "eval.every_steps", "must be >= 0 (0 = off)")
     _require(cfg.eval.num_items >= 0, "eval.num_items", "must be >= 0 (0 = whole split)")
     _require(cfg.eval.batch_size >= 1, "eval.batch_size", "must be >= 1")
+    _require(cfg.eval.samples == 0 or cfg.eval.samples >= 2, "eval.samples",
+             f"got {cfg.eval.samples}; must be 0 (off) or K >= 2 samples per item")
     _require(cfg.eval.max_new_tokens >= 0, "eval.max_new_tokens", "must be >= 0")
     _require(0.0 < cfg.eval.regression_alpha < 1.0, "eval.regression_alpha",
              f"got {cfg.eval.regression_alpha}; must be in (0, 1), e.g. 0.01")

@@ -142,6 +142,8 @@ def eval_records(
     batch_size: int,
     samples: int = 1,
     temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
     seed: int | None = None,
     check: AnswerCheck = NUMERIC,
     tools: ToolTurns | None = None,
@@ -154,8 +156,8 @@ def eval_records(
     the run's rollout.tools, run as in its rollouts (the prompts list them).
 
     samples == 1: greedy decoding (temperature ignored), deterministic for a fixed item list and
-    batch size. samples == K > 1: K samples per item at `temperature` (top_p = 1, top_k = 0),
-    reproducible when `seed` is given (the caller's RNG state is restored afterwards).
+    batch size. samples == K > 1: K samples per item at `temperature`, `top_p` and `top_k` (a run's sampled eval
+    passes its rollout's), reproducible when `seed` is given (the caller's RNG state is restored afterwards).
     batch_size counts sequences per generate call (prompts x samples). The model is switched to
     eval mode during generation and back to its previous mode afterwards. progress: the label of a bar on
     stderr that counts items with their rate (None: quiet); it stays when it is the only bar, and goes
@@ -169,7 +171,8 @@ def eval_records(
         raise ValueError(f"samples must be >= 1, got {samples}")
     if samples > 1 and temperature <= 0:
         raise ValueError(f"sampling needs temperature > 0, got {temperature}")
-    settings = SamplingSettings(max_new_tokens=max_new_tokens, do_sample=samples > 1, temperature=temperature)
+    settings = SamplingSettings(max_new_tokens=max_new_tokens, do_sample=samples > 1, temperature=temperature,
+                                top_p=top_p, top_k=top_k)
     prompt_ids = [prompt.input_ids for prompt in prompts]
     device = next(model.parameters()).device
     was_training = model.training

@@ -133,11 +133,11 @@ def summarize_records(records: Sequence[dict], samples: int) -> dict[str, float]
     if samples > 1:
         metrics["pass@1"] = accuracy  # pass@1 = c / K averaged over items
         metrics[f"pass@{samples}"] = sum(pass_at_k(samples, c, samples) for c in correct_counts) / len(items)
-        metrics[f"maj@{samples}"] = sum(_majority_correct(item) for item in items) / len(items)
+        metrics[f"maj@{samples}"] = sum(majority_correct(item) for item in items) / len(items)
     return metrics
 
 
-def _majority_correct(item: Sequence[dict]) -> bool:
+def majority_correct(item: Sequence[dict]) -> bool:
     """The majority vote is graded as the samples that gave that answer were."""
     vote = majority_answer([r["extracted"] for r in item])
     return vote is not None and next(r["correct"] for r in item if r["extracted"] == vote)

@@ -2,16 +2,19 @@
 
     eval_items/step_<N>.jsonl    every periodic eval (step 0 first): the fixed subset of eval.num_items
     eval_items/final_<N>.jsonl   the end-of-run eval on the whole eval split (eval.final_full), N = last step
+    eval_items/sampled_<N>.jsonl the periodic eval's K samples per item (eval.samples), K records per item
 
 One JSON object per item, in item order: uid ("<split>:<row>"), gold, extracted (None: no answer),
 correct (strict: the answer block, as the reward grades), answer_correct (the answer block, else the
 last \\boxed{}, else the last number; absent in records written before it), format_ok, length (tokens,
-EOS included), truncated, completion, and with reward models configured their scores ({key: value}).
+EOS included), truncated, completion, with K samples an item its sample index, and with reward models
+configured their scores ({key: value}).
 Written by the main process, atomically. A resumed run drops the files of steps after its checkpoint,
 as metrics.jsonl drops those rows, so the folder never holds records of weights the run no longer has.
 
 EvalKind says how each kind is logged in metrics.jsonl: the periodic eval as `accuracy` and
-`eval/<metric>`, the final one as `final_accuracy` and `final/<metric>`.
+`eval/<metric>`, the final one as `final_accuracy` and `final/<metric>`, the sampled one as `eval/sampled/<metric>`
+(evaluation/sampled.py).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from dapo_train.run.files import read_jsonl, write_jsonl_atomic
 ITEMS_DIR = "eval_items"
 RECORD_KEYS = ("uid", "gold", "extracted", "correct", "answer_correct", "format_ok", "length", "truncated",
                "completion")
-_FILE_RE = re.compile(r"^(step|final)_(\d+)\.jsonl$")
+OPTIONAL_KEYS = ("sample", "scores")  # K > 1 samples an item; reward models configured
+_FILE_RE = re.compile(r"^(step|final|sampled)_(\d+)\.jsonl$")
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class EvalKind:
 
 PERIODIC = EvalKind("step", "accuracy", "eval/", "seconds_eval")
 FINAL = EvalKind("final", "final_accuracy", "final/", "seconds_final_eval")
+SAMPLED = EvalKind("sampled", "eval/sampled/pass_at_1", "eval/sampled/", "seconds_eval_sampled")
 
 
 def items_path(run_dir: Path, kind: EvalKind, step: int) -> Path:
@@ -48,11 +53,11 @@ def items_path(run_dir: Path, kind: EvalKind, step: int) -> Path:
 
 
 def write_items(run_dir: Path, kind: EvalKind, step: int, records: list[dict]) -> Path:
-    """The eval's records (evaluate.completion_records), each cut to RECORD_KEYS and its reward-model
-    scores where it has them."""
+    """The eval's records (evaluate.completion_records), each cut to RECORD_KEYS and the OPTIONAL_KEYS it
+    has."""
     path = items_path(run_dir, kind, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_jsonl_atomic(path, [{key: record[key] for key in (*RECORD_KEYS, "scores") if key in record}
+    write_jsonl_atomic(path, [{key: record[key] for key in (*RECORD_KEYS, *OPTIONAL_KEYS) if key in record}
                               for record in records])
     return path
 

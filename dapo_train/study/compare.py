@@ -52,6 +52,12 @@ COLUMNS = {
     "last_accuracy": ("last acc", ".3f"),
     "last_answer_accuracy": ("last answer", ".3f"),
     "best_accuracy": ("best acc", ".3f"),
+    "sampled_pass_at_1": ("sampled pass@1", ".3f"),
+    "sampled_pass_at_1_change": ("Δ pass@1", ".3f"),
+    "sampled_maj_at_k": ("maj@K", ".3f"),
+    "sampled_maj_at_k_change": ("Δ maj@K", ".3f"),
+    "sampled_pass_at_k": ("pass@K", ".3f"),
+    "sampled_pass_at_k_change": ("Δ pass@K", ".3f"),
     "clip_frac_high": ("clip high", ".4f"),
     "clip_frac_low": ("clip low", ".4f"),
     "entropy_first": ("entropy first", ".3f"),
@@ -108,17 +114,19 @@ def _cell(stat: dict | None, fmt: str) -> str:
 TOOL_COLUMNS = ("tool_calls_per_completion", "tool_error_rate", "tool_use_first", "tool_use_last")
 
 
-# Columns left out of the text table where no run logged an answer accuracy (runs from before it).
+# Columns left out of the text table where no run logged an answer accuracy (runs from before it), or no run
+# logged a sampled eval (eval.samples).
 ANSWER_COLUMNS = ("final_answer_accuracy", "last_answer_accuracy")
+SAMPLED_COLUMNS = tuple(key for key in COLUMNS if key.startswith("sampled_"))
 
 
 def shown_columns(rows: list[dict]) -> dict[str, tuple[str, str]]:
-    """COLUMNS less the tool columns, unless some point's runs called a tool, and less the answer accuracy's,
-    unless some run logged it."""
+    """COLUMNS less the tool columns, unless some point's runs called a tool, and less the answer accuracy's and
+    the sampled eval's, unless some run logged them."""
     tools = any((row["tool_calls_per_completion"] or {}).get("mean") for row in rows)
-    answers = any(row[key] for row in rows for key in ANSWER_COLUMNS)
+    shown = {group: any(row[key] for row in rows for key in group) for group in (ANSWER_COLUMNS, SAMPLED_COLUMNS)}
     return {key: column for key, column in COLUMNS.items()
-            if (tools or key not in TOOL_COLUMNS) and (answers or key not in ANSWER_COLUMNS)}
+            if (tools or key not in TOOL_COLUMNS) and all(shown[group] or key not in group for group in shown)}
 
 
 def _status_cell(statuses: list[str | None]) -> str:
@@ -167,6 +175,9 @@ def format_compare(varied: list[str], rows: list[dict]) -> str:
         table.append("acc is strict (the answer block, as the reward grades); answer: the gold number wherever the "
                      "final answer is read (the answer block, else the last \\boxed{}, else the last number); their "
                      "gap is format")
+    if "sampled_pass_at_1" in columns:
+        table.append("sampled pass@1, maj@K, pass@K: the last periodic eval's K samples an item (eval.samples); Δ: "
+                     "its change from step 0 on the same items")
     if any(len(row["seeds"]) > 1 for row in rows):
         table.append("mean ± sample std over a point's seeds")
     if "tool_use_last" in columns:

@@ -1,8 +1,9 @@
-"""`dapo-train plot`: eval accuracy, reward, entropy, clip fractions, length, groups and what generation
-cost per trained token and group over steps, one colour per point (a mean line over its seeds and a
-min-max band), and the rollout's gap to the training forward. A point whose rollout IS the training
-forward (every row's rollout_exact is 1: the CPU float32 decode loop) has no numeric gap to draw, only
-float rounding (~1e-13): those panels say "exact by construction" for it instead of plotting the noise.
+"""`dapo-train plot`: eval accuracy (greedy, and the sampled eval's pass@1, maj@K and pass@K with eval.samples),
+reward, entropy, clip fractions, length, groups and what generation cost per trained token and group over steps,
+one colour per point (a mean line over its seeds and a min-max band), and the rollout's gap to the training
+forward. A point whose rollout IS the training forward (every row's rollout_exact is 1: the CPU float32 decode
+loop) has no numeric gap to draw, only float rounding (~1e-13): those panels say "exact by construction" for it
+instead of plotting the noise.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import statistics
 from pathlib import Path
 
 from dapo_train.errors import UserError
+from dapo_train.run.eval_items import SAMPLED
 from dapo_train.run.folder import unwritable
 from dapo_train.study.runs import Point, RunRecord, _number, group_points, key_labels, load_runs
 
@@ -19,7 +21,7 @@ from dapo_train.study.runs import Point, RunRecord, _number, group_points, key_l
 
 # Panel title -> (metric key, line style) drawn in it.
 PANELS = {
-    "eval accuracy": (("accuracy", "-"),),
+    "eval accuracy (solid greedy, dashed sampled pass@1)": (("accuracy", "-"), (SAMPLED.accuracy, "--")),
     "reward (reward_mean)": (("reward_mean", "-"),),
     "entropy": (("entropy", "-"),),
     "clip fraction (solid high, dashed low)": (("clip_frac_high", "-"), ("clip_frac_low", "--")),
@@ -32,7 +34,10 @@ PANELS = {
                                                             ("rollout_is_clipped_frac", "--")),
     "generated tokens per trained token": (("generated_per_trained_token", "-"),),
     "generation seconds per trained group": (("seconds_generate_per_group", "-"),),
+    "sampled eval (solid maj@K, dashed pass@K)": ((f"{SAMPLED.prefix}maj_at_k", "-"),
+                                                  (f"{SAMPLED.prefix}pass_at_k", "--")),
 }
+EVAL_KEYS = ("accuracy", SAMPLED.accuracy, f"{SAMPLED.prefix}maj_at_k", f"{SAMPLED.prefix}pass_at_k")  # marked
 
 
 # The series that measure the rollout's numeric gap to the training forward: rounding alone for an exact point.
@@ -107,7 +112,7 @@ def _draw(ax, point: Point, key: str, style: str, colour: str) -> None:
     steps, mean, low, high = seed_band(point.runs, key)
     if not steps:
         return
-    ax.plot(steps, mean, style, color=colour, marker="o" if key == "accuracy" else None, markersize=3)
+    ax.plot(steps, mean, style, color=colour, marker="o" if key in EVAL_KEYS else None, markersize=3)
     if len(point.runs) > 1:
         ax.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
 

@@ -22,7 +22,8 @@ import yaml
 from dapo_train.config.keys import COSMETIC_KEYS
 from dapo_train.config.load import CONFIG_FILE, config_to_dict, flatten_config
 from dapo_train.errors import UserError, folder_listing
-from dapo_train.run.eval_items import FINAL, PERIODIC
+from dapo_train.evaluation.sampled import SHOWN
+from dapo_train.run.eval_items import FINAL, PERIODIC, SAMPLED
 from dapo_train.run.folder import saved_run_config
 from dapo_train.run.logs import generation_cost, read_metrics, read_status
 
@@ -194,14 +195,16 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
     """One run's metrics rows -> its numbers in the compare table (COLUMNS). The final accuracy is
     the end-of-run eval on the whole split (`final_accuracy`, eval.final_full); periodic eval rows
     carry `accuracy` on the fixed subset (step 0 = before training; best counts only steps after
-    it); each has its answer accuracy beside it (None for runs from before it); training rows are
-    steps >= 1; wall time is training plus every eval's seconds. The tool numbers (rollout.tools) are
+    it); each has its answer accuracy beside it (None for runs from before it); the last sampled eval's
+    (eval.samples) pass@1, maj@K and pass@K, each with its change from step 0 (sampled_<name>, None without one);
+    training rows are steps >= 1; wall time is training plus every eval's seconds. The tool numbers (rollout.tools) are
     ratios of sums over the steps: calls per completion generated and the share of calls answered with
     an error, and the share of completions that called a tool at the first and last step."""
     evals = [(row["step"], _number(row["accuracy"])) for row in rows if _number(row.get("accuracy")) is not None]
     finals = _values(rows, FINAL.accuracy)
     last_eval = next((row for row in reversed(rows) if _number(row.get("accuracy")) is not None), {})
     last_final = next((row for row in reversed(rows) if _number(row.get(FINAL.accuracy)) is not None), {})
+    sampled = next((row for row in reversed(rows) if _number(row.get(SAMPLED.accuracy)) is not None), {})
     train = [row for row in rows if row["step"] > 0]
     entropy = _values(train, "entropy")
     cost = generation_cost(train)
@@ -213,6 +216,8 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
         "last_accuracy": evals[-1][1] if evals else None,
         "last_answer_accuracy": _number(last_eval.get(f"{PERIODIC.prefix}answer_accuracy")),
         "best_accuracy": max((acc for step, acc in evals if step > 0), default=None),
+        **{f"sampled_{name}{end}": _number(sampled.get(f"{SAMPLED.prefix}{name}{end}")) for name in SHOWN
+           for end in ("", "_change")},
         "clip_frac_high": _mean(_values(train, "clip_frac_high")),
         "clip_frac_low": _mean(_values(train, "clip_frac_low")),
         "entropy_first": entropy[0] if entropy else None,
@@ -225,8 +230,8 @@ def summarize_metrics(rows: list[dict]) -> dict[str, float | None]:
         "tool_use_first": tool_use[0] if tool_use else None,
         "tool_use_last": tool_use[-1] if tool_use else None,
         "steps": float(max((row["step"] for row in rows), default=0)),
-        "wall_seconds": sum(_values(train, "seconds_step")) + sum(_values(rows, PERIODIC.seconds))
-        + sum(_values(rows, FINAL.seconds)),
+        "wall_seconds": sum(_values(train, "seconds_step")) + sum(sum(_values(rows, kind.seconds))
+                                                                  for kind in (PERIODIC, SAMPLED, FINAL)),
     }
 
 

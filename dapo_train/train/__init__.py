@@ -9,7 +9,8 @@
   5 log                    progress.py (and run/logs.py); collect/rollout_sample.py: the step's sampled
                            groups, kept or dropped, for the rollout records (run/rollouts.py)
 
-Around the steps: evals.py the greedy evals and their change from step 0. records.py holds the typed records
+Around the steps: evals.py the evals (greedy, and sampled with eval.samples) and their change from step 0;
+summary.py what a run says when it ends. records.py holds the typed records
 the stages pass each other, ranks.py everything a step agrees on across processes (the one module of a step
 that calls a collective, read by both stages; distributed.py holds the primitives), session.py builds the
 objects once (determinism.py: train.deterministic and what it needs on CUDA), state.py saves and restores the

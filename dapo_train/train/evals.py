@@ -1,7 +1,10 @@
-"""The greedy evals around a run's steps (loop.py decides when): every rank generates its slice of the fixed
-items, the main process writes the per-item records, and every eval after step 0 is paired with step 0's (the
-change, strict and answer accuracy, with its interval and the sign test of the items lost and gained;
-evaluation/stats.change_from_start), which regression.py tests for a run that makes its model worse."""
+"""The evals around a run's steps (loop.py decides when): every rank generates its slice of the fixed items, the
+main process writes the per-item records, and every eval after step 0 is paired with step 0's (the change,
+strict and answer accuracy, with its interval and the sign test of the items lost and gained;
+evaluation/stats.change_from_start), which regression.py tests for a run that makes its model worse. With
+eval.samples = K, each periodic eval also draws K samples per item as the rollout does, paired with step 0's
+the same way (evaluation/sampled.py). Every eval decodes through the rollout's weights
+(rollout/engines.eval_decoding)."""
 
 from __future__ import annotations
 
@@ -12,10 +15,11 @@ from tqdm.auto import tqdm  # eval's sample completions, written around the bar
 
 from dapo_train.config.schema import Config
 from dapo_train.evaluation.generate import EvalStopped, add_model_scores, eval_max_new_tokens, eval_records
+from dapo_train.evaluation.sampled import sampled_metrics
 from dapo_train.evaluation.stats import change_from_start, change_metrics, summarize_records
 from dapo_train.model.loading import compute_dtype
 from dapo_train.rollout.engines import eval_decoding, eval_engine
-from dapo_train.run.eval_items import FINAL, PERIODIC, EvalKind, items_path, read_items, write_items
+from dapo_train.run.eval_items import FINAL, PERIODIC, SAMPLED, EvalKind, items_path, read_items, write_items
 from dapo_train.run.logs import read_metrics
 from dapo_train.run.rollouts import excerpt
 from dapo_train.run.signals import StopRequested
@@ -34,9 +38,10 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
     prompts, already generated) and scoring it with the reward models; the main process writes the per-item records
     (eval_items/<kind>_<step>.jsonl) and prints a few sample completions of a periodic eval. Step 0's periodic
     records are kept (run.start_records); every later eval adds its change from them, paired on the items both
-    hold (stats.change_from_start), and a periodic one the bound its regression test is held to. A `stop`
-    requested on any rank before its last chunk raises EvalStopped on every rank, nothing written. -> (metrics
-    under the kind's keys, records in item order)."""
+    hold (stats.change_from_start), and a periodic one the bound its regression test is held to. A periodic eval
+    adds the sampled one with eval.samples (evaluate_sampled). A `stop` requested on any rank before its last
+    chunk raises EvalStopped on every rank, nothing written. -> (metrics under the kind's keys, records in item
+    order)."""
     cfg = run.cfg
     start = time.perf_counter()
     if records is None:
@@ -59,14 +64,35 @@ def evaluate(run: Run, prompts: list[Prompt], kind: EvalKind = PERIODIC, records
     metrics = {kind.accuracy if key == "accuracy" else f"{kind.prefix}{key}": value
                for key, value in summary.items() if key != "samples"}
     metrics[kind.seconds] = time.perf_counter() - start
+    if kind is PERIODIC and cfg.eval.samples:
+        metrics.update(evaluate_sampled(run, prompts, stop))
     return metrics, records
 
 
-def _generate(run: Run, prompts: list[Prompt], kind: EvalKind, stop: StopRequested | None) -> list[dict]:
-    """Every rank's slice of the eval's records, gathered in item order on every rank; EvalStopped on every
-    rank once they have gathered, when a stop ended any rank's slice."""
+def evaluate_sampled(run: Run, prompts: list[Prompt], stop: StopRequested | None = None) -> dict:
+    """eval.samples = K completions per item of `prompts` drawn as the rollout draws them (its temperature, top_p
+    and top_k), seeded by the run's seed: the same random stream at every eval, so that a change from step 0 is
+    the model's and not the draw's, and the training's streams untouched (generate._seeded). The main process
+    writes eval_items/sampled_<step>.jsonl; step 0's records are kept (run.start_sampled) and every later eval
+    is paired with them. -> metrics under eval/sampled/ (evaluation/sampled.py) and its seconds."""
+    start = time.perf_counter()
+    records = _generate(run, prompts, SAMPLED, stop, samples=run.cfg.eval.samples)
+    if distributed.is_main():
+        write_items(run.run_dir, SAMPLED, run.step, records)
+    if run.step == 0:
+        run.start_sampled = records
+    metrics = sampled_metrics(records, run.cfg.eval.samples, run.start_sampled if run.step else None)
+    return {**{f"{SAMPLED.prefix}{key}": value for key, value in metrics.items()},
+            SAMPLED.seconds: time.perf_counter() - start}
+
+
+def _generate(run: Run, prompts: list[Prompt], kind: EvalKind, stop: StopRequested | None,
+              samples: int = 1) -> list[dict]:
+    """Every rank's slice of the eval's records (`samples` per item, consecutive), gathered in item order on
+    every rank; EvalStopped on every rank once they have gathered, when a stop ended any rank's slice. Reward
+    models score the greedy records only."""
     cfg = run.cfg
-    shard, records = prompts[distributed.rank() :: distributed.world_size()], []
+    shard, items = prompts[distributed.rank() :: distributed.world_size()], []
     precision = compute_dtype(cfg, run.accelerator.device.type == "cuda")
     with distributed.full_weights(run.accelerator, run.model) as model, \
             eval_decoding(run.engine, model, precision) as decoder:
@@ -75,14 +101,24 @@ def _generate(run: Run, prompts: list[Prompt], kind: EvalKind, stop: StopRequest
                 records = eval_records(decoder, run.tokenizer, shard, max_new_tokens=eval_max_new_tokens(cfg),
                                        batch_size=cfg.eval.batch_size, check=answer_check(cfg.data.correctness),
                                        tools=run.tool_turns, progress=_eval_bar(cfg, kind),
-                                       engine=eval_engine(run.engine), stop=stop)
-                add_model_scores(run.reward_set, shard, records)
+                                       engine=eval_engine(run.engine), stop=stop, **_sampling(cfg, samples))
+                if samples == 1:
+                    add_model_scores(run.reward_set, shard, records)
+                items = [records[i : i + samples] for i in range(0, len(records), samples)]
             except EvalStopped:
-                records = None
-    parts = distributed.gather(records)
+                items = None
+    parts = distributed.gather(items)
     if any(part is None for part in parts):
         raise EvalStopped
-    return distributed.interleave(parts)
+    return [record for item in distributed.interleave(parts) for record in item]
+
+
+def _sampling(cfg: Config, samples: int) -> dict:
+    """eval_records' options for `samples` per item: greedy for one, else the rollout's distribution, seeded."""
+    if samples == 1:
+        return {}
+    r = cfg.rollout
+    return {"samples": samples, "temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "seed": cfg.seed}
 
 
 def _eval_bar(cfg: Config, kind: EvalKind) -> str | None:
@@ -92,10 +128,11 @@ def _eval_bar(cfg: Config, kind: EvalKind) -> str | None:
 
 
 def resume_start(run: Run) -> None:
-    """A resumed run's step-0 records (every eval's change is paired on them) and its evals against them so far
-    (metrics.jsonl up to the checkpoint), where the run kept them."""
-    start = items_path(run.run_dir, PERIODIC, 0)
+    """A resumed run's step-0 records, greedy and sampled (every eval's change is paired on them), and its evals
+    against them so far (metrics.jsonl up to the checkpoint), where the run kept them."""
+    start, sampled = items_path(run.run_dir, PERIODIC, 0), items_path(run.run_dir, SAMPLED, 0)
     run.start_records = read_items(start) if start.is_file() else None
+    run.start_sampled = read_items(sampled) if sampled.is_file() else None
     run.regression = RegressionWatch.from_rows(read_metrics(run.run_dir))
 
 

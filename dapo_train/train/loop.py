@@ -64,11 +64,12 @@ from dapo_train.run.trackers import NullTracker, start_trackers
 from dapo_train.train import distributed, evals, ranks
 from dapo_train.train.collect.rollout_sample import RolloutSample, merge
 from dapo_train.train.collect.rounds import fill_batch
-from dapo_train.train.progress import Progress, end_of_run_summary
+from dapo_train.train.progress import Progress
 from dapo_train.train.ranks import total
 from dapo_train.train.records import StepBatch
 from dapo_train.train.session import Run, setup
 from dapo_train.train.state import StepStart, check_disk, restore, save
+from dapo_train.train.summary import end_of_run_summary
 from dapo_train.train.update.old_policy import (
     needing_old_logprobs,
     require_behaviour_logprobs,

@@ -22,6 +22,7 @@ import torch
 from dapo_train.config.schema import Config, DataConfig
 from dapo_train.errors import ConfigError, UserError
 from dapo_train.evaluation.generate import eval_max_new_tokens, longest_sequence
+from dapo_train.evaluation.sampled import sampled_note
 from dapo_train.model.loading import (
     check_attention_kernel,
     check_lora_targets,
@@ -103,6 +104,7 @@ class Run:
     best: CheckpointScore | None = None  # the best checkpoint saved so far (checkpoint.keep_best; else None)
     final_eval_stopped: bool = False  # a stop ended the end-of-run eval (nothing of it recorded)
     start_records: list[dict] | None = None  # step 0's eval records: every later eval's change is paired on them
+    start_sampled: list[dict] | None = None  # step 0's sampled eval records (eval.samples), the same for those
     regression: RegressionWatch = field(default_factory=RegressionWatch)  # the evals against step 0 (regression.py)
     guard: OutOfMemoryGuard = field(default_factory=OutOfMemoryGuard)  # steps 2-3 out of memory: redone smaller
     engine_stale: bool = False  # the engine ran out of memory taking the last step's weights (loop.sync_weights)
@@ -311,7 +313,7 @@ def _warn_inert_settings(cfg: Config) -> None:
     if not cfg.rollout.tools and any(spec.name == "tool_format" for spec in cfg.rewards):
         logger.warning("the reward tool_format cannot act: rollout.tools names no tool, so no completion makes a "
                        "call and it scores 0")
-    for note in (keep_best_note(cfg), stop_note(cfg), warmup_note(cfg)):
+    for note in (keep_best_note(cfg), stop_note(cfg), warmup_note(cfg), sampled_note(cfg)):
         if note is not None:
             logger.warning("%s", note)
     for message in inert_settings(cfg.rollout, torch.cuda.is_available()):

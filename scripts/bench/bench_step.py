@@ -121,7 +121,7 @@ def main() -> None:
     from dapo_train.config.load import load_config
     from dapo_train.run.logs import read_metrics
     from dapo_train.train.loop import train
-    from dapo_train.train.progress import update_work
+    from dapo_train.train.summary import update_work
 
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [

@@ -97,8 +97,8 @@ def fixed_order(prompts: list):
 def run_ours(args, label: str = "dapo-train", extra: tuple[str, ...] = ()) -> dict:
     from dapo_train.config.load import load_config
     from dapo_train.train.loop import train_step
-    from dapo_train.train.progress import update_work
     from dapo_train.train.session import setup
+    from dapo_train.train.summary import update_work
 
     cfg = load_config(None, [
         f"model.name_or_path={args.model_path}", *args.data, f"output_dir={tempfile.mkdtemp()}", f"seed={args.seed}",

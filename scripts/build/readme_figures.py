@@ -111,7 +111,7 @@ def run_demo(folder: Path) -> tuple[Path, Measured]:
 
 def read_figures(run_dir: Path) -> Figures:
     from dapo_train.run.logs import generation_cost, read_metrics
-    from dapo_train.train.progress import update_work
+    from dapo_train.train.summary import update_work
 
     rows = read_metrics(run_dir)
     evals = [row for row in rows if "accuracy" in row]

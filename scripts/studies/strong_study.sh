@@ -22,10 +22,22 @@
 # The tool model's strong start (builtin:tiny-tools, 0.924 with the calculator) the same way, in a folder of its
 # own: CONFIG=configs/tiny-tools-cpu.yaml RECIPES="demo lr0.1" bash scripts/studies/strong_study.sh outputs/tools_start
 #
+# Longer horizons (issue 60; docs/studies.md, "A strong start over longer horizons"): HORIZONS="40 200 500" trains
+# each recipe and seed as one run in legs, to step 40, then --resume to 200 and to 500 (a constant learning rate
+# and no warmup, as the config has, so the legs are one run: tests/train/test_evals.py), and
+# evaluates the last step of each leg greedily and with SAMPLES (default 8) samples per item (eval.samples) on
+# EVAL_ITEMS (default 0: all 500) test items, paired with the run's own step 0; no other eval (eval.every_steps
+# is the last horizon), and the end-of-run eval reuses the leg's last one. Its table: strong_horizons.py.
+#
+#     HORIZONS="40 200 500" RECIPES="lr0.1 lr0.3 lora" bash scripts/studies/strong_study.sh outputs/strong_horizons
+#     python scripts/studies/strong_horizons.py outputs/strong_horizons
+#
 # A run that finished (its .time file holds no "Command exited" line) is not run again, so an interrupted
-# study resumes where it stopped; rerun a failed one after removing its folder. Each run's `/usr/bin/time`
-# line (user s, system s, wall s) is the last line of its .time file. CUDA is hidden: the study is of the CPU
-# demo. RECIPES picks some (default: all); SEEDS others (default: 1 2 3 4 5); CONFIG another start.
+# study resumes where it stopped; rerun a failed one after removing its folder (a failed later leg: rerun the
+# study, the leg resumes from the run's last checkpoint). Each run's `/usr/bin/time` line (user s, system s,
+# wall s) is the last line of its .time file (with HORIZONS, of each leg's RECIPE_seedN.to<H>.time). CUDA is
+# hidden: the study is of the CPU demo. RECIPES picks some (default: all); SEEDS others (default: 1 2 3 4 5);
+# CONFIG another start.
 set -euo pipefail
 dir=${1:-outputs/strong_study}
 jobs=${JOBS:-$(nproc)}
@@ -56,12 +68,38 @@ args() {
   esac
 }
 
+finished() {  # the leg or run whose time file is $1 finished
+  [ -s "$1" ] && ! grep -q '^Command' "$1"
+}
+
+legs() {  # one run (recipe $1, seed $2, folder $3) in legs to each of HORIZONS, each leg's command after the last
+  local first=1 chain="" h evals
+  horizons=($HORIZONS)
+  evals="eval.every_steps=${horizons[-1]} eval.num_items=${EVAL_ITEMS:-0} eval.samples=${SAMPLES:-8}"
+  for h in "${horizons[@]}"; do
+    if [ $first = 1 ]; then
+      leg="dapo-train run $config $(args "$1") seed=$2 train.max_steps=$h $evals output_dir=$3"
+    else
+      leg="dapo-train run --resume $3 train.max_steps=$h"
+    fi
+    first=0
+    finished "$3.to$h.time" && continue
+    chain+="/usr/bin/time -f '%U %S %e' -o $3.to$h.time $leg logging.progress_bar=false >> $3.log 2>&1 && "
+  done
+  [ -n "$chain" ] && printf '%s\0' "${chain}true || echo 'failed: $3.log'"
+  return 0
+}
+
 for seed in ${SEEDS:-1 2 3 4 5}; do
   n=${#recipes[@]}
   for ((i = 0; i < n; i++)); do
     recipe=${recipes[$(((i + seed - 1) % n))]}
     out=$dir/${recipe}_seed$seed
-    [ -s "$out.time" ] && ! grep -q '^Command' "$out.time" && continue
+    if [ -n "${HORIZONS:-}" ]; then
+      legs "$recipe" "$seed" "$out"
+      continue
+    fi
+    finished "$out.time" && continue
     printf '%s\0' "/usr/bin/time -f '%U %S %e' -o $out.time dapo-train run $config $(args "$recipe") seed=$seed \
 logging.progress_bar=false output_dir=$out > $out.log 2>&1 || echo 'failed: $out.log'"
   done

@@ -64,7 +64,7 @@ def _table(start: dict, seeds: dict[int, dict], key: str, uids: list[str]) -> np
     return np.array([[float(seeds[s]["records"][uid][key]) for uid in uids] for s in sorted(seeds)])
 
 
-def _cell(diff) -> str:
+def cell(diff) -> str:
     return f"{diff.difference:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]"
 
 
@@ -99,8 +99,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for recipe, seeds in runs.items():
         found, n = changes(start, seeds, uids), len(seeds)
-        print(f"| {recipe} | {n} | {found['strict'].accuracy:.3f} | {_cell(found['strict'])} | "
-              f"{_cell(found['answer'])} | {found['warned']}/{n} | {found['alone']}/{n} | "
+        print(f"| {recipe} | {n} | {found['strict'].accuracy:.3f} | {cell(found['strict'])} | "
+              f"{cell(found['answer'])} | {found['warned']}/{n} | {found['alone']}/{n} | "
               f"{found['warned_holding_0']} | {found['seconds']:.0f} |")
     if args.baseline not in runs:
         return
@@ -114,7 +114,7 @@ def main() -> None:
         cells = [bootstrap_difference(_table(start, {s: base[s] for s in shared}, key, uids),
                                       _table(start, {s: seeds[s] for s in shared}, key, uids), seeds_paired=True)
                  for key in KEYS.values()]
-        print(f"| {recipe} | {len(shared)} | {_cell(cells[0])} | {_cell(cells[1])} |")
+        print(f"| {recipe} | {len(shared)} | {cell(cells[0])} | {cell(cells[1])} |")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from dapo_train.config.load import load_config, save_config
 from dapo_train.errors import DoesNotFit, TaskSolved, TrainingAborted, UserError
 from dapo_train.run.signals import StopRequested
 from dapo_train.study.compare import _run_outcomes, compare, compare_rows, format_compare
-from dapo_train.study.plot import make_figure, plot
+from dapo_train.study.plot import PANELS, make_figure, plot
 from dapo_train.study.runs import SWEEP_FILE, group_points, load_runs
 from dapo_train.study.sweep import plan_sweep, run_sweep, split_top_level
 from dapo_train.train import loop
@@ -445,6 +445,48 @@ def test_compare_shows_each_runs_change_from_its_start_and_how_it_ended(tmp_path
     assert re.split(r"\s{2,}", table[3].strip())[:4] == ["0.5", "1", "regressed", "-0.300 [-0.400, -0.200]"]
     assert re.split(r"\s{2,}", table[4].strip())[:4] == ["0.9", "1", "-", "-"]
     assert any(line.startswith("Δ from start: each run's last eval") for line in table)
+
+
+def _sampled(pass1, maj, passk, changes=None):
+    """A row's sampled eval (eval.samples=8): its keys, with changes (pass@1, maj@k, pass@k) after step 0."""
+    row = {"eval/sampled/samples": 8, "eval/sampled/pass_at_1": pass1, "eval/sampled/maj_at_k": maj,
+           "eval/sampled/pass_at_k": passk, "seconds_eval_sampled": 4.0}
+    for name, change in zip(("pass_at_1", "maj_at_k", "pass_at_k"), changes or ()):
+        row[f"eval/sampled/{name}_change"] = change
+    return row
+
+
+def test_compare_and_plot_show_the_sampled_eval(tmp_path, runs):
+    """Two seeds with a sampled eval: the last one's pass@1, maj@K and pass@K and their changes from step 0 as
+    means over the seeds, its seconds in the wall time; the figure draws pass@1 dashed beside the greedy accuracy
+    and maj@K, pass@K in a panel of their own. Runs without it (the fixture's) show no sampled column."""
+    root = tmp_path / "sampled"
+    for seed, (pass1, change) in enumerate([(0.6, 0.02), (0.7, 0.04)], start=1):
+        make_run(root / f"a{seed}", ["dapo.eps_high=0.1", f"seed={seed}"], [
+            {"step": 0, "accuracy": 0.5, "seconds_eval": 1.0, **_sampled(0.55, 0.6, 0.8)},
+            train_row(1, 0.9, 0.1, 0.0, 30, 2.0, accuracy=0.5, **_sampled(pass1, 0.65, 0.8, (change, 0.05, 0.0))),
+        ])
+    varied, rows = compare_rows(load_runs([str(root)]))
+    row = rows[0]
+    assert row["sampled_pass_at_1"]["mean"] == pytest.approx(0.65)  # (0.6 + 0.7) / 2, the last eval's
+    assert row["sampled_pass_at_1_change"]["mean"] == pytest.approx(0.03)  # (0.02 + 0.04) / 2
+    assert (row["sampled_maj_at_k"]["mean"], row["sampled_pass_at_k_change"]["mean"]) == (pytest.approx(0.65), 0.0)
+    assert row["wall_seconds"]["mean"] == pytest.approx(11.0)  # 2 s training + 1 s greedy eval + 2 x 4 s sampled
+    table = format_compare(varied, rows).splitlines()
+    headers, cells = re.split(r"\s{2,}", table[0]), re.split(r"\s{2,}", table[2])
+    at = headers.index("sampled pass@1")
+    assert headers[at : at + 6] == ["sampled pass@1", "Δ pass@1", "maj@K", "Δ maj@K", "pass@K", "Δ pass@K"]
+    assert cells[at : at + 6] == ["0.650 ± 0.071", "0.030 ± 0.014", "0.650", "0.050", "0.800", "0.000"]
+    assert any(line.startswith("sampled pass@1, maj@K, pass@K: the last periodic eval's K samples") for line in table)
+    assert "sampled pass@1" not in format_compare(*compare_rows(load_runs([str(runs)])))
+
+    pytest.importorskip("matplotlib")
+    fig = make_figure(*group_points(load_runs([str(root)])))
+    accuracy, sampled = fig.axes[0], fig.axes[len(PANELS) - 1]
+    assert [line.get_linestyle() for line in accuracy.lines] == ["-", "--"]
+    assert list(accuracy.lines[1].get_ydata()) == pytest.approx([0.55, 0.65])  # pass@1 over the seeds
+    assert sampled.get_title() == "sampled eval (solid maj@K, dashed pass@K)"
+    assert [list(line.get_ydata()) for line in sampled.lines] == [pytest.approx([0.6, 0.65]), [0.8, 0.8]]
 
 
 def test_compare_json_and_run_paths(runs):

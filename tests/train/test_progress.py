@@ -11,7 +11,8 @@ import pytest
 
 from dapo_train.config.load import load_config
 from dapo_train.train.loop import train
-from dapo_train.train.progress import Progress, duration, end_of_run_summary, eval_line, step_fields
+from dapo_train.train.progress import Progress, duration, eval_line, step_fields
+from dapo_train.train.summary import end_of_run_summary
 
 SMALL = [
     "rollout.group_size=4", "rollout.max_new_tokens=48", "train.prompts_per_step=2", "train.micro_batch_size=4",
@@ -94,6 +95,43 @@ def test_the_summary_shows_the_answer_accuracy_and_the_change_from_step_0(tmp_pa
         "  change from step 0 at step 40: +0.070 [+0.040, +0.100] (answer -0.020 [-0.050, +0.010]), 95% interval, "
         "paired on the 100 eval items",
     ]
+
+
+# The sampled eval's keys (evaluation/sampled.py) at step 0 and at a later eval with its change from step 0.
+SAMPLED_0 = {"eval/sampled/samples": 8, "eval/sampled/pass_at_1": 0.613, "eval/sampled/maj_at_k": 0.655,
+             "eval/sampled/pass_at_k": 0.81, "seconds_eval_sampled": 12.34, "seconds_eval": 2.06}
+SAMPLED_40 = {"eval/sampled/samples": 8, "eval/sampled/pass_at_1": 0.64, "eval/sampled/maj_at_k": 0.66,
+              "eval/sampled/pass_at_k": 0.8, "eval/sampled/change_items": 100,
+              **{f"eval/sampled/{name}_change{end}": value for name, values in (
+                  ("pass_at_1", (0.027, 0.004, 0.05)), ("maj_at_k", (0.005, -0.03, 0.04)),
+                  ("pass_at_k", (-0.01, -0.05, 0.03))) for end, value in zip(("", "_low", "_high"), values)}}
+
+
+def test_eval_line_shows_the_sampled_eval_and_at_step_0_its_cost():
+    assert eval_line(0, 40, {**EVAL, **SAMPLED_0}, []) == (
+        "eval step 0/40: accuracy 0.280 (95% CI 0.200-0.370) on 100 items (before training); sampled x8: pass@1 "
+        "0.613, maj@8 0.655, pass@8 0.810 (12.3 s beside the greedy eval's 2.1 s)"
+    )
+    assert eval_line(40, 40, {**CHANGED, **SAMPLED_40}, []) == (
+        "eval step 40/40: accuracy 0.280 (95% CI 0.200-0.370) on 100 items, answer accuracy 0.410 (format gap "
+        "+0.130); +0.070 [+0.040, +0.100] over step 0 (answer -0.020 [-0.050, +0.010]); sampled x8: pass@1 0.640 "
+        "+0.027 [+0.004, +0.050], maj@8 0.660 +0.005 [-0.030, +0.040], pass@8 0.800 -0.010 [-0.050, +0.030] over "
+        "step 0"
+    )
+
+
+def test_the_summary_shows_the_sampled_eval_first_to_last_and_its_change(tmp_path):
+    rows = [{"step": 0, **STEP_0, **SAMPLED_0}, {"step": 20, **CHANGED}, {"step": 40, **CHANGED, **SAMPLED_40}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    lines = end_of_run_summary(tmp_path, 40, 40, 200.0).splitlines()
+    assert lines[4] == (
+        "  sampled eval (eval.samples, 8 an item; step 0 -> 40; change from step 0, 95% interval, paired on the 100 "
+        "eval items): pass@1 0.613 -> 0.640, +0.027 [+0.004, +0.050]; maj@8 0.655 -> 0.660, +0.005 [-0.030, +0.040]; "
+        "pass@8 0.810 -> 0.800, -0.010 [-0.050, +0.030]"
+    )
+    greedy = [{key: value for key, value in row.items() if "sampled" not in key} for row in rows]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in greedy))
+    assert "sampled eval" not in end_of_run_summary(tmp_path, 40, 40, 200.0)  # none without eval.samples' keys
 
 
 def test_durations():

@@ -151,7 +151,7 @@ def test_dropped_and_trained_tokens_are_counted_per_step_and_over_the_run():
     trains in step 2, which generates nothing."""
     from dapo_train.run.logs import generation_cost
     from dapo_train.train.collect.rounds import Fated, drop_reason, take_batch
-    from dapo_train.train.progress import generation_line
+    from dapo_train.train.summary import generation_line
 
     cfg = _cfg("train.prompts_per_step=1")
     groups = [_group("a", [1, 0, 0, 0], [3, 5, 2, 4]), _group("b", [0] * 4, [4] * 4),

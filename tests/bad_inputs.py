@@ -113,6 +113,7 @@ IMPOSSIBLE: dict[str, list[str]] = {
     "eval.max_new_tokens": ["-1"],
     "eval.print_samples": ["-1"],
     "eval.samples": ["1", "-1"],
+    "eval.regression_alpha": ["0", "1"],  # a false-alarm rate in (0, 1)
     "checkpoint.every_steps": ["-1"],
     "checkpoint.keep_last": ["-1"],
     "logging.trackers": ["[tensorboard, tensorboard]"],

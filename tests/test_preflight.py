@@ -95,12 +95,12 @@ def test_the_shipped_qwen_job_is_ready_from_the_command_line(offline, tmp_path):
     flat = " ".join(result.stdout.split())
     assert "train.max_steps 150 -> 2" in flat and "rollout.max_new_tokens 512 -> 16" in flat
     assert "disk one checkpoint about 18.5 GB" in flat and "3 at once" in flat  # the real model's, not the rehearsal's
-    # auto on each card: 24 GB holds no budget (float32 weights, gradients, AdamW state, the bf16 rollout copy and
-    # the foreach step's temporaries, 22 bytes x 1.54e9 parameters = 31.6 GiB, are over 24e9 x 0.9); 48 and 80 GB
+    # auto on each card: 24 GB holds no budget (float32 weights, gradients, AdamW state and the bf16 rollout copy, 18
+    # bytes x 1.54e9 parameters = 25.9 GiB, are over 24e9 x 0.9; AdamW's fused step adds nothing); 48 and 80 GB
     # hold the whole mini-batch: 2 groups x (8 x 512 + a prompt of at most 256) = at most 8,704 tokens, rounded up
     # to 9,216
     assert "train.micro_batch_tokens=auto would choose" in flat and "24 GB none fits (the optimizer step moment " \
-        "alone: 31.6 GiB), 48 GB 9,216 (a whole mini-batch), 80 GB 9,216 (a whole mini-batch)" in flat
+        "alone: 25.9 GiB), 48 GB 9,216 (a whole mini-batch), 80 GB 9,216 (a whole mini-batch)" in flat
     assert "at train.micro_batch_tokens=9216 (auto on a 48 GB card)" in flat
     # the rehearsal's own 16-token budget cuts its random model's answers: no advice to raise the real budget
     assert "the token budget cut" not in flat and "raise rollout.max_new_tokens" not in flat

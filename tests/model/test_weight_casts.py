@@ -64,3 +64,21 @@ def test_a_decode_over_float32_weights_under_autocast_casts_each_weight_once_per
         calls = counter.calls[phase]
         assert counter.forwards[phase] > 5 * calls  # many decode steps per call
         assert 0 < counter.count(phase) <= weights * calls
+
+
+def test_the_card_check_fails_a_decode_that_casts_per_forward_and_a_head_that_casts_per_chunk():
+    """bench_casts.py --check (bench_cuda.sh runs it on a card): hand-made rows, 50 float32 weights. A decode of 2
+    generate calls may cast each weight once a call (100); the old eval's 7,011 over 3 calls is refused, so is
+    a head cast 3 times an update call; the figures after the fix pass."""
+    from bench_casts import failures
+
+    def rows(eval_casts: int, head: float) -> dict:
+        phase = {"forwards": 171, "calls": 3, "weight_casts": 0, "projection_casts": 0, "casts_per_forward": 0.0}
+        return {"float32_weights": 50, "rollout": {**phase, "calls": 2, "weight_casts": 100},
+                "eval": {**phase, "weight_casts": eval_casts}, "head_casts_per_update_call": head}
+
+    assert failures(rows(0, 1.0)) == []
+    assert failures(rows(150, 1.0)) == []  # 50 weights x 3 calls: once each a call
+    assert failures(rows(7011, 1.0)) == ["eval: 7011 weight casts over 3 generate calls of 50 float32 weights (at "
+                                         "most one each a call)"]
+    assert failures(rows(0, 3.0)) == ["the LM head: 3.0 casts per update call (at most 1)"]

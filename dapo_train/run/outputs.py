@@ -161,12 +161,16 @@ def _dangling_link(folder: Path) -> Path | None:
 
 def _not_marked(folder: Path, kind: OutputKind) -> str | None:
     """Why `folder` is not an output of `kind` (no marker, and not one from before the marker), or None."""
+    why = _why_unmarked(folder, kind)
+    return None if why is None else f"no {kind.marker}" + (f", and {why}" if why else "")
+
+
+def _why_unmarked(folder: Path, kind: OutputKind) -> str | None:
+    """None when `folder` is `kind`'s (its marker, or an output from before the marker); else why it is not one
+    from before the marker ('' where the kind had no such outputs)."""
     if (folder / kind.marker).is_file():
         return None
-    if kind.older is None:
-        return f"no {kind.marker}"
-    why = kind.older(folder)
-    return None if why is None else f"no {kind.marker}, and {why}"
+    return "" if kind.older is None else kind.older(folder)
 
 
 def _foreign(folder: Path, kind: OutputKind, prefix: str = "") -> list[str]:
@@ -193,12 +197,8 @@ def _unmarked(folder: Path, kind: OutputKind) -> str | None:
     """'without .dapo-train-run' for a nested `folder` that `kind` did not mark, with why it is not one from before
     the marker either where the kind can tell ('without .dapo-train-checkpoint: its trainer_state.pt is step 1's');
     None: it is the kind's."""
-    if (folder / kind.marker).is_file():
-        return None
-    if kind.older is None:
-        return f"without {kind.marker}"
-    why = kind.older(folder)
-    return None if why is None else f"without {kind.marker}: {why}"
+    why = _why_unmarked(folder, kind)
+    return None if why is None else f"without {kind.marker}" + (f": {why}" if why else "")
 
 
 def _shown(folder: Path, name: str) -> str:

@@ -25,8 +25,9 @@ from tqdm.auto import tqdm
 from dapo_train.config.schema import Config
 from dapo_train.evaluation.stats import summarize_records
 from dapo_train.rewards.scoring import REWARDS, RewardSet, score
+from dapo_train.rollout.completions import Completion, policy_part, sample_completions
 from dapo_train.rollout.decoding import decode_loop
-from dapo_train.rollout.engines import Completion, RolloutEngine, policy_part, sample_completions
+from dapo_train.rollout.engines import RolloutEngine
 from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.run.signals import StopRequested
 from dapo_train.task.answers import ANSWER_CHECKS, AnswerCheck

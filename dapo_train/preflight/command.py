@@ -194,7 +194,8 @@ def _report_rollout(cfg: Config, model, tokenizer, prompts: list, report: Report
     ended a completion: one round's few completions may miss an id by chance, and an id the rollout does
     not stop at ends none in any round."""
     from dapo_train.rewards.scoring import rewards_from_config, score
-    from dapo_train.rollout.engines import build_engine, eos_token_ids, release
+    from dapo_train.rollout.completions import eos_token_ids
+    from dapo_train.rollout.engines import build_engine, release
 
     model = model.to("cuda" if torch.cuda.is_available() else "cpu")
     r, group = cfg.rollout, cfg.rollout.group_size

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from dapo_train.errors import DoesNotFit, UserError
 from dapo_train.faults import REWARD_ROWS, out_of_memory_above
@@ -324,38 +325,30 @@ class RewardModel:
         return out, cut
 
     def logits(self, ids: list[list[int]]) -> torch.Tensor:
-        """(N,) float32 logits, batch_rows texts at a time, longest first (less padding), right-padded so
-        that every text keeps the positions it has alone; a batch out of memory is scored again at half the size
-        (module docstring)."""
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        """(N,) float32 logits, batch_rows texts at a time, longest first (less padding), right-padded so that
+        every text keeps the positions it has alone; a batch out of memory is scored again at half the size."""
+        order, start = sorted(range(len(ids)), key=lambda i: -len(ids[i])), 0
         out = torch.empty(len(ids), dtype=torch.float32)
-        start = 0
         while start < len(order):
             rows = order[start : start + self.batch_rows]
             try:
                 out[rows] = self._scores([ids[index] for index in rows])
+                start += len(rows)
             except torch.OutOfMemoryError:
                 self._halve(len(rows), len(ids[rows[0]]))
-                continue
-            start += len(rows)
         return out
 
     def _scores(self, texts: list[list[int]]) -> torch.Tensor:
         """One batch's (B,) float32 logits, on the CPU."""
         out_of_memory_above(REWARD_ROWS, len(texts))  # a test's fault (faults.py); nothing otherwise
         device, pad = next(self.model.parameters()).device, self.checked.tokenizer.pad_token_id
-        width = max(len(text) for text in texts)
-        batch = torch.full((len(texts), width), pad, dtype=torch.long)  # (B, T)
-        mask = torch.zeros((len(texts), width), dtype=torch.long)  # (B, T)
-        for row, text in enumerate(texts):
-            batch[row, : len(text)] = torch.tensor(text)
-            mask[row, : len(text)] = 1
+        batch = pad_sequence([torch.tensor(t) for t in texts], batch_first=True, padding_value=pad)  # (B, T)
+        mask = pad_sequence([torch.ones(len(t), dtype=torch.long) for t in texts], batch_first=True)  # (B, T)
         with torch.inference_mode():
             return last_token_scores(self.model, self.head, batch.to(device), mask.to(device)).float().cpu()  # (B,)
 
     def _halve(self, rows: int, tokens: int) -> None:
-        """After a batch of `rows` texts (the longest `tokens` tokens) ran out of memory: half as many from now
-        on, said in one line; DoesNotFit when it was one text."""
+        """A batch of `rows` texts (the longest `tokens` long) ran out of memory: half as many from now on."""
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         if rows <= 1:

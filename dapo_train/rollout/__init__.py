@@ -1,7 +1,8 @@
 """Rollout: prompts x G -> sampled completions (ids, exact masks, truncation, behaviour log-probs),
 behind one engine interface. Below the training loop: nothing here imports train/.
 
-engines.py     the RolloutEngine interface, the engine registry, completions from decoded rows
+engines.py     the RolloutEngine interface, the engine registry, what evals decode through
+completions.py the Completion record every engine returns, built from decoded rows, and sample_completions
 hf_engines.py  the built-in transformers engines (hf, hf-generate), registered on import
 vllm_engine.py the vllm engine, registered on import (vllm itself is imported when it is built)
 vllm_processor.py  its logits processor (the kept mass), imported with vllm
@@ -15,18 +16,14 @@ Another engine (vLLM, SGLang, a server) is one module that imports from here:
 `from dapo_train.rollout import Completion, EngineSetup, SamplingSettings, register_engine`.
 """
 
+from dapo_train.rollout.completions import Completion, completion_mask, eos_token_ids, pad_token_id, sample_completions
 from dapo_train.rollout.engines import (
     ROLLOUT_ENGINES,
-    Completion,
     EngineSetup,
     RolloutEngine,
     build_engine,
-    completion_mask,
     engine_factory,
-    eos_token_ids,
-    pad_token_id,
     register_engine,
-    sample_completions,
 )
 from dapo_train.rollout.hf_engines import DecodeLoopEngine, GenerateEngine, StaticCacheEngine, TransformersEngine
 from dapo_train.rollout.sampling import SamplingSettings

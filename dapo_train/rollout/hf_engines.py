@@ -21,8 +21,9 @@ from collections.abc import Sequence
 import torch
 
 from dapo_train.rollout.compiled import compile_failure_types, compiles, say_fallback
+from dapo_train.rollout.completions import Completion, group_rows, sample_completions
 from dapo_train.rollout.decoding import Decoded, decode_loop, decode_region, generate_rows
-from dapo_train.rollout.engines import Completion, EngineSetup, group_rows, register_engine, sample_completions
+from dapo_train.rollout.engines import EngineSetup, register_engine
 from dapo_train.rollout.fitting import GenerationRows, random_state, set_random_state
 from dapo_train.rollout.sampling import SamplingSettings
 

@@ -41,16 +41,9 @@ import torch
 from dapo_train.errors import ConfigError
 from dapo_train.model.lora import merged_weights
 from dapo_train.rollout.compiled import compile_failure, say_fallback
+from dapo_train.rollout.completions import Completion, decoded_completions, eos_token_ids, group_rows, pad_token_id
 from dapo_train.rollout.decoding import Decoded
-from dapo_train.rollout.engines import (
-    Completion,
-    EngineSetup,
-    decoded_completions,
-    eos_token_ids,
-    group_rows,
-    pad_token_id,
-    register_engine,
-)
+from dapo_train.rollout.engines import EngineSetup, register_engine
 from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.rollout.vllm_ranks import trainer_group_kept
 from dapo_train.rollout.vllm_settings import INSTALL, VERBOSE_ENV, llm_settings, require, start_refused, started_line

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dapo_train.rollout.engines import Completion
+from dapo_train.rollout.completions import Completion
 from dapo_train.task.prompts import Prompt
 from dapo_train.tools.turns import ToolCall
 

@@ -39,7 +39,8 @@ from dapo_train.model.loading import (
 )
 from dapo_train.model.threads import set_cpu_threads
 from dapo_train.rewards.scoring import RewardSet, rewards_from_config
-from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, pad_token_id, rollout_tools
+from dapo_train.rollout.completions import pad_token_id
+from dapo_train.rollout.engines import RolloutEngine, build_engine, engine_factory, rollout_tools
 from dapo_train.rollout.vllm_settings import check_memory, inert_settings
 from dapo_train.run.checkpoint import CheckpointScore, keep_best_note
 from dapo_train.task.prompts import Prompt, PromptSampler, fixed_eval_subset, load_prompt_splits

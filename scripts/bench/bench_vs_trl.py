@@ -194,7 +194,7 @@ def check_trl_sampling(trainer, tokenizer) -> list[int]:
     """TRL stops at dapo-train's stop ids and samples as the bench says, after generate fills what TRL left
     unset from the model's generation_config (Qwen's ships temperature 0.7, top-k 20, a repetition
     penalty). -> the stop ids."""
-    from dapo_train.rollout.engines import eos_token_ids
+    from dapo_train.rollout.completions import eos_token_ids
 
     ours = eos_token_ids(trainer.model, tokenizer)
     if sorted(trainer.eos_token_ids) != sorted(ours):

@@ -247,7 +247,7 @@ class _SureEngine:
         self.right, self.mixed = right, mixed
 
     def generate(self, prompts, settings, group_size, seeds=None):
-        from dapo_train.rollout.engines import Completion
+        from dapo_train.rollout.completions import Completion
 
         return [Completion(torch.tensor(list(ids)), torch.tensor([5, 2]), False,
                            "right" if self.right(ids[0]) and not (self.mixed(ids[0]) and j % 2) else "wrong")

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 from dapo_train.config.schema import Config
 from dapo_train.rewards.scoring import score
-from dapo_train.rollout.engines import Completion, RolloutEngine
+from dapo_train.rollout.completions import Completion
+from dapo_train.rollout.engines import RolloutEngine
 from dapo_train.rollout.sampling import SamplingSettings
 from dapo_train.task.prompts import Prompt
 from dapo_train.train.collect.history import RIGHT, WRONG, alike_side

@@ -135,7 +135,7 @@ def test_without_dynamic_sampling_every_group_is_kept_in_one_round():
 
 
 def _group(uid: str, correct: list[int], lengths: list[int]):
-    from dapo_train.rollout.engines import Completion
+    from dapo_train.rollout.completions import Completion
     from dapo_train.train.records import Group
 
     completions = [Completion(prompt_ids=torch.tensor([3, 4]), completion_ids=torch.full((n,), 9), truncated=False,
@@ -190,7 +190,7 @@ class _HalfKeptEngine:
     """Completions '<first prompt id> <j>': with _odd_mixed, groups of odd-id prompts mix, even ones are all wrong."""
 
     def generate(self, prompts, settings, group_size):
-        from dapo_train.rollout.engines import Completion
+        from dapo_train.rollout.completions import Completion
 
         return [Completion(torch.tensor(list(ids)), torch.tensor([5, EOS_ID]), False, f"{ids[0]} {j}")
                 for ids in prompts for j in range(group_size)]

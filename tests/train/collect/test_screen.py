@@ -166,7 +166,7 @@ class _CoinEngine:
         self.p, self.rng = p, torch.Generator().manual_seed(seed)
 
     def generate(self, prompts, settings, group_size, seeds=None):
-        from dapo_train.rollout.engines import Completion
+        from dapo_train.rollout.completions import Completion
 
         right = (torch.rand(len(prompts) * group_size, generator=self.rng) < self.p).tolist()
         return [Completion(torch.tensor([3, 4]), torch.tensor([5, EOS_ID]), False, "right" if ok else "wrong")

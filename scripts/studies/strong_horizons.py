@@ -7,7 +7,8 @@ Each RECIPE_seedN is one run trained in legs (to the first horizon, then resumed
 eval_items/step_<H>.jsonl is its greedy eval at step H and sampled_<H>.jsonl its K samples per item, on the same
 items, each paired with the run's own step 0 (step_0.jsonl, sampled_0.jsonl). The first table is each recipe's
 change from its start at each horizon: greedy strict accuracy, sampled pass@1, maj@K and pass@K (per item: the
-share of the K right, the majority answer right, any of the K right; evaluation/sampled.py), pooled over the seeds
+share of the K right, the majority answer right, any of the K right; evaluation/sampled.py), and sampled pass@1
+graded on the answer alone (the format's part in a change), pooled over the seeds
 by the project's paired bootstrap over seeds and items (evaluation/stats.bootstrap_difference: one draw of the
 seeds for both sides, each seed paired with its own start). The second is the training between the horizons: the
 mean reward, the training accuracy, and the share of generated groups that could train (neither all right nor all
@@ -32,6 +33,7 @@ from strong_table import NAME, cell
 
 LEG = re.compile(r"\.to(?P<steps>\d+)\.time$")
 SCORES = ("pass_at_1", "maj_at_k", "pass_at_k")
+ANSWER = "answer_pass_at_1"  # pass@1 graded on the answer alone: the format's share of a change shows beside it
 
 
 def _records(path: Path) -> list[dict]:
@@ -78,13 +80,13 @@ def greedy_table(runs: list[Path], step: int) -> np.ndarray:
 
 def sampled_tables(runs: list[Path], step: int) -> tuple[dict[str, np.ndarray], int]:
     """score -> (seeds, items) of each run's sampled eval at `step` (item_scores), items in step 0's order; K."""
-    order, tables, samples = None, {name: [] for name in SCORES}, None
+    order, tables, samples = None, {name: [] for name in (*SCORES, ANSWER)}, None
     for run in runs:
         records = _records(run / "eval_items" / f"sampled_{step}.jsonl")
         samples = samples_per_item(records)
         scores = item_scores(records, samples)
         order = order or list(scores)
-        for name in SCORES:
+        for name in tables:
             tables[name].append([scores[key][name] for key in order])
     return {name: np.array(rows) for name, rows in tables.items()}, samples
 
@@ -107,7 +109,8 @@ def changes(runs: list[Path], step: int) -> dict:
     later, _ = sampled_tables(runs, step)
     found = {"greedy": bootstrap_difference(greedy_table(runs, 0), greedy_table(runs, step), seeds_paired=True),
              "samples": samples}
-    found.update({name: bootstrap_difference(start_sampled[name], later[name], seeds_paired=True) for name in SCORES})
+    found.update({name: bootstrap_difference(start_sampled[name], later[name], seeds_paired=True)
+                  for name in (*SCORES, ANSWER)})
     return found
 
 
@@ -120,9 +123,9 @@ def change_rows(runs: dict[str, dict[int, Path]], steps: list[int]) -> list[str]
             samples = found["samples"]
             lines.append(f"| {recipe} | {step} | {len(seeds)} | {found['greedy'].accuracy:.3f} | "
                          f"{cell(found['greedy'])} | {found['pass_at_1'].accuracy:.3f} | "
-                         + " | ".join(cell(found[name]) for name in SCORES) + " |")
+                         + " | ".join(cell(found[name]) for name in (*SCORES, ANSWER)) + " |")
     header = ["recipe", "steps", "seeds", "greedy", "Δ greedy [95%]", "sampled pass@1",
-              *(f"Δ {score_label(name, samples)} [95%]" for name in SCORES)]
+              *(f"Δ {score_label(name, samples)} [95%]" for name in SCORES), "Δ answer pass@1 [95%]"]
     return [f"| {' | '.join(header)} |", "|" + " --- |" * len(header), *lines]
 
 

@@ -18,9 +18,10 @@ def _greedy(path, correct):
 
 def _sampled(path, items):
     """K = 2 records per item from (correct, correct) pairs; a wrong sample answers x<k>, so two wrong ones tie
-    and the first seen wins (wrong), and a right and a wrong one tie and the first seen wins."""
-    lines = [json.dumps({"uid": f"test:{i}", "gold": GOLD, "extracted": GOLD if c else f"x{k}", "correct": bool(c),
-                         "answer_correct": bool(c), "sample": k, "length": 10, "truncated": False})
+    and the first seen wins (wrong), and a right and a wrong one tie and the first seen wins. A 2 is the right
+    answer out of format: wrong strictly, right on the answer alone."""
+    lines = [json.dumps({"uid": f"test:{i}", "gold": GOLD, "extracted": GOLD if c else f"x{k}", "correct": c == 1,
+                         "answer_correct": c > 0, "sample": k, "length": 10, "truncated": False})
              for i, pair in enumerate(items) for k, c in enumerate(pair)]
     path.write_text("".join(line + "\n" for line in lines))
 
@@ -47,7 +48,7 @@ def study(tmp_path):
     _run(tmp_path, "lr0.1_seed1", {0: [1, 1, 0], 2: [1, 1, 0], 4: [1, 1, 1]},
          {0: [(1, 0), (1, 1), (0, 0)], 2: [(1, 0), (1, 1), (0, 0)], 4: [(1, 1), (1, 1), (1, 0)]})
     _run(tmp_path, "lr0.1_seed2", {0: [1, 1, 0], 2: [1, 0, 0], 4: [1, 1, 1]},
-         {0: [(0, 0), (1, 1), (0, 0)], 2: [(0, 0), (1, 1), (0, 0)], 4: [(1, 0), (1, 1), (0, 0)]})
+         {0: [(0, 0), (1, 1), (0, 0)], 2: [(0, 0), (1, 1), (0, 0)], 4: [(1, 0), (1, 1), (0, 2)]})
     _run(tmp_path, "lr0.1_seed3", {0: [1, 1, 0]}, {0: [(1, 1)] * 3},
          legs=("10.0 1.0 20.0", "Command exited with non-zero status 1\n5.0 0.1 6.0"))
     return tmp_path
@@ -67,12 +68,14 @@ def test_each_horizon_is_paired_with_the_seeds_own_starts(study):
     assert at4["pass_at_1"].difference == pytest.approx(0.25)
     assert at4["pass_at_k"].difference == pytest.approx(1 / 3) and at4["maj_at_k"].difference == pytest.approx(1 / 3)
     assert at4["samples"] == 2
-    for name in ("pass_at_1", "maj_at_k", "pass_at_k"):
+    # on the answer alone seed 2's third item gains a half more at step 4 (its out-of-format answer): +1/4 + 1/12
+    assert at4["answer_pass_at_1"].difference == pytest.approx(0.25 + 1 / 12)
+    for name in ("pass_at_1", "maj_at_k", "pass_at_k", "answer_pass_at_1"):
         assert at2[name].difference == 0.0 and (at2[name].low, at2[name].high) == (0.0, 0.0)  # the same records
         assert at4[name].low <= at4[name].difference <= at4[name].high
     table = strong_horizons.change_rows(runs, [2, 4])
     assert table[0].startswith("| recipe | steps | seeds | greedy | Δ greedy [95%] | sampled pass@1 | Δ pass@1")
-    assert "Δ maj@2 [95%] | Δ pass@2 [95%] |" in table[0]
+    assert table[0].endswith("Δ maj@2 [95%] | Δ pass@2 [95%] | Δ answer pass@1 [95%] |")
     assert table[3].startswith("| lr0.1 | 4 | 2 | 1.000 | +0.333 [")
 
 

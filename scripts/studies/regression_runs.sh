@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The regression stop on real runs (docs/studies.md, "The regression stop"): configs/tiny-strong-cpu.yaml
 # (builtin:tiny-strong, 0.66 on the 100 eval items) with eval.stop_on_regression on and an eval every 2 steps of
-# 40 (20 periodic evals: the bound is 0.01 / 40 = 2.5e-4, 12 items lost and none gained), one run at a time on one
+# 40 (20 periodic evals: the bound is 0.01 / 40 = 2.5e-4, 12 items lost and none gained), from the demo's recipe
+# (lr 1e-4, 40 steps, greedy evals: passed first, the config now ships another), one run at a time on one
 # torch thread, no eval of the whole split at the end:
 #
 #   flat    train.learning_rate=1e-5 (a tenth of the demo's: the strong-start study found it keeps the start)
@@ -36,7 +37,7 @@ for seed in ${SEEDS:-1 2}; do
     [ -s "$out.time" ] && ! grep -q '^Command exited with non-zero status [^6]' "$out.time" && continue
     # shellcheck disable=SC2046  # the recipe's overrides are separate words
     CUDA_VISIBLE_DEVICES= /usr/bin/time -f '%U %S %e' -o "$out.time" dapo-train run configs/tiny-strong-cpu.yaml \
-      $(args "$recipe") seed="$seed" eval.every_steps="$every" eval.stop_on_regression=true eval.final_full=false \
+      train.learning_rate=1e-4 train.max_steps=40 eval.samples=0 $(args "$recipe") seed="$seed" eval.every_steps="$every" eval.stop_on_regression=true eval.final_full=false \
       train.num_threads=1 logging.progress_bar=false output_dir="$out" > "$out.log" 2>&1 || true  # 6: it stopped
   done
 done

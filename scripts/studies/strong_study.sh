@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # What a recipe does to a strong start (docs/studies.md, "A strong start"): configs/tiny-strong-cpu.yaml
-# (builtin:tiny-strong, 0.646 strict on the 500 test items) under the demo's recipe and one change at a time,
+# (builtin:tiny-strong, 0.646 strict on the 500 test items) under the demo's recipe (BASE, passed before each
+# recipe's change: lr 1e-4, 40 steps, an eval of 100 items every 10, greedy only; the config itself now ships
+# what this study found) and one change at a time,
 # seeds 1-5, each run on one CPU thread, JOBS at a time (default: one per core), the recipes' order rotated from
 # seed to seed so that a machine's load falls on every recipe alike:
 #
@@ -45,10 +47,11 @@ jobs=${JOBS:-$(nproc)}
 recipes=(${RECIPES:-demo lr0.3 lr0.1 upd1 kl eps0.2 g16 lora})
 mkdir -p "$dir"
 config=${CONFIG:-configs/tiny-strong-cpu.yaml}
+base=${BASE-train.learning_rate=1e-4 train.max_steps=40 eval.every_steps=10 eval.num_items=100 eval.samples=0}
 
 if ! compgen -G "$dir/start/eval_test*.json" > /dev/null; then  # the start, greedy on the whole test split: one eval
   rm -rf "$dir/start"
-  CUDA_VISIBLE_DEVICES= dapo-train eval --config "$config" "output_dir=$dir/start.run" train.num_threads=1 \
+  CUDA_VISIBLE_DEVICES= dapo-train eval --config "$config" $base "output_dir=$dir/start.run" train.num_threads=1 \
     logging.progress_bar=false > "$dir/start.log" 2>&1
   mv "$dir"/start.run.eval/* "$dir/start" && rmdir "$dir/start.run.eval"  # the one model evaluated
 fi
@@ -78,7 +81,7 @@ legs() {  # one run (recipe $1, seed $2, folder $3) in legs to each of HORIZONS,
   evals="eval.every_steps=${horizons[-1]} eval.num_items=${EVAL_ITEMS:-0} eval.samples=${SAMPLES:-8}"
   for h in "${horizons[@]}"; do
     if [ $first = 1 ]; then
-      leg="dapo-train run $config $(args "$1") seed=$2 train.max_steps=$h $evals output_dir=$3"
+      leg="dapo-train run $config $base $(args "$1") seed=$2 train.max_steps=$h $evals output_dir=$3"
     else
       leg="dapo-train run --resume $3 train.max_steps=$h"
     fi
@@ -100,7 +103,7 @@ for seed in ${SEEDS:-1 2 3 4 5}; do
       continue
     fi
     finished "$out.time" && continue
-    printf '%s\0' "/usr/bin/time -f '%U %S %e' -o $out.time dapo-train run $config $(args "$recipe") seed=$seed \
+    printf '%s\0' "/usr/bin/time -f '%U %S %e' -o $out.time dapo-train run $config $base $(args "$recipe") seed=$seed \
 logging.progress_bar=false output_dir=$out > $out.log 2>&1 || echo 'failed: $out.log'"
   done
 done | CUDA_VISIBLE_DEVICES= xargs -0 -r -P "$jobs" -I{} sh -c '{}'

@@ -478,6 +478,16 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     return out
 
 
+def _first_step_logged(proc, run, seconds: float = 240) -> None:
+    """Wait until torchrun's run has logged its first step (a signal then meets a training step), failing with
+    its output if it ends first."""
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + seconds
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text()):
+        assert proc.poll() is None, _finish(proc)
+        time.sleep(0.5)
+
+
 def test_two_ranks_train_write_once_and_resume_exactly(tmp_path):
     run = tmp_path / "run"
     proc = _torchrun(*TINY, "train.max_steps=3", "checkpoint.every_steps=1", "eval.every_steps=3", "eval.num_items=6",
@@ -529,11 +539,7 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_at_one_step_with_one_checkpoint
     run = tmp_path / "run"
     budget = [arg for arg in TINY if not arg.startswith("rollout.max_new_tokens=")] + ["rollout.max_new_tokens=96"]
     proc = _torchrun(*budget, "train.max_steps=200", "eval.every_steps=0", f"output_dir={run}", *TOOLS)
-    metrics = run / "metrics.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (metrics.exists() and metrics.read_text()):
-        assert proc.poll() is None, _finish(proc)
-        time.sleep(0.5)
+    _first_step_logged(proc, run)
     proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends torchrun; it forwards it to the ranks
     log = _finish(proc)
     assert f"resume with: torchrun --nproc_per_node 2 -m dapo_train run --resume {run}" in log, log
@@ -567,11 +573,7 @@ def test_a_hangup_of_the_launcher_stops_every_rank_at_one_step_with_one_checkpoi
     # a terminal's session hands its processes SIGHUP's default action (a test runner may have it ignored)
     proc = _torchrun(*TINY, "train.max_steps=200", "eval.every_steps=0", f"output_dir={run}",
                      preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    metrics = run / "metrics.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (metrics.exists() and metrics.read_text()):
-        assert proc.poll() is None, _finish(proc)
-        time.sleep(0.5)
+    _first_step_logged(proc, run)
     proc.send_signal(signal.SIGHUP)
     log = _finish(proc)
     assert "SIGHUP received: finishing this step and saving a checkpoint" in log, log

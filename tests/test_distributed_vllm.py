@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from test_distributed import ROOT, TINY, _finish, _leave, _save, _spawn_two, _torchrun
+from test_distributed import ROOT, TINY, _finish, _first_step_logged, _leave, _save, _spawn_two, _torchrun
 
 from dapo_train import cli
 from dapo_train.config.load import load_config
@@ -112,11 +112,7 @@ def test_two_ranks_each_with_a_vllm_engine_train_resume_and_evaluate_as_one(tmp_
 def test_ctrl_c_on_torchrun_stops_both_vllm_ranks_at_one_step_and_the_printed_command_resumes(tmp_path):
     run = tmp_path / "run"
     proc = _torchrun(*VLLM, "train.max_steps=200", "eval.every_steps=0", f"output_dir={run}")
-    metrics = run / "metrics.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (metrics.exists() and metrics.read_text()):
-        assert proc.poll() is None, _finish(proc)
-        time.sleep(0.5)
+    _first_step_logged(proc, run)
     proc.send_signal(signal.SIGINT)
     log = _finish(proc)
     assert f"resume with: torchrun --nproc_per_node 2 -m dapo_train run --resume {run}" in log, log[-3000:]

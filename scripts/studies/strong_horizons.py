@@ -12,8 +12,10 @@ graded on the answer alone (the format's part in a change), pooled over the seed
 by the project's paired bootstrap over seeds and items (evaluation/stats.bootstrap_difference: one draw of the
 seeds for both sides, each seed paired with its own start). The second is the training between the horizons: the
 mean reward, the training accuracy, and the share of generated groups that could train (neither all right nor all
-wrong, Eq. 11) beside those all right and all wrong, and the CPU seconds of a run (user, all legs). --figure
-draws the same per step: each recipe's reward and share of groups that could train, the mean over its seeds.
+wrong, Eq. 11) beside those all right and all wrong, and the CPU seconds of a run (user, all legs). The third
+compares the recipes at the last horizon: each minus --against's, seed paired with seed. --figure
+draws the same per step: each recipe's reward and share of groups that could train, the mean over its seeds,
+smoothed by a trailing mean over --window steps.
 """
 
 from __future__ import annotations
@@ -129,6 +131,27 @@ def change_rows(runs: dict[str, dict[int, Path]], steps: list[int]) -> list[str]
     return [f"| {' | '.join(header)} |", "|" + " --- |" * len(header), *lines]
 
 
+def against_rows(runs: dict[str, dict[int, Path]], step: int, baseline: str) -> list[str]:
+    """The third table: at `step`, each other recipe minus `baseline`, on the seeds both ran, each seed paired
+    with the same seed (the same data order and eval draws), by the same bootstrap."""
+    lines, samples = [], None
+    for recipe, seeds in runs.items():
+        shared = sorted(set(seeds) & set(runs[baseline]))
+        if recipe == baseline or not shared:
+            continue
+        ours, theirs = [runs[baseline][seed] for seed in shared], [seeds[seed] for seed in shared]
+        greedy = greedy_table(ours + theirs, step)  # one item order for both sides
+        sampled, samples = sampled_tables(ours + theirs, step)
+        half = len(shared)
+        found = [bootstrap_difference(greedy[:half], greedy[half:], seeds_paired=True)]
+        found += [bootstrap_difference(sampled[name][:half], sampled[name][half:], seeds_paired=True)
+                  for name in (*SCORES, ANSWER)]
+        lines.append(f"| {recipe} - {baseline} | {step} | {half} | " + " | ".join(cell(d) for d in found) + " |")
+    header = ["recipes", "steps", "seeds", "Δ greedy [95%]",
+              *(f"Δ {score_label(name, samples or 0)} [95%]" for name in SCORES), "Δ answer pass@1 [95%]"]
+    return [f"| {' | '.join(header)} |", "|" + " --- |" * len(header), *lines]
+
+
 def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -164,8 +187,17 @@ def training_rows(study: Path, runs: dict[str, dict[int, Path]], steps: list[int
     return [f"| {' | '.join(header)} |", "|" + " --- |" * len(header), *lines]
 
 
-def make_figure(runs: dict[str, dict[int, Path]]):
-    """Per step, each recipe's reward and share of generated groups that could train, the mean over its seeds."""
+def trailing_mean(values: list[float], window: int) -> np.ndarray:
+    """Each value's mean with the window - 1 before it (fewer at the start)."""
+    sums = np.cumsum([0.0, *values])
+    ends = np.arange(1, len(values) + 1)
+    starts = np.maximum(ends - window, 0)
+    return (sums[ends] - sums[starts]) / (ends - starts)
+
+
+def make_figure(runs: dict[str, dict[int, Path]], window: int = 1):
+    """Per step, each recipe's reward and share of generated groups that could train, the mean over its seeds,
+    each point the trailing mean over `window` steps."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -176,10 +208,13 @@ def make_figure(runs: dict[str, dict[int, Path]]):
         rows = [[row for row in _metrics(run) if row["step"] > 0] for run in seeds.values()]
         size = _group_size(next(iter(seeds.values())))
         steps = [row["step"] for row in rows[0]]
-        reward.plot(steps, np.mean([[row["reward_mean"] for row in run] for run in rows], axis=0), label=recipe)
-        trainable.plot(steps, np.mean([[_group_shares([row], size)[0] for row in run] for run in rows], axis=0))
-    reward.set_title("training reward (mean over seeds)")
-    trainable.set_title("share of generated groups that could train (neither all right nor all wrong)")
+        rewards = np.mean([[row["reward_mean"] for row in run] for run in rows], axis=0)
+        shares = np.mean([[_group_shares([row], size)[0] for row in run] for run in rows], axis=0)
+        reward.plot(steps, trailing_mean(rewards, window), label=recipe)
+        trainable.plot(steps, trailing_mean(shares, window))
+    over = f", {window}-step trailing mean" if window > 1 else ""
+    reward.set_title(f"training reward (mean over seeds{over})")
+    trainable.set_title(f"groups that could train (not all right or all wrong){over}")
     for ax in (reward, trainable):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -191,6 +226,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("study", type=Path)
     parser.add_argument("--figure", type=Path, help="also draw the reward and the groups that could train per step")
+    parser.add_argument("--against", default="lr0.1", help="the recipe the others are compared with at the last "
+                        "horizon (default lr0.1; none: no such table)")
+    parser.add_argument("--window", type=int, default=25, help="the figure's trailing mean, in steps (default 25)")
     args = parser.parse_args()
     runs = load(args.study)
     if not runs:
@@ -200,8 +238,11 @@ def main() -> None:
     print("\n".join(change_rows(runs, steps)))
     print()
     print("\n".join(training_rows(args.study, runs, steps)))
+    if args.against in runs and len(runs) > 1:
+        print()
+        print("\n".join(against_rows(runs, steps[-1], args.against)))
     if args.figure:
-        make_figure(runs).savefig(args.figure, dpi=110)
+        make_figure(runs, args.window).savefig(args.figure, dpi=110)
 
 
 if __name__ == "__main__":

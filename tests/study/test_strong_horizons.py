@@ -94,3 +94,21 @@ def test_the_figure_draws_reward_and_trainable_groups_per_step(study):
     assert list(reward.lines[0].get_xdata()) == [1, 2, 3, 4]
     assert list(reward.lines[0].get_ydata()) == pytest.approx([0.1, 0.2, 0.3, 0.4])  # both seeds alike
     assert list(trainable.lines[0].get_ydata()) == pytest.approx([0.5] * 4)
+    smoothed, _ = strong_horizons.make_figure(strong_horizons.load(study), window=2).axes
+    # each step's reward with the one before it: 0.1, (0.1 + 0.2) / 2, (0.2 + 0.3) / 2, (0.3 + 0.4) / 2
+    assert list(smoothed.lines[0].get_ydata()) == pytest.approx([0.1, 0.15, 0.25, 0.35])
+
+
+def test_recipes_are_compared_seed_by_seed_at_the_last_horizon(study):
+    """A second recipe on seed 1 only: the comparison pairs it with lr0.1's seed 1 and nothing else."""
+    _run(study, "lora_seed1", {0: [1, 1, 0], 2: [1, 1, 0], 4: [0, 1, 1]},
+         {0: [(1, 0), (1, 1), (0, 0)], 2: [(1, 0), (1, 1), (0, 0)], 4: [(0, 0), (1, 1), (1, 1)]})
+    runs = strong_horizons.load(study)
+    rows = strong_horizons.against_rows(runs, 4, "lr0.1")
+    assert rows[0] == ("| recipes | steps | seeds | Δ greedy [95%] | Δ pass@1 [95%] | Δ maj@2 [95%] | Δ pass@2 [95%] "
+                       "| Δ answer pass@1 [95%] |")
+    # lr0.1 seed 1 at step 4: greedy (1, 1, 1), pass@1 (1, 1, .5), maj (1, 1, 1), pass@k (1, 1, 1); lora seed 1:
+    # greedy (0, 1, 1) -> -1/3; pass@1 (0, 1, 1) -> -1/6; maj (0, 1, 1) -> -1/3; pass@k (0, 1, 1) -> -1/3
+    assert len(rows) == 3 and rows[2].startswith("| lora - lr0.1 | 4 | 1 | -0.333 [")
+    cells = [cell.split(" [")[0] for cell in rows[2].strip("| ").split(" | ")[3:]]
+    assert cells == ["-0.333", "-0.167", "-0.333", "-0.333", "-0.167"]

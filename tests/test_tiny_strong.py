@@ -43,12 +43,17 @@ def test_the_name_resolves_and_the_config_trains_it_on_its_task():
         resolve_model_path("builtin:tiny-strng")
 
 
-def test_the_config_is_the_demo_on_the_strong_start():
-    """Only the model differs from the demo (configs/tiny-cpu.yaml, the defaults); the run's folder and
-    name come from the config's file name."""
+def test_the_config_is_the_demo_on_the_strong_start_with_the_studys_recipe():
+    """Besides the model, only what the strong-start studies found differs from the demo (configs/tiny-cpu.yaml,
+    the defaults): a tenth of its learning rate, 500 steps, sampled evals of every test item every 100 steps
+    (docs/studies.md); the run's folder and name come from the config's file name."""
     same = ["output_dir=outputs/x", "run_name=x"]
+    study = ["train.learning_rate=1e-5", "train.max_steps=500", "eval.every_steps=100", "eval.num_items=0",
+             "eval.samples=8"]
     demo = load_config(str(ROOT / "configs" / "tiny-cpu.yaml"), ["model.name_or_path=builtin:tiny-strong", *same])
-    assert load_config(str(CONFIG), same) == demo
+    assert load_config(str(CONFIG), same) != demo
+    assert load_config(str(CONFIG), same) == load_config(str(ROOT / "configs" / "tiny-cpu.yaml"),
+                                                         ["model.name_or_path=builtin:tiny-strong", *study, *same])
 
 
 def test_the_shipped_files_are_what_the_build_makes_from_the_shipped_tiny_world(build, info):
@@ -72,12 +77,12 @@ def test_the_measured_start_is_strong_but_not_perfect(info):
 
 
 def test_the_recorded_step_0_accuracy_holds_on_the_configs_eval_items(info):
-    """Greedy decoding is deterministic: the config's 100 fixed eval items (what its step-0 eval scores)
-    give the accuracy build_info records for them, and the first items the recorded examples."""
+    """Greedy decoding is deterministic: the demo's 100 fixed eval items (what the 40-step strong-start study's
+    step-0 evals scored; the config now evaluates all 500) give the accuracy build_info records for them, and the first items the recorded examples."""
     model = Qwen2ForCausalLM.from_pretrained(TINY_STRONG_MODEL_DIR).eval()
     tokenizer = AutoTokenizer.from_pretrained(TINY_STRONG_MODEL_DIR)
     prompts, _ = load_prompts(DataConfig(path=str(TINY_DATA_DIR)), tokenizer, "test")
-    fixed = fixed_eval_subset(prompts, load_config(str(CONFIG), []).eval.num_items)
+    fixed = fixed_eval_subset(prompts, load_config(str(ROOT / "configs" / "tiny-cpu.yaml"), []).eval.num_items)
     records = evaluate_prompts(model, tokenizer, fixed, max_new_tokens=96, batch_size=100).records
     assert sum(r["correct"] for r in records) / len(fixed) == info["greedy_accuracy_on_100_eval_items"]
     first = evaluate_prompts(model, tokenizer, prompts[:3], max_new_tokens=96, batch_size=3).records

@@ -79,7 +79,7 @@ from tiny_tokenizer import build_tokenizer, save_tokenizer
 
 SEED = 0
 LONG_MAX_NEW_TOKENS = 128  # the long task's: rollout.max_new_tokens of configs/tiny-long-cpu.yaml
-EVAL_ITEMS = 100  # the strong start's eval.num_items (configs/tiny-strong-cpu.yaml): its step-0 accuracy is measured
+EVAL_ITEMS = 100  # the demo's eval.num_items (configs/tiny-cpu.yaml), the 40-step study's: step 0 measured on them
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 MODEL_SHAPE = {
     "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -212,9 +212,9 @@ def make_figure(runs: dict[str, dict[int, Path]], window: int = 1):
         shares = np.mean([[_group_shares([row], size)[0] for row in run] for run in rows], axis=0)
         reward.plot(steps, trailing_mean(rewards, window), label=recipe)
         trainable.plot(steps, trailing_mean(shares, window))
-    over = f", {window}-step trailing mean" if window > 1 else ""
-    reward.set_title(f"training reward (mean over seeds{over})")
-    trainable.set_title(f"groups that could train (not all right or all wrong){over}")
+    reward.set_title("training reward")
+    trainable.set_title("share of generated groups that could train (not all right or all wrong)")
+    fig.suptitle("mean over seeds" + (f", {window}-step trailing mean" if window > 1 else ""))
     for ax in (reward, trainable):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -124,14 +124,16 @@ def test_ctrl_c_of_a_run_piped_into_tee_still_saves_and_writes_the_resume_comman
     shell = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}  # a user's: buffered
     run = subprocess.Popen([sys.executable, "-m", "dapo_train", "run", *args], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, process_group=0, env=shell)
-    tee = subprocess.Popen(["tee", str(log)], stdin=run.stdout, stdout=subprocess.DEVNULL, process_group=run.pid)
+    # Ctrl-C's default action, as a terminal's foreground job has it, whatever this test's process inherited
+    tee = subprocess.Popen(["tee", str(log)], stdin=run.stdout, stdout=subprocess.DEVNULL, process_group=run.pid,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     run.stdout.close()  # tee is the pipe's only reader, as in the shell's pipeline
     deadline = time.time() + 240
     while time.time() < deadline and not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
         assert run.poll() is None, log.read_text()[-3000:]
         time.sleep(0.5)
     os.killpg(run.pid, signal.SIGINT)  # Ctrl-C: the run and tee together
-    assert tee.wait(timeout=60) == -signal.SIGINT
+    assert tee.wait(timeout=60) == -signal.SIGINT, (run.poll(), log.read_text()[-3000:])  # tee read to the end: why
     assert run.wait(timeout=240) == 128 + signal.SIGINT
     checkpoints = [p.name for p in out.iterdir() if p.name.startswith("checkpoint_")]
     assert checkpoints == [f"checkpoint_{read_metrics(out)[-1]['step']}"]  # the last logged step, saved

@@ -78,7 +78,8 @@ def test_the_measured_start_is_strong_but_not_perfect(info):
 
 def test_the_recorded_step_0_accuracy_holds_on_the_configs_eval_items(info):
     """Greedy decoding is deterministic: the demo's 100 fixed eval items (what the 40-step strong-start study's
-    step-0 evals scored; the config now evaluates all 500) give the accuracy build_info records for them, and the first items the recorded examples."""
+    step-0 evals scored; the config now evaluates all 500) give the accuracy build_info records for them, and
+    the first items the recorded examples."""
     model = Qwen2ForCausalLM.from_pretrained(TINY_STRONG_MODEL_DIR).eval()
     tokenizer = AutoTokenizer.from_pretrained(TINY_STRONG_MODEL_DIR)
     prompts, _ = load_prompts(DataConfig(path=str(TINY_DATA_DIR)), tokenizer, "test")

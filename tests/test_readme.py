@@ -3,6 +3,7 @@ install lines are the ones CI runs, the checkpoints it names are ones the shippe
 it stays one screen with the GPU section near the top."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,19 @@ def test_the_readme_is_one_screen_with_the_gpu_section_near_the_top():
     assert lines.index("## On one GPU") < 120
     linked = set(re.findall(r"\]\(docs/([\w-]+\.md)", README))
     assert {page.name for page in DOCS} <= linked, {page.name for page in DOCS} - linked
+
+
+@pytest.mark.parametrize("failing", ["pip", "ruff"])
+def test_ci_fails_when_a_step_before_the_tests_fails(tmp_path, failing):
+    """The README's test command is one `a && b && c && pytest` list, and `set -e` does not end a script at a
+    failure inside such a list: a lint error skipped the tests and CI went on to pass. .ci/run's lines from the
+    command to the next comment run here with pip, ruff and python stubbed, one of them failing."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    start = lines.index("# The README's test command, verbatim:") + 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("deactivate"))
+    stubs = {"pip": 0, "ruff": 0, "python": 0, failing: 1}
+    script = "\n".join([*(f"{name}() {{ echo {name}; return {code}; }}" for name, code in stubs.items()),
+                        *lines[start:end], "echo went-on"])
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode != 0, done.stdout
+    assert "went-on" not in done.stdout and "python" not in done.stdout.split(), done.stdout

@@ -35,7 +35,7 @@ import numpy as np
 from dapo_train.evaluation.stats import bootstrap_difference, discordant_test, shared_items, wilson_interval
 from dapo_train.train.regression import ACCURACIES, EvalTest, Rule, eval_test
 
-SCHEDULES = (4, 8, 30)  # periodic evals: tiny-strong-cpu.yaml's 40 steps / 10, twice that, qwen1.5b.yaml's 150 / 5
+SCHEDULES = (4, 8, 30)  # periodic evals: the demo's 40 steps / 10, twice that, qwen1.5b.yaml's 150 / 5
 STARTS = {"tiny": 0.66, "Qwen": 0.73}  # the start's accuracy on its 100 eval items
 
 

@@ -366,14 +366,10 @@ def test_float16_weights_under_fp16_mixed_precision_are_refused_when_the_config_
 # Issue 59, item 12: what a run derives inside its folder stays there, and a leading ~ is the home folder.
 
 
-def _climbing(*parts: str) -> str:
-    """A relative path with parent-folder parts, a refused input (never opened), joined from os.pardir: the text
-    of one is what tests/test_self_contained.py looks for in tests' strings, to find reads outside the repository."""
-    return "/".join(os.pardir if part == "UP" else part for part in parts)
-
-
-@pytest.mark.parametrize("name", [_climbing("UP", "escape"), _climbing("a", "UP", "UP", "escape"), "/tmp/escape",
-                                  "~/escape"])
+# Paths that climb out are built from os.pardir: the text of one in a test's strings is what
+# tests/test_self_contained.py looks for to find reads outside the repository, and these are refused, never read.
+@pytest.mark.parametrize("name", [os.path.join(os.pardir, "escape"), os.path.join("a", os.pardir, os.pardir, "escape"),
+                                  "/tmp/escape", "~/escape"])
 def test_a_run_name_that_leaves_outputs_is_refused(name):
     """run_name=<parent>/escape wrote the run beside outputs/, not in it (output_dir, the user's own choice, may be
     anywhere; the name only picks a folder under outputs/)."""
@@ -386,7 +382,8 @@ def test_a_run_name_with_a_subfolder_stays_under_outputs():
     assert load_config(None, ["run_name=study/seed1"]).output_dir == "outputs/study/seed1"
 
 
-@pytest.mark.parametrize("project", [_climbing("UP", "x"), _climbing("a", "UP", "UP", "x"), "/tmp/x", "~/x"])
+@pytest.mark.parametrize("project", [os.path.join(os.pardir, "x"), os.path.join("a", os.pardir, os.pardir, "x"),
+                                     "/tmp/x", "~/x"])
 def test_a_logging_project_that_leaves_the_run_folder_is_refused(project):
     """TensorBoard writes its folder at <output_dir>/<logging.project>: <parent>/x or an absolute path put it
     outside the run, where the run's checks and --overwrite never look."""
